@@ -1,0 +1,74 @@
+// Non-owning views of ONE layer's paged KV cache, as every attention kernel
+// (CPU reference, CPU SIMD, CUDA) sees it. Allocation lives in kv/; kernels
+// only read (decode) or write single rows/pages (cache write, demotion).
+//
+// Regions. Sequence b holds T_b tokens, split at fixed positions:
+//   sink   positions [0, sink_len[b])                       BF16 pages
+//   middle positions [sink_len[b], sink_len[b]+mid_len[b])  quantized pages (INT2/INT4)
+//   recent positions [sink_len[b]+mid_len[b], T_b)          BF16 pages
+// Each region starts at slot 0 of its first page. Region R of sequence b uses
+// the pages R.indices[R.indptr[b] .. R.indptr[b+1]) in order; all but the last
+// are full (page_size tokens); the last holds len - (npages-1)*page_size.
+// An empty region has indptr[b] == indptr[b+1] and len[b] == 0.
+//
+// Basis. Every stored row is rotated: keys k_rot = rope(k) * R_K, values
+// v_rot = v * R_V (R_V folded into W_v). The decode query must be rotated by
+// R_K before the kernel, and the output is in the R_V basis (R_V^T folded
+// into W_o). For methods without rotation R = I.
+//
+// BF16 page layout (HND, like FlashInfer's HND): element (page, h, slot, c) of K
+// is k[page * page_stride + (h * page_size + slot) * head_dim + c], bf16 bits;
+// page_stride = num_kv_heads * page_size * head_dim. V identical in `v`.
+//
+// Quantized page layout (HND), rows in the format of core/quant_format.h:
+//   codes:  [page][h][slot][head_dim * bits / 8]   bytes
+//   params: [page][h][slot][head_dim / group_size][2]  fp16 bits (scale, min)
+// K and V have separate arrays of identical layout.
+#pragma once
+
+#include <cstdint>
+
+namespace oscar::kv {
+
+struct RegionTable {
+  const int32_t* indptr = nullptr;   // [batch + 1]
+  const int32_t* indices = nullptr;  // [indptr[batch]] page ids in the region's pool
+  const int32_t* len = nullptr;      // [batch] tokens in the region
+};
+
+struct Bf16PagePool {
+  uint16_t* k = nullptr;  // [num_pages][num_kv_heads][page_size][head_dim] bf16
+  uint16_t* v = nullptr;  // same
+};
+
+struct QuantPagePool {
+  uint8_t* k_codes = nullptr;    // [num_pages][num_kv_heads][page_size][head_dim*bits/8]
+  uint8_t* v_codes = nullptr;
+  uint16_t* k_params = nullptr;  // [num_pages][num_kv_heads][page_size][head_dim/group_size][2] fp16
+  uint16_t* v_params = nullptr;
+};
+
+struct PagedKvView {
+  int batch = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;      // 64, 128 or 256
+  int page_size = 64;    // tokens per page, a multiple of 16
+  int bits = 2;          // bits per code in the quantized pool (2 or 4)
+  int group_size = 128;  // channels per (scale, min) group, divides head_dim
+  Bf16PagePool bf16;     // sink and recent pages (one pool; regions index into it)
+  QuantPagePool quant;   // middle pages
+  RegionTable sink, mid, recent;
+
+  int64_t bf16_page_elems() const { return int64_t(num_kv_heads) * page_size * head_dim; }
+  int64_t bf16_row_offset(int32_t page, int h, int slot) const {
+    return page * bf16_page_elems() + (int64_t(h) * page_size + slot) * head_dim;
+  }
+  int row_code_bytes() const { return head_dim * bits / 8; }
+  int row_groups() const { return head_dim / group_size; }
+  int64_t quant_row_index(int32_t page, int h, int slot) const {
+    return (int64_t(page) * num_kv_heads + h) * page_size + slot;
+  }
+  int total_len(int b) const { return sink.len[b] + mid.len[b] + recent.len[b]; }
+};
+
+}  // namespace oscar::kv
