@@ -54,7 +54,7 @@ OSCAR_HD uint16_t f32_to_f16(float f) {
   if (ax < 0x38800000u) {  // subnormal or zero in fp16
     if (ax < 0x33000000u) return static_cast<uint16_t>(sign);  // rounds to zero
     uint32_t mant = (ax & 0x7fffffu) | 0x800000u;
-    int shift = 113 - static_cast<int>(ax >> 23);  // 14..24
+    int shift = 126 - static_cast<int>(ax >> 23);  // 14..24 (value = mant * 2^(exp-150), unit 2^-24)
     uint32_t half_mant = mant >> shift;
     uint32_t rem = mant & ((1u << shift) - 1u);
     uint32_t halfway = 1u << (shift - 1);

@@ -36,6 +36,10 @@ struct ModelConfig {
   float rms_eps = 1e-5f;
   float rope_theta = 10000.0f;
   RopeScaling rope_scaling;
+  // GGUF files of Llama 3.1+ carry their rope scaling as per-frequency divisors
+  // (tensor rope_freqs.weight, [head_dim/2]): inv_freq[i] /= rope_freq_factors[i].
+  // Empty = none. Applied instead of (never on top of) rope_scaling.
+  std::vector<float> rope_freq_factors;
   int max_position = 2048;
   bool tied_embeddings = false;  // lm_head = tok_embd
   bool qkv_bias = false;         // Qwen2

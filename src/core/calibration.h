@@ -1,0 +1,102 @@
+// A model's OSCAR calibration: per-layer key/value rotations, eigen-spectra and
+// clip ratios, plus the settings and the model fingerprint they belong to.
+// Stored as safetensors (DESIGN §9):
+//   layers.{i}.k_rotation     [n_rot, d, d] f32   x̃ = x·R  (n_rot = 1 or n_kv_heads)
+//   layers.{i}.v_rotation     [n_rot, d, d] f32
+//   layers.{i}.k_eigenvalues  [n_rot, d]    f32   descending (absent for data-free)
+//   layers.{i}.v_eigenvalues  [n_rot, d]    f32
+//   layers.{i}.k_clip         [n_rot]       f32   clip ratio c (index floor(c·d))
+//   layers.{i}.v_clip         [n_rot]       f32
+// __metadata__ (all strings): format=oscar-calibration, format_version=1,
+//   method, composition, key_target, value_target, granularity, bits,
+//   group_size, scale_dtype, sink, recent, clip_search,
+//   model.architecture, model.n_layers, model.n_q_heads, model.n_kv_heads,
+//   model.head_dim, model.weights_hash, calib.tokens, calib.text_hash, calib.source.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/quant_format.h"
+#include "core/rotation.h"
+
+namespace oscar {
+
+enum class KeyTarget { kQuery, kRaw };
+enum class ValueTarget { kAttnOutput, kKeyWeighted, kRaw };
+enum class Granularity { kLayer, kHead };
+
+const char* key_target_name(KeyTarget);      // "query", "raw"
+const char* value_target_name(ValueTarget);  // "attn-output", "key-weighted", "raw"
+const char* granularity_name(Granularity);   // "layer", "head"
+KeyTarget parse_key_target(const std::string&);
+ValueTarget parse_value_target(const std::string&);
+Granularity parse_granularity(const std::string&);
+
+// What a calibration belongs to. Empty strings / zeros mean "unknown".
+struct ModelFingerprint {
+  std::string architecture;  // e.g. "qwen3"
+  int n_layers = 0;
+  int n_q_heads = 0;
+  int n_kv_heads = 0;
+  int head_dim = 0;
+  std::string weights_hash;  // model::ModelWeights::fingerprint
+};
+
+struct LayerCalibration {
+  int n_rot = 1;                      // 1 (one rotation per layer) or n_kv_heads
+  std::vector<float> k_rotation;      // [n_rot][d][d]
+  std::vector<float> v_rotation;      // [n_rot][d][d]
+  std::vector<float> k_eigenvalues;   // [n_rot][d] or empty
+  std::vector<float> v_eigenvalues;   // [n_rot][d] or empty
+  std::vector<float> k_clip, v_clip;  // [n_rot]
+
+  // Per KV head accessors (a per-layer rotation serves every head).
+  const float* k_rot(int kv_head, int d) const { return k_rotation.data() + idx(kv_head) * d * d; }
+  const float* v_rot(int kv_head, int d) const { return v_rotation.data() + idx(kv_head) * d * d; }
+  float k_clip_of(int kv_head) const { return k_clip[idx(kv_head)]; }
+  float v_clip_of(int kv_head) const { return v_clip[idx(kv_head)]; }
+
+ private:
+  size_t idx(int kv_head) const { return n_rot == 1 ? 0 : static_cast<size_t>(kv_head); }
+};
+
+struct Calibration {
+  ModelFingerprint model;
+  std::string method = "oscar";
+  Composition composition = Composition::kUHP;
+  KeyTarget key_target = KeyTarget::kQuery;
+  ValueTarget value_target = ValueTarget::kKeyWeighted;
+  Granularity granularity = Granularity::kLayer;
+  int bits = 2;
+  int group_size = 128;
+  ScaleDtype scale_dtype = ScaleDtype::kF16;
+  int sink = 64;
+  int recent = 256;
+  bool clip_search = false;
+  int64_t calib_tokens = 0;
+  std::string text_hash;  // of the calibration text / dump
+  std::string source;     // e.g. the dump path
+  std::vector<LayerCalibration> layers;
+
+  int head_dim() const { return model.head_dim; }
+};
+
+void write_calibration(const Calibration& c, const std::string& path);
+// Reads and validates (shapes vs metadata, finite values, rotations
+// orthogonal to 1e-3, clips in (0, 1]). Any problem is an oscar::Error naming
+// the file.
+Calibration read_calibration(const std::string& path);
+
+// Throws oscar::Error unless the calibration fits `model`: n_layers, n_q_heads,
+// n_kv_heads and head_dim must be equal; architecture and weights_hash must be
+// equal when both sides know them. `what` names the calibration (its path).
+void check_calibration_matches(const Calibration& c, const ModelFingerprint& model, const std::string& what);
+
+// A calibration that needs no data: `none` (identity), `hadamard` or `random`.
+// Clip ratios are the given ones for every layer (1.0 = no clipping).
+Calibration data_free_calibration(Composition comp, const ModelFingerprint& model, float k_clip,
+                                  float v_clip, int bits = 2, int group_size = 128, uint64_t seed = 0);
+
+}  // namespace oscar

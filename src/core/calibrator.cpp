@@ -1,0 +1,344 @@
+#include "core/calibrator.h"
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include <fmt/format.h>
+
+#include "core/eigen_sym.h"
+#include "core/error.h"
+#include "core/linalg.h"
+#include "core/quant_error.h"
+
+namespace oscar {
+
+namespace {
+
+constexpr int64_t kChunkTokens = 1024;
+
+struct LayerAcc {
+  int64_t tokens = 0;
+  bool done = false;
+  std::vector<double> sum_qq, sum_kk, sum_vv, sum_oo;  // [H][d][d], upper triangles
+  std::vector<float> kbuf, vbuf;                      // key-weighted: [tokens][H][d]
+  std::vector<float> sample_k, sample_v;              // clip search reservoir: [S][H][d]
+  int64_t sample_filled = 0;
+  std::mt19937_64 rng;
+  LayerCalibration result;
+  LayerTargets kept;
+};
+
+// Converts `rows` rows of `width` floats (row r at src + r*stride) to doubles.
+void gather_rows(const float* src, int64_t rows, int64_t width, int64_t stride, double* dst) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* s = src + r * stride;
+    double* o = dst + r * width;
+    for (int64_t c = 0; c < width; ++c) o[c] = s[c];
+  }
+}
+
+}  // namespace
+
+struct Calibrator::Impl {
+  CalibConfig cfg;
+  int L, Hq, H, d, g;
+  bool need_kk, need_vv, need_oo, need_kw;
+  std::vector<LayerAcc> layers;
+  std::vector<double> dbuf;  // conversion scratch
+  bool keep = false;
+
+  Impl(CalibConfig c, int nl, int nq, int nkv, int hd) : cfg(std::move(c)), L(nl), Hq(nq), H(nkv), d(hd) {
+    if (nl <= 0 || nq <= 0 || nkv <= 0 || hd <= 0 || nq % nkv != 0)
+      throw Error(fmt::format("calibrator: bad shape (layers {}, q heads {}, kv heads {}, head_dim {}); q heads must "
+                              "be a multiple of kv heads",
+                              nl, nq, nkv, hd));
+    validate_spec(cfg.quant, hd);
+    if (composition_uses_data(cfg.composition) || cfg.composition == Composition::kHadamard) log2_check();
+    if (cfg.clip_search && cfg.clip_grid.empty()) throw Error("calibrator: clip search with an empty grid");
+    for (float c : cfg.clip_grid)
+      if (!(c > 0.0f && c <= 1.0f)) throw Error(fmt::format("calibrator: clip ratio {} outside (0, 1]", c));
+    for (float c : {cfg.k_clip, cfg.v_clip})
+      if (!(c > 0.0f && c <= 1.0f)) throw Error(fmt::format("calibrator: clip ratio {} outside (0, 1]", c));
+    g = nq / nkv;
+    need_kk = cfg.key_target == KeyTarget::kRaw;
+    need_vv = cfg.value_target == ValueTarget::kRaw;
+    need_oo = cfg.value_target == ValueTarget::kAttnOutput;
+    need_kw = cfg.value_target == ValueTarget::kKeyWeighted;
+    layers.resize(static_cast<size_t>(L));
+    const size_t mat = static_cast<size_t>(H) * d * d;
+    for (int l = 0; l < L; ++l) {
+      LayerAcc& a = layers[static_cast<size_t>(l)];
+      a.sum_qq.assign(mat, 0.0);
+      if (need_kk) a.sum_kk.assign(mat, 0.0);
+      if (need_vv) a.sum_vv.assign(mat, 0.0);
+      if (need_oo) a.sum_oo.assign(mat, 0.0);
+      a.rng.seed(cfg.seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(l) + 1);
+    }
+  }
+
+  void log2_check() const {
+    if (d <= 0 || (d & (d - 1)) != 0)
+      throw Error(fmt::format("calibrator: head_dim {} must be a power of two for Hadamard-based rotations", d));
+  }
+
+  LayerAcc& layer(int l, const char* op) {
+    if (l < 0 || l >= L) throw Error(fmt::format("calibrator: {}: layer {} out of range [0, {})", op, l, L));
+    return layers[static_cast<size_t>(l)];
+  }
+
+  // sum[h] += Σ rows of head h: src is [T][nheads_src][d] where head h owns the
+  // `per` consecutive source heads [h*per, (h+1)*per).
+  void accumulate(std::vector<double>& sum, const float* src, int64_t T, int nheads_src, int per) {
+    const int64_t rows_per_chunk = kChunkTokens * per;
+    dbuf.resize(static_cast<size_t>(rows_per_chunk * d));
+    for (int64_t t0 = 0; t0 < T; t0 += kChunkTokens) {
+      const int64_t m = std::min(kChunkTokens, T - t0);
+      for (int h = 0; h < H; ++h) {
+        // Token t's `per` rows of head h are contiguous: one (per*d)-wide row.
+        gather_rows(src + (t0 * nheads_src + static_cast<int64_t>(h) * per) * d, m, int64_t(per) * d,
+                    int64_t(nheads_src) * d, dbuf.data());
+        la::syrk_upper_acc(dbuf.data(), m * per, d, d, sum.data() + static_cast<size_t>(h) * d * d);
+      }
+    }
+  }
+
+  void add(int l, const float* q, const float* k, const float* v, const float* o, int64_t T) {
+    LayerAcc& a = layer(l, "add");
+    if (a.done) throw Error(fmt::format("calibrator: layer {} was already finished", l));
+    if (T < 0) throw Error("calibrator: negative token count");
+    if (T == 0) return;
+    if (!q || !k || !v) throw Error(fmt::format("calibrator: layer {}: q, k and v are required", l));
+    if (need_oo && !o)
+      throw Error(fmt::format("calibrator: layer {}: the attn-output value target needs the attention output o "
+                              "(use --value-target key-weighted or raw, or provide layers.{{i}}.o)",
+                              l));
+    accumulate(a.sum_qq, q, T, Hq, g);
+    if (need_kk) accumulate(a.sum_kk, k, T, H, 1);
+    if (need_vv) accumulate(a.sum_vv, v, T, H, 1);
+    if (need_oo) accumulate(a.sum_oo, o, T, Hq, g);
+    const int64_t row = int64_t(H) * d;
+    if (need_kw) {
+      a.kbuf.insert(a.kbuf.end(), k, k + T * row);
+      a.vbuf.insert(a.vbuf.end(), v, v + T * row);
+    }
+    if (cfg.clip_search && cfg.sample_tokens > 0) {
+      const int64_t S = cfg.sample_tokens;
+      if (a.sample_k.empty()) {
+        a.sample_k.resize(static_cast<size_t>(S * row));
+        a.sample_v.resize(static_cast<size_t>(S * row));
+      }
+      for (int64_t t = 0; t < T; ++t) {
+        const int64_t n = a.tokens + t;  // global index of this token in the layer
+        int64_t slot = n;
+        if (n >= S) {
+          slot = static_cast<int64_t>(a.rng() % static_cast<uint64_t>(n + 1));
+          if (slot >= S) continue;
+        }
+        std::copy(k + t * row, k + (t + 1) * row, a.sample_k.begin() + slot * row);
+        std::copy(v + t * row, v + (t + 1) * row, a.sample_v.begin() + slot * row);
+        a.sample_filled = std::min(S, n + 1);
+      }
+    }
+    a.tokens += T;
+  }
+
+  // mean = sum / count with the lower triangle filled.
+  std::vector<double> mean_of(const std::vector<double>& sum, double count) const {
+    std::vector<double> m(sum);
+    for (int h = 0; h < H; ++h) {
+      double* c = m.data() + static_cast<size_t>(h) * d * d;
+      la::symmetrize_from_upper(c, d);
+      for (int i = 0; i < d * d; ++i) c[i] /= count;
+    }
+    return m;
+  }
+
+  std::vector<double> key_weighted(int l, const LayerAcc& a, const std::vector<double>& query) const {
+    std::vector<double> out(static_cast<size_t>(H) * d * d, 0.0);
+    const int64_t T = a.tokens, row = int64_t(H) * d;
+    std::vector<double> K(static_cast<size_t>(kChunkTokens * d)), W(K.size()), V(K.size());
+    for (int h = 0; h < H; ++h) {
+      double den = 0.0;
+      double* num = out.data() + static_cast<size_t>(h) * d * d;
+      for (int64_t t0 = 0; t0 < T; t0 += kChunkTokens) {
+        const int64_t m = std::min(kChunkTokens, T - t0);
+        gather_rows(a.kbuf.data() + t0 * row + int64_t(h) * d, m, d, row, K.data());
+        gather_rows(a.vbuf.data() + t0 * row + int64_t(h) * d, m, d, row, V.data());
+        la::gemm(K.data(), query.data() + static_cast<size_t>(h) * d * d, W.data(), m, d, d);
+        for (int64_t t = 0; t < m; ++t) {
+          double w = 0.0;
+          for (int c = 0; c < d; ++c) w += W[t * d + c] * K[t * d + c];
+          w = std::max(w, 0.0);  // C_Q is PSD; clamp rounding noise
+          den += w;
+          const double s = std::sqrt(w);
+          for (int c = 0; c < d; ++c) V[t * d + c] *= s;
+        }
+        la::syrk_upper_acc(V.data(), m, d, d, num);
+      }
+      if (!(den > 0.0) || !std::isfinite(den))
+        throw Error(fmt::format("calibrator: layer {} kv head {}: key-weighted weights sum to {} (all-zero keys or "
+                                "queries, or non-finite activations)",
+                                l, h, den));
+      la::symmetrize_from_upper(num, d);
+      for (int i = 0; i < d * d; ++i) num[i] /= den;
+    }
+    return out;
+  }
+
+  LayerTargets targets(int l) const {
+    if (l < 0 || l >= L) throw Error(fmt::format("calibrator: layer {} out of range", l));
+    const LayerAcc& a = layers[static_cast<size_t>(l)];
+    if (a.done) throw Error(fmt::format("calibrator: layer {} is finished; its statistics were freed", l));
+    if (a.tokens == 0) throw Error(fmt::format("calibrator: layer {} has seen no tokens", l));
+    LayerTargets t;
+    t.n_kv_heads = H;
+    t.d = d;
+    t.tokens = a.tokens;
+    const double n = static_cast<double>(a.tokens);
+    t.query = mean_of(a.sum_qq, n * g);
+    t.key = need_kk ? mean_of(a.sum_kk, n) : t.query;
+    switch (cfg.value_target) {
+      case ValueTarget::kAttnOutput: t.value = mean_of(a.sum_oo, n * g); break;
+      case ValueTarget::kRaw: t.value = mean_of(a.sum_vv, n); break;
+      case ValueTarget::kKeyWeighted: t.value = key_weighted(l, a, t.query); break;
+    }
+    return t;
+  }
+
+  // Picks the clip ratio minimizing Σ over `heads` of the weighted error.
+  float search_clip(const LayerAcc& a, bool keys, const std::vector<double>& R, const std::vector<int>& heads,
+                    const LayerTargets& t) const {
+    const int n = static_cast<int>(cfg.clip_grid.size());
+    std::vector<ErrorSums> total(static_cast<size_t>(n)), part(static_cast<size_t>(n));
+    const int64_t row = int64_t(H) * d;
+    for (int h : heads) {
+      const float* rows = (keys ? a.sample_k.data() : a.sample_v.data()) + int64_t(h) * d;
+      const double* C = keys ? t.q(h) : t.v(h);
+      quant_error_sweep(rows, a.sample_filled, row, d, R.data(), cfg.clip_grid.data(), n, cfg.quant, C, part.data());
+      for (int i = 0; i < n; ++i) total[static_cast<size_t>(i)] += part[static_cast<size_t>(i)];
+    }
+    int best = 0;
+    for (int i = 1; i < n; ++i)
+      if (total[static_cast<size_t>(i)].err_w < total[static_cast<size_t>(best)].err_w) best = i;
+    return cfg.clip_grid[static_cast<size_t>(best)];
+  }
+
+  void finish_layer(int l) {
+    LayerAcc& a = layer(l, "finish_layer");
+    if (a.done) return;
+    LayerTargets t = targets(l);
+    const bool per_head = cfg.granularity == Granularity::kHead;
+    const int n_rot = per_head ? H : 1;
+    LayerCalibration& out = a.result;
+    out.n_rot = n_rot;
+    const size_t dd = static_cast<size_t>(d) * d;
+    out.k_rotation.resize(n_rot * dd);
+    out.v_rotation.resize(n_rot * dd);
+    out.k_eigenvalues.resize(static_cast<size_t>(n_rot) * d);
+    out.v_eigenvalues.resize(static_cast<size_t>(n_rot) * d);
+    out.k_clip.assign(static_cast<size_t>(n_rot), cfg.k_clip);
+    out.v_clip.assign(static_cast<size_t>(n_rot), cfg.v_clip);
+    for (int r = 0; r < n_rot; ++r) {
+      std::vector<int> heads;
+      if (per_head) heads = {r};
+      else
+        for (int h = 0; h < H; ++h) heads.push_back(h);
+      for (int kv = 0; kv < 2; ++kv) {
+        const bool keys = kv == 0;
+        // The target this rotation diagonalizes: the head's, or the mean over heads.
+        std::vector<double> C(dd, 0.0);
+        for (int h : heads) {
+          const double* src = keys ? t.k(h) : t.v(h);
+          for (size_t i = 0; i < dd; ++i) C[i] += src[i];
+        }
+        for (double& x : C) x /= static_cast<double>(heads.size());
+        const std::string what = fmt::format("layer {} {}{} {} target", l, per_head ? "kv head " : "",
+                                             per_head ? std::to_string(r) : "", keys ? "key" : "value");
+        const SymEig eig = sym_eig(C.data(), d, what.c_str());
+        const uint64_t seed = cfg.seed + 1000003ull * static_cast<uint64_t>(l) + 2ull * static_cast<uint64_t>(r) +
+                              static_cast<uint64_t>(kv);
+        const std::vector<double> R = compose_rotation(cfg.composition, &eig, d, seed);
+        float* rot = (keys ? out.k_rotation : out.v_rotation).data() + r * dd;
+        float* ev = (keys ? out.k_eigenvalues : out.v_eigenvalues).data() + static_cast<size_t>(r) * d;
+        for (size_t i = 0; i < dd; ++i) rot[i] = static_cast<float>(R[i]);
+        for (int i = 0; i < d; ++i) ev[i] = static_cast<float>(eig.values[static_cast<size_t>(i)]);
+        if (cfg.clip_search && a.sample_filled > 0)
+          (keys ? out.k_clip : out.v_clip)[static_cast<size_t>(r)] = search_clip(a, keys, R, heads, t);
+      }
+    }
+    if (keep) a.kept = std::move(t);
+    a.done = true;
+    // Free the statistics; only the result (and kept targets) remain.
+    std::vector<double>().swap(a.sum_qq);
+    std::vector<double>().swap(a.sum_kk);
+    std::vector<double>().swap(a.sum_vv);
+    std::vector<double>().swap(a.sum_oo);
+    std::vector<float>().swap(a.kbuf);
+    std::vector<float>().swap(a.vbuf);
+    std::vector<float>().swap(a.sample_k);
+    std::vector<float>().swap(a.sample_v);
+  }
+};
+
+Calibrator::Calibrator(CalibConfig cfg, int n_layers, int n_q_heads, int n_kv_heads, int d)
+    : impl_(std::make_unique<Impl>(std::move(cfg), n_layers, n_q_heads, n_kv_heads, d)) {}
+Calibrator::~Calibrator() = default;
+Calibrator::Calibrator(Calibrator&&) noexcept = default;
+Calibrator& Calibrator::operator=(Calibrator&&) noexcept = default;
+
+void Calibrator::add(int layer, const float* q, const float* k, const float* v, const float* o, int64_t T) {
+  impl_->add(layer, q, k, v, o, T);
+}
+LayerTargets Calibrator::targets(int layer) const { return impl_->targets(layer); }
+void Calibrator::finish_layer(int layer) { impl_->finish_layer(layer); }
+void Calibrator::keep_targets(bool on) { impl_->keep = on; }
+const LayerTargets& Calibrator::kept_targets(int layer) const {
+  if (layer < 0 || layer >= impl_->L || !impl_->layers[static_cast<size_t>(layer)].done || !impl_->keep)
+    throw Error(fmt::format("calibrator: no kept targets for layer {} (keep_targets(true) before finishing it)", layer));
+  return impl_->layers[static_cast<size_t>(layer)].kept;
+}
+const CalibConfig& Calibrator::config() const { return impl_->cfg; }
+int Calibrator::n_layers() const { return impl_->L; }
+int64_t Calibrator::tokens(int layer) const { return impl_->layer(layer, "tokens").tokens; }
+
+Calibration Calibrator::finish(ModelFingerprint model) {
+  Impl& m = *impl_;
+  auto fill = [&](int& field, int value, const char* name) {
+    if (field == 0) field = value;
+    else if (field != value)
+      throw Error(fmt::format("calibrator: model fingerprint says {} = {} but the activations have {}", name, field,
+                              value));
+  };
+  fill(model.n_layers, m.L, "n_layers");
+  fill(model.n_q_heads, m.Hq, "n_q_heads");
+  fill(model.n_kv_heads, m.H, "n_kv_heads");
+  fill(model.head_dim, m.d, "head_dim");
+  int64_t tokens = -1;
+  for (int l = 0; l < m.L; ++l) {
+    const LayerAcc& a = m.layers[static_cast<size_t>(l)];
+    if (!a.done && a.tokens == 0) throw Error(fmt::format("calibrator: layer {} has seen no tokens", l));
+    tokens = tokens < 0 ? a.tokens : std::min(tokens, a.tokens);
+  }
+  Calibration c;
+  c.model = model;
+  c.method = "oscar";
+  c.composition = m.cfg.composition;
+  c.key_target = m.cfg.key_target;
+  c.value_target = m.cfg.value_target;
+  c.granularity = m.cfg.granularity;
+  c.bits = m.cfg.quant.bits;
+  c.group_size = m.cfg.quant.group_size;
+  c.scale_dtype = m.cfg.quant.scale_dtype;
+  c.sink = m.cfg.sink;
+  c.recent = m.cfg.recent;
+  c.clip_search = m.cfg.clip_search;
+  c.calib_tokens = tokens;
+  for (int l = 0; l < m.L; ++l) {
+    m.finish_layer(l);
+    c.layers.push_back(m.layers[static_cast<size_t>(l)].result);
+  }
+  return c;
+}
+
+}  // namespace oscar

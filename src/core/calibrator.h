@@ -1,0 +1,102 @@
+// Streaming OSCAR calibration (DESIGN §3): feed per-layer activations from a
+// model forward or an activation dump, get a Calibration.
+//
+//   Calibrator cal(cfg, n_layers, n_q_heads, n_kv_heads, d);
+//   for each chunk of calibration tokens, for each layer:
+//     cal.add(layer, q, k, v, o_or_null, T);   // post-RoPE (post-QK-norm) q, k
+//   Calibration c = cal.finish(fingerprint);
+//
+// Statistics, per (layer, KV head h), accumulated in fp64 with BLAS rank-k
+// updates (rows converted to fp64 first, so every product and sum is fp64):
+//   query  C_Q = mean over tokens t and query heads g∈G(h) of q_{t,g}ᵀ q_{t,g}
+//   key target    = C_Q ("query", DESIGN §3.1) or mean k kᵀ ("raw")
+//   value target  = mean o oᵀ over t, g∈G(h)                ("attn-output", needs o)
+//                 | Σ_t w_t v vᵀ / Σ_t w_t, w_t = k_t C_Q kᵀ ("key-weighted", ref default)
+//                 | mean v vᵀ                                ("raw")
+// Key-weighted needs the final C_Q, so K and V rows of a layer are buffered
+// (fp32, 8·T·H_kv·d bytes per layer) until the layer is finished: call
+// finish_layer(l) once a layer has seen all its tokens to free them early.
+// With granularity "layer" the per-head targets are averaged (each head's
+// target is already a mean, so this is the pooled mean); with "head" every KV
+// head gets its own rotation.
+//
+// Clip ratios are cfg.k_clip / cfg.v_clip unless cfg.clip_search: then, per
+// rotation, the ratio in cfg.clip_grid minimizing the attention-aware error
+// (quant_error.h; keys weighted by C_Q, values by the value target) on a
+// reservoir sample of cfg.sample_tokens tokens (deterministic in cfg.seed and
+// the feeding order).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "core/calibration.h"
+#include "core/quantizer.h"
+#include "core/rotation.h"
+
+namespace oscar {
+
+struct CalibConfig {
+  Composition composition = Composition::kUHP;
+  KeyTarget key_target = KeyTarget::kQuery;
+  ValueTarget value_target = ValueTarget::kKeyWeighted;
+  Granularity granularity = Granularity::kLayer;
+  QuantSpec quant;  // bits / group / scale dtype: clip search and file metadata
+  float k_clip = 0.96f, v_clip = 0.92f;
+  bool clip_search = false;
+  std::vector<float> clip_grid = {0.80f, 0.84f, 0.88f, 0.90f, 0.92f, 0.94f, 0.96f, 0.98f, 1.0f};
+  int sample_tokens = 256;  // per layer, for the clip search
+  uint64_t seed = 0;        // random composition and reservoir sampling
+  int sink = 64, recent = 256;  // recorded in the file
+};
+
+// Per-head target covariances of one layer (fp64, row-major, symmetric).
+struct LayerTargets {
+  int n_kv_heads = 0, d = 0;
+  int64_t tokens = 0;
+  std::vector<double> query;  // [H_kv][d][d]
+  std::vector<double> key;    // [H_kv][d][d] the key target (same as query unless raw)
+  std::vector<double> value;  // [H_kv][d][d] the value target
+  const double* q(int h) const { return query.data() + static_cast<size_t>(h) * d * d; }
+  const double* k(int h) const { return key.data() + static_cast<size_t>(h) * d * d; }
+  const double* v(int h) const { return value.data() + static_cast<size_t>(h) * d * d; }
+};
+
+class Calibrator {
+ public:
+  Calibrator(CalibConfig cfg, int n_layers, int n_q_heads, int n_kv_heads, int d);
+  ~Calibrator();
+  Calibrator(Calibrator&&) noexcept;
+  Calibrator& operator=(Calibrator&&) noexcept;
+
+  // q: [T][Hq][d], k: [T][Hkv][d], v: [T][Hkv][d], o: [T][Hq][d] (attention
+  // output per query head, before o_proj) or nullptr. Required: o for the
+  // attn-output target. T may be 0.
+  void add(int layer, const float* q, const float* k, const float* v, const float* o, int64_t T);
+
+  // The layer's targets from everything added so far (before finish_layer).
+  LayerTargets targets(int layer) const;
+
+  // Computes the layer's rotations/clips now and frees its buffers; later
+  // add() calls for it are an error. finish() does this for remaining layers.
+  void finish_layer(int layer);
+  // Optionally keep each finished layer's targets (for reports/tests).
+  void keep_targets(bool on);
+  const LayerTargets& kept_targets(int layer) const;
+
+  // Every layer must have seen at least one token. Shape fields of `model`
+  // that are zero are filled in; non-zero ones must agree.
+  Calibration finish(ModelFingerprint model = {});
+
+  const CalibConfig& config() const;
+  int n_layers() const;
+  int64_t tokens(int layer) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace oscar

@@ -1,0 +1,305 @@
+// Optimized CPU decode and prefill attention: work splitting, threading and
+// the log-sum-exp merge; the per-row math lives in attention_simd.h and is
+// instantiated for AVX-512, AVX2 and (here) a scalar fallback.
+//
+// Decode: one work item per (sequence, KV head, region, split of the region);
+// a split is a page-aligned token range, sized so there are a few items per
+// thread even at batch 1. Each item runs every query head of the KV head over
+// its rows (rows are read and dequantized once per KV head, DESIGN §3.5) and
+// leaves a base-2 softmax partial (m, l, acc); partials of a (sequence, head)
+// are merged by log-sum-exp at the end.
+// Prefill: one work item per (tile of query tokens, KV head); the tile's
+// queries (tokens x heads of the group, at most 8) share every K/V row, first
+// over the cached regions, then over the chunk's own rows with a causal limit.
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "core/half.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/attention_impl.h"
+#include "kernels/cpu/parallel.h"
+#include "kernels/cpu/view_check.h"
+
+namespace oscar::kernels::cpu {
+
+namespace detail {
+namespace scalar {
+
+#define OSCAR_TGT
+
+// W = 1: the same kernel structure, one channel at a time (portable fallback).
+struct Scalar {
+  static constexpr int W = 1;
+  using F = float;
+  struct Table {
+    float s, m;
+  };
+  static inline F zero() { return 0.0f; }
+  static inline F load(const float* p) { return *p; }
+  static inline void store(float* p, F v) { *p = v; }
+  static inline F fma(F a, F b, F c) { return a * b + c; }
+  static inline F mul(F a, F b) { return a * b; }
+  static inline F set1(float x) { return x; }
+  static inline float reduce_add(F a) { return a; }
+  static inline F load_bf16(const uint16_t* p) { return bf16_to_f32(*p); }
+  static inline void f16_to_f32(const uint16_t* src, int n, float* dst) {
+    for (int i = 0; i < n; ++i) dst[i] = oscar::f16_to_f32(src[i]);
+  }
+  static inline Table make_table(float s, float m, int) { return Table{s, m}; }
+  static inline F dequant(const uint8_t* p, bool, const int32_t* shift, const Table& tb, int bits) {
+    const int c = (*p >> shift[0]) & ((1 << bits) - 1);
+    return tb.m + static_cast<float>(c) * tb.s;
+  }
+  static inline float exp2_block(const float* s, float m, float* p) {
+    float sum = 0.0f;
+    for (int t = 0; t < kBlock; ++t) {
+      p[t] = std::exp2(s[t] - m);
+      sum += p[t];
+    }
+    return sum;
+  }
+};
+
+#include "kernels/cpu/attention_simd.h"
+
+#undef OSCAR_TGT
+
+void region_entry(const RegionRows& rr, QuerySet& qs) { region_rows<Scalar>(rr, qs); }
+void dense_entry(const DenseRows& dr, int d, QuerySet& qs) { dense_rows<Scalar>(dr, d, qs); }
+
+}  // namespace scalar
+
+const RowKernels& scalar_kernels() {
+  static const RowKernels k{"scalar", &scalar::region_entry, &scalar::dense_entry};
+  return k;
+}
+
+}  // namespace detail
+
+namespace {
+
+using detail::kMaxQ;
+using detail::QuerySet;
+using detail::RegionRows;
+using detail::RowKernels;
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+std::atomic<const RowKernels*> g_forced{nullptr};
+
+const RowKernels& select_kernels() {
+  if (const RowKernels* f = g_forced.load()) return *f;
+  static const RowKernels* k = [] {
+    const char* env = std::getenv("OSCAR_CPU_ISA");
+    const std::string cap = env ? env : "";
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (cap != "avx2" && cap != "scalar" && detail::avx512_kernels() &&
+        __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl"))
+      return detail::avx512_kernels();
+    if (cap != "scalar" && detail::avx2_kernels() && __builtin_cpu_supports("avx2") &&
+        __builtin_cpu_supports("fma"))
+      return detail::avx2_kernels();
+#endif
+    return &detail::scalar_kernels();
+  }();
+  return *k;
+}
+
+// Query heads of one KV head split into sets of at most kMaxQ (GQA > 8).
+int num_sets(int group) { return (group + kMaxQ - 1) / kMaxQ; }
+int set_begin(int group, int s) {
+  const int n = num_sets(group);
+  return s * group / n;
+}
+
+}  // namespace
+
+namespace detail {
+const RowKernels& active_kernels() { return select_kernels(); }
+void force_kernels(const RowKernels* k) { g_forced.store(k); }
+bool cpu_supports(const RowKernels& k) {
+  const std::string n = k.name;
+  if (n == "scalar") return true;
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (n == "avx2") return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (n == "avx512")
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+#endif
+  return false;
+}
+}  // namespace detail
+
+namespace {
+
+struct DecodeItem {
+  int b, h, region, i0, i1;
+};
+
+}  // namespace
+
+const char* attention_isa() { return select_kernels().name; }
+
+void decode_attention(const kv::PagedKvView& kv, const float* q, int num_q_heads, float sm_scale,
+                      float* o, float* lse) {
+  detail::check_view(kv, num_q_heads, "decode_attention");
+  if (kv.batch == 0) return;
+  if (!q || !o) throw Error("decode_attention: null q or o");
+  const RowKernels& K = select_kernels();
+  const int d = kv.head_dim, hkv = kv.num_kv_heads, group = num_q_heads / hkv;
+
+  // Queries pre-scaled into base 2: 2^(q.k * sm_scale * log2 e) = e^(sm_scale q.k).
+  std::vector<float> qs(static_cast<size_t>(kv.batch) * num_q_heads * d);
+  const float qscale = sm_scale * kLog2e;
+  for (size_t i = 0; i < qs.size(); ++i) qs[i] = q[i] * qscale;
+
+  // Split sizes: a few items per thread, page-aligned, at least 256 tokens.
+  const int threads = num_threads();
+  int max_len = 0;
+  for (int b = 0; b < kv.batch; ++b) max_len = std::max(max_len, kv.total_len(b));
+  const int64_t units = int64_t(kv.batch) * hkv;
+  const int64_t want_splits = std::max<int64_t>(1, (4 * int64_t(threads) + units - 1) / units);
+  int64_t chunk = (max_len + want_splits - 1) / want_splits;
+  chunk = std::max<int64_t>(chunk, 256);
+  chunk = (chunk + kv.page_size - 1) / kv.page_size * kv.page_size;
+
+  std::vector<DecodeItem> items;
+  std::vector<int64_t> first_item(size_t(units) + 1, 0);
+  const kv::RegionTable* regions[3] = {&kv.sink, &kv.mid, &kv.recent};
+  for (int b = 0; b < kv.batch; ++b)
+    for (int h = 0; h < hkv; ++h) {
+      first_item[size_t(b) * hkv + h] = int64_t(items.size());
+      for (int r = 0; r < 3; ++r) {
+        const int len = regions[r]->len[b];
+        for (int64_t i0 = 0; i0 < len; i0 += chunk)
+          items.push_back(DecodeItem{b, h, r, int(i0), int(std::min<int64_t>(len, i0 + chunk))});
+      }
+    }
+  first_item[size_t(units)] = int64_t(items.size());
+
+  // Per item: m [group], l [group], acc [group][d].
+  const int64_t per_item = int64_t(group) * (d + 2);
+  std::vector<float> scratch(items.size() * size_t(per_item));
+  parallel_for(int64_t(items.size()), [&](int64_t it) {
+    const DecodeItem& w = items[size_t(it)];
+    float* st = scratch.data() + it * per_item;
+    float* m = st;
+    float* l = st + group;
+    float* acc = st + 2 * group;
+    std::fill(m, m + group, kNegInf);
+    std::fill(l, l + group, 0.0f);
+    std::fill(acc, acc + int64_t(group) * d, 0.0f);
+    const RegionRows rr{&kv, regions[w.region], w.region == 1, w.b, w.h, w.i0, w.i1, 0};
+    for (int s = 0; s < num_sets(group); ++s) {
+      const int g0 = set_begin(group, s), g1 = set_begin(group, s + 1);
+      QuerySet set{g1 - g0, qs.data() + (int64_t(w.b) * num_q_heads + w.h * group + g0) * d, nullptr,
+                   m + g0, l + g0, acc + int64_t(g0) * d};
+      K.region(rr, set);
+    }
+  });
+
+  // Log-sum-exp merge of the partials of each (sequence, query head).
+  for (int b = 0; b < kv.batch; ++b)
+    for (int h = 0; h < hkv; ++h) {
+      const int64_t u = int64_t(b) * hkv + h;
+      const int64_t e0 = first_item[size_t(u)], e1 = first_item[size_t(u) + 1];
+      for (int g = 0; g < group; ++g) {
+        const int qh = h * group + g;
+        float* out = o + (int64_t(b) * num_q_heads + qh) * d;
+        if (e0 == e1) {
+          std::fill(out, out + d, 0.0f);
+          if (lse) lse[int64_t(b) * num_q_heads + qh] = kNegInf;
+          continue;
+        }
+        float mmax = kNegInf;
+        for (int64_t e = e0; e < e1; ++e) mmax = std::max(mmax, scratch[size_t(e * per_item + g)]);
+        double L = 0.0;
+        std::vector<double> acc(d, 0.0);
+        for (int64_t e = e0; e < e1; ++e) {
+          const float* st = scratch.data() + e * per_item;
+          const double w = std::exp2(double(st[g]) - double(mmax));
+          L += double(st[group + g]) * w;
+          const float* a = st + 2 * group + int64_t(g) * d;
+          for (int c = 0; c < d; ++c) acc[c] += double(a[c]) * w;
+        }
+        for (int c = 0; c < d; ++c) out[c] = static_cast<float>(acc[c] / L);
+        if (lse) lse[int64_t(b) * num_q_heads + qh] = static_cast<float>((double(mmax) + std::log2(L)) * kLn2);
+      }
+    }
+}
+
+void prefill_attention(const kv::PagedKvView& kv, int b, int cached_len, const float* q,
+                       const float* k_new, const float* v_new, int n, int num_q_heads,
+                       float sm_scale, float* o) {
+  detail::check_view(kv, num_q_heads, "prefill_attention");
+  if (b < 0 || b >= kv.batch)
+    throw Error("prefill_attention: sequence " + std::to_string(b) + " outside batch of " +
+                std::to_string(kv.batch));
+  if (n < 0 || cached_len < 0 || cached_len > kv.total_len(b))
+    throw Error("prefill_attention: cached_len " + std::to_string(cached_len) + " outside [0, " +
+                std::to_string(kv.total_len(b)) + "] or negative n");
+  if (n == 0) return;
+  if (!q || !k_new || !v_new || !o) throw Error("prefill_attention: null pointer");
+  const RowKernels& K = select_kernels();
+  const int d = kv.head_dim, hkv = kv.num_kv_heads, group = num_q_heads / hkv;
+  const int sink_n = std::min(cached_len, kv.sink.len[b]);
+  const int mid_n = std::min(cached_len - sink_n, kv.mid.len[b]);
+  const int rec_n = cached_len - sink_n - mid_n;
+
+  // A tile: tt consecutive tokens x the heads of one set (tt * heads <= kMaxQ).
+  const int nsets = num_sets(group);
+  const int max_set = (group + nsets - 1) / nsets;
+  const int tt = std::max(1, kMaxQ / max_set);
+  const int ntiles = (n + tt - 1) / tt;
+  const float qscale = sm_scale * kLog2e;
+  const int64_t items = int64_t(ntiles) * hkv * nsets;
+  parallel_for(items, [&](int64_t it) {
+    const int s = int(it % nsets);
+    const int h = int((it / nsets) % hkv);
+    const int tile = int(it / (int64_t(nsets) * hkv));
+    const int g0 = set_begin(group, s), g1 = set_begin(group, s + 1), ng = g1 - g0;
+    const int i0 = tile * tt, i1 = std::min(n, i0 + tt);
+    const int nq = (i1 - i0) * ng;
+    alignas(64) float qbuf[kMaxQ * 256];
+    alignas(64) float acc[kMaxQ * 256];
+    float m[kMaxQ], l[kMaxQ];
+    int limit[kMaxQ];
+    for (int i = i0; i < i1; ++i)
+      for (int g = 0; g < ng; ++g) {
+        const int j = (i - i0) * ng + g;
+        const float* src = q + (int64_t(i) * num_q_heads + h * group + g0 + g) * d;
+        for (int c = 0; c < d; ++c) qbuf[j * d + c] = src[c] * qscale;
+        limit[j] = i;
+        m[j] = kNegInf;
+        l[j] = 0.0f;
+      }
+    std::fill(acc, acc + nq * d, 0.0f);
+    QuerySet set{nq, qbuf, nullptr, m, l, acc};
+    const kv::RegionTable* regions[3] = {&kv.sink, &kv.mid, &kv.recent};
+    const int lens[3] = {sink_n, mid_n, rec_n};
+    for (int r = 0; r < 3; ++r)
+      if (lens[r] > 0) K.region(RegionRows{&kv, regions[r], r == 1, b, h, 0, lens[r], 0}, set);
+    set.limit = limit;
+    K.dense(detail::DenseRows{k_new + int64_t(h) * d, v_new + int64_t(h) * d, int64_t(hkv) * d, i1, 0}, d,
+            set);
+    for (int i = i0; i < i1; ++i)
+      for (int g = 0; g < ng; ++g) {
+        const int j = (i - i0) * ng + g;
+        float* out = o + (int64_t(i) * num_q_heads + h * group + g0 + g) * d;
+        const float inv = 1.0f / l[j];
+        for (int c = 0; c < d; ++c) out[c] = acc[j * d + c] * inv;
+      }
+  });
+}
+
+}  // namespace oscar::kernels::cpu

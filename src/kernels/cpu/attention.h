@@ -1,0 +1,55 @@
+// CPU attention over the paged three-region KV cache (kv/kv_view.h).
+//
+// The *_ref functions are the specification (DESIGN §5.3, STYLE "the CPU
+// reference is the specification"): scalar, fp64 accumulation, one softmax
+// partial per region (sink BF16, middle quantized, recent BF16) merged by
+// log-sum-exp. Middle rows are dequantized exactly as stored:
+// x_hat = min + code * scale with the fp16 (scale, min) of each group.
+// The optimized functions (same signatures) dispatch at run time to AVX-512,
+// AVX2 or a scalar fallback and must match the reference to float tolerance
+// (tests/kernels).
+//
+// Shapes: d = kv.head_dim, Hq = num_q_heads, Hkv = kv.num_kv_heads,
+// Hq % Hkv == 0; query head g reads KV head g / (Hq / Hkv).
+// Bad views or shapes throw oscar::Error (never crash).
+#pragma once
+
+#include "kv/kv_view.h"
+
+namespace oscar::kernels::cpu {
+
+// Decode: one query token per sequence; every cached token of sequence b
+// (kv.total_len(b), the new token's K/V already written) is attended.
+//   q   [batch][Hq][d] f32, already rotated by R_K (and pre-RoPE'd)
+//   o   [batch][Hq][d] f32, in the R_V basis
+//   lse [batch][Hq] f32 = log sum_j exp(sm_scale * q.k_j), or nullptr.
+// A sequence with no tokens gets o = 0 and lse = -inf.
+void decode_attention_ref(const kv::PagedKvView& kv, const float* q, int num_q_heads,
+                          float sm_scale, float* o, float* lse);
+void decode_attention(const kv::PagedKvView& kv, const float* q, int num_q_heads,
+                      float sm_scale, float* o, float* lse);
+
+// Prefill chunk of sequence b: n new tokens at positions cached_len .. cached_len+n-1.
+//   q            [n][Hq][d] f32 (rotated)
+//   k_new, v_new [n][Hkv][d] f32 (rotated), the chunk's own keys/values
+//   o            [n][Hq][d] f32
+// Token i attends to cached positions [0, cached_len) as stored in the view
+// (BF16 / dequantized; cached_len <= kv.total_len(b), later positions in the
+// view are ignored) plus k_new/v_new rows 0..i at full precision (causal).
+void prefill_attention_ref(const kv::PagedKvView& kv, int b, int cached_len, const float* q,
+                           const float* k_new, const float* v_new, int n, int num_q_heads,
+                           float sm_scale, float* o);
+void prefill_attention(const kv::PagedKvView& kv, int b, int cached_len, const float* q,
+                       const float* k_new, const float* v_new, int n, int num_q_heads,
+                       float sm_scale, float* o);
+
+// Which code path decode_attention / prefill_attention take on this CPU:
+// "avx512", "avx2" or "scalar". OSCAR_CPU_ISA=avx2|scalar (environment) caps it.
+const char* attention_isa();
+
+// Threads used by the optimized kernels: OSCAR_NUM_THREADS (environment) or
+// std::thread::hardware_concurrency(); set_num_threads(n > 0) overrides both.
+void set_num_threads(int n);
+int num_threads();
+
+}  // namespace oscar::kernels::cpu

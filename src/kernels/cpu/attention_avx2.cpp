@@ -1,0 +1,112 @@
+// AVX2 + FMA instance of the attention row kernel (attention_simd.h), for
+// CPUs without AVX-512. Compiled with a target attribute (the build targets
+// x86-64-v2); attention.cpp only calls it when the CPU reports AVX2 and FMA.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+
+#include "core/error.h"
+#include "core/half.h"
+#include "kernels/cpu/attention_impl.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+
+#define OSCAR_TGT __attribute__((target("avx2,fma,f16c")))
+
+namespace oscar::kernels::cpu::detail {
+namespace avx2 {
+
+struct Avx2 {
+  static constexpr int W = 8;
+  using F = __m256;
+  struct Table {
+    __m256 s, m;
+  };
+
+  OSCAR_TGT static inline F zero() { return _mm256_setzero_ps(); }
+  OSCAR_TGT static inline F load(const float* p) { return _mm256_loadu_ps(p); }
+  OSCAR_TGT static inline void store(float* p, F v) { _mm256_storeu_ps(p, v); }
+  OSCAR_TGT static inline F fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+  OSCAR_TGT static inline F mul(F a, F b) { return _mm256_mul_ps(a, b); }
+  OSCAR_TGT static inline F set1(float x) { return _mm256_set1_ps(x); }
+  OSCAR_TGT static inline float reduce_add(F a) {
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    x = _mm_add_ss(x, _mm_movehdup_ps(x));
+    return _mm_cvtss_f32(x);
+  }
+
+  OSCAR_TGT static inline F load_bf16(const uint16_t* p) {
+    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+  }
+
+  OSCAR_TGT static inline void f16_to_f32(const uint16_t* src, int n, float* dst) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+      _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+    for (; i < n; ++i) dst[i] = oscar::f16_to_f32(src[i]);
+  }
+
+  OSCAR_TGT static inline Table make_table(float s, float m, int /*bits*/) {
+    return Table{_mm256_set1_ps(s), _mm256_set1_ps(m)};
+  }
+
+  // 8 consecutive channels from 8 code bytes (bytes per lane run >= 8 always).
+  OSCAR_TGT static inline F dequant(const uint8_t* p, bool /*dup*/, const int32_t* shift, const Table& tb,
+                                    int bits) {
+    const __m256i x = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    const __m256i c = _mm256_and_si256(_mm256_srlv_epi32(x, _mm256_load_si256(reinterpret_cast<const __m256i*>(shift))),
+                                       _mm256_set1_epi32((1 << bits) - 1));
+    // m + code*s, no fused multiply-add: the reference's arithmetic.
+    return _mm256_add_ps(tb.m, _mm256_mul_ps(_mm256_cvtepi32_ps(c), tb.s));
+  }
+
+  OSCAR_TGT static inline __m256 exp2_8(__m256 x) {
+    const __m256 xc = _mm256_max_ps(_mm256_set1_ps(-127.0f), x);  // NaN in x stays NaN
+    const __m256 n = _mm256_round_ps(xc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256 f = _mm256_sub_ps(xc, n);
+    __m256 r = _mm256_set1_ps(1.540353039e-4f);
+    r = _mm256_fmadd_ps(r, f, _mm256_set1_ps(1.333355815e-3f));
+    r = _mm256_fmadd_ps(r, f, _mm256_set1_ps(9.618129108e-3f));
+    r = _mm256_fmadd_ps(r, f, _mm256_set1_ps(5.550410866e-2f));
+    r = _mm256_fmadd_ps(r, f, _mm256_set1_ps(2.402265070e-1f));
+    r = _mm256_fmadd_ps(r, f, _mm256_set1_ps(6.931471806e-1f));
+    r = _mm256_fmadd_ps(r, f, _mm256_set1_ps(1.0f));
+    // 2^n through the exponent field; n = -127 gives +0 (and -inf inputs too).
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(r, _mm256_castsi256_ps(e));
+  }
+
+  OSCAR_TGT static inline float exp2_block(const float* s, float m, float* p) {
+    const __m256 mv = _mm256_set1_ps(m);
+    const __m256 a = exp2_8(_mm256_sub_ps(_mm256_loadu_ps(s), mv));
+    const __m256 b = exp2_8(_mm256_sub_ps(_mm256_loadu_ps(s + 8), mv));
+    _mm256_storeu_ps(p, a);
+    _mm256_storeu_ps(p + 8, b);
+    return reduce_add(_mm256_add_ps(a, b));
+  }
+};
+
+#include "kernels/cpu/attention_simd.h"
+
+OSCAR_TGT void region_entry(const RegionRows& rr, QuerySet& qs) { region_rows<Avx2>(rr, qs); }
+OSCAR_TGT void dense_entry(const DenseRows& dr, int d, QuerySet& qs) { dense_rows<Avx2>(dr, d, qs); }
+
+}  // namespace avx2
+
+const RowKernels* avx2_kernels() {
+  static const RowKernels k{"avx2", &avx2::region_entry, &avx2::dense_entry};
+  return &k;
+}
+
+}  // namespace oscar::kernels::cpu::detail
+
+#else
+namespace oscar::kernels::cpu::detail {
+const RowKernels* avx2_kernels() { return nullptr; }
+}  // namespace oscar::kernels::cpu::detail
+#endif

@@ -1,0 +1,67 @@
+// Internal interface between the attention driver (attention.cpp) and the
+// per-ISA row kernels (attention_avx512.cpp, attention_avx2.cpp, scalar in
+// attention.cpp). Not a public header.
+//
+// A "query set" is up to kMaxQ query vectors that read the same KV head
+// (the query heads of one GQA group, or in prefill a tile of tokens x heads);
+// every K/V row is loaded and dequantized once per set. Queries arrive
+// pre-scaled by sm_scale * log2(e), so the kernels work in base 2: the
+// running state per query is m (max logit, log2 units), l (sum of 2^(s-m))
+// and acc[d] (sum of 2^(s-m) v).
+#pragma once
+
+#include <cstdint>
+
+#include "kv/kv_view.h"
+
+namespace oscar::kernels::cpu::detail {
+
+inline constexpr int kMaxQ = 8;
+inline constexpr int kBlock = 16;  // rows per softmax block (page sizes are multiples of 16)
+
+struct QuerySet {
+  int nq = 0;                     // 1..kMaxQ
+  const float* q = nullptr;       // [nq][d] pre-scaled queries
+  const int* limit = nullptr;     // [nq] last visible key index (causal), or nullptr: all
+  float* m = nullptr;             // [nq] running state, m = -inf and l = 0 initially
+  float* l = nullptr;             // [nq]
+  float* acc = nullptr;           // [nq][d], zero initially
+};
+
+// Rows [i0, i1) of region `r` (page-table indexed) of sequence b, KV head h.
+// key_base is the key index of row i0 (compared against QuerySet::limit).
+struct RegionRows {
+  const kv::PagedKvView* kv = nullptr;
+  const kv::RegionTable* r = nullptr;
+  bool quantized = false;
+  int b = 0, h = 0, i0 = 0, i1 = 0;
+  int key_base = 0;
+};
+
+// Dense f32 rows (prefill's own chunk): row t at k + t*stride, t in [0, n).
+struct DenseRows {
+  const float* k = nullptr;
+  const float* v = nullptr;
+  int64_t stride = 0;  // floats between consecutive rows
+  int n = 0;
+  int key_base = 0;
+};
+
+struct RowKernels {
+  const char* name;
+  void (*region)(const RegionRows&, QuerySet&);
+  void (*dense)(const DenseRows&, int d, QuerySet&);
+};
+
+const RowKernels& scalar_kernels();
+const RowKernels* avx2_kernels();    // nullptr when not compiled in
+const RowKernels* avx512_kernels();  // nullptr when not compiled in
+
+// The kernel set decode_attention / prefill_attention use now.
+const RowKernels& active_kernels();
+// Tests and benchmarks: force one kernel set (nullptr: automatic selection).
+// The caller checks that the CPU supports it (cpu_supports below).
+void force_kernels(const RowKernels* k);
+bool cpu_supports(const RowKernels& k);
+
+}  // namespace oscar::kernels::cpu::detail

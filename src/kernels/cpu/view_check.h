@@ -1,0 +1,30 @@
+// Shared by the CPU kernels: validation of a PagedKvView before any kernel
+// touches it, and region/position -> (page, slot) lookup. Internal header.
+#pragma once
+
+#include <cstdint>
+
+#include "kv/kv_view.h"
+
+namespace oscar::kernels::cpu::detail {
+
+// Throws oscar::Error naming `who` and the problem: unsupported head_dim /
+// group / bits / page size, a GQA ratio that does not divide, missing
+// pointers for a non-empty region, or a page table whose page count does not
+// match the region length.
+void check_view(const kv::PagedKvView& kv, int num_q_heads, const char* who);
+
+// The format part only (head_dim, num_kv_heads, page_size, bits, group_size);
+// used by the write kernels, which do not read the region tables.
+void check_format(const kv::PagedKvView& kv, const char* who);
+
+// Page ids must be non-negative and slots inside [0, page_size).
+void check_slots(const kv::PagedKvView& kv, int n, const int32_t* pages, const int32_t* slots,
+                 const char* who);
+
+// Page id and slot of the i-th token of region `r` of sequence b.
+inline int32_t region_page(const kv::RegionTable& r, const kv::PagedKvView& kv, int b, int i) {
+  return r.indices[r.indptr[b] + i / kv.page_size];
+}
+
+}  // namespace oscar::kernels::cpu::detail

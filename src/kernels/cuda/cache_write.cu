@@ -1,0 +1,301 @@
+// Cache-write and demotion kernels (see cache_write.h). One warp per row.
+#include "kernels/cuda/cache_write.h"
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+
+#include "core/half.h"
+#include "core/quant_format.h"
+
+namespace oscar::kernels::cuda {
+
+namespace {
+
+constexpr int kRowsPerBlock = 4;  // warps per block, one row each
+constexpr float kF16Max = 65504.0f;
+constexpr float kInputLimit = 1e30f;
+
+// Row index of (page, head, slot) in both pools (kv_view.h's helpers are host-only):
+// quantized rows are indexed by it, BF16 rows start at it * head_dim.
+__device__ __forceinline__ int64_t pool_row(const kv::PagedKvView& kv, int32_t page, int h, int slot) {
+  return (int64_t(page) * kv.num_kv_heads + h) * kv.page_size + slot;
+}
+
+// The clip index rule of core/quantizer.h clip_index (host side, passed in).
+int clip_index_host(int d, float ratio) {
+  if (!(ratio < 1.0f)) return d - 1;
+  const double k = std::floor(static_cast<double>(ratio) * d);
+  return static_cast<int>(k < 0 ? 0 : (k > d - 1 ? d - 1 : k));
+}
+
+__device__ __forceinline__ float abs_key(float v) {
+  const float a = fabsf(v);
+  return isnan(a) ? INFINITY : a;
+}
+__device__ __forceinline__ float finite_or_zero(float v) {
+  return isfinite(v) ? fminf(fmaxf(v, -kInputLimit), kInputLimit) : 0.0f;
+}
+__device__ __forceinline__ float round_param(float v) {
+  return f16_to_f32(f32_to_f16(fminf(fmaxf(v, -kF16Max), kF16Max)));
+}
+__device__ __forceinline__ float warp_min(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fminf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Clip (threshold = element clip_idx of sorted |y|, NaN as +inf; NaN -> 0) and
+// quantize one row held as y[i] = channel lane + 32 i; writes the packed codes
+// and fp16 (scale, min) params. `words`: D/16 shared words owned by this warp.
+template <int D>
+__device__ void clip_quantize_store(float (&y)[D / 32], int clip_idx, int G, uint8_t* codes,
+                                    uint16_t* params, uint32_t* words) {
+  constexpr int V = D / 32;
+  const int lane = threadIdx.x & 31;
+  float key[V];
+#pragma unroll
+  for (int i = 0; i < V; ++i) key[i] = abs_key(y[i]);
+  float tau;
+  if (clip_idx >= D - 1) {
+    float m = 0.0f;
+#pragma unroll
+    for (int i = 0; i < V; ++i) m = fmaxf(m, key[i]);
+    tau = warp_max(m);
+  } else {
+    // Rank count: key[i] is the selected element iff #less <= idx < #less_or_equal.
+    int less[V], leq[V];
+#pragma unroll
+    for (int i = 0; i < V; ++i) less[i] = leq[i] = 0;
+#pragma unroll
+    for (int i2 = 0; i2 < V; ++i2)
+      for (int src = 0; src < 32; ++src) {
+        const float kk = __shfl_sync(0xffffffffu, key[i2], src);
+#pragma unroll
+        for (int i = 0; i < V; ++i) {
+          less[i] += kk < key[i];
+          leq[i] += kk <= key[i];
+        }
+      }
+    float cand = -1.0f;
+#pragma unroll
+    for (int i = 0; i < V; ++i)
+      if (less[i] <= clip_idx && clip_idx < leq[i]) cand = key[i];
+    tau = warp_max(cand);
+  }
+#pragma unroll
+  for (int i = 0; i < V; ++i)
+    y[i] = finite_or_zero(isnan(y[i]) ? 0.0f : fminf(fmaxf(y[i], -tau), tau));
+
+  if (lane < D / 16) words[lane] = 0u;
+  __syncwarp();
+  const int ngroups = D / G, per_lane = G / 4;
+  for (int gm = 0; gm < ngroups; ++gm) {
+    float lo = INFINITY, hi = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < V; ++i)
+      if ((32 * i) / G == gm) {
+        lo = fminf(lo, y[i]);
+        hi = fmaxf(hi, y[i]);
+      }
+    lo = warp_min(lo);
+    hi = warp_max(hi);
+    const float s = round_param(fmaxf(hi - lo, kMinRange) / 3.0f);
+    const float m = round_param(lo);
+#pragma unroll
+    for (int i = 0; i < V; ++i)
+      if ((32 * i) / G == gm) {
+        int c = 0;
+        if (s > 0.0f) {
+          const float t = floorf(__fadd_rn(__fdiv_rn(__fsub_rn(y[i], m), s), 0.5f));
+          c = static_cast<int>(fminf(fmaxf(t, 0.0f), 3.0f));
+        }
+        const int ig = (lane + 32 * i) % G;
+        const int byte = gm * per_lane + ig % per_lane;
+        const int shift = 2 * (ig / per_lane);
+        atomicOr(words + byte / 4, static_cast<uint32_t>(c) << (8 * (byte % 4) + shift));
+      }
+    if (lane == 0)
+      reinterpret_cast<uint32_t*>(params)[gm] =
+          uint32_t(f32_to_f16(s)) | (uint32_t(f32_to_f16(m)) << 16);
+  }
+  __syncwarp();
+  if (lane < D / 16) reinterpret_cast<uint32_t*>(codes)[lane] = words[lane];
+}
+
+// y = x R for the warp's row (x in shared memory), or y = x without R.
+template <int D>
+__device__ __forceinline__ void rotate_row(const float* x_sh, const float* R, float (&y)[D / 32]) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int i = 0; i < D / 32; ++i) y[i] = R ? 0.0f : x_sh[lane + 32 * i];
+  if (!R) return;
+  for (int j = 0; j < D; ++j) {
+    const float xj = x_sh[j];
+#pragma unroll
+    for (int i = 0; i < D / 32; ++i) y[i] = fmaf(xj, __ldg(R + j * D + lane + 32 * i), y[i]);
+  }
+}
+
+struct WriteArgs {
+  kv::PagedKvView kv;
+  int n;
+  const int32_t* pages;
+  const int32_t* slots;
+  const float* k;
+  const float* v;
+  WriteRotation rot;
+  int clip_idx_k, clip_idx_v;
+};
+
+// Rows are (token i, head h, K/V): row = (i * Hkv + h) * 2 + is_v.
+template <int D, bool kQuant>
+__global__ void __launch_bounds__(32 * kRowsPerBlock) write_kernel(const WriteArgs a) {
+  __shared__ float xs[kRowsPerBlock][D];
+  __shared__ uint32_t words[kRowsPerBlock][D / 16];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int Hkv = a.kv.num_kv_heads;
+  const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + warp;
+  if (row >= int64_t(a.n) * Hkv * 2) return;  // warp-uniform
+  const bool is_v = row & 1;
+  const int64_t ih = row >> 1;
+  const int i = static_cast<int>(ih / Hkv), h = static_cast<int>(ih % Hkv);
+  const float* x = (is_v ? a.v : a.k) + ih * D;
+  const float* R = is_v ? a.rot.v : a.rot.k;
+  if (R && a.rot.r_heads != 1) R += int64_t(h) * D * D;
+#pragma unroll
+  for (int c = 0; c < D / 32; ++c) xs[warp][lane + 32 * c] = x[lane + 32 * c];
+  __syncwarp();
+  float y[D / 32];
+  rotate_row<D>(xs[warp], R, y);
+  const int32_t page = a.pages[i], slot = a.slots[i];
+  if constexpr (kQuant) {
+    const int64_t qr = pool_row(a.kv, page, h, slot);
+    uint8_t* codes = (is_v ? a.kv.quant.v_codes : a.kv.quant.k_codes) + qr * (D / 4);
+    uint16_t* params = (is_v ? a.kv.quant.v_params : a.kv.quant.k_params) + qr * (D / a.kv.group_size) * 2;
+    clip_quantize_store<D>(y, is_v ? a.clip_idx_v : a.clip_idx_k, a.kv.group_size, codes, params,
+                           words[warp]);
+  } else {
+    uint16_t* dst = (is_v ? a.kv.bf16.v : a.kv.bf16.k) + pool_row(a.kv, page, h, slot) * D;
+#pragma unroll
+    for (int c = 0; c < D / 32; ++c) dst[lane + 32 * c] = f32_to_bf16(y[c]);
+  }
+}
+
+struct DemoteArgs {
+  kv::PagedKvView kv;
+  int num_pages, num_tokens;
+  const int32_t* bf16_pages;
+  const int32_t* quant_pages;
+  int clip_idx_k, clip_idx_v;
+};
+
+// Rows are (page p, head h, slot s, K/V).
+template <int D>
+__global__ void __launch_bounds__(32 * kRowsPerBlock) demote_kernel(const DemoteArgs a) {
+  __shared__ uint32_t words[kRowsPerBlock][D / 16];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int Hkv = a.kv.num_kv_heads, T = a.num_tokens;
+  const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + warp;
+  if (row >= int64_t(a.num_pages) * Hkv * T * 2) return;
+  const bool is_v = row & 1;
+  int64_t rest = row >> 1;
+  const int s = static_cast<int>(rest % T);
+  rest /= T;
+  const int h = static_cast<int>(rest % Hkv);
+  const int p = static_cast<int>(rest / Hkv);
+  const int32_t src_page = a.bf16_pages[p], dst_page = a.quant_pages[p];
+  const uint16_t* src = (is_v ? a.kv.bf16.v : a.kv.bf16.k) + pool_row(a.kv, src_page, h, s) * D;
+  float y[D / 32];
+#pragma unroll
+  for (int c = 0; c < D / 32; ++c) y[c] = bf16_to_f32(src[lane + 32 * c]);
+  const int64_t qr = pool_row(a.kv, dst_page, h, s);
+  uint8_t* codes = (is_v ? a.kv.quant.v_codes : a.kv.quant.k_codes) + qr * (D / 4);
+  uint16_t* params = (is_v ? a.kv.quant.v_params : a.kv.quant.k_params) + qr * (D / a.kv.group_size) * 2;
+  clip_quantize_store<D>(y, is_v ? a.clip_idx_v : a.clip_idx_k, a.kv.group_size, codes, params,
+                         words[warp]);
+}
+
+bool format_ok(const kv::PagedKvView& kv) {
+  return (kv.head_dim == 64 || kv.head_dim == 128 || kv.head_dim == 256) && kv.num_kv_heads > 0 &&
+         kv.page_size > 0 && kv.page_size % 16 == 0 &&
+         (kv.group_size == 32 || kv.group_size == 64 || kv.group_size == 128) &&
+         kv.group_size <= kv.head_dim;
+}
+
+unsigned blocks_for(int64_t rows) {
+  return static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
+}
+
+template <bool kQuant>
+cudaError_t launch_write(const WriteArgs& a, cudaStream_t stream) {
+  const int64_t rows = int64_t(a.n) * a.kv.num_kv_heads * 2;
+  if (rows == 0) return cudaSuccess;
+  const dim3 grid(blocks_for(rows)), block(32 * kRowsPerBlock);
+  switch (a.kv.head_dim) {
+    case 64: write_kernel<64, kQuant><<<grid, block, 0, stream>>>(a); break;
+    case 128: write_kernel<128, kQuant><<<grid, block, 0, stream>>>(a); break;
+    case 256: write_kernel<256, kQuant><<<grid, block, 0, stream>>>(a); break;
+    default: return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+bool rotation_ok(const kv::PagedKvView& kv, const WriteRotation& rot) {
+  return (!rot.k && !rot.v) || rot.r_heads == 1 || rot.r_heads == kv.num_kv_heads;
+}
+
+}  // namespace
+
+cudaError_t write_quant_tokens(const kv::PagedKvView& kv, int n, const int32_t* pages,
+                               const int32_t* slots, const float* k, const float* v,
+                               WriteRotation rot, ClipRatios clip, cudaStream_t stream) {
+  if (!format_ok(kv) || kv.bits != 2 || n < 0 || !rotation_ok(kv, rot)) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  if (!pages || !slots || !k || !v || !kv.quant.k_codes || !kv.quant.v_codes || !kv.quant.k_params ||
+      !kv.quant.v_params)
+    return cudaErrorInvalidValue;
+  WriteArgs a{kv, n, pages, slots, k, v, rot, clip_index_host(kv.head_dim, clip.k),
+              clip_index_host(kv.head_dim, clip.v)};
+  return launch_write<true>(a, stream);
+}
+
+cudaError_t write_bf16_tokens(const kv::PagedKvView& kv, int n, const int32_t* pages,
+                              const int32_t* slots, const float* k, const float* v,
+                              WriteRotation rot, cudaStream_t stream) {
+  if (!format_ok(kv) || n < 0 || !rotation_ok(kv, rot)) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  if (!pages || !slots || !k || !v || !kv.bf16.k || !kv.bf16.v) return cudaErrorInvalidValue;
+  WriteArgs a{kv, n, pages, slots, k, v, rot, 0, 0};
+  return launch_write<false>(a, stream);
+}
+
+cudaError_t demote_pages(const kv::PagedKvView& kv, int num_pages, const int32_t* bf16_pages,
+                         const int32_t* quant_pages, ClipRatios clip, int num_tokens,
+                         cudaStream_t stream) {
+  if (!format_ok(kv) || kv.bits != 2 || num_pages < 0) return cudaErrorInvalidValue;
+  if (num_tokens < 0) num_tokens = kv.page_size;
+  if (num_tokens > kv.page_size) return cudaErrorInvalidValue;
+  if (num_pages == 0 || num_tokens == 0) return cudaSuccess;
+  if (!bf16_pages || !quant_pages || !kv.bf16.k || !kv.bf16.v || !kv.quant.k_codes ||
+      !kv.quant.v_codes || !kv.quant.k_params || !kv.quant.v_params)
+    return cudaErrorInvalidValue;
+  DemoteArgs a{kv, num_pages, num_tokens, bf16_pages, quant_pages,
+               clip_index_host(kv.head_dim, clip.k), clip_index_host(kv.head_dim, clip.v)};
+  const int64_t rows = int64_t(num_pages) * kv.num_kv_heads * num_tokens * 2;
+  const dim3 grid(blocks_for(rows)), block(32 * kRowsPerBlock);
+  switch (kv.head_dim) {
+    case 64: demote_kernel<64><<<grid, block, 0, stream>>>(a); break;
+    case 128: demote_kernel<128><<<grid, block, 0, stream>>>(a); break;
+    case 256: demote_kernel<256><<<grid, block, 0, stream>>>(a); break;
+    default: return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace oscar::kernels::cuda

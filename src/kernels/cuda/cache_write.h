@@ -1,0 +1,57 @@
+// CUDA cache-write kernels for the paged three-region KV cache (kv/kv_view.h):
+// fused rotate -> clip -> quantize -> pack of new tokens into INT2 page slots,
+// rotate -> round of new tokens into the BF16 windows, and demotion of full
+// BF16 pages into INT2 pages (clip -> quantize -> pack; rows are already
+// rotated). Specification: kernels/cpu/cache_write.h (*_ref); the
+// quantization is bit-exact with core/quantizer.h (same fp32 arithmetic,
+// IEEE division), rotation accumulates in fp32 in a different order than the
+// CPU, so rotated rows agree to fp32 rounding only.
+//
+// One warp handles one row (token, KV head, K or V): d/32 channels per lane,
+// clip threshold by an exact rank count over the row, min/max by shuffles.
+// Works for prefill chunks (n = chunk length) and decode steps (n = batch).
+// All pointers are device pointers; launchers return cudaError_t (never
+// throw) and reject bad shapes with cudaErrorInvalidValue. This header
+// compiles without nvcc.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "kernels/cpu/cache_write.h"
+#include "kv/kv_view.h"
+
+namespace oscar::kernels::cuda {
+
+using cpu::ClipRatios;
+
+// Rotation inputs: rot_k (rot_v) is [r_heads][d][d] f32 row-major (out = x R)
+// or nullptr for none; r_heads is 1 (one rotation per layer) or Hkv. Keys are
+// rotated after RoPE here; values usually arrive rotated (R_V folded into W_v)
+// and pass rot_v = nullptr.
+struct WriteRotation {
+  const float* k = nullptr;
+  const float* v = nullptr;
+  int r_heads = 1;
+};
+
+// n tokens -> quantized page slots (kv.bits must be 2 or 4... only 2 here).
+//   pages, slots: [n] int32;  k, v: [n][Hkv][d] f32 (post-RoPE, not yet rotated)
+cudaError_t write_quant_tokens(const kv::PagedKvView& kv, int n, const int32_t* pages,
+                               const int32_t* slots, const float* k, const float* v,
+                               WriteRotation rot, ClipRatios clip, cudaStream_t stream);
+
+// n tokens -> BF16 page slots (rotation, then round to nearest even; no clip).
+cudaError_t write_bf16_tokens(const kv::PagedKvView& kv, int n, const int32_t* pages,
+                              const int32_t* slots, const float* k, const float* v,
+                              WriteRotation rot, cudaStream_t stream);
+
+// Demotes BF16 pages bf16_pages[i] -> quantized pages quant_pages[i] (all KV
+// heads, K and V, slots [0, num_tokens); num_tokens < 0 means full pages).
+//   bf16_pages, quant_pages: [num_pages] int32 device arrays
+cudaError_t demote_pages(const kv::PagedKvView& kv, int num_pages, const int32_t* bf16_pages,
+                         const int32_t* quant_pages, ClipRatios clip, int num_tokens,
+                         cudaStream_t stream);
+
+}  // namespace oscar::kernels::cuda

@@ -1,0 +1,892 @@
+// Decode attention kernels (see decode_attention.h and docs/cuda-notes.md).
+//
+// One CTA = one (chunk of 16-token tiles, KV head); 4 warps, each an
+// independent flash-decoding worker over every 4th tile (group) of the chunk,
+// merged through shared memory at the end; a second kernel merges the chunks
+// of a sequence by log-sum-exp.
+//
+// Orientation: tokens are the M dimension and the (up to 8) query heads of the
+// KV head the N dimension of m16n8k16, so GQA 1..8 costs one N tile and each
+// K/V element is unpacked once for all heads of its group:
+//   S^T[16 tok][8 heads] = K[16 tok][d] . Q^T[d][8 heads]
+//   O^T[d][8 heads]     += V^T[d][16 tok] . P^T[16 tok][8 heads]
+// P^T goes from the accumulator layout to the B-operand layout with movmatrix.
+//
+// INT2 middle: codes become fp16 (1 + c/4) with one shift + LOP3 per pair and
+// feed the tensor cores directly; scale and min are folded afterwards
+// (DESIGN §3.5):
+//   q.k_hat = sum_groups  4 s (q . x) + (m - 4 s) sum q           (x = 1 + c/4)
+//   sum_t p v_hat = 4 sum_t (p s) x + sum_t p (m - 4 s)            (per group)
+// Because a dot product is invariant under a permutation of channels, the
+// query is gathered in the order in which the packed bytes unpack ("virtual
+// channels"); the output is scattered back to real channels at the end.
+#include "kernels/cuda/decode_attention.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "core/half.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/mma.cuh"
+
+namespace oscar::kernels::cuda {
+
+namespace {
+
+using namespace detail;
+
+constexpr int kWarps = 4;
+constexpr int kThreads = 32 * kWarps;
+constexpr int kMaxGqa = 8;
+constexpr float kLog2e = 1.4426950408889634f;
+// Tiles a warp works on per loop iteration in the INT2 path; the next
+// iteration's tiles are loaded before this one's are computed, so up to
+// 2*kQuantTilesPerIter tiles per warp are in flight.
+constexpr int kQuantTilesPerIter = 2;
+// A BF16 tile moves ~7x the bytes of an INT2 tile (16 vs 2.25 bits).
+constexpr int kBf16TileCost = 7;
+
+// ---------------------------------------------------------------------------
+// Virtual-channel maps: which real channel sits at position kpos (0..15) of
+// k-tile j (K side), or at row rp (0..15) of m-tile i (V side). They mirror
+// the unpacking in the tile functions below; tests check the end result.
+
+// INT2 K: k-tile jl of group gamma. Lane quad position r = (kpos%8)/2.
+__host__ __device__ constexpr int kq_channel(int G, int gamma, int jl, int kpos) {
+  const int r = (kpos & 7) >> 1, e = kpos & 1, half = kpos >> 3;
+  if (G >= 64) {
+    const int nb = G / 16, wi = jl / 4, s = jl % 4;
+    return gamma * G + r * nb + 4 * wi + 2 * e + half + s * (G / 4);
+  }
+  return gamma * 32 + 2 * r + e + (2 * jl + half) * 8;
+}
+// INT2 V: m-tile i of group gamma, row rp (lane g = rp % 8, half = rp / 8).
+__host__ __device__ constexpr int vq_channel(int G, int gamma, int i, int rp) {
+  const int g = rp & 7, half = rp >> 3;
+  if (G == 128) return gamma * G + 4 * g + 2 * (i / 4) + half + 32 * (i % 4);
+  if (G == 64) return gamma * G + 2 * g + half + 16 * i;
+  return gamma * 32 + g + 8 * (2 * i + half);
+}
+// BF16 K: k-tile j.
+__host__ __device__ constexpr int kb_channel(int j, int kpos) {
+  const int r = (kpos & 7) >> 1, e = kpos & 1, half = kpos >> 3;
+  return 32 * (j / 2) + 8 * r + 4 * (j % 2) + 2 * half + e;
+}
+// BF16 V: m-tile i.
+__host__ __device__ constexpr int vb_channel(int i, int rp) {
+  const int g = rp & 7, half = rp >> 3;
+  return 64 * (i / 4) + 8 * g + 2 * (i % 4) + half;
+}
+
+// ---------------------------------------------------------------------------
+struct KernelArgs {
+  kv::PagedKvView kv;
+  const float* q;          // [batch][Hq][D]
+  int num_q_heads;
+  int gqa;
+  float sm_scale_log2;     // sm_scale * log2(e)
+  const int4* chunks;      // [num_chunks] {b, region, t0, t1}
+  const int32_t* order;    // chunk ids for this launch (blockIdx.x indexes it)
+  float* partial_o;        // [num_chunks][Hq][D]
+  float* partial_lse;      // [num_chunks][Hq], log2 domain
+};
+
+// Per-warp online-softmax state for the lane's two head columns 2r, 2r+1.
+template <int D, int NG>
+struct WarpState {
+  float o[D / 16][4];   // O^T accumulators, m-tile i: rows (channels) g, g+8; cols 2r, 2r+1
+  float mterm[NG][2];   // INT2 only: sum_t p (m - 4 s) per group and head column
+  float m[2];           // running max (log2 domain)
+  float l[2];           // this lane's partial row sum
+};
+
+template <int D, int NG>
+__device__ __forceinline__ void state_init(WarpState<D, NG>& st) {
+#pragma unroll
+  for (int i = 0; i < D / 16; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) st.o[i][e] = 0.0f;
+#pragma unroll
+  for (int gm = 0; gm < NG; ++gm) st.mterm[gm][0] = st.mterm[gm][1] = 0.0f;
+  st.m[0] = st.m[1] = -INFINITY;
+  st.l[0] = st.l[1] = 0.0f;
+}
+
+// Online softmax step for one tile: s[4] are the lane's logits (log2 domain,
+// masked ones -inf), c0,c1 token g / c2,c3 token g+8; returns p in place.
+template <int D, int NG>
+__device__ __forceinline__ void softmax_step(WarpState<D, NG>& st, float (&s)[4]) {
+  float mx[2] = {fmaxf(s[0], s[2]), fmaxf(s[1], s[3])};
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    mx[k] = fmaxf(mx[k], __shfl_xor_sync(0xffffffffu, mx[k], 4));
+    mx[k] = fmaxf(mx[k], __shfl_xor_sync(0xffffffffu, mx[k], 8));
+    mx[k] = fmaxf(mx[k], __shfl_xor_sync(0xffffffffu, mx[k], 16));
+  }
+  const float mn0 = fmaxf(st.m[0], mx[0]), mn1 = fmaxf(st.m[1], mx[1]);
+  // Rescale only when some column's max grew (rare after the first tiles).
+  if (__any_sync(0xffffffffu, mn0 > st.m[0] || mn1 > st.m[1])) {
+    const float sc0 = mn0 > st.m[0] ? exp2f(st.m[0] - mn0) : 1.0f;
+    const float sc1 = mn1 > st.m[1] ? exp2f(st.m[1] - mn1) : 1.0f;
+#pragma unroll
+    for (int i = 0; i < D / 16; ++i) {
+      st.o[i][0] *= sc0;
+      st.o[i][1] *= sc1;
+      st.o[i][2] *= sc0;
+      st.o[i][3] *= sc1;
+    }
+#pragma unroll
+    for (int gm = 0; gm < NG; ++gm) {
+      st.mterm[gm][0] *= sc0;
+      st.mterm[gm][1] *= sc1;
+    }
+    st.l[0] *= sc0;
+    st.l[1] *= sc1;
+    st.m[0] = mn0;
+    st.m[1] = mn1;
+  }
+  // A column with no finite logit yet keeps m = -inf; use 0 as the base so
+  // exp2(-inf - base) = 0 instead of NaN.
+  const float b0 = st.m[0] == -INFINITY ? 0.0f : st.m[0];
+  const float b1 = st.m[1] == -INFINITY ? 0.0f : st.m[1];
+  s[0] = exp2f(s[0] - b0);
+  s[1] = exp2f(s[1] - b1);
+  s[2] = exp2f(s[2] - b0);
+  s[3] = exp2f(s[3] - b1);
+  st.l[0] += s[0] + s[2];
+  st.l[1] += s[1] + s[3];
+}
+
+// Page and slot of region-relative tile t (tiles never cross pages since the
+// page size is a multiple of 16 and regions start at slot 0).
+struct TileLoc {
+  int64_t row0;  // quant_row_index / bf16 row of the tile's first token, head h
+  int valid;     // tokens of the tile inside the region (1..16)
+};
+__device__ __forceinline__ TileLoc tile_loc(const int32_t* pages, int len, int page_size,
+                                            int num_kv_heads, int h, int t) {
+  const int ts = t * kTileTokens;
+  const int32_t page = __ldg(pages + ts / page_size);
+  TileLoc loc;
+  loc.row0 = (int64_t(page) * num_kv_heads + h) * page_size + ts % page_size;
+  loc.valid = min(kTileTokens, len - ts);
+  return loc;
+}
+
+// ---------------------------------------------------------------------------
+// INT2 tiles.
+template <int D, int G>
+struct QuantTile {
+  static constexpr int NG = D / G;
+  static constexpr int KW = G >= 64 ? G / 64 : 1;  // K code words per token and group
+  uint32_t kw[2][NG][KW];  // K codes, tokens g and g+8
+  uint32_t vw[4][NG];      // V codes, tokens 2r, 2r+1, 2r+8, 2r+9 (1, 2 or 4 bytes used)
+  uint32_t kp[2][NG];      // K (scale, min) fp16 pairs, tokens g, g+8
+  uint32_t vp[2][NG];      // V (scale, min), tokens g, g+8
+  int valid;
+};
+
+template <int D, int G>
+__device__ __forceinline__ void load_quant_tile(QuantTile<D, G>& T, const kv::PagedKvView& kv,
+                                                const int32_t* pages, int len, int h, int t,
+                                                int g, int r) {
+  constexpr int NG = D / G, RB = D / 4;  // RB: code bytes per row
+  const TileLoc loc = tile_loc(pages, len, kv.page_size, kv.num_kv_heads, h, t);
+  T.valid = loc.valid;
+  const uint8_t* kc = kv.quant.k_codes + loc.row0 * RB;
+  const uint8_t* vc = kv.quant.v_codes + loc.row0 * RB;
+  const uint32_t* kp = reinterpret_cast<const uint32_t*>(kv.quant.k_params) + loc.row0 * NG;
+  const uint32_t* vp = reinterpret_cast<const uint32_t*>(kv.quant.v_params) + loc.row0 * NG;
+#pragma unroll
+  for (int tt = 0; tt < 2; ++tt) {
+    const int tok = g + 8 * tt;
+#pragma unroll
+    for (int gm = 0; gm < NG; ++gm) {
+      const uint8_t* p = kc + tok * RB + gm * (G / 4);
+      if constexpr (G == 128) {
+        const uint2 w = __ldg(reinterpret_cast<const uint2*>(p + 8 * r));
+        T.kw[tt][gm][0] = w.x;
+        T.kw[tt][gm][1] = w.y;
+      } else if constexpr (G == 64) {
+        T.kw[tt][gm][0] = __ldg(reinterpret_cast<const uint32_t*>(p + 4 * r));
+      } else {
+        const uint32_t v = __ldg(reinterpret_cast<const unsigned short*>(p + 2 * r));
+        T.kw[tt][gm][0] = prmt(v, 0u, 0x4140u);  // [b0, 0, b1, 0]
+      }
+      T.kp[tt][gm] = __ldg(kp + tok * NG + gm);
+      T.vp[tt][gm] = __ldg(vp + tok * NG + gm);
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const int tok = 2 * r + (k & 1) + 8 * (k >> 1);
+#pragma unroll
+    for (int gm = 0; gm < NG; ++gm) {
+      const uint8_t* p = vc + tok * RB + gm * (G / 4);
+      if constexpr (G == 128)
+        T.vw[k][gm] = __ldg(reinterpret_cast<const uint32_t*>(p + 4 * g));
+      else if constexpr (G == 64)
+        T.vw[k][gm] = __ldg(reinterpret_cast<const unsigned short*>(p + 2 * g));
+      else
+        T.vw[k][gm] = __ldg(p + g);
+    }
+  }
+}
+
+// Per-block query operands for the INT2 path.
+template <int D, int G>
+struct QuantQuery {
+  static constexpr int NG = D / G;
+  uint32_t qf[D / 16][2];  // B fragments (fp16x2), virtual channel order
+  float qsum[NG][2];       // sum of the fp16 query over each group, head columns 2r, 2r+1
+  float f[2];              // logit factor (amax * sm_scale * log2 e), head columns 2r, 2r+1
+};
+
+template <int D, int G>
+__device__ __forceinline__ void load_quant_query(QuantQuery<D, G>& Q, const float* qrow,
+                                                 bool head_ok, float sm_scale_log2, int g, int r) {
+  constexpr int NG = D / G, KTG = G / 16;
+  float v[D / 16][4];
+  float amax = 0.0f;
+#pragma unroll
+  for (int j = 0; j < D / 16; ++j)
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int kpos = 2 * r + (k & 1) + 8 * (k >> 1);
+      v[j][k] = head_ok ? __ldg(qrow + kq_channel(G, j / KTG, j % KTG, kpos)) : 0.0f;
+      amax = fmaxf(amax, fabsf(v[j][k]));
+    }
+  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+  // Normalizing by max|q| keeps fp16 far from overflow; the factor returns
+  // in f. (A zero query gives zero logits either way.)
+  const float inv = amax > 0.0f ? 1.0f / amax : 0.0f;
+  float part[NG];
+#pragma unroll
+  for (int gm = 0; gm < NG; ++gm) part[gm] = 0.0f;
+#pragma unroll
+  for (int j = 0; j < D / 16; ++j) {
+    Q.qf[j][0] = pack_half2(v[j][0] * inv, v[j][1] * inv);
+    Q.qf[j][1] = pack_half2(v[j][2] * inv, v[j][3] * inv);
+    // The sums use the rounded values so that the folded offset cancels exactly.
+    part[j / KTG] += half_lo(Q.qf[j][0]) + half_hi(Q.qf[j][0]) + half_lo(Q.qf[j][1]) +
+                     half_hi(Q.qf[j][1]);
+  }
+  const float fh = amax * sm_scale_log2;
+#pragma unroll
+  for (int gm = 0; gm < NG; ++gm) {
+    part[gm] += __shfl_xor_sync(0xffffffffu, part[gm], 1);
+    part[gm] += __shfl_xor_sync(0xffffffffu, part[gm], 2);
+    // Lane (g, r) now holds head g's sums; lane needs heads 2r and 2r+1.
+    Q.qsum[gm][0] = __shfl_sync(0xffffffffu, part[gm], (2 * r) * 4);
+    Q.qsum[gm][1] = __shfl_sync(0xffffffffu, part[gm], (2 * r + 1) * 4);
+  }
+  Q.f[0] = __shfl_sync(0xffffffffu, fh, (2 * r) * 4);
+  Q.f[1] = __shfl_sync(0xffffffffu, fh, (2 * r + 1) * 4);
+}
+
+template <int D, int G>
+__device__ __forceinline__ void compute_quant_tile(WarpState<D, D / G>& st, const QuantTile<D, G>& T,
+                                                   const QuantQuery<D, G>& Q, int g) {
+  constexpr int NG = D / G, KTG = G / 16;
+  // --- logits: S^T = K Q^T, one accumulator per group (scales differ per group)
+  float sacc[NG][4];
+#pragma unroll
+  for (int gm = 0; gm < NG; ++gm) {
+    sacc[gm][0] = sacc[gm][1] = sacc[gm][2] = sacc[gm][3] = 0.0f;
+#pragma unroll
+    for (int jl = 0; jl < KTG; ++jl) {
+      uint32_t a0, a1, a2, a3;
+      if constexpr (G >= 64) {
+        const int wi = jl / 4, s = jl % 4;
+        a0 = lo_pair(T.kw[0][gm][wi], s);
+        a1 = lo_pair(T.kw[1][gm][wi], s);
+        a2 = hi_pair(T.kw[0][gm][wi], s);
+        a3 = hi_pair(T.kw[1][gm][wi], s);
+      } else {
+        a0 = lo_pair(T.kw[0][gm][0], 2 * jl);
+        a1 = lo_pair(T.kw[1][gm][0], 2 * jl);
+        a2 = lo_pair(T.kw[0][gm][0], 2 * jl + 1);
+        a3 = lo_pair(T.kw[1][gm][0], 2 * jl + 1);
+      }
+      const int j = gm * KTG + jl;
+      mma_f16(sacc[gm], a0, a1, a2, a3, Q.qf[j][0], Q.qf[j][1]);
+    }
+  }
+  float s[4];
+  float vs[2][NG], vm[2][NG];
+#pragma unroll
+  for (int tt = 0; tt < 2; ++tt) {
+    const bool ok = g + 8 * tt < T.valid;
+    float acc0 = 0.0f, acc1 = 0.0f;
+#pragma unroll
+    for (int gm = 0; gm < NG; ++gm) {
+      const float ks = half_lo(T.kp[tt][gm]), km = half_hi(T.kp[tt][gm]);
+      acc0 += 4.0f * ks * sacc[gm][2 * tt] + (km - 4.0f * ks) * Q.qsum[gm][0];
+      acc1 += 4.0f * ks * sacc[gm][2 * tt + 1] + (km - 4.0f * ks) * Q.qsum[gm][1];
+      // Padding slots of a partial page may hold anything (even NaN): zero
+      // their value params so p = 0 cannot meet a NaN.
+      vs[tt][gm] = ok ? half_lo(T.vp[tt][gm]) : 0.0f;
+      vm[tt][gm] = ok ? half_hi(T.vp[tt][gm]) : 0.0f;
+    }
+    s[2 * tt] = ok ? acc0 * Q.f[0] : -INFINITY;
+    s[2 * tt + 1] = ok ? acc1 * Q.f[1] : -INFINITY;
+  }
+  softmax_step(st, s);
+  // --- values: O^T += V^T (p s)^T per group, plus the folded min term
+#pragma unroll
+  for (int gm = 0; gm < NG; ++gm) {
+    const uint32_t h01 = pack_half2(s[0] * vs[0][gm], s[1] * vs[0][gm]);  // token g
+    const uint32_t h23 = pack_half2(s[2] * vs[1][gm], s[3] * vs[1][gm]);  // token g+8
+    st.mterm[gm][0] += s[0] * vm[0][gm] + s[2] * vm[1][gm] - 4.0f * (half_lo(h01) + half_lo(h23));
+    st.mterm[gm][1] += s[1] * vm[0][gm] + s[3] * vm[1][gm] - 4.0f * (half_hi(h01) + half_hi(h23));
+    const uint32_t b0 = transpose8x8(h01), b1 = transpose8x8(h23);
+    if constexpr (G == 128) {
+      uint32_t X[2][2];
+#pragma unroll
+      for (int p = 0; p < 2; ++p) {
+        X[p][0] = prmt(T.vw[2 * p][gm], T.vw[2 * p + 1][gm], 0x5410u);
+        X[p][1] = prmt(T.vw[2 * p][gm], T.vw[2 * p + 1][gm], 0x7632u);
+      }
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int xi = i / 4, sh = i % 4;
+        mma_f16(st.o[gm * 8 + i], lo_pair(X[0][xi], sh), hi_pair(X[0][xi], sh),
+                lo_pair(X[1][xi], sh), hi_pair(X[1][xi], sh), b0, b1);
+      }
+    } else if constexpr (G == 64) {
+      const uint32_t X0 = prmt(T.vw[0][gm], T.vw[1][gm], 0x5410u);
+      const uint32_t X1 = prmt(T.vw[2][gm], T.vw[3][gm], 0x5410u);
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        mma_f16(st.o[gm * 4 + i], lo_pair(X0, i), hi_pair(X0, i), lo_pair(X1, i), hi_pair(X1, i),
+                b0, b1);
+    } else {
+      const uint32_t X0 = prmt(T.vw[0][gm], T.vw[1][gm], 0x4400u);
+      const uint32_t X1 = prmt(T.vw[2][gm], T.vw[3][gm], 0x4400u);
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+        mma_f16(st.o[gm * 2 + i], lo_pair(X0, 2 * i), lo_pair(X0, 2 * i + 1), lo_pair(X1, 2 * i),
+                lo_pair(X1, 2 * i + 1), b0, b1);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// BF16 tiles (sink and recent windows, and the BF16-only baseline).
+template <int D>
+struct Bf16Tile {
+  uint4 k[2][D / 32];  // tokens g, g+8: channels 32k + 8r .. +7
+  uint4 v[4][D / 64];  // tokens 2r, 2r+1, 2r+8, 2r+9: channels 64k + 8g .. +7
+  int valid;
+};
+
+template <int D>
+__device__ __forceinline__ void load_bf16_tile(Bf16Tile<D>& T, const kv::PagedKvView& kv,
+                                               const int32_t* pages, int len, int h, int t, int g,
+                                               int r) {
+  const TileLoc loc = tile_loc(pages, len, kv.page_size, kv.num_kv_heads, h, t);
+  T.valid = loc.valid;
+  const uint16_t* kb = kv.bf16.k + loc.row0 * D;
+  const uint16_t* vb = kv.bf16.v + loc.row0 * D;
+#pragma unroll
+  for (int tt = 0; tt < 2; ++tt)
+#pragma unroll
+    for (int k = 0; k < D / 32; ++k)
+      T.k[tt][k] = __ldg(reinterpret_cast<const uint4*>(kb + (g + 8 * tt) * D + 32 * k + 8 * r));
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int tok = 2 * r + (j & 1) + 8 * (j >> 1);
+#pragma unroll
+    for (int k = 0; k < D / 64; ++k) {
+      const uint4 w = __ldg(reinterpret_cast<const uint4*>(vb + tok * D + 64 * k + 8 * g));
+      // Padding slots may hold NaN bits; p = 0 times NaN would poison O.
+      T.v[j][k] = tok < loc.valid ? w : make_uint4(0u, 0u, 0u, 0u);
+    }
+  }
+}
+
+template <int D>
+struct Bf16Query {
+  uint32_t qf[D / 16][2];  // bf16x2 B fragments
+  float f[2];
+};
+
+template <int D>
+__device__ __forceinline__ void load_bf16_query(Bf16Query<D>& Q, const float* qrow, bool head_ok,
+                                                float sm_scale_log2, int g, int r) {
+  float v[D / 16][4];
+  float amax = 0.0f;
+#pragma unroll
+  for (int j = 0; j < D / 16; ++j)
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int kpos = 2 * r + (k & 1) + 8 * (k >> 1);
+      v[j][k] = head_ok ? __ldg(qrow + kb_channel(j, kpos)) : 0.0f;
+      amax = fmaxf(amax, fabsf(v[j][k]));
+    }
+  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+  const float inv = amax > 0.0f ? 1.0f / amax : 0.0f;
+#pragma unroll
+  for (int j = 0; j < D / 16; ++j) {
+    Q.qf[j][0] = pack_bf162(v[j][0] * inv, v[j][1] * inv);
+    Q.qf[j][1] = pack_bf162(v[j][2] * inv, v[j][3] * inv);
+  }
+  const float fh = amax * sm_scale_log2;
+  Q.f[0] = __shfl_sync(0xffffffffu, fh, (2 * r) * 4);
+  Q.f[1] = __shfl_sync(0xffffffffu, fh, (2 * r + 1) * 4);
+}
+
+template <int D, int NG>
+__device__ __forceinline__ void compute_bf16_tile(WarpState<D, NG>& st, const Bf16Tile<D>& T,
+                                                  const Bf16Query<D>& Q, int g) {
+  float sacc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+  for (int j = 0; j < D / 16; ++j) {
+    const int k = j / 2, mm = j % 2;
+    const uint32_t* k0 = reinterpret_cast<const uint32_t*>(&T.k[0][k]);
+    const uint32_t* k1 = reinterpret_cast<const uint32_t*>(&T.k[1][k]);
+    mma_bf16(sacc, k0[2 * mm], k1[2 * mm], k0[2 * mm + 1], k1[2 * mm + 1], Q.qf[j][0], Q.qf[j][1]);
+  }
+  float s[4];
+#pragma unroll
+  for (int tt = 0; tt < 2; ++tt) {
+    const bool ok = g + 8 * tt < T.valid;
+    s[2 * tt] = ok ? sacc[2 * tt] * Q.f[0] : -INFINITY;
+    s[2 * tt + 1] = ok ? sacc[2 * tt + 1] * Q.f[1] : -INFINITY;
+  }
+  softmax_step(st, s);
+  const uint32_t b0 = transpose8x8(pack_bf162(s[0], s[1]));
+  const uint32_t b1 = transpose8x8(pack_bf162(s[2], s[3]));
+#pragma unroll
+  for (int i = 0; i < D / 16; ++i) {
+    const int k = i / 4, w = i % 4;
+    const uint32_t* v0 = reinterpret_cast<const uint32_t*>(&T.v[0][k]);
+    const uint32_t* v1 = reinterpret_cast<const uint32_t*>(&T.v[1][k]);
+    const uint32_t* v2 = reinterpret_cast<const uint32_t*>(&T.v[2][k]);
+    const uint32_t* v3 = reinterpret_cast<const uint32_t*>(&T.v[3][k]);
+    mma_bf16(st.o[i], prmt(v0[w], v1[w], 0x5410u), prmt(v0[w], v1[w], 0x7632u),
+             prmt(v2[w], v3[w], 0x5410u), prmt(v2[w], v3[w], 0x7632u), b0, b1);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// The split kernel. kQuant: this launch handles middle (INT2) chunks; else
+// BF16 chunks (sink / recent).
+template <int D, int G, bool kQuant>
+__global__ void __launch_bounds__(kThreads) decode_split_kernel(const KernelArgs a) {
+  constexpr int NG = kQuant ? D / G : 1;
+  __shared__ float s_o[kWarps][kMaxGqa][D];
+  __shared__ float s_m[kWarps][kMaxGqa];
+  __shared__ float s_l[kWarps][kMaxGqa];
+
+  const int chunk = a.order[blockIdx.x];
+  const int h = blockIdx.y;
+  const int4 c = a.chunks[chunk];
+  const int b = c.x, region = c.y, t0 = c.z, t1 = c.w;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, r = lane & 3;
+  const kv::PagedKvView& kv = a.kv;
+  const int hq = h * a.gqa + g;  // the query head this lane gathers
+  const float* qrow = a.q + (int64_t(b) * a.num_q_heads + hq) * D;
+  const bool head_ok = g < a.gqa;
+
+  WarpState<D, NG> st;
+  state_init(st);
+
+  if constexpr (kQuant) {
+    const kv::RegionTable& R = kv.mid;
+    const int32_t* pages = R.indices + R.indptr[b];
+    const int len = R.len[b];
+    QuantQuery<D, G> Q;
+    load_quant_query(Q, qrow, head_ok, a.sm_scale_log2, g, r);
+    constexpr int TPI = kQuantTilesPerIter;
+    // Warp w takes tile groups w, w + kWarps, ... of TPI consecutive tiles.
+    int t = t0 + warp * TPI;
+    QuantTile<D, G> cur[TPI], nxt[TPI];
+#pragma unroll
+    for (int u = 0; u < TPI; ++u)
+      if (t + u < t1) load_quant_tile(cur[u], kv, pages, len, h, t + u, g, r);
+    for (; t < t1; t += kWarps * TPI) {
+      const int tn = t + kWarps * TPI;
+#pragma unroll
+      for (int u = 0; u < TPI; ++u)
+        if (tn + u < t1) load_quant_tile(nxt[u], kv, pages, len, h, tn + u, g, r);
+#pragma unroll
+      for (int u = 0; u < TPI; ++u)
+        if (t + u < t1) compute_quant_tile(st, cur[u], Q, g);
+#pragma unroll
+      for (int u = 0; u < TPI; ++u) cur[u] = nxt[u];
+    }
+  } else {
+    const kv::RegionTable& R = region == 0 ? kv.sink : kv.recent;
+    const int32_t* pages = R.indices + R.indptr[b];
+    const int len = R.len[b];
+    Bf16Query<D> Q;
+    load_bf16_query(Q, qrow, head_ok, a.sm_scale_log2, g, r);
+    for (int t = t0 + warp; t < t1; t += kWarps) {
+      Bf16Tile<D> T;
+      load_bf16_tile(T, kv, pages, len, h, t, g, r);
+      compute_bf16_tile(st, T, Q, g);
+    }
+  }
+
+  // --- finish this warp: reduce row sums (and min terms) over the 8 lanes of a column
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    st.l[k] += __shfl_xor_sync(0xffffffffu, st.l[k], 4);
+    st.l[k] += __shfl_xor_sync(0xffffffffu, st.l[k], 8);
+    st.l[k] += __shfl_xor_sync(0xffffffffu, st.l[k], 16);
+#pragma unroll
+    for (int gm = 0; gm < NG; ++gm) {
+      st.mterm[gm][k] += __shfl_xor_sync(0xffffffffu, st.mterm[gm][k], 4);
+      st.mterm[gm][k] += __shfl_xor_sync(0xffffffffu, st.mterm[gm][k], 8);
+      st.mterm[gm][k] += __shfl_xor_sync(0xffffffffu, st.mterm[gm][k], 16);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < D / 16; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int rp = g + 8 * (e >> 1), col = 2 * r + (e & 1);
+      int ch;
+      float val;
+      if constexpr (kQuant) {
+        constexpr int MTG = G / 16;
+        ch = vq_channel(G, i / MTG, i % MTG, rp);
+        val = 4.0f * st.o[i][e] + st.mterm[i / MTG][e & 1];
+      } else {
+        ch = vb_channel(i, rp);
+        val = st.o[i][e];
+      }
+      s_o[warp][col][ch] = val;
+    }
+  if (g == 0) {
+    s_m[warp][2 * r] = st.m[0];
+    s_m[warp][2 * r + 1] = st.m[1];
+    s_l[warp][2 * r] = st.l[0];
+    s_l[warp][2 * r + 1] = st.l[1];
+  }
+  __syncthreads();
+
+  // --- merge the warps; write this chunk's partial (normalized o, log2 lse)
+  for (int idx = threadIdx.x; idx < a.gqa * D; idx += kThreads) {
+    const int hd = idx / D, ch = idx % D;
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, s_m[w][hd]);
+    float L = 0.0f, O = 0.0f;
+    if (M != -INFINITY) {
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        const float sc = exp2f(s_m[w][hd] - M);  // warps with no tokens: exp2(-inf) = 0
+        L += sc * s_l[w][hd];
+        O += sc * s_o[w][hd][ch];
+      }
+    }
+    const int64_t row = int64_t(chunk) * a.num_q_heads + h * a.gqa + hd;
+    a.partial_o[row * D + ch] = L > 0.0f ? O / L : 0.0f;
+    if (ch == 0) a.partial_lse[row] = L > 0.0f ? M + log2f(L) : -INFINITY;
+  }
+}
+
+// Merges the chunks of each sequence: grid (batch, Hq), D threads.
+template <int D>
+__global__ void __launch_bounds__(256) merge_kernel(const int32_t* seq_chunk_ptr,
+                                                   const float* partial_o, const float* partial_lse,
+                                                   int num_q_heads, float* o, float* lse) {
+  const int b = blockIdx.x, hq = blockIdx.y, ch = threadIdx.x;
+  const int c0 = seq_chunk_ptr[b], c1 = seq_chunk_ptr[b + 1];
+  float M = -INFINITY;
+  for (int c = c0; c < c1; ++c) M = fmaxf(M, partial_lse[int64_t(c) * num_q_heads + hq]);
+  float L = 0.0f, O = 0.0f;
+  if (M != -INFINITY) {
+    for (int c = c0; c < c1; ++c) {
+      const int64_t row = int64_t(c) * num_q_heads + hq;
+      const float w = exp2f(partial_lse[row] - M);
+      L += w;
+      O += w * partial_o[row * D + ch];
+    }
+  }
+  const int64_t orow = int64_t(b) * num_q_heads + hq;
+  o[orow * D + ch] = L > 0.0f ? O / L : 0.0f;
+  if (lse && ch == 0) lse[orow] = L > 0.0f ? (M + log2f(L)) * 0.6931471805599453f : -INFINITY;
+}
+
+// Rotation of query rows: one block per row, D threads.
+template <int D>
+__global__ void __launch_bounds__(256) rotate_kernel(const float* q, int num_q_heads, const float* R,
+                                                    int r_heads, float* out) {
+  __shared__ float x[D];
+  const int64_t row = blockIdx.x;
+  const int head = static_cast<int>(row % num_q_heads);
+  const float* Rh = R + int64_t(head / (num_q_heads / r_heads)) * D * D;
+  x[threadIdx.x] = q[row * D + threadIdx.x];
+  __syncthreads();
+  float acc = 0.0f;
+#pragma unroll 8
+  for (int j = 0; j < D; ++j) acc = fmaf(x[j], __ldg(Rh + j * D + threadIdx.x), acc);
+  __syncthreads();  // q == out allowed: every thread has read x before anyone writes
+  out[row * D + threadIdx.x] = acc;
+}
+
+// ---------------------------------------------------------------------------
+// Dispatch: the one place where runtime shapes become template arguments.
+#if defined(OSCAR_CUDA_MIN_INSTANCES)
+#define OSCAR_DISPATCH_HEAD_DIM(d, D, ...) \
+  if ((d) == 128) {                        \
+    constexpr int D = 128;                 \
+    __VA_ARGS__                            \
+  }
+#define OSCAR_DISPATCH_GROUP(gs, D, G, ...) \
+  if ((gs) == 128) {                        \
+    constexpr int G = 128;                  \
+    __VA_ARGS__                             \
+  }
+#else
+#define OSCAR_DISPATCH_HEAD_DIM(d, D, ...) \
+  if ((d) == 64) {                         \
+    constexpr int D = 64;                  \
+    __VA_ARGS__                            \
+  } else if ((d) == 128) {                 \
+    constexpr int D = 128;                 \
+    __VA_ARGS__                            \
+  } else if ((d) == 256) {                 \
+    constexpr int D = 256;                 \
+    __VA_ARGS__                            \
+  }
+#define OSCAR_DISPATCH_GROUP(gs, D, G, ...)   \
+  if ((gs) == 32) {                           \
+    constexpr int G = 32;                     \
+    __VA_ARGS__                               \
+  } else if ((gs) == 64) {                    \
+    constexpr int G = 64;                     \
+    __VA_ARGS__                               \
+  } else if ((gs) == 128 && D >= 128) {       \
+    constexpr int G = (D >= 128 ? 128 : 64);  \
+    __VA_ARGS__                               \
+  }
+#endif
+
+bool head_dim_supported(int d) {
+#if defined(OSCAR_CUDA_MIN_INSTANCES)
+  return d == 128;
+#else
+  return d == 64 || d == 128 || d == 256;
+#endif
+}
+bool group_supported(int d, int gs) {
+#if defined(OSCAR_CUDA_MIN_INSTANCES)
+  return d == 128 && gs == 128;
+#else
+  return (gs == 32 || gs == 64 || gs == 128) && gs <= d;
+#endif
+}
+
+cudaError_t launch(const DecodeParams& p, const DecodePlan& plan, const DecodeWorkspace& ws,
+                   cudaStream_t stream, bool force_bf16) {
+  if (!check_decode(p, plan, ws).empty()) return cudaErrorInvalidValue;
+  if (force_bf16 && plan.num_quant_chunks > 0) return cudaErrorInvalidValue;
+  if (p.kv.batch == 0) return cudaSuccess;
+  KernelArgs a;
+  a.kv = p.kv;
+  a.q = p.q;
+  a.num_q_heads = p.num_q_heads;
+  a.gqa = p.num_q_heads / p.kv.num_kv_heads;
+  a.sm_scale_log2 = p.sm_scale * kLog2e;
+  a.chunks = reinterpret_cast<const int4*>(ws.chunks);
+  a.partial_o = ws.partial_o;
+  a.partial_lse = ws.partial_lse;
+  const int32_t* order = ws.chunks + 4 * int64_t(ws.capacity);
+  const int nq = plan.num_quant_chunks, nb = plan.num_chunks - plan.num_quant_chunks;
+  bool launched = false;
+  OSCAR_DISPATCH_HEAD_DIM(p.kv.head_dim, D, {
+    if (nq > 0) {
+      OSCAR_DISPATCH_GROUP(p.kv.group_size, D, G, {
+        a.order = order;
+        decode_split_kernel<D, G, true>
+            <<<dim3(nq, p.kv.num_kv_heads), kThreads, 0, stream>>>(a);
+        launched = true;
+      });
+      if (!launched) return cudaErrorInvalidValue;
+    }
+    if (nb > 0) {
+      a.order = order + nq;
+      decode_split_kernel<D, 128, false><<<dim3(nb, p.kv.num_kv_heads), kThreads, 0, stream>>>(a);
+    }
+    OSCAR_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    merge_kernel<D><<<dim3(p.kv.batch, p.num_q_heads), D, 0, stream>>>(
+        ws.seq_chunk_ptr, ws.partial_o, ws.partial_lse, p.num_q_heads, p.o, p.lse);
+    return cudaGetLastError();
+  });
+  return cudaErrorInvalidValue;
+}
+
+int ceil_div(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+DecodePlan plan_decode(int batch, const int32_t* sink_len, const int32_t* mid_len,
+                       const int32_t* recent_len, int num_kv_heads, int num_sms,
+                       int tiles_per_chunk) {
+  DecodePlan plan;
+  plan.batch = batch;
+  int64_t quant_tiles = 0, bf16_tiles = 0;
+  for (int b = 0; b < batch; ++b) {
+    quant_tiles += ceil_div(mid_len[b], kTileTokens);
+    bf16_tiles += ceil_div(sink_len[b], kTileTokens) + ceil_div(recent_len[b], kTileTokens);
+  }
+  if (tiles_per_chunk > 0) {
+    plan.tiles_per_chunk_quant = plan.tiles_per_chunk_bf16 = tiles_per_chunk;
+  } else {
+    // Aim for ~8 CTAs per SM over the whole launch (a few waves of the ~4
+    // resident CTAs), in units of INT2-tile cost; never split below one tile
+    // group per warp, so that small work is not drowned in partials.
+    const int64_t work = (quant_tiles + kBf16TileCost * bf16_tiles) * std::max(num_kv_heads, 1);
+    const int64_t target = int64_t(std::max(num_sms, 1)) * 8;
+    const int64_t per_cta = std::max<int64_t>(1, (work + target - 1) / target);
+    const int qmin = kWarps * kQuantTilesPerIter;
+    plan.tiles_per_chunk_quant =
+        static_cast<int>(std::clamp<int64_t>((per_cta + qmin - 1) / qmin * qmin, qmin, 1 << 20));
+    plan.tiles_per_chunk_bf16 = static_cast<int>(std::clamp<int64_t>(
+        (per_cta / kBf16TileCost + kWarps - 1) / kWarps * kWarps, kWarps, 1 << 20));
+  }
+  std::vector<int32_t> quant_ids, bf16_ids;
+  plan.seq_chunk_ptr.push_back(0);
+  auto add = [&](int b, int region, int ntiles, int per) {
+    for (int t = 0; t < ntiles; t += per) {
+      const int id = static_cast<int>(plan.chunks.size() / 4);
+      plan.chunks.insert(plan.chunks.end(), {b, region, t, std::min(ntiles, t + per)});
+      (region == 1 ? quant_ids : bf16_ids).push_back(id);
+    }
+  };
+  for (int b = 0; b < batch; ++b) {
+    add(b, 0, ceil_div(sink_len[b], kTileTokens), plan.tiles_per_chunk_bf16);
+    add(b, 1, ceil_div(mid_len[b], kTileTokens), plan.tiles_per_chunk_quant);
+    add(b, 2, ceil_div(recent_len[b], kTileTokens), plan.tiles_per_chunk_bf16);
+    plan.seq_chunk_ptr.push_back(static_cast<int32_t>(plan.chunks.size() / 4));
+  }
+  plan.num_chunks = static_cast<int>(plan.chunks.size() / 4);
+  plan.num_quant_chunks = static_cast<int>(quant_ids.size());
+  plan.order = quant_ids;
+  plan.order.insert(plan.order.end(), bf16_ids.begin(), bf16_ids.end());
+  return plan;
+}
+
+DecodeWorkspace alloc_decode_workspace(int capacity, int max_batch, int max_q_heads, int head_dim) {
+  if (capacity <= 0 || max_batch <= 0 || max_q_heads <= 0 || head_dim <= 0)
+    throw Error("alloc_decode_workspace: sizes must be positive");
+  DecodeWorkspace ws;
+  ws.capacity = capacity;
+  ws.max_batch = max_batch;
+  ws.max_q_heads = max_q_heads;
+  ws.head_dim = head_dim;
+  OSCAR_CUDA_CHECK(cudaMalloc(&ws.chunks, sizeof(int32_t) * 5 * size_t(capacity)));
+  OSCAR_CUDA_CHECK(cudaMalloc(&ws.seq_chunk_ptr, sizeof(int32_t) * (size_t(max_batch) + 1)));
+  OSCAR_CUDA_CHECK(
+      cudaMalloc(&ws.partial_o, sizeof(float) * size_t(capacity) * max_q_heads * head_dim));
+  OSCAR_CUDA_CHECK(cudaMalloc(&ws.partial_lse, sizeof(float) * size_t(capacity) * max_q_heads));
+  return ws;
+}
+
+void free_decode_workspace(DecodeWorkspace& ws) {
+  cudaFree(ws.chunks);
+  cudaFree(ws.seq_chunk_ptr);
+  cudaFree(ws.partial_o);
+  cudaFree(ws.partial_lse);
+  ws = DecodeWorkspace{};
+}
+
+cudaError_t upload_plan(const DecodePlan& plan, const DecodeWorkspace& ws, cudaStream_t stream) {
+  if (plan.num_chunks > ws.capacity || plan.batch > ws.max_batch) return cudaErrorInvalidValue;
+  if (plan.num_chunks > 0) {
+    OSCAR_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(ws.chunks, plan.chunks.data(),
+                                               sizeof(int32_t) * plan.chunks.size(),
+                                               cudaMemcpyHostToDevice, stream));
+    OSCAR_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(ws.chunks + 4 * int64_t(ws.capacity),
+                                               plan.order.data(), sizeof(int32_t) * plan.order.size(),
+                                               cudaMemcpyHostToDevice, stream));
+  }
+  OSCAR_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(ws.seq_chunk_ptr, plan.seq_chunk_ptr.data(),
+                                             sizeof(int32_t) * plan.seq_chunk_ptr.size(),
+                                             cudaMemcpyHostToDevice, stream));
+  return cudaStreamSynchronize(stream);
+}
+
+std::string check_decode(const DecodeParams& p, const DecodePlan& plan, const DecodeWorkspace& ws) {
+  const kv::PagedKvView& kv = p.kv;
+  const std::string who = "cuda decode_attention: ";
+  if (!head_dim_supported(kv.head_dim))
+    return who + "head_dim " + std::to_string(kv.head_dim) + " not compiled (64, 128, 256" +
+           std::string(
+#if defined(OSCAR_CUDA_MIN_INSTANCES)
+               "; this build has OSCAR_CUDA_INSTANCES=min: 128 only"
+#else
+               ""
+#endif
+               ) +
+           ")";
+  if (kv.num_kv_heads <= 0 || p.num_q_heads <= 0 || p.num_q_heads % kv.num_kv_heads != 0)
+    return who + "num_q_heads " + std::to_string(p.num_q_heads) + " is not a multiple of num_kv_heads " +
+           std::to_string(kv.num_kv_heads);
+  if (p.num_q_heads / kv.num_kv_heads > kMaxGqa)
+    return who + "GQA ratio " + std::to_string(p.num_q_heads / kv.num_kv_heads) + " > 8 unsupported";
+  if (kv.page_size <= 0 || kv.page_size % kTileTokens != 0)
+    return who + "page_size " + std::to_string(kv.page_size) + " is not a positive multiple of 16";
+  if (plan.num_quant_chunks > 0) {
+    if (kv.bits != 2) return who + "only 2-bit codes are implemented (bits = " + std::to_string(kv.bits) + ")";
+    if (!group_supported(kv.head_dim, kv.group_size))
+      return who + "group_size " + std::to_string(kv.group_size) + " unsupported for head_dim " +
+             std::to_string(kv.head_dim);
+    if (!kv.quant.k_codes || !kv.quant.v_codes || !kv.quant.k_params || !kv.quant.v_params)
+      return who + "middle pages present but quantized pool pointers are null";
+  }
+  if (plan.num_chunks > plan.num_quant_chunks && (!kv.bf16.k || !kv.bf16.v))
+    return who + "BF16 pages present but BF16 pool pointers are null";
+  if (plan.batch != kv.batch) return who + "plan batch differs from view batch";
+  if (plan.num_chunks > ws.capacity)
+    return who + "plan has " + std::to_string(plan.num_chunks) + " chunks, workspace holds " +
+           std::to_string(ws.capacity);
+  if (kv.batch > ws.max_batch || p.num_q_heads > ws.max_q_heads || kv.head_dim > ws.head_dim)
+    return who + "workspace too small for batch/heads/head_dim";
+  if (kv.batch > 0 && (!p.q || !p.o)) return who + "null q or o";
+  if (reinterpret_cast<uintptr_t>(kv.quant.k_codes) % 16 || reinterpret_cast<uintptr_t>(kv.bf16.k) % 16 ||
+      reinterpret_cast<uintptr_t>(kv.bf16.v) % 16 || reinterpret_cast<uintptr_t>(kv.quant.v_codes) % 16)
+    return who + "pools must be 16-byte aligned";
+  return "";
+}
+
+cudaError_t decode_attention(const DecodeParams& p, const DecodePlan& plan,
+                             const DecodeWorkspace& ws, cudaStream_t stream) {
+  return launch(p, plan, ws, stream, false);
+}
+
+cudaError_t decode_attention_bf16(const DecodeParams& p, const DecodePlan& plan,
+                                  const DecodeWorkspace& ws, cudaStream_t stream) {
+  return launch(p, plan, ws, stream, true);
+}
+
+cudaError_t rotate_queries(const float* q, int n, int num_q_heads, int d, const float* R,
+                           int r_heads, float* q_rot, cudaStream_t stream) {
+  if (n < 0 || num_q_heads <= 0 || r_heads <= 0 || num_q_heads % r_heads != 0 || !q || !R || !q_rot)
+    return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  const unsigned rows = static_cast<unsigned>(int64_t(n) * num_q_heads);
+  if (d == 64) {
+    rotate_kernel<64><<<rows, 64, 0, stream>>>(q, num_q_heads, R, r_heads, q_rot);
+  } else if (d == 128) {
+    rotate_kernel<128><<<rows, 128, 0, stream>>>(q, num_q_heads, R, r_heads, q_rot);
+  } else if (d == 256) {
+    rotate_kernel<256><<<rows, 256, 0, stream>>>(q, num_q_heads, R, r_heads, q_rot);
+  } else {
+    return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace oscar::kernels::cuda

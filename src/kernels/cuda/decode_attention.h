@@ -1,0 +1,113 @@
+// CUDA decode attention over the paged three-region KV cache (kv/kv_view.h):
+// sink (BF16) + middle (INT2) + recent (BF16), split-KV with a log-sum-exp
+// merge, GQA-aware (one CTA loads and unpacks a KV tile once for all query
+// heads of its KV head). Specification: kernels/cpu/attention.h
+// decode_attention_ref. Design notes and measured numbers: docs/cuda.md.
+//
+// Usage per decode step (per layer the same plan can be reused):
+//   DecodePlan plan = plan_decode(host lengths, ...);      // host, cheap
+//   DecodeWorkspace ws = ...; (capacity >= plan.num_chunks) // device buffers
+//   upload_plan(plan, ws, stream);
+//   decode_attention(params, plan, ws, stream);            // returns cudaError_t
+//
+// The host plan splits every sequence into chunks of 16-token tiles that never
+// cross a region boundary; one CTA handles one (chunk, KV head). Chunk size is
+// chosen from the total work and the SM count so that small batches still
+// fill the GPU (split-KV) and large ones do not pay for many partials.
+//
+// Supported (compile-time dispatch, everything else is a clear error):
+// head_dim 64/128/256, group 32/64/128 (<= head_dim), 2-bit codes, fp16
+// params, GQA ratio 1..8, page_size a multiple of 16. With
+// OSCAR_CUDA_MIN_INSTANCES only head_dim 128 / group 128 is compiled.
+// This header compiles without nvcc.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kv/kv_view.h"
+
+namespace oscar::kernels::cuda {
+
+// Tokens per tile: the M dimension of one m16n8k16 tensor-core product.
+inline constexpr int kTileTokens = 16;
+
+struct DecodeParams {
+  kv::PagedKvView kv;      // device pointers (pools, region tables, lengths)
+  const float* q = nullptr;  // [batch][Hq][d] f32 device, already rotated by R_K
+  int num_q_heads = 0;       // Hq, a multiple of kv.num_kv_heads, Hq/Hkv <= 8
+  float sm_scale = 0.0f;     // usually 1/sqrt(d)
+  float* o = nullptr;        // [batch][Hq][d] f32 device, R_V basis
+  float* lse = nullptr;      // [batch][Hq] f32 device (natural log) or nullptr
+};
+
+// Host-side split-KV schedule. chunks[i] = {b, region, first tile, end tile}
+// with region 0 sink, 1 middle, 2 recent (tiles relative to the region),
+// ordered by sequence so that the partials of sequence b are contiguous.
+// `order` lists the chunk ids of the middle (quantized) chunks first, then the
+// BF16 ones: the two kinds run as two launches with separate register budgets.
+struct DecodePlan {
+  int batch = 0;
+  int num_chunks = 0;
+  int num_quant_chunks = 0;            // order[0 .. num_quant_chunks) are middle chunks
+  int tiles_per_chunk_bf16 = 0;
+  int tiles_per_chunk_quant = 0;
+  std::vector<int32_t> chunks;         // [num_chunks][4]
+  std::vector<int32_t> order;          // [num_chunks]
+  std::vector<int32_t> seq_chunk_ptr;  // [batch+1]: chunks of sequence b are [ptr[b], ptr[b+1])
+};
+
+// Builds the plan from HOST copies of the region lengths ([batch] each).
+// num_sms: the device's multiprocessor count. tiles_per_chunk > 0 forces a
+// chunk size (tests use it to exercise the merge); 0 picks one.
+DecodePlan plan_decode(int batch, const int32_t* sink_len, const int32_t* mid_len,
+                       const int32_t* recent_len, int num_kv_heads, int num_sms,
+                       int tiles_per_chunk = 0);
+
+// Device buffers the decode kernels use; the caller owns them (kv/ or the
+// engine allocates once, sized for the largest plan).
+struct DecodeWorkspace {
+  int capacity = 0;                  // chunks the buffers hold
+  int max_batch = 0;
+  int max_q_heads = 0;
+  int head_dim = 0;
+  int32_t* chunks = nullptr;         // [capacity][4] then order [capacity]
+  int32_t* seq_chunk_ptr = nullptr;  // [max_batch+1]
+  float* partial_o = nullptr;        // [capacity][max_q_heads][head_dim]
+  float* partial_lse = nullptr;      // [capacity][max_q_heads] (log2 domain)
+};
+
+// cudaMalloc/cudaFree helpers for a workspace (throw oscar::Error on failure).
+DecodeWorkspace alloc_decode_workspace(int capacity, int max_batch, int max_q_heads, int head_dim);
+void free_decode_workspace(DecodeWorkspace& ws);
+
+// Copies the plan's tables into the workspace (async on `stream`; the plan's
+// vectors must stay alive until the copy is done: the call synchronizes the
+// stream before returning to keep that simple).
+cudaError_t upload_plan(const DecodePlan& plan, const DecodeWorkspace& ws, cudaStream_t stream);
+
+// Checks shapes, capacity and dispatch support; returns "" when fine, else a
+// message naming the problem (the launchers return cudaErrorInvalidValue then).
+std::string check_decode(const DecodeParams& p, const DecodePlan& plan, const DecodeWorkspace& ws);
+
+// Mixed-precision decode: every sequence's sink + middle + recent tokens.
+// Picks the BF16-only kernel instance when no middle region is non-empty.
+cudaError_t decode_attention(const DecodeParams& p, const DecodePlan& plan,
+                             const DecodeWorkspace& ws, cudaStream_t stream);
+
+// Same design forced to the BF16-only instance (the baseline). The view's
+// middle regions must be empty.
+cudaError_t decode_attention_bf16(const DecodeParams& p, const DecodePlan& plan,
+                                  const DecodeWorkspace& ws, cudaStream_t stream);
+
+// Query rotation on the device (DESIGN §3.5: q~ = q R_K, once per step):
+// q_rot[i][g] = q[i][g] * R[g / (Hq / r_heads)] (row vector times a row-major
+// [d][d] matrix); r_heads is 1 (one rotation per layer) or Hkv (per KV head).
+//   q, q_rot: [n][Hq][d] f32 device (q == q_rot is allowed); R: [r_heads][d][d].
+cudaError_t rotate_queries(const float* q, int n, int num_q_heads, int d, const float* R,
+                           int r_heads, float* q_rot, cudaStream_t stream);
+
+}  // namespace oscar::kernels::cuda

@@ -1,0 +1,57 @@
+// The BF16 paged KV cache: every token of every sequence in BF16 pages (exposed
+// to kernels as the "recent" region; sink and middle are empty). The baseline
+// every quantized method is compared against.
+#pragma once
+
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "kv/kv_cache.h"
+#include "kv/page_pool.h"
+
+namespace oscar::kv {
+
+class Bf16KvCache : public KvCache {
+ public:
+  Bf16KvCache(const KvCacheShape& shape, int32_t num_pages);
+
+  const KvCacheShape& shape() const override { return shape_; }
+  std::string method() const override { return "bf16"; }
+  SeqId create() override;
+  SeqId fork(SeqId src) override;
+  void release(SeqId seq) override;
+  int length(SeqId seq) const override;
+  void reserve(SeqId seq, int n) override;
+  void write(int layer, SeqId seq, int pos, const float* k, const float* v, int n) override;
+  void commit(SeqId seq, int n) override;
+  void make_batch(std::span<const SeqId> seqs, std::span<const int> lens,
+                  KvBatch& out) const override;
+  int64_t bytes_in_use() const override;
+
+  const PagePool& pool() const { return pool_; }
+  // Page ids of a sequence (block table), for tests.
+  const std::vector<int32_t>& block_table(SeqId seq) const;
+
+ private:
+  struct Seq {
+    std::vector<int32_t> pages;  // block table
+    int length = 0;              // committed tokens
+    int reserved = 0;            // tokens the pages may hold beyond `length`
+  };
+  Seq& get(SeqId seq);
+  const Seq& get(SeqId seq) const;
+  int64_t page_elems() const {
+    return int64_t(shape_.num_kv_heads) * shape_.page_size * shape_.head_dim;
+  }
+
+  KvCacheShape shape_;
+  PagePool pool_;
+  // Left uninitialized so untouched pages cost no physical memory.
+  std::vector<std::unique_ptr<uint16_t[]>> k_, v_;  // [n_layers][num_pages * page_elems] bf16
+  std::vector<Bf16PagePool> pools_;           // [n_layers] pointers into k_, v_
+  std::unordered_map<SeqId, Seq> seqs_;
+  SeqId next_id_ = 0;
+};
+
+}  // namespace oscar::kv

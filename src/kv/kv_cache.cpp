@@ -1,0 +1,32 @@
+#include "kv/kv_cache.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "kv/bf16_cache.h"
+
+namespace oscar::kv {
+
+PagedKvView KvBatch::layer(int l) const {
+  PagedKvView v = base;
+  if (bf16_pools) v.bf16 = bf16_pools->at(l);
+  if (quant_pools) v.quant = quant_pools->at(l);
+  v.sink = {sink_indptr.data(), sink_indices.data(), sink_len.data()};
+  v.mid = {mid_indptr.data(), mid_indices.data(), mid_len.data()};
+  v.recent = {recent_indptr.data(), recent_indices.data(), recent_len.data()};
+  return v;
+}
+
+// The one place a cache method name becomes a cache: new methods register here.
+std::unique_ptr<KvCache> make_kv_cache(const KvCacheShape& shape, const KvCacheOptions& opts) {
+  KvCacheShape s = shape;
+  s.page_size = opts.page_size;
+  const int64_t tokens = opts.max_tokens > 0 ? opts.max_tokens : 32768;
+  const int64_t pages = (tokens + s.page_size - 1) / std::max(1, s.page_size);
+  if (opts.method == "bf16") return std::make_unique<Bf16KvCache>(s, static_cast<int32_t>(pages));
+  throw Error(fmt::format("kv cache: unknown method '{}' (known: bf16)", opts.method));
+}
+
+}  // namespace oscar::kv

@@ -1,0 +1,109 @@
+// The KV cache interface the model runs against. Implementations: BF16 (all
+// tokens in BF16 pages, kv/bf16_cache.h) and the OSCAR INT2 cache (sink/recent
+// BF16 windows + INT2 middle, DESIGN §5), selected by name (`--kv`).
+//
+// Life of one forward step over a batch of sequences (model/forward.cpp):
+//   reserve(seq, n)             pages for the n new tokens, in every layer, up front,
+//                               so a step never fails half way through the layers;
+//   per layer:
+//     rotate_keys / rotate_queries   into the basis rows are stored in (R_K hook);
+//     write(layer, seq, pos, k, v, n) stores the new rows (pending, not yet committed);
+//     make_batch(...).layer(l)       the PagedKvView the attention kernels read;
+//   commit(seq, n)              the rows are final (the INT2 cache demotes here).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kv/kv_view.h"
+
+namespace oscar::kv {
+
+using SeqId = int32_t;
+
+struct KvCacheShape {
+  int n_layers = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  int page_size = 64;  // tokens per page, a multiple of 16
+};
+
+// Region tables of one batch of sequences, shared by every layer (page id p is
+// the same slot in every layer's pool). Owns the arrays the views point into;
+// not copyable so views never dangle.
+class KvBatch {
+ public:
+  KvBatch() = default;
+  KvBatch(const KvBatch&) = delete;
+  KvBatch& operator=(const KvBatch&) = delete;
+
+  // The view of layer l for the kernels. Valid while this object and the cache live
+  // and until the next make_batch into it.
+  PagedKvView layer(int l) const;
+  int batch() const { return static_cast<int>(recent_len.size()); }
+
+  // Filled by KvCache::make_batch.
+  PagedKvView base;  // shapes and format; pools and tables are set by layer()
+  std::vector<int32_t> sink_indptr, sink_indices, sink_len;
+  std::vector<int32_t> mid_indptr, mid_indices, mid_len;
+  std::vector<int32_t> recent_indptr, recent_indices, recent_len;
+  const std::vector<Bf16PagePool>* bf16_pools = nullptr;   // [n_layers]
+  const std::vector<QuantPagePool>* quant_pools = nullptr; // [n_layers] or null
+};
+
+class KvCache {
+ public:
+  virtual ~KvCache() = default;
+
+  virtual const KvCacheShape& shape() const = 0;
+  virtual std::string method() const = 0;  // "bf16", "oscar", ...
+
+  // A new empty sequence.
+  virtual SeqId create() = 0;
+  // A new sequence holding the same committed tokens as `src`; full pages are
+  // shared by reference count, the partial last page is copied.
+  virtual SeqId fork(SeqId src) = 0;
+  // Frees the sequence and drops its page references.
+  virtual void release(SeqId seq) = 0;
+  // Committed tokens of the sequence.
+  virtual int length(SeqId seq) const = 0;
+
+  // Makes room for tokens [length, length + n) in every layer. Throws
+  // oscar::Error when the pool is exhausted; the cache is unchanged then.
+  virtual void reserve(SeqId seq, int n) = 0;
+  // Stores rows for tokens [pos, pos + n) of one layer, pos >= length(seq) and
+  // within the reserved room. k, v: [n][num_kv_heads][head_dim] f32, keys after
+  // RoPE and already in the storage basis (rotate_keys).
+  virtual void write(int layer, SeqId seq, int pos, const float* k, const float* v, int n) = 0;
+  // Tokens [length, length + n) are final in every layer.
+  virtual void commit(SeqId seq, int n) = 0;
+
+  // Tables exposing sequence seqs[b] with its first lens[b] tokens (written rows,
+  // committed or pending) as batch row b.
+  virtual void make_batch(std::span<const SeqId> seqs, std::span<const int> lens,
+                          KvBatch& out) const = 0;
+
+  // Rotation hook (DESIGN §3.5): keys after RoPE and queries are rotated by R_K
+  // of their KV head before they meet. Identity here; the OSCAR cache overrides.
+  // k: [n][num_kv_heads][head_dim]; q: [n][n_q_heads][head_dim] (GQA: query head
+  // g belongs to KV head g / (n_q_heads / num_kv_heads)).
+  virtual void rotate_keys(int layer, float* k, int n) const {}
+  virtual void rotate_queries(int layer, float* q, int n, int n_q_heads) const {}
+
+  // Bytes of page storage held by live pages (for reports).
+  virtual int64_t bytes_in_use() const = 0;
+};
+
+struct KvCacheOptions {
+  std::string method = "bf16";
+  int page_size = 64;
+  int64_t max_tokens = 0;  // page budget in tokens over all sequences; 0 = 32K tokens
+};
+
+// Creates a cache by method name; throws oscar::Error for an unknown name.
+std::unique_ptr<KvCache> make_kv_cache(const KvCacheShape& shape, const KvCacheOptions& opts);
+
+}  // namespace oscar::kv

@@ -1,0 +1,99 @@
+// The boundary between the model code (model/forward.cpp) and the hardware.
+//
+// The forward pass only calls these ops on buffers the backend allocated and on
+// weights the backend prepared, so a CUDA backend can implement the same
+// interface (device buffers, device weights) without touching the model code.
+// Host data crosses the boundary only where written below (token ids,
+// positions, logits read-back). The CPU backend is model/backend_cpu.h.
+//
+// Shapes are row-major; `n` is the number of token rows in the step.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <string>
+
+#include "kv/kv_view.h"
+#include "model/weights.h"
+
+namespace oscar::model {
+
+// How the backend keeps matrix weights. bf16 halves the bytes a decode step
+// streams (decode is memory-bound); f32 is exact (golden-logit tests).
+enum class WeightDtype { kF32, kBf16 };
+const char* to_string(WeightDtype d);
+WeightDtype weight_dtype_from_string(const std::string& s);  // "f32" | "bf16", throws otherwise
+
+// A weight prepared by a backend (converted, packed, uploaded).
+struct PreparedWeight {
+  virtual ~PreparedWeight() = default;
+  int64_t rows = 0, cols = 0;  // matrices: [rows = out][cols = in]; vectors: rows = 1
+  int64_t bytes = 0;           // storage the backend holds for it
+};
+using WeightPtr = std::unique_ptr<PreparedWeight>;
+
+// Activation memory owned by a backend.
+class Buffer {
+ public:
+  virtual ~Buffer() = default;
+  float* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ protected:
+  float* data_ = nullptr;
+  size_t size_ = 0;
+};
+using BufferPtr = std::unique_ptr<Buffer>;
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+
+  // --- memory
+  virtual BufferPtr alloc(size_t n_floats) = 0;
+  virtual void to_host(const float* src, float* host_dst, size_t n) = 0;
+  virtual void from_host(const float* host_src, float* dst, size_t n) = 0;
+
+  // --- weights
+  // Linear layer y = x W^T (+ b): w [out][in] (HF layout), bias [out] or nullptr.
+  // Several matrices with the same `in` may be stacked into one (fused QKV,
+  // gate+up): pass them in order, the output columns follow the same order.
+  virtual WeightPtr prepare_linear(std::initializer_list<const Tensor*> ws,
+                                   std::initializer_list<const Tensor*> biases) = 0;
+  virtual WeightPtr prepare_vector(const Tensor& v) = 0;     // norms: [dim]
+  virtual WeightPtr prepare_embedding(const Tensor& e) = 0;  // [vocab][hidden]
+
+  // --- ops
+  // x[i] = emb[tokens[i]] for i < n; tokens on the host. x [n][hidden].
+  virtual void embed(const PreparedWeight& emb, const int32_t* host_tokens, int n, float* x) = 0;
+  // y = x W^T + b. x [n][in], y [n][out] (y must not alias x).
+  virtual void linear(const PreparedWeight& w, const float* x, int n, float* y) = 0;
+  // RMSNorm over rows of `dim`: y[r] = x[r] / rms(x[r]) * w. x, y [rows][dim] (may alias).
+  virtual void rms_norm(const float* x, const PreparedWeight& w, int rows, int dim, float eps,
+                        float* y) = 0;
+  // Rotate-half RoPE in place on x [n][heads][head_dim] with the step's tables
+  // cos, sin [n][head_dim/2] (host, from model/rope.h; computed once per step).
+  virtual void rope(float* x, int n, int heads, int head_dim, const float* host_cos,
+                    const float* host_sin) = 0;
+  // out = silu(gu[:, :inter]) * gu[:, inter:]. gu [n][2*inter], out [n][inter].
+  virtual void silu_mul(const float* gu, int n, int inter, float* out) = 0;
+  // x += y, both [n].
+  virtual void add(float* x, const float* y, size_t n) = 0;
+  // Copies columns [col0, col0+width) of src [n][src_cols] into dst [n][width].
+  virtual void copy_cols(const float* src, int n, int src_cols, int col0, int width,
+                         float* dst) = 0;
+
+  // Attention over the paged cache (contracts: kernels/cpu/attention.h).
+  // q [batch][Hq][d] -> o [batch][Hq][d]
+  virtual void decode_attention(const kv::PagedKvView& kv, const float* q, int num_q_heads,
+                                float sm_scale, float* o) = 0;
+  // Chunk of batch row b: q [n][Hq][d], k_new/v_new [n][Hkv][d] -> o [n][Hq][d]
+  virtual void prefill_attention(const kv::PagedKvView& kv, int b, int cached_len,
+                                 const float* q, const float* k_new, const float* v_new, int n,
+                                 int num_q_heads, float sm_scale, float* o) = 0;
+};
+
+}  // namespace oscar::model

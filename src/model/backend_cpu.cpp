@@ -1,0 +1,220 @@
+#include "model/backend_cpu.h"
+
+#include <cblas.h>
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "core/error.h"
+#include "core/half.h"
+#include "kernels/cpu/attention.h"
+#include "model/ops_gemv.h"
+#include "model/ops_threads.h"
+#include "model/rope.h"
+
+namespace oscar::model {
+
+const char* to_string(WeightDtype d) { return d == WeightDtype::kF32 ? "f32" : "bf16"; }
+
+WeightDtype weight_dtype_from_string(const std::string& s) {
+  if (s == "f32") return WeightDtype::kF32;
+  if (s == "bf16") return WeightDtype::kBf16;
+  throw Error(fmt::format("weight dtype '{}': expected f32 or bf16", s));
+}
+
+namespace {
+
+// 64-byte aligned host memory.
+class HostBuffer : public Buffer {
+ public:
+  explicit HostBuffer(size_t n) {
+    size_ = n;
+    data_ = static_cast<float*>(::operator new[](std::max<size_t>(n, 1) * sizeof(float),
+                                                 std::align_val_t(64)));
+  }
+  ~HostBuffer() override { ::operator delete[](data_, std::align_val_t(64)); }
+};
+
+struct CpuWeight : PreparedWeight {
+  std::vector<float> f32;      // [rows][cols] when kept in f32 (and all vectors)
+  std::vector<uint16_t> bf16;  // [rows][cols] when kept in bf16
+  std::vector<float> bias;     // [rows] or empty
+};
+
+const CpuWeight& cw(const PreparedWeight& w) { return static_cast<const CpuWeight&>(w); }
+
+class CpuBackend : public Backend {
+ public:
+  explicit CpuBackend(const CpuBackendOptions& o) : opts_(o) {
+    if (o.threads > 0) {
+      set_op_threads(o.threads);
+      openblas_set_num_threads(o.threads);
+    }
+    kernels::cpu::set_num_threads(op_threads());
+  }
+
+  std::string name() const override {
+    return fmt::format("cpu ({} weights, gemv {}, attention {}, {} threads)",
+                       to_string(opts_.weight_dtype), gemv_isa(), kernels::cpu::attention_isa(),
+                       op_threads());
+  }
+
+  BufferPtr alloc(size_t n) override { return std::make_unique<HostBuffer>(n); }
+  void to_host(const float* src, float* dst, size_t n) override {
+    std::memcpy(dst, src, n * sizeof(float));
+  }
+  void from_host(const float* src, float* dst, size_t n) override {
+    std::memcpy(dst, src, n * sizeof(float));
+  }
+
+  WeightPtr prepare_linear(std::initializer_list<const Tensor*> ws,
+                           std::initializer_list<const Tensor*> biases) override {
+    auto w = std::make_unique<CpuWeight>();
+    int64_t cols = -1, rows = 0;
+    for (const Tensor* t : ws) {
+      if (t->shape.size() != 2)
+        throw Error(fmt::format("cpu backend: linear weight of rank {} (want 2)", t->shape.size()));
+      if (cols >= 0 && t->shape[1] != cols)
+        throw Error(fmt::format("cpu backend: stacked weights with {} and {} input columns", cols,
+                                t->shape[1]));
+      cols = t->shape[1];
+      rows += t->shape[0];
+    }
+    w->rows = rows;
+    w->cols = cols;
+    bool any_bias = false;
+    for (const Tensor* b : biases) any_bias |= (b && !b->empty());
+    if (opts_.weight_dtype == WeightDtype::kF32) {
+      w->f32.reserve(size_t(rows * cols));
+      for (const Tensor* t : ws) w->f32.insert(w->f32.end(), t->data.begin(), t->data.end());
+      w->bytes = rows * cols * 4;
+    } else {
+      w->bf16.reserve(size_t(rows * cols));
+      for (const Tensor* t : ws)
+        for (float x : t->data) w->bf16.push_back(f32_to_bf16(x));
+      w->bytes = rows * cols * 2;
+    }
+    if (any_bias) {
+      auto wi = ws.begin();
+      for (const Tensor* b : biases) {
+        const int64_t r = (*wi++)->shape[0];
+        if (b && !b->empty()) {
+          if (b->numel() != r)
+            throw Error(fmt::format("cpu backend: bias of {} for {} rows", b->numel(), r));
+          w->bias.insert(w->bias.end(), b->data.begin(), b->data.end());
+        } else {
+          w->bias.insert(w->bias.end(), size_t(r), 0.f);
+        }
+      }
+      w->bytes += rows * 4;
+    }
+    return w;
+  }
+
+  WeightPtr prepare_vector(const Tensor& v) override {
+    auto w = std::make_unique<CpuWeight>();
+    w->f32 = v.data;
+    w->rows = 1;
+    w->cols = v.numel();
+    w->bytes = v.numel() * 4;
+    return w;
+  }
+
+  WeightPtr prepare_embedding(const Tensor& e) override {
+    // Rows are gathered, never streamed whole: keep f32 (exact).
+    auto w = std::make_unique<CpuWeight>();
+    if (e.shape.size() != 2) throw Error("cpu backend: embedding is not a matrix");
+    w->f32 = e.data;
+    w->rows = e.shape[0];
+    w->cols = e.shape[1];
+    w->bytes = e.numel() * 4;
+    return w;
+  }
+
+  void embed(const PreparedWeight& emb, const int32_t* tokens, int n, float* x) override {
+    const CpuWeight& e = cw(emb);
+    for (int i = 0; i < n; ++i) {
+      if (tokens[i] < 0 || tokens[i] >= e.rows)
+        throw Error(fmt::format("embedding: token id {} outside vocabulary [0, {})", tokens[i],
+                                e.rows));
+      std::memcpy(x + int64_t(i) * e.cols, e.f32.data() + int64_t(tokens[i]) * e.cols,
+                  size_t(e.cols) * sizeof(float));
+    }
+  }
+
+  void linear(const PreparedWeight& pw, const float* x, int n, float* y) override {
+    const CpuWeight& w = cw(pw);
+    const float* b = w.bias.empty() ? nullptr : w.bias.data();
+    if (!w.bf16.empty())
+      linear_bf16(w.bf16.data(), w.rows, w.cols, b, x, n, y);
+    else
+      linear_f32(w.f32.data(), w.rows, w.cols, b, x, n, y);
+  }
+
+  void rms_norm(const float* x, const PreparedWeight& pw, int rows, int dim, float eps,
+                float* y) override {
+    const float* w = cw(pw).f32.data();
+    if (cw(pw).cols != dim)
+      throw Error(fmt::format("rms_norm: weight of {} for rows of {}", cw(pw).cols, dim));
+    for (int r = 0; r < rows; ++r) {
+      const float* xr = x + int64_t(r) * dim;
+      float* yr = y + int64_t(r) * dim;
+      double ss = 0;
+      for (int c = 0; c < dim; ++c) ss += double(xr[c]) * xr[c];
+      const float inv = static_cast<float>(1.0 / std::sqrt(ss / dim + eps));
+      for (int c = 0; c < dim; ++c) yr[c] = xr[c] * inv * w[c];
+    }
+  }
+
+  void rope(float* x, int n, int heads, int head_dim, const float* cos,
+            const float* sin) override {
+    rope_apply(x, n, heads, head_dim, cos, sin);
+  }
+
+  void silu_mul(const float* gu, int n, int inter, float* out) override {
+    parallel_for(int64_t(n) * inter, 4096, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        const int64_t t = i / inter, j = i % inter;
+        const float g = gu[t * 2 * inter + j], u = gu[t * 2 * inter + inter + j];
+        out[i] = g / (1.0f + std::exp(-g)) * u;
+      }
+    });
+  }
+
+  void add(float* x, const float* y, size_t n) override {
+    for (size_t i = 0; i < n; ++i) x[i] += y[i];
+  }
+
+  void copy_cols(const float* src, int n, int src_cols, int col0, int width,
+                 float* dst) override {
+    for (int t = 0; t < n; ++t)
+      std::memcpy(dst + int64_t(t) * width, src + int64_t(t) * src_cols + col0,
+                  size_t(width) * sizeof(float));
+  }
+
+  void decode_attention(const kv::PagedKvView& kv, const float* q, int num_q_heads,
+                        float sm_scale, float* o) override {
+    kernels::cpu::decode_attention(kv, q, num_q_heads, sm_scale, o, nullptr);
+  }
+
+  void prefill_attention(const kv::PagedKvView& kv, int b, int cached_len, const float* q,
+                         const float* k_new, const float* v_new, int n, int num_q_heads,
+                         float sm_scale, float* o) override {
+    kernels::cpu::prefill_attention(kv, b, cached_len, q, k_new, v_new, n, num_q_heads, sm_scale,
+                                    o);
+  }
+
+ private:
+  CpuBackendOptions opts_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend(const CpuBackendOptions& opts) {
+  return std::make_unique<CpuBackend>(opts);
+}
+
+}  // namespace oscar::model

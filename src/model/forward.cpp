@@ -1,0 +1,284 @@
+#include "model/forward.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <unordered_set>
+
+#include "core/error.h"
+#include "model/rope.h"
+
+namespace oscar::model {
+
+struct Model::Layer {
+  WeightPtr attn_norm;  // [hidden]
+  WeightPtr wqkv;       // [(Hq + 2 Hkv) * d][hidden], bias for Qwen2
+  WeightPtr q_norm;     // [d] (Qwen3) or null
+  WeightPtr k_norm;     // [d] (Qwen3) or null
+  WeightPtr wo;         // [hidden][Hq * d]
+  WeightPtr ffn_norm;   // [hidden]
+  WeightPtr w_gate_up;  // [2 * inter][hidden]: gate rows then up rows
+  WeightPtr w_down;     // [hidden][inter]
+};
+
+namespace {
+
+void expect_shape(const Tensor& t, std::vector<int64_t> want, const std::string& name) {
+  if (t.shape != want || t.numel() != [&] {
+        int64_t n = 1;
+        for (auto d : want) n *= d;
+        return n;
+      }()) {
+    auto str = [](const std::vector<int64_t>& s) {
+      std::string r = "[";
+      for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+      return r + "]";
+    };
+    throw Error(fmt::format("model weights: {} has shape {} ({} values), expected {}", name,
+                            str(t.shape), t.numel(), str(want)));
+  }
+}
+
+}  // namespace
+
+Model::Model(const ModelWeights& w, Backend& backend) : be_(backend), cfg_(w.cfg) {
+  const ModelConfig& c = cfg_;
+  if (c.hidden <= 0 || c.n_layers <= 0 || c.n_heads <= 0 || c.n_kv_heads <= 0 ||
+      c.head_dim <= 0 || c.vocab_size <= 0 || c.intermediate <= 0)
+    throw Error(fmt::format("model config '{}': non-positive size", c.name));
+  if (c.n_heads % c.n_kv_heads != 0)
+    throw Error(fmt::format("model config '{}': {} query heads not a multiple of {} KV heads",
+                            c.name, c.n_heads, c.n_kv_heads));
+  if (c.head_dim % 2 != 0)
+    throw Error(fmt::format("model config '{}': odd head_dim {}", c.name, c.head_dim));
+  if (int(w.layers.size()) != c.n_layers)
+    throw Error(fmt::format("model weights: {} layers, config says {}", w.layers.size(),
+                            c.n_layers));
+  const int64_t H = c.hidden, Dq = int64_t(c.n_heads) * c.head_dim,
+                Dkv = int64_t(c.n_kv_heads) * c.head_dim, I = c.intermediate, V = c.vocab_size;
+
+  expect_shape(w.tok_embd, {V, H}, "tok_embd");
+  expect_shape(w.out_norm, {H}, "out_norm");
+  embd_ = be_.prepare_embedding(w.tok_embd);
+  out_norm_ = be_.prepare_vector(w.out_norm);
+  if (c.tied_embeddings) {
+    lm_head_ = be_.prepare_linear({&w.tok_embd}, {});
+  } else {
+    expect_shape(w.lm_head, {V, H}, "lm_head");
+    lm_head_ = be_.prepare_linear({&w.lm_head}, {});
+  }
+  step_bytes_ = lm_head_->bytes + out_norm_->bytes;
+
+  for (int l = 0; l < c.n_layers; ++l) {
+    const LayerWeights& lw = w.layers[l];
+    auto nm = [l](const char* s) { return fmt::format("layers.{}.{}", l, s); };
+    expect_shape(lw.attn_norm, {H}, nm("attn_norm"));
+    expect_shape(lw.wq, {Dq, H}, nm("wq"));
+    expect_shape(lw.wk, {Dkv, H}, nm("wk"));
+    expect_shape(lw.wv, {Dkv, H}, nm("wv"));
+    expect_shape(lw.wo, {H, Dq}, nm("wo"));
+    expect_shape(lw.ffn_norm, {H}, nm("ffn_norm"));
+    expect_shape(lw.w_gate, {I, H}, nm("w_gate"));
+    expect_shape(lw.w_up, {I, H}, nm("w_up"));
+    expect_shape(lw.w_down, {H, I}, nm("w_down"));
+    if (c.qkv_bias) {
+      expect_shape(lw.bq, {Dq}, nm("bq"));
+      expect_shape(lw.bk, {Dkv}, nm("bk"));
+      expect_shape(lw.bv, {Dkv}, nm("bv"));
+    }
+    if (c.qk_norm) {
+      expect_shape(lw.q_norm, {c.head_dim}, nm("q_norm"));
+      expect_shape(lw.k_norm, {c.head_dim}, nm("k_norm"));
+    }
+    Layer L;
+    L.attn_norm = be_.prepare_vector(lw.attn_norm);
+    // Fused QKV and gate+up: one pass over x per product, and bigger GEMV tasks.
+    if (c.qkv_bias)
+      L.wqkv = be_.prepare_linear({&lw.wq, &lw.wk, &lw.wv}, {&lw.bq, &lw.bk, &lw.bv});
+    else
+      L.wqkv = be_.prepare_linear({&lw.wq, &lw.wk, &lw.wv}, {});
+    if (c.qk_norm) {
+      L.q_norm = be_.prepare_vector(lw.q_norm);
+      L.k_norm = be_.prepare_vector(lw.k_norm);
+    }
+    L.wo = be_.prepare_linear({&lw.wo}, {});
+    L.ffn_norm = be_.prepare_vector(lw.ffn_norm);
+    L.w_gate_up = be_.prepare_linear({&lw.w_gate, &lw.w_up}, {});
+    L.w_down = be_.prepare_linear({&lw.w_down}, {});
+    step_bytes_ += L.attn_norm->bytes + L.wqkv->bytes + L.wo->bytes + L.ffn_norm->bytes +
+                   L.w_gate_up->bytes + L.w_down->bytes +
+                   (c.qk_norm ? L.q_norm->bytes + L.k_norm->bytes : 0);
+    layers_.push_back(std::move(L));
+  }
+  inv_freq_ = rope_inv_freq(c);
+}
+
+Model::~Model() = default;
+
+kv::KvCacheShape Model::cache_shape(int page_size) const {
+  return {cfg_.n_layers, cfg_.n_kv_heads, cfg_.head_dim, page_size};
+}
+
+void Model::ensure_workspace(int T, int R) {
+  if (T <= ws_tokens_ && R <= ws_rows_) return;
+  T = std::max(T, ws_tokens_);
+  R = std::max(R, ws_rows_);
+  const size_t H = cfg_.hidden, Dq = size_t(cfg_.n_heads) * cfg_.head_dim,
+               Dkv = size_t(cfg_.n_kv_heads) * cfg_.head_dim, I = cfg_.intermediate,
+               V = cfg_.vocab_size;
+  x_ = be_.alloc(T * H);
+  h_ = be_.alloc(T * H);
+  qkv_ = be_.alloc(T * (Dq + 2 * Dkv));
+  q_ = be_.alloc(T * Dq);
+  k_ = be_.alloc(T * Dkv);
+  v_ = be_.alloc(T * Dkv);
+  attn_ = be_.alloc(T * Dq);
+  tmp_ = be_.alloc(T * H);
+  gu_ = be_.alloc(T * 2 * I);
+  act_ = be_.alloc(T * I);
+  qd_ = be_.alloc(T * Dq);
+  od_ = be_.alloc(T * Dq);
+  sel_ = be_.alloc(R * H);
+  logits_ = be_.alloc(R * V);
+  ws_tokens_ = T;
+  ws_rows_ = R;
+}
+
+void Model::forward(std::span<const SeqStep> steps, kv::KvCache& cache,
+                    std::vector<float>& logits) {
+  const ModelConfig& c = cfg_;
+  const int S = static_cast<int>(steps.size());
+  const int Hq = c.n_heads, Hkv = c.n_kv_heads, d = c.head_dim;
+  const int H = c.hidden, I = c.intermediate, V = c.vocab_size;
+  const int Dq = Hq * d, Dkv = Hkv * d, Dqkv = Dq + 2 * Dkv;
+  if (cache.shape().n_layers != c.n_layers || cache.shape().num_kv_heads != Hkv ||
+      cache.shape().head_dim != d)
+    throw Error(fmt::format("forward: {} kv cache shaped for {} layers x {} heads x {}, model "
+                            "needs {} x {} x {}",
+                            cache.method(), cache.shape().n_layers, cache.shape().num_kv_heads,
+                            cache.shape().head_dim, c.n_layers, Hkv, d));
+
+  // Token layout: step s owns rows [off[s], off[s] + n[s]) of every activation.
+  std::vector<int> off(S + 1, 0), pos0(S);
+  std::unordered_set<kv::SeqId> seen;
+  int R = 0;
+  for (int s = 0; s < S; ++s) {
+    const int n = static_cast<int>(steps[s].tokens.size());
+    if (n == 0) throw Error(fmt::format("forward: step {} (sequence {}) has no tokens", s, steps[s].seq));
+    if (!seen.insert(steps[s].seq).second)
+      throw Error(fmt::format("forward: sequence {} appears twice in one step", steps[s].seq));
+    off[s + 1] = off[s] + n;
+    pos0[s] = cache.length(steps[s].seq);
+    R += steps[s].all_logits ? n : 1;
+  }
+  const int T = off[S];
+  if (T == 0) {
+    logits.clear();
+    return;
+  }
+  for (int s = 0; s < S; ++s) cache.reserve(steps[s].seq, off[s + 1] - off[s]);
+  ensure_workspace(T, R);
+
+  std::vector<int32_t> tokens(T), pos(T);
+  for (int s = 0; s < S; ++s)
+    for (int i = 0; i < off[s + 1] - off[s]; ++i) {
+      tokens[off[s] + i] = steps[s].tokens[i];
+      pos[off[s] + i] = pos0[s] + i;
+    }
+  std::vector<float> cos(size_t(T) * d / 2), sin(size_t(T) * d / 2);
+  rope_tables(inv_freq_, pos.data(), T, cos.data(), sin.data());
+
+  // Single tokens go through the decode kernel together (one view, the new
+  // row already stored); longer chunks through the prefill kernel one by one.
+  std::vector<kv::SeqId> dec_seqs, pre_seqs;
+  std::vector<int> dec_lens, pre_lens, dec_step, pre_step;
+  for (int s = 0; s < S; ++s) {
+    if (off[s + 1] - off[s] == 1) {
+      dec_seqs.push_back(steps[s].seq);
+      dec_lens.push_back(pos0[s] + 1);
+      dec_step.push_back(s);
+    } else {
+      pre_seqs.push_back(steps[s].seq);
+      pre_lens.push_back(pos0[s]);
+      pre_step.push_back(s);
+    }
+  }
+  kv::KvBatch dec_batch, pre_batch;
+  cache.make_batch(dec_seqs, dec_lens, dec_batch);
+  cache.make_batch(pre_seqs, pre_lens, pre_batch);
+  const float sm_scale = 1.0f / std::sqrt(float(d));
+  const int Bd = static_cast<int>(dec_seqs.size());
+
+  float* x = x_->data();
+  float* h = h_->data();
+  be_.embed(*embd_, tokens.data(), T, x);
+  for (int l = 0; l < c.n_layers; ++l) {
+    const Layer& L = layers_[l];
+    be_.rms_norm(x, *L.attn_norm, T, H, c.rms_eps, h);
+    be_.linear(*L.wqkv, h, T, qkv_->data());
+    float* q = q_->data();
+    float* k = k_->data();
+    float* v = v_->data();
+    be_.copy_cols(qkv_->data(), T, Dqkv, 0, Dq, q);
+    be_.copy_cols(qkv_->data(), T, Dqkv, Dq, Dkv, k);
+    be_.copy_cols(qkv_->data(), T, Dqkv, Dq + Dkv, Dkv, v);
+    if (c.qk_norm) {
+      be_.rms_norm(q, *L.q_norm, T * Hq, d, c.rms_eps, q);
+      be_.rms_norm(k, *L.k_norm, T * Hkv, d, c.rms_eps, k);
+    }
+    be_.rope(q, T, Hq, d, cos.data(), sin.data());
+    be_.rope(k, T, Hkv, d, cos.data(), sin.data());
+    cache.rotate_keys(l, k, T);
+    cache.rotate_queries(l, q, T, Hq);
+    for (int s = 0; s < S; ++s)
+      cache.write(l, steps[s].seq, pos0[s], k + int64_t(off[s]) * Dkv, v + int64_t(off[s]) * Dkv,
+                  off[s + 1] - off[s]);
+
+    float* attn = attn_->data();
+    if (Bd > 0) {
+      for (int b = 0; b < Bd; ++b)
+        be_.copy_cols(q + int64_t(off[dec_step[b]]) * Dq, 1, Dq, 0, Dq, qd_->data() + int64_t(b) * Dq);
+      be_.decode_attention(dec_batch.layer(l), qd_->data(), Hq, sm_scale, od_->data());
+      for (int b = 0; b < Bd; ++b)
+        be_.copy_cols(od_->data() + int64_t(b) * Dq, 1, Dq, 0, Dq, attn + int64_t(off[dec_step[b]]) * Dq);
+    }
+    if (!pre_seqs.empty()) {
+      const kv::PagedKvView pv = pre_batch.layer(l);
+      for (size_t b = 0; b < pre_seqs.size(); ++b) {
+        const int s = pre_step[b];
+        be_.prefill_attention(pv, static_cast<int>(b), pos0[s], q + int64_t(off[s]) * Dq,
+                              k + int64_t(off[s]) * Dkv, v + int64_t(off[s]) * Dkv,
+                              off[s + 1] - off[s], Hq, sm_scale, attn + int64_t(off[s]) * Dq);
+      }
+    }
+    be_.linear(*L.wo, attn, T, tmp_->data());
+    be_.add(x, tmp_->data(), size_t(T) * H);
+
+    be_.rms_norm(x, *L.ffn_norm, T, H, c.rms_eps, h);
+    be_.linear(*L.w_gate_up, h, T, gu_->data());
+    be_.silu_mul(gu_->data(), T, I, act_->data());
+    be_.linear(*L.w_down, act_->data(), T, tmp_->data());
+    be_.add(x, tmp_->data(), size_t(T) * H);
+  }
+  for (int s = 0; s < S; ++s) cache.commit(steps[s].seq, off[s + 1] - off[s]);
+
+  // Only the rows whose logits are wanted go through the final norm and LM head.
+  int r = 0;
+  for (int s = 0; s < S; ++s) {
+    const int n = off[s + 1] - off[s];
+    if (steps[s].all_logits) {
+      be_.copy_cols(x + int64_t(off[s]) * H, n, H, 0, H, sel_->data() + int64_t(r) * H);
+      r += n;
+    } else {
+      be_.copy_cols(x + int64_t(off[s] + n - 1) * H, 1, H, 0, H, sel_->data() + int64_t(r) * H);
+      r += 1;
+    }
+  }
+  be_.rms_norm(sel_->data(), *out_norm_, R, H, c.rms_eps, sel_->data());
+  be_.linear(*lm_head_, sel_->data(), R, logits_->data());
+  logits.resize(size_t(R) * V);
+  be_.to_host(logits_->data(), logits.data(), logits.size());
+}
+
+}  // namespace oscar::model

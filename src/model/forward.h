@@ -1,0 +1,72 @@
+// The Llama-family forward pass (DESIGN §4) over a paged KV cache, batched over
+// sequences of different lengths: one call runs prefill chunks and single decode
+// tokens together.
+//
+//   x = embed(tokens)
+//   per layer: h = RMSNorm(x); q,k,v = h W_qkv^T (+b, Qwen2); RMSNorm(q), RMSNorm(k)
+//              per head (Qwen3); RoPE(q, k); rotate into the cache basis; store k,v;
+//              o = attention(q, cache); x += o W_o^T;
+//              h = RMSNorm(x); x += (silu(h W_gate^T) * h W_up^T) W_down^T
+//   logits = RMSNorm(x) W_lm^T  (W_lm = embedding when tied)
+//
+// All ops go through a Backend (model/backend.h); this file never touches
+// activation memory directly.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "kv/kv_cache.h"
+#include "model/backend.h"
+#include "model/weights.h"
+
+namespace oscar::model {
+
+// New tokens for one sequence in a step; they go to positions
+// cache.length(seq) .. cache.length(seq) + tokens.size() - 1.
+struct SeqStep {
+  kv::SeqId seq = 0;
+  std::span<const int32_t> tokens;
+  bool all_logits = false;  // logits for every token (teacher forcing), else the last only
+};
+
+class Model {
+ public:
+  // Prepares the weights on `backend` (the backend must outlive the model); the
+  // ModelWeights may be freed afterwards. Throws oscar::Error naming the tensor on
+  // a shape mismatch.
+  Model(const ModelWeights& w, Backend& backend);
+  ~Model();
+
+  const ModelConfig& config() const { return cfg_; }
+  Backend& backend() { return be_; }
+  // The cache shape this model needs (page size from the cache options).
+  kv::KvCacheShape cache_shape(int page_size = 64) const;
+  // Bytes of weights a decode step streams (all matrices + norms; the embedding
+  // is gathered, except when tied it is the LM head and is read whole).
+  int64_t weight_bytes_per_step() const { return step_bytes_; }
+
+  // Runs one step and commits the new tokens to the cache. logits (host) gets
+  // [rows][vocab], rows in step order: tokens.size() rows for all_logits steps,
+  // else 1 (the last token). Empty steps are not allowed; a sequence may appear once.
+  void forward(std::span<const SeqStep> steps, kv::KvCache& cache, std::vector<float>& logits);
+
+ private:
+  struct Layer;
+  void ensure_workspace(int tokens, int out_rows);
+
+  Backend& be_;
+  ModelConfig cfg_;
+  WeightPtr embd_, out_norm_, lm_head_;  // lm_head_ also when tied (a copy in matrix form)
+  std::vector<Layer> layers_;
+  std::vector<float> inv_freq_;
+  int64_t step_bytes_ = 0;
+
+  // Workspace, grown on demand.
+  int ws_tokens_ = 0, ws_rows_ = 0;
+  BufferPtr x_, h_, qkv_, q_, k_, v_, attn_, tmp_, gu_, act_, qd_, od_, sel_, logits_;
+};
+
+}  // namespace oscar::model

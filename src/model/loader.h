@@ -1,0 +1,31 @@
+// Model loading: one entry point for GGUF files and Hugging Face directories.
+// Both fill the same ModelWeights (fp32, HF layout and rotate-half RoPE; see
+// model/config.h) and check every tensor's shape against the config.
+#pragma once
+
+#include <string>
+
+#include "model/weights.h"
+
+namespace oscar::model {
+
+// `path` is a .gguf file, or a directory with config.json and model.safetensors
+// (or model.safetensors.index.json + shards). Throws oscar::Error naming the
+// file and the problem for anything malformed or unsupported.
+ModelWeights load_model(const std::string& path);
+
+ModelWeights load_gguf(const std::string& path);
+ModelWeights load_hf(const std::string& dir);
+
+// Throws oscar::Error (naming `source` and the tensor) when a weight is missing
+// or its shape disagrees with w.cfg.
+void check_weights(const ModelWeights& w, const std::string& source);
+
+// 32 hex digits: FNV-1a (two 64-bit lanes) over the architecture and sizes,
+// then for every tensor in a fixed order its name, shape and up to 4096 evenly
+// spaced fp32 values. Stable for the same dequantized weights.
+std::string weights_fingerprint(const ModelWeights& w);
+
+const char* arch_name(Arch a);
+
+}  // namespace oscar::model

@@ -1,0 +1,33 @@
+// Matrix products of the linear layers on the CPU, for few token rows (decode)
+// and many (prefill).
+//
+//   y[t][r] = sum_c x[t][c] * W[r][c] (+ bias[r])   x [n][in], W [out][in], y [n][out]
+//
+// W is f32 or bf16 (raw bits). fp32 accumulation always. Small n runs our own
+// multithreaded GEMV (each weight row is streamed once for all n rows: decode is
+// memory-bound); large n goes to OpenBLAS sgemm (bf16 weights are widened to f32
+// tile by tile, so the bf16 copy is the only one kept).
+#pragma once
+
+#include <cstdint>
+
+namespace oscar::model {
+
+// Token rows from which linear_* switch to sgemm.
+inline constexpr int kGemmMinRows = 16;
+
+void linear_f32(const float* w, int64_t out, int64_t in, const float* bias, const float* x, int n,
+                float* y);
+void linear_bf16(const uint16_t* w, int64_t out, int64_t in, const float* bias, const float* x,
+                 int n, float* y);
+
+// Scalar references (tests): same contract, no threads, no SIMD, no BLAS.
+void linear_f32_ref(const float* w, int64_t out, int64_t in, const float* bias, const float* x,
+                    int n, float* y);
+void linear_bf16_ref(const uint16_t* w, int64_t out, int64_t in, const float* bias,
+                     const float* x, int n, float* y);
+
+// "avx512", "avx2" or "scalar": the GEMV path this CPU takes.
+const char* gemv_isa();
+
+}  // namespace oscar::model

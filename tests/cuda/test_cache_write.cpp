@@ -1,0 +1,260 @@
+// GPU cache write / demotion vs the CPU references (kernels/cpu/cache_write.h).
+//  * No rotation: clip -> quantize -> pack must be bit-exact (same fp32
+//    arithmetic and IEEE division as core/quantizer.cpp), including rows with
+//    NaN/inf entries; BF16 writes bit-exact.
+//  * With rotation the GPU accumulates x R in fp32 (CPU: fp64), so rotated
+//    values differ by rounding: dequantized rows must agree within one
+//    quantization step, and fewer than 1% of codes may differ.
+// Destination pools start from the same poison bytes on both sides, so writes
+// to wrong slots show up as mismatches too.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+
+#include "core/quantizer.h"
+#include "cuda_test_util.h"
+#include "kernels/cpu/cache_write.h"
+#include "kernels/cuda/cache_write.h"
+
+namespace oscar::kernels::cuda {
+namespace {
+
+using test::DeviceBuffer;
+
+struct Pools {
+  int d, hkv, page, group, npages;
+  std::vector<uint16_t> bk, bv, kp, vp;
+  std::vector<uint8_t> kc, vc;
+  Pools(int d_, int hkv_, int page_, int group_, int npages_)
+      : d(d_), hkv(hkv_), page(page_), group(group_), npages(npages_) {
+    const size_t rows = size_t(npages) * hkv * page;
+    bk.assign(rows * d, 0xABCD);
+    bv.assign(rows * d, 0xABCD);
+    kc.assign(rows * d / 4, 0xA5);
+    vc.assign(rows * d / 4, 0xA5);
+    kp.assign(rows * (d / group) * 2, 0x1234);
+    vp.assign(rows * (d / group) * 2, 0x1234);
+  }
+  kv::PagedKvView view(uint16_t* a, uint16_t* b, uint8_t* c, uint8_t* e, uint16_t* f, uint16_t* g) const {
+    kv::PagedKvView v;
+    v.batch = 0;
+    v.num_kv_heads = hkv;
+    v.head_dim = d;
+    v.page_size = page;
+    v.bits = 2;
+    v.group_size = group;
+    v.bf16 = {a, b};
+    v.quant = {c, e, f, g};
+    return v;
+  }
+  kv::PagedKvView host() { return view(bk.data(), bv.data(), kc.data(), vc.data(), kp.data(), vp.data()); }
+};
+
+struct DevPools {
+  DeviceBuffer<uint16_t> bk, bv, kp, vp;
+  DeviceBuffer<uint8_t> kc, vc;
+  explicit DevPools(const Pools& p) : bk(p.bk), bv(p.bv), kp(p.kp), vp(p.vp), kc(p.kc), vc(p.vc) {}
+  kv::PagedKvView view(const Pools& p) { return p.view(bk.ptr, bv.ptr, kc.ptr, vc.ptr, kp.ptr, vp.ptr); }
+};
+
+template <typename T>
+size_t count_diff(const std::vector<T>& a, const std::vector<T>& b) {
+  size_t n = 0;
+  for (size_t i = 0; i < a.size(); ++i) n += a[i] != b[i];
+  return n;
+}
+
+// Distinct random (page, slot) targets for n tokens.
+void random_slots(int n, int npages, int page, std::mt19937& rng, std::vector<int32_t>& pages,
+                  std::vector<int32_t>& slots) {
+  std::vector<int32_t> all(size_t(npages) * page);
+  std::iota(all.begin(), all.end(), 0);
+  std::shuffle(all.begin(), all.end(), rng);
+  pages.resize(n);
+  slots.resize(n);
+  for (int i = 0; i < n; ++i) {
+    pages[i] = all[i] / page;
+    slots[i] = all[i] % page;
+  }
+}
+
+std::vector<float> random_rows(size_t n, std::mt19937& rng, bool specials) {
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(n);
+  for (auto& v : x) v = nd(rng) * (1.0f + 3.0f * (nd(rng) > 2.0f));  // some outliers
+  if (specials && n > 300) {
+    x[5] = NAN;
+    x[130] = INFINITY;
+    x[260] = -INFINITY;
+    x[261] = 1e35f;
+  }
+  return x;
+}
+
+struct Shape {
+  int d, group, hkv, page;
+};
+const Shape kShapes[] = {{128, 128, 8, 64}, {128, 32, 2, 16}, {64, 64, 4, 32}, {256, 128, 2, 16}, {256, 32, 1, 48}};
+
+TEST(CudaCacheWrite, QuantTokensBitExactWithoutRotation) {
+  if (!test::have_gpu()) GTEST_SKIP() << "no GPU";
+  std::mt19937 rng(1);
+  for (const Shape& s : kShapes) {
+    const int n = 37, npages = 4;
+    Pools host(s.d, s.hkv, s.page, s.group, npages);
+    DevPools dev(host);
+    std::vector<int32_t> pages, slots;
+    random_slots(n, npages, s.page, rng, pages, slots);
+    const auto k = random_rows(size_t(n) * s.hkv * s.d, rng, true);
+    const auto v = random_rows(size_t(n) * s.hkv * s.d, rng, true);
+    const cpu::ClipRatios clip{0.96f, 0.92f};
+    cpu::write_quant_tokens_ref(host.host(), n, pages.data(), slots.data(), k.data(), v.data(), clip);
+    DeviceBuffer<int32_t> dp(pages), ds(slots);
+    DeviceBuffer<float> dk(k), dv(v);
+    OSCAR_CUDA_CHECK(write_quant_tokens(dev.view(host), n, dp.ptr, ds.ptr, dk.ptr, dv.ptr, {}, clip, nullptr));
+    OSCAR_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_EQ(count_diff(dev.kc.download(), host.kc), 0u) << "d=" << s.d << " G=" << s.group;
+    EXPECT_EQ(count_diff(dev.vc.download(), host.vc), 0u) << "d=" << s.d << " G=" << s.group;
+    EXPECT_EQ(count_diff(dev.kp.download(), host.kp), 0u);
+    EXPECT_EQ(count_diff(dev.vp.download(), host.vp), 0u);
+    EXPECT_EQ(count_diff(dev.bk.download(), host.bk), 0u);  // BF16 pool untouched
+  }
+}
+
+TEST(CudaCacheWrite, QuantTokensWithRotationWithinOneStep) {
+  if (!test::have_gpu()) GTEST_SKIP() << "no GPU";
+  std::mt19937 rng(2);
+  for (const Shape& s : kShapes) {
+    const int n = 29, npages = 3;
+    for (int r_heads : {1, s.hkv}) {
+      Pools host(s.d, s.hkv, s.page, s.group, npages);
+      DevPools dev(host);
+      std::vector<int32_t> pages, slots;
+      random_slots(n, npages, s.page, rng, pages, slots);
+      const auto k = random_rows(size_t(n) * s.hkv * s.d, rng, false);
+      const auto v = random_rows(size_t(n) * s.hkv * s.d, rng, false);
+      std::normal_distribution<float> nd(0.0f, 1.0f);
+      std::vector<float> R(size_t(r_heads) * s.d * s.d);
+      for (auto& x : R) x = nd(rng) / std::sqrt(float(s.d));
+      std::vector<float> kr(k.size());
+      cpu::rotate_heads_ref(k.data(), n, s.hkv, s.d, R.data(), r_heads, kr.data());
+      const cpu::ClipRatios clip{0.96f, 0.92f};
+      cpu::write_quant_tokens_ref(host.host(), n, pages.data(), slots.data(), kr.data(), v.data(), clip);
+      DeviceBuffer<int32_t> dp(pages), ds(slots);
+      DeviceBuffer<float> dk(k), dv(v), dR(R);
+      WriteRotation rot{dR.ptr, nullptr, r_heads};
+      OSCAR_CUDA_CHECK(write_quant_tokens(dev.view(host), n, dp.ptr, ds.ptr, dk.ptr, dv.ptr, rot, clip, nullptr));
+      OSCAR_CUDA_CHECK(cudaDeviceSynchronize());
+      const auto kc = dev.kc.download();
+      const auto kp = dev.kp.download();
+      // Values are not rotated: bit-exact.
+      EXPECT_EQ(count_diff(dev.vc.download(), host.vc), 0u);
+      EXPECT_EQ(count_diff(dev.vp.download(), host.vp), 0u);
+      // Keys: compare dequantized rows of every written slot.
+      const QuantSpec spec{2, s.group, ScaleDtype::kF16};
+      const int rb = s.d / 4, np = 2 * (s.d / s.group);
+      size_t code_diff = 0, total = 0;
+      double worst = 0.0;
+      std::vector<float> a(s.d), b(s.d);
+      for (int t = 0; t < n; ++t)
+        for (int h = 0; h < s.hkv; ++h) {
+          const size_t row = (size_t(pages[t]) * s.hkv + h) * s.page + slots[t];
+          dequantize_row(kc.data() + row * rb, kp.data() + row * np, s.d, spec, a.data());
+          dequantize_row(host.kc.data() + row * rb, host.kp.data() + row * np, s.d, spec, b.data());
+          for (int c = 0; c < s.d; ++c) {
+            const float step = f16_to_f32(host.kp[row * np + 2 * (c / s.group)]);
+            ASSERT_TRUE(std::isfinite(a[c]));
+            worst = std::max(worst, std::fabs(double(a[c]) - b[c]) / (step * 1.01 + 1e-3));
+            code_diff += get_code(kc.data() + row * rb, c, s.group, 2) !=
+                         get_code(host.kc.data() + row * rb, c, s.group, 2);
+            ++total;
+          }
+        }
+      EXPECT_LE(worst, 1.0) << "d=" << s.d << " G=" << s.group;
+      EXPECT_LT(double(code_diff) / total, 0.01);
+    }
+  }
+}
+
+TEST(CudaCacheWrite, Bf16TokensExactAndRotated) {
+  if (!test::have_gpu()) GTEST_SKIP() << "no GPU";
+  std::mt19937 rng(3);
+  for (const Shape& s : kShapes) {
+    const int n = 21, npages = 2;
+    Pools host(s.d, s.hkv, s.page, s.group, npages);
+    DevPools dev(host);
+    std::vector<int32_t> pages, slots;
+    random_slots(n, npages, s.page, rng, pages, slots);
+    const auto k = random_rows(size_t(n) * s.hkv * s.d, rng, false);
+    const auto v = random_rows(size_t(n) * s.hkv * s.d, rng, false);
+    cpu::write_bf16_tokens(host.host(), n, pages.data(), slots.data(), k.data(), v.data());
+    DeviceBuffer<int32_t> dp(pages), ds(slots);
+    DeviceBuffer<float> dk(k), dv(v);
+    OSCAR_CUDA_CHECK(write_bf16_tokens(dev.view(host), n, dp.ptr, ds.ptr, dk.ptr, dv.ptr, {}, nullptr));
+    OSCAR_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_EQ(count_diff(dev.bk.download(), host.bk), 0u);
+    EXPECT_EQ(count_diff(dev.bv.download(), host.bv), 0u);
+    EXPECT_EQ(count_diff(dev.kc.download(), host.kc), 0u);  // quant pool untouched
+
+    // Rotated keys: within one bf16 rounding of the reference.
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::vector<float> R(size_t(s.d) * s.d), kr(k.size());
+    for (auto& x : R) x = nd(rng) / std::sqrt(float(s.d));
+    cpu::rotate_heads_ref(k.data(), n, s.hkv, s.d, R.data(), 1, kr.data());
+    Pools host2(s.d, s.hkv, s.page, s.group, npages);
+    cpu::write_bf16_tokens(host2.host(), n, pages.data(), slots.data(), kr.data(), v.data());
+    DevPools dev2(host2);
+    DeviceBuffer<float> dR(R);
+    OSCAR_CUDA_CHECK(write_bf16_tokens(dev2.view(host2), n, dp.ptr, ds.ptr, dk.ptr, dv.ptr, {dR.ptr, nullptr, 1}, nullptr));
+    OSCAR_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto got = dev2.bk.download();
+    size_t bad = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      const float a = bf16_to_f32(got[i]), b = bf16_to_f32(host2.bk[i]);
+      if (got[i] == host2.bk[i]) continue;
+      if (!std::isfinite(a) || std::fabs(a - b) > std::fabs(b) * (1.0f / 64) + 1e-6f) ++bad;
+    }
+    EXPECT_EQ(bad, 0u);
+  }
+}
+
+TEST(CudaCacheWrite, DemotionBitExact) {
+  if (!test::have_gpu()) GTEST_SKIP() << "no GPU";
+  std::mt19937 rng(4);
+  for (const Shape& s : kShapes) {
+    const int npages = 5;
+    Pools host(s.d, s.hkv, s.page, s.group, npages);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (auto& x : host.bk) x = f32_to_bf16(nd(rng));
+    for (auto& x : host.bv) x = f32_to_bf16(nd(rng));
+    host.bk[7] = 0x7fc0;  // a NaN in a row: mapped like the reference does
+    DevPools dev(host);
+    const std::vector<int32_t> src = {3, 0, 4}, dst = {1, 4, 2};
+    const cpu::ClipRatios clip{0.96f, 0.92f};
+    for (int num_tokens : {-1, 5}) {
+      for (size_t i = 0; i < src.size(); ++i)
+        cpu::demote_page_ref(host.host(), src[i], dst[i], clip, num_tokens);
+      DeviceBuffer<int32_t> ds(src), dd(dst);
+      OSCAR_CUDA_CHECK(demote_pages(dev.view(host), int(src.size()), ds.ptr, dd.ptr, clip, num_tokens, nullptr));
+      OSCAR_CUDA_CHECK(cudaDeviceSynchronize());
+      EXPECT_EQ(count_diff(dev.kc.download(), host.kc), 0u) << "d=" << s.d << " G=" << s.group;
+      EXPECT_EQ(count_diff(dev.vc.download(), host.vc), 0u);
+      EXPECT_EQ(count_diff(dev.kp.download(), host.kp), 0u);
+      EXPECT_EQ(count_diff(dev.vp.download(), host.vp), 0u);
+    }
+  }
+}
+
+TEST(CudaCacheWrite, RejectsBadArguments) {
+  if (!test::have_gpu()) GTEST_SKIP() << "no GPU";
+  Pools host(96, 1, 16, 32, 1);  // head_dim 96 unsupported
+  DevPools dev(host);
+  DeviceBuffer<int32_t> p(std::vector<int32_t>{0}), s(std::vector<int32_t>{0});
+  DeviceBuffer<float> x(96);
+  EXPECT_EQ(write_quant_tokens(dev.view(host), 1, p.ptr, s.ptr, x.ptr, x.ptr, {}, {}, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(demote_pages(dev.view(host), 1, p.ptr, s.ptr, {}, -1, nullptr), cudaErrorInvalidValue);
+}
+
+}  // namespace
+}  // namespace oscar::kernels::cuda

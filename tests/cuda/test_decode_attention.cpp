@@ -1,0 +1,212 @@
+// GPU decode attention vs the CPU reference (kernels/cpu/attention.h
+// decode_attention_ref) on fresh random caches: the kernel error tier
+// (attention on packed data vs the reference on the same dequantized data).
+//
+// Tolerances (relative L2 over all outputs; measured values are printed):
+//  * INT2 middle only: the query is rounded to fp16 and p*scale to fp16 for the
+//    tensor cores -> 3e-3.
+//  * with BF16 windows: query and p are rounded to bf16 (as in FlashInfer) -> 1e-2.
+//  * lse: absolute 2e-2 (natural log).
+// Outputs are poisoned with NaN before every run; NaN or inf never passes.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <string>
+
+#include "cuda_test_util.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/cache_write.h"
+#include "kernels/cuda/decode_attention.h"
+
+namespace oscar::kernels::cuda {
+namespace {
+
+using test::DeviceBuffer;
+using test::HostCache;
+using test::SeqLens;
+
+struct Case {
+  int d, group, gqa, hkv, page;
+  std::vector<SeqLens> seqs;
+  int tiles_per_chunk;  // 0 = planner's choice
+  const char* name;
+};
+
+int num_sms() {
+  int dev = 0, n = 0;
+  OSCAR_CUDA_CHECK(cudaGetDevice(&dev));
+  OSCAR_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+  return n;
+}
+
+struct Result {
+  double err_o, err_lse;
+};
+
+Result run_case(const Case& c, uint32_t seed, bool bf16_kernel = false) {
+  const float k_scale = 1.5f;  // peaky softmax: logits with std ~1.5*|q|
+  HostCache cache(c.seqs, c.hkv, c.d, c.page, c.group, seed, k_scale);
+  const int hq = c.hkv * c.gqa, batch = cache.batch;
+  std::mt19937 rng(seed ^ 0x9e3779b9u);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> q(size_t(batch) * hq * c.d);
+  for (auto& x : q) x = nd(rng);
+  const float sm_scale = 1.0f / std::sqrt(float(c.d));
+
+  std::vector<float> o_ref(q.size()), lse_ref(size_t(batch) * hq);
+  cpu::decode_attention_ref(cache.host_view, q.data(), hq, sm_scale, o_ref.data(), lse_ref.data());
+
+  DecodePlan plan = plan_decode(batch, cache.len[0].data(), cache.len[1].data(), cache.len[2].data(),
+                                c.hkv, num_sms(), c.tiles_per_chunk);
+  DecodeWorkspace ws = alloc_decode_workspace(std::max(plan.num_chunks, 1), batch, hq, c.d);
+  DeviceBuffer<float> d_q(q), d_o(q.size()), d_lse(lse_ref.size());
+  d_o.poison();
+  d_lse.poison();
+  DecodeParams p;
+  p.kv = cache.dev_view;
+  p.q = d_q.ptr;
+  p.num_q_heads = hq;
+  p.sm_scale = sm_scale;
+  p.o = d_o.ptr;
+  p.lse = d_lse.ptr;
+  EXPECT_EQ(check_decode(p, plan, ws), "");
+  OSCAR_CUDA_CHECK(upload_plan(plan, ws, nullptr));
+  OSCAR_CUDA_CHECK(bf16_kernel ? decode_attention_bf16(p, plan, ws, nullptr)
+                               : decode_attention(p, plan, ws, nullptr));
+  OSCAR_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<float> o = d_o.download(), lse = d_lse.download();
+  free_decode_workspace(ws);
+
+  Result r{test::rel_l2(o, o_ref), 0.0};
+  for (size_t i = 0; i < lse.size(); ++i) {
+    if (std::isinf(lse_ref[i]) && lse_ref[i] < 0) {  // empty sequence
+      if (!(std::isinf(lse[i]) && lse[i] < 0)) r.err_lse = INFINITY;
+      continue;
+    }
+    const double e = std::isfinite(lse[i]) ? std::fabs(double(lse[i]) - lse_ref[i]) : INFINITY;
+    r.err_lse = std::max(r.err_lse, e);
+  }
+  std::printf("  [%s] d=%d G=%d gqa=%d hkv=%d page=%d chunks=%d (quant %d): rel_l2(o)=%.2e max|dlse|=%.2e\n",
+              c.name, c.d, c.group, c.gqa, c.hkv, c.page, plan.num_chunks, plan.num_quant_chunks,
+              r.err_o, r.err_lse);
+  return r;
+}
+
+double tol_for(const Case& c) {
+  bool any_bf16 = false;
+  for (const auto& s : c.seqs) any_bf16 = any_bf16 || s.sink > 0 || s.recent > 0;
+  return any_bf16 ? 1e-2 : 3e-3;
+}
+
+void expect_ok(const Case& c, uint32_t seed, bool bf16_kernel = false) {
+  const Result r = run_case(c, seed, bf16_kernel);
+  EXPECT_LE(r.err_o, tol_for(c)) << c.name;  // NaN compares false -> fails
+  EXPECT_LE(r.err_lse, 2e-2) << c.name;
+}
+
+// A mix of shapes that hits odd lengths, page boundaries, an empty middle,
+// windows longer than the sequence, an empty sequence and a long middle.
+std::vector<SeqLens> mixed_seqs(int page) {
+  return {
+      {64, 1000, 300},            // odd middle, recent not page aligned
+      {17, 0, 0},                 // sequence shorter than the sink window
+      {64, 0, 200},               // empty middle
+      {64, 5 * page, 256},        // page-aligned middle
+      {0, 0, 0},                  // empty sequence: o = 0, lse = -inf
+      {64, 4096 + 33, 256 + 15},  // long middle, ragged ends
+  };
+}
+
+TEST(CudaDecode, MixedRegionsDefaultShape) {
+  if (!test::have_gpu()) GTEST_SKIP() << "no GPU";
+  for (uint32_t seed : {1u, 2u})
+    expect_ok({128, 128, 4, 8, 64, mixed_seqs(64), 0, "qwen3-8b shape"}, seed);
+}
+
+TEST(CudaDecode, MiddleOnly) {
+  if (!test::have_gpu()) GTEST_SKIP() << "no GPU";
+  expect_ok({128, 128, 4, 2, 64, {{0, 3001, 0}, {0, 16, 0}, {0, 1, 0}}, 0, "int2 only"}, 3);
+}
+
+TEST(CudaDecode, SplitMergeSmallChunks) {
+  if (!test::have_gpu()) GTEST_SKIP() << "no GPU";
+  for (int tpc : {1, 3, 8})
+    expect_ok({128, 128, 4, 2, 32, mixed_seqs(32), tpc, "forced chunking"}, 10 + tpc);
+}
+
+TEST(CudaDecode, AllHeadDimsGroupsGqa) {
+  if (!test::have_gpu()) GTEST_SKIP() << "no GPU";
+#if defined(OSCAR_CUDA_MIN_INSTANCES)
+  GTEST_SKIP() << "OSCAR_CUDA_INSTANCES=min";
+#else
+  const std::vector<SeqLens> seqs = {{64, 777, 130}, {16, 48, 0}, {5, 0, 0}};
+  uint32_t seed = 100;
+  for (int d : {64, 128, 256})
+    for (int group : {32, 64, 128}) {
+      if (group > d) continue;
+      for (int gqa : {1, 3, 8}) {
+        for (int page : {16, 64}) {
+          const std::string name = "d" + std::to_string(d) + " G" + std::to_string(group);
+          expect_ok({d, group, gqa, 2, page, seqs, 0, name.c_str()}, ++seed);
+        }
+      }
+    }
+#endif
+}
+
+TEST(CudaDecode, Bf16OnlyBaseline) {
+  if (!test::have_gpu()) GTEST_SKIP() << "no GPU";
+  expect_ok({128, 128, 4, 8, 64, {{2048 + 7, 0, 0}, {100, 0, 0}, {0, 0, 0}}, 0, "bf16 baseline"}, 7,
+            /*bf16_kernel=*/true);
+  expect_ok({128, 128, 8, 1, 16, {{333, 0, 0}}, 2, "bf16 baseline gqa8"}, 8, true);
+}
+
+TEST(CudaDecode, RejectsUnsupportedShapes) {
+  if (!test::have_gpu()) GTEST_SKIP() << "no GPU";
+  HostCache cache({{16, 32, 16}}, 1, 128, 16, 128, 5);
+  const int32_t s = 16, m = 32, r = 16;
+  DecodePlan plan = plan_decode(1, &s, &m, &r, 1, 1, 0);
+  DecodeWorkspace ws = alloc_decode_workspace(plan.num_chunks, 1, 16, 128);
+  DeviceBuffer<float> q(16 * 128), o(16 * 128);
+  DecodeParams p;
+  p.kv = cache.dev_view;
+  p.q = q.ptr;
+  p.o = o.ptr;
+  p.sm_scale = 0.1f;
+  p.num_q_heads = 9;  // GQA 9 > 8
+  EXPECT_NE(check_decode(p, plan, ws).find("GQA"), std::string::npos);
+  EXPECT_EQ(decode_attention(p, plan, ws, nullptr), cudaErrorInvalidValue);
+  p.num_q_heads = 4;
+  p.kv.head_dim = 96;
+  EXPECT_NE(check_decode(p, plan, ws).find("head_dim"), std::string::npos);
+  p.kv.head_dim = 128;
+  p.kv.page_size = 24;
+  EXPECT_NE(check_decode(p, plan, ws).find("page_size"), std::string::npos);
+  p.kv.page_size = 16;
+  p.kv.bits = 4;
+  EXPECT_NE(check_decode(p, plan, ws).find("2-bit"), std::string::npos);
+  p.kv.bits = 2;
+  EXPECT_EQ(check_decode(p, plan, ws), "");
+  free_decode_workspace(ws);
+}
+
+TEST(CudaDecode, RotateQueriesMatchesReference) {
+  if (!test::have_gpu()) GTEST_SKIP() << "no GPU";
+  const int n = 3, hq = 8, d = 128;
+  std::mt19937 rng(42);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (int r_heads : {1, hq}) {
+    std::vector<float> q(size_t(n) * hq * d), R(size_t(r_heads) * d * d), ref(q.size());
+    for (auto& x : q) x = nd(rng);
+    for (auto& x : R) x = nd(rng) / std::sqrt(float(d));
+    cpu::rotate_heads_ref(q.data(), n, hq, d, R.data(), r_heads, ref.data());
+    DeviceBuffer<float> dq(q), dR(R), dout(q.size());
+    dout.poison();
+    OSCAR_CUDA_CHECK(rotate_queries(dq.ptr, n, hq, d, dR.ptr, r_heads, dout.ptr, nullptr));
+    OSCAR_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_LE(test::rel_l2(dout.download(), ref), 1e-6);
+  }
+}
+
+}  // namespace
+}  // namespace oscar::kernels::cuda

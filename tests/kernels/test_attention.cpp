@@ -1,0 +1,326 @@
+// Attention kernels: the reference against a naive dense softmax on the
+// dequantized cache, and every optimized ISA path against the reference
+// (kernel error tier: the kernel on packed data vs the reference on the
+// dequantized data). Outputs are NaN-poisoned before every run; a NaN never
+// passes (every comparison is written so NaN fails it).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/attention_impl.h"
+#include "test_cache.h"
+
+namespace oscar::kernels::cpu {
+namespace {
+
+using test::CacheSpec;
+using test::make_cache;
+using test::random_vec;
+using test::TestCache;
+
+// Tolerances (stated): reference vs dense fp64: |diff| <= 1e-6 (both fp64,
+// only the region split differs). Optimized (fp32 accumulation, polynomial
+// exp2, fp32 log-sum-exp merge) vs reference: |diff| <= 2e-5 + 2e-5*|ref| on
+// o and lse, with |o| = O(1) by construction.
+constexpr double kRefTol = 1e-6;
+constexpr double kOptAbs = 2e-5, kOptRel = 2e-5;
+
+bool close(double a, double ref, double abs_tol, double rel_tol) {
+  return std::fabs(a - ref) <= abs_tol + rel_tol * std::fabs(ref);  // false for NaN
+}
+
+std::vector<const detail::RowKernels*> kernel_sets() {
+  std::vector<const detail::RowKernels*> out{&detail::scalar_kernels()};
+  if (auto* k = detail::avx2_kernels(); k && detail::cpu_supports(*k)) out.push_back(k);
+  if (auto* k = detail::avx512_kernels(); k && detail::cpu_supports(*k)) out.push_back(k);
+  return out;
+}
+
+struct ForceKernels {
+  explicit ForceKernels(const detail::RowKernels* k) { detail::force_kernels(k); }
+  ~ForceKernels() { detail::force_kernels(nullptr); }
+};
+
+std::string describe(const CacheSpec& s, int hq) {
+  std::string r = "d=" + std::to_string(s.d) + " G=" + std::to_string(s.group) + " bits=" +
+                  std::to_string(s.bits) + " page=" + std::to_string(s.page) + " hkv=" +
+                  std::to_string(s.hkv) + " hq=" + std::to_string(hq) + " lens:";
+  for (size_t b = 0; b < s.sink.size(); ++b)
+    r += " (" + std::to_string(s.sink[b]) + "," + std::to_string(s.mid[b]) + "," + std::to_string(s.recent[b]) + ")";
+  return r;
+}
+
+TEST(DecodeAttentionRef, MatchesDenseSoftmaxOnDequantizedCache) {
+  std::mt19937 rng(1);
+  for (int d : {64, 128, 256})
+    for (int bits : {2, 4}) {
+      CacheSpec s;
+      s.d = d;
+      s.bits = bits;
+      s.group = d == 64 ? 32 : 64;
+      s.hkv = 2;
+      s.page = 16;
+      s.sink = {5, 0, 16};
+      s.mid = {37, 20, 0};
+      s.recent = {9, 0, 1};
+      const int hq = 6;
+      TestCache tc = make_cache(s, rng);
+      const int B = tc.batch();
+      auto q = random_vec(rng, size_t(B) * hq * d, 1.0f);
+      std::vector<float> o(q.size(), NAN), lse(size_t(B) * hq, NAN);
+      const float sm = 1.0f / std::sqrt(float(d));
+      decode_attention_ref(tc.view, q.data(), hq, sm, o.data(), lse.data());
+      std::vector<double> ref(d);
+      for (int b = 0; b < B; ++b)
+        for (int g = 0; g < hq; ++g) {
+          const int idx = b * hq + g;
+          if (tc.total(b) == 0) {
+            EXPECT_TRUE(std::isinf(lse[idx]) && lse[idx] < 0);
+            for (int c = 0; c < d; ++c) EXPECT_EQ(o[size_t(idx) * d + c], 0.0f);
+            continue;
+          }
+          const double l = test::dense_attention(q.data() + size_t(idx) * d, tc.K[b].data(), tc.V[b].data(),
+                                                 tc.total(b), s.hkv, g / (hq / s.hkv), d, sm, ref.data());
+          EXPECT_TRUE(close(lse[idx], l, kRefTol, kRefTol)) << describe(s, hq) << " lse " << lse[idx] << " vs " << l;
+          for (int c = 0; c < d; ++c)
+            ASSERT_TRUE(close(o[size_t(idx) * d + c], ref[c], kRefTol, kRefTol))
+                << describe(s, hq) << " b=" << b << " g=" << g << " c=" << c;
+        }
+    }
+}
+
+// One sweep case: optimized (each ISA) vs reference.
+void check_decode_case(const CacheSpec& s, int hq, std::mt19937& rng) {
+  TestCache tc = make_cache(s, rng);
+  const int B = tc.batch(), d = s.d;
+  auto q = random_vec(rng, size_t(B) * hq * d, 1.5f);
+  const float sm = 1.0f / std::sqrt(float(d));
+  std::vector<float> o_ref(q.size(), NAN), lse_ref(size_t(B) * hq, NAN);
+  decode_attention_ref(tc.view, q.data(), hq, sm, o_ref.data(), lse_ref.data());
+  for (const detail::RowKernels* k : kernel_sets()) {
+    ForceKernels force(k);
+    std::vector<float> o(q.size(), NAN), lse(size_t(B) * hq, NAN);
+    decode_attention(tc.view, q.data(), hq, sm, o.data(), lse.data());
+    for (size_t i = 0; i < lse.size(); ++i) {
+      if (std::isinf(lse_ref[i])) {
+        ASSERT_EQ(lse[i], lse_ref[i]) << k->name << " " << describe(s, hq);
+        continue;
+      }
+      ASSERT_TRUE(close(lse[i], lse_ref[i], kOptAbs, kOptRel))
+          << k->name << " " << describe(s, hq) << " lse[" << i << "] " << lse[i] << " vs " << lse_ref[i];
+    }
+    for (size_t i = 0; i < o.size(); ++i)
+      ASSERT_TRUE(close(o[i], o_ref[i], kOptAbs, kOptRel))
+          << k->name << " " << describe(s, hq) << " o[" << i << "] " << o[i] << " vs " << o_ref[i];
+  }
+}
+
+TEST(DecodeAttention, MatchesReferenceAcrossShapesAndRegions) {
+  std::mt19937 rng(7);
+  // Region patterns (sink, mid, recent) per sequence: empty regions, odd
+  // lengths, exact page multiples and lengths one past a page boundary.
+  const std::vector<std::vector<int>> patterns = {
+      {0, 0, 0}, {7, 0, 0}, {0, 33, 0}, {0, 0, 5}, {4, 49, 0}, {0, 17, 31}, {16, 64, 16}, {3, 65, 1}, {64, 129, 33}};
+  int cases = 0;
+  for (int d : {64, 128, 256})
+    for (int group : {32, 64, 128}) {
+      if (group > d) continue;
+      for (int bits : {2, 4})
+        for (int page : {16, 64})
+          for (int gqa : {1, 2, 3, 4, 8}) {
+            CacheSpec s;
+            s.d = d;
+            s.group = group;
+            s.bits = bits;
+            s.page = page;
+            s.hkv = (gqa == 8 || d == 256) ? 1 : 2;
+            // Two sequences per case with different region patterns.
+            const auto& p0 = patterns[cases % patterns.size()];
+            const auto& p1 = patterns[(cases * 5 + 3) % patterns.size()];
+            s.sink = {p0[0], p1[0]};
+            s.mid = {p0[1], p1[1]};
+            s.recent = {p0[2], p1[2]};
+            check_decode_case(s, s.hkv * gqa, rng);
+            if (HasFatalFailure()) return;
+            ++cases;
+          }
+    }
+  EXPECT_GT(cases, 100);
+}
+
+TEST(DecodeAttention, LongContextAndManySplits) {
+  // Long middle (many splits per KV head, several threads), batch 3 with
+  // very different lengths, GQA 12 (two query sets per KV head).
+  std::mt19937 rng(11);
+  CacheSpec s;
+  s.d = 128;
+  s.group = 128;
+  s.bits = 2;
+  s.page = 64;
+  s.hkv = 2;
+  s.sink = {64, 64, 3};
+  s.mid = {2880, 0, 64};
+  s.recent = {300, 256, 0};
+  for (int threads : {1, 3}) {
+    set_num_threads(threads);
+    check_decode_case(s, 24, rng);
+  }
+  set_num_threads(0);  // no-op: keep the last count
+}
+
+TEST(DecodeAttention, ValuesLargeLogitsStayFinite) {
+  // Peaky softmax: logits in the hundreds must not overflow the base-2 state.
+  std::mt19937 rng(5);
+  CacheSpec s;
+  s.d = 64;
+  s.group = 64;
+  s.sink = {10};
+  s.mid = {100};
+  s.recent = {20};
+  TestCache tc = make_cache(s, rng);
+  auto q = random_vec(rng, size_t(4) * 64, 40.0f);
+  std::vector<float> o_ref(q.size(), NAN), lse_ref(4, NAN);
+  decode_attention_ref(tc.view, q.data(), 4, 0.125f, o_ref.data(), lse_ref.data());
+  for (const detail::RowKernels* k : kernel_sets()) {
+    ForceKernels force(k);
+    std::vector<float> o(q.size(), NAN), lse(4, NAN);
+    decode_attention(tc.view, q.data(), 4, 0.125f, o.data(), lse.data());
+    for (int i = 0; i < 4; ++i) EXPECT_TRUE(close(lse[i], lse_ref[i], 1e-4, 1e-5)) << k->name;
+    for (size_t i = 0; i < o.size(); ++i) ASSERT_TRUE(close(o[i], o_ref[i], 1e-4, 1e-4)) << k->name << " " << i;
+  }
+}
+
+TEST(DecodeAttention, RejectsBadViews) {
+  std::mt19937 rng(3);
+  CacheSpec s;
+  s.sink = {4};
+  s.mid = {20};
+  s.recent = {4};
+  TestCache tc = make_cache(s, rng);
+  std::vector<float> q(4 * 128), o(4 * 128);
+  kv::PagedKvView bad = tc.view;
+  EXPECT_THROW(decode_attention(bad, q.data(), 3, 1.0f, o.data(), nullptr), Error);  // 3 % 2 != 0
+  bad.head_dim = 96;
+  EXPECT_THROW(decode_attention(bad, q.data(), 4, 1.0f, o.data(), nullptr), Error);
+  bad = tc.view;
+  bad.page_size = 24;
+  EXPECT_THROW(decode_attention_ref(bad, q.data(), 4, 1.0f, o.data(), nullptr), Error);
+  bad = tc.view;
+  bad.bits = 3;
+  EXPECT_THROW(decode_attention(bad, q.data(), 4, 1.0f, o.data(), nullptr), Error);
+  bad = tc.view;
+  bad.group_size = 256;
+  EXPECT_THROW(decode_attention(bad, q.data(), 4, 1.0f, o.data(), nullptr), Error);
+  // Region length inconsistent with its page count.
+  std::vector<int32_t> len = tc.len[1];
+  len[0] = 40;  // 3 pages of 16 needed, 2 present
+  bad = tc.view;
+  bad.mid.len = len.data();
+  EXPECT_THROW(decode_attention(bad, q.data(), 4, 1.0f, o.data(), nullptr), Error);
+  bad = tc.view;
+  bad.quant.k_codes = nullptr;
+  EXPECT_THROW(decode_attention(bad, q.data(), 4, 1.0f, o.data(), nullptr), Error);
+}
+
+// ---- Prefill ---------------------------------------------------------------
+
+struct PrefillCase {
+  CacheSpec spec;
+  int hq, cached, n;
+};
+
+void check_prefill(const PrefillCase& pc, std::mt19937& rng, bool check_dense) {
+  TestCache tc = make_cache(pc.spec, rng);
+  const int d = pc.spec.d, hkv = pc.spec.hkv, hq = pc.hq, n = pc.n;
+  auto q = random_vec(rng, size_t(n) * hq * d, 1.5f);
+  auto kn = random_vec(rng, size_t(n) * hkv * d, 1.0f);
+  auto vn = random_vec(rng, size_t(n) * hkv * d, 1.0f);
+  const float sm = 1.0f / std::sqrt(float(d));
+  std::vector<float> o_ref(q.size(), NAN);
+  prefill_attention_ref(tc.view, 0, pc.cached, q.data(), kn.data(), vn.data(), n, hq, sm, o_ref.data());
+  const std::string what = describe(pc.spec, hq) + " cached=" + std::to_string(pc.cached) + " n=" + std::to_string(n);
+  if (check_dense) {
+    // Dense keys: the first `cached` stored rows, then the chunk's own rows.
+    const int T = pc.cached + n;
+    std::vector<float> K(size_t(T) * hkv * d), V(K.size());
+    std::copy_n(tc.K[0].data(), size_t(pc.cached) * hkv * d, K.data());
+    std::copy_n(tc.V[0].data(), size_t(pc.cached) * hkv * d, V.data());
+    std::copy(kn.begin(), kn.end(), K.begin() + size_t(pc.cached) * hkv * d);
+    std::copy(vn.begin(), vn.end(), V.begin() + size_t(pc.cached) * hkv * d);
+    std::vector<double> ref(d);
+    for (int i = 0; i < n; ++i)
+      for (int g = 0; g < hq; ++g) {
+        test::dense_attention(q.data() + (size_t(i) * hq + g) * d, K.data(), V.data(), pc.cached + i + 1, hkv,
+                              g / (hq / hkv), d, sm, ref.data());
+        for (int c = 0; c < d; ++c)
+          ASSERT_TRUE(close(o_ref[(size_t(i) * hq + g) * d + c], ref[c], kRefTol, kRefTol)) << what << " i=" << i;
+      }
+  }
+  for (const detail::RowKernels* k : kernel_sets()) {
+    ForceKernels force(k);
+    std::vector<float> o(q.size(), NAN);
+    prefill_attention(tc.view, 0, pc.cached, q.data(), kn.data(), vn.data(), n, hq, sm, o.data());
+    for (size_t i = 0; i < o.size(); ++i)
+      ASSERT_TRUE(close(o[i], o_ref[i], kOptAbs, kOptRel)) << k->name << " " << what << " o[" << i << "]";
+  }
+}
+
+TEST(PrefillAttentionRef, MatchesDenseCausalSoftmax) {
+  std::mt19937 rng(21);
+  PrefillCase pc;
+  pc.spec.d = 64;
+  pc.spec.group = 32;
+  pc.spec.hkv = 2;
+  pc.spec.sink = {6};
+  pc.spec.mid = {40};
+  pc.spec.recent = {11};
+  pc.hq = 6;
+  for (int cached : {0, 4, 6, 30, 57}) {
+    pc.cached = cached;
+    pc.n = 13;
+    check_prefill(pc, rng, /*check_dense=*/true);
+  }
+}
+
+TEST(PrefillAttention, MatchesReferenceAcrossShapes) {
+  std::mt19937 rng(23);
+  for (int d : {64, 128, 256})
+    for (int bits : {2, 4})
+      for (int gqa : {1, 3, 4, 8, 12}) {
+        PrefillCase pc;
+        pc.spec.d = d;
+        pc.spec.bits = bits;
+        pc.spec.group = d == 64 ? 32 : 128;
+        pc.spec.page = gqa % 2 ? 16 : 64;
+        pc.spec.hkv = gqa >= 8 ? 1 : 2;
+        pc.spec.sink = {5};
+        pc.spec.mid = {gqa * 11};
+        pc.spec.recent = {7};
+        pc.hq = pc.spec.hkv * gqa;
+        pc.cached = 5 + gqa * 11 + (gqa % 2 ? 7 : 3);  // all or part of the recent window
+        pc.n = 1 + (gqa * 7) % 19;
+        check_prefill(pc, rng, /*check_dense=*/false);
+        if (HasFatalFailure()) return;
+      }
+}
+
+TEST(PrefillAttention, RejectsBadArguments) {
+  std::mt19937 rng(2);
+  CacheSpec s;
+  s.sink = {4};
+  s.mid = {0};
+  s.recent = {4};
+  TestCache tc = make_cache(s, rng);
+  std::vector<float> q(4 * 128), kn(2 * 128), vn(2 * 128), o(4 * 128);
+  EXPECT_THROW(prefill_attention(tc.view, 0, 9, q.data(), kn.data(), vn.data(), 1, 2, 1.0f, o.data()), Error);
+  EXPECT_THROW(prefill_attention(tc.view, 1, 0, q.data(), kn.data(), vn.data(), 1, 2, 1.0f, o.data()), Error);
+  EXPECT_THROW(prefill_attention_ref(tc.view, 0, -1, q.data(), kn.data(), vn.data(), 1, 2, 1.0f, o.data()), Error);
+}
+
+}  // namespace
+}  // namespace oscar::kernels::cpu

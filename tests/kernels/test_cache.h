@@ -1,0 +1,160 @@
+// Test fixture: a random paged three-region KV cache (one layer) with its
+// dense dequantized copy, for checking attention kernels.
+//
+// Pages are allocated in shuffled order, every pool has spare pages, and all
+// bytes no region owns (spare pages, the tail of a partial last page) are
+// filled with NaN (bf16 / fp16 params), so a kernel that reads outside its
+// rows produces NaN and fails.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "core/half.h"
+#include "core/quantizer.h"
+#include "kv/kv_view.h"
+
+namespace oscar::test {
+
+struct CacheSpec {
+  int hkv = 2, d = 128, page = 16, bits = 2, group = 128;
+  std::vector<int> sink, mid, recent;  // per sequence (sizes define the batch)
+};
+
+inline constexpr uint16_t kBf16NaN = 0x7fc0;
+inline constexpr uint16_t kF16NaN = 0x7e00;
+
+struct TestCache {
+  CacheSpec spec;
+  std::vector<uint16_t> bk, bv;                  // BF16 pool
+  std::vector<uint8_t> kc, vc;                   // quantized codes
+  std::vector<uint16_t> kp, vp;                  // quantized params
+  std::vector<int32_t> indptr[3], idx[3], len[3];  // sink, mid, recent
+  kv::PagedKvView view;
+  // Dense copy as the kernels must see it: [b] -> [T_b][hkv][d].
+  std::vector<std::vector<float>> K, V;
+
+  int batch() const { return int(spec.sink.size()); }
+  int total(int b) const { return spec.sink[b] + spec.mid[b] + spec.recent[b]; }
+};
+
+// Row generator: N(0,1) with a few large channels (the outliers rotations
+// and clipping exist for), so quantization error is not trivial.
+inline void random_row(std::mt19937& rng, int d, float* x) {
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  for (int c = 0; c < d; ++c) x[c] = n(rng) * ((c % 17 == 3) ? 4.0f : 1.0f);
+}
+
+inline TestCache make_cache(const CacheSpec& spec, std::mt19937& rng) {
+  TestCache tc;
+  tc.spec = spec;
+  const int B = int(spec.sink.size()), H = spec.hkv, d = spec.d, P = spec.page;
+  const QuantSpec qs{spec.bits, spec.group, ScaleDtype::kF16};
+  const int cb = d * spec.bits / 8, ng = d / spec.group;
+  auto pages_for = [&](int len) { return (len + P - 1) / P; };
+  int nb = 3, nq = 3;  // spare pages
+  for (int b = 0; b < B; ++b) {
+    nb += pages_for(spec.sink[b]) + pages_for(spec.recent[b]);
+    nq += pages_for(spec.mid[b]);
+  }
+  tc.bk.assign(size_t(nb) * H * P * d, kBf16NaN);
+  tc.bv.assign(tc.bk.size(), kBf16NaN);
+  tc.kc.resize(size_t(nq) * H * P * cb);
+  tc.vc.resize(tc.kc.size());
+  for (auto& c : tc.kc) c = uint8_t(rng());
+  for (auto& c : tc.vc) c = uint8_t(rng());
+  tc.kp.assign(size_t(nq) * H * P * ng * 2, kF16NaN);
+  tc.vp.assign(tc.kp.size(), kF16NaN);
+  std::vector<int32_t> bfree(nb), qfree(nq);
+  for (int i = 0; i < nb; ++i) bfree[i] = i;
+  for (int i = 0; i < nq; ++i) qfree[i] = i;
+  std::shuffle(bfree.begin(), bfree.end(), rng);
+  std::shuffle(qfree.begin(), qfree.end(), rng);
+  size_t bnext = 0, qnext = 0;
+
+  kv::PagedKvView& v = tc.view;
+  v.batch = B;
+  v.num_kv_heads = H;
+  v.head_dim = d;
+  v.page_size = P;
+  v.bits = spec.bits;
+  v.group_size = spec.group;
+  tc.K.resize(B);
+  tc.V.resize(B);
+  const std::vector<int>* lens[3] = {&spec.sink, &spec.mid, &spec.recent};
+  for (int r = 0; r < 3; ++r) tc.indptr[r].push_back(0);
+  std::vector<float> row(d), deq(d);
+  for (int b = 0; b < B; ++b) {
+    tc.K[b].resize(size_t(tc.total(b)) * H * d);
+    tc.V[b].resize(tc.K[b].size());
+    int pos = 0;
+    for (int r = 0; r < 3; ++r) {
+      const int len = (*lens[r])[b];
+      tc.len[r].push_back(len);
+      for (int p = 0; p < pages_for(len); ++p) tc.idx[r].push_back(r == 1 ? qfree[qnext++] : bfree[bnext++]);
+      tc.indptr[r].push_back(int32_t(tc.idx[r].size()));
+      for (int i = 0; i < len; ++i, ++pos) {
+        const int32_t page = tc.idx[r][tc.indptr[r][b] + i / P];
+        const int slot = i % P;
+        for (int h = 0; h < H; ++h)
+          for (int kvsel = 0; kvsel < 2; ++kvsel) {
+            random_row(rng, d, row.data());
+            float* dense = (kvsel ? tc.V[b] : tc.K[b]).data() + (size_t(pos) * H + h) * d;
+            if (r == 1) {
+              const int64_t qr = (int64_t(page) * H + h) * P + slot;
+              uint8_t* codes = (kvsel ? tc.vc : tc.kc).data() + qr * cb;
+              uint16_t* params = (kvsel ? tc.vp : tc.kp).data() + qr * ng * 2;
+              quantize_row(row.data(), d, qs, codes, params);
+              dequantize_row(codes, params, d, qs, dense);
+            } else {
+              uint16_t* dst = (kvsel ? tc.bv : tc.bk).data() + (int64_t(page) * H * P + int64_t(h) * P + slot) * d;
+              for (int c = 0; c < d; ++c) {
+                dst[c] = f32_to_bf16(row[c]);
+                dense[c] = bf16_to_f32(dst[c]);
+              }
+            }
+          }
+      }
+    }
+  }
+  v.bf16 = {tc.bk.data(), tc.bv.data()};
+  v.quant = {tc.kc.data(), tc.vc.data(), tc.kp.data(), tc.vp.data()};
+  kv::RegionTable* regs[3] = {&v.sink, &v.mid, &v.recent};
+  for (int r = 0; r < 3; ++r) *regs[r] = {tc.indptr[r].data(), tc.idx[r].data(), tc.len[r].data()};
+  return tc;
+}
+
+// Naive dense softmax attention of one query over rows [0, T) of K/V
+// ([T][hkv][d], head h), fp64; returns lse (natural log).
+inline double dense_attention(const float* q, const float* K, const float* V, int T, int hkv, int h, int d,
+                              double sm_scale, double* out /*[d]*/) {
+  std::vector<double> s(T);
+  double m = -INFINITY;
+  for (int t = 0; t < T; ++t) {
+    double dot = 0;
+    for (int c = 0; c < d; ++c) dot += double(q[c]) * K[(size_t(t) * hkv + h) * d + c];
+    s[t] = dot * sm_scale;
+    m = std::max(m, s[t]);
+  }
+  double l = 0;
+  for (int c = 0; c < d; ++c) out[c] = 0;
+  for (int t = 0; t < T; ++t) {
+    const double w = std::exp(s[t] - m);
+    l += w;
+    for (int c = 0; c < d; ++c) out[c] += w * V[(size_t(t) * hkv + h) * d + c];
+  }
+  for (int c = 0; c < d; ++c) out[c] /= l;
+  return m + std::log(l);
+}
+
+inline std::vector<float> random_vec(std::mt19937& rng, size_t n, float sd) {
+  std::normal_distribution<float> nd(0.0f, sd);
+  std::vector<float> v(n);
+  for (auto& x : v) x = nd(rng);
+  return v;
+}
+
+}  // namespace oscar::test

@@ -1,0 +1,288 @@
+// The paged, batched forward against a naive dense reference (test_forward_ref.h),
+// over every architecture flavour, chunkings, batch mixes, page offsets and forks.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "core/error.h"
+#include "kv/bf16_cache.h"
+#include "model/backend_cpu.h"
+#include "model/forward.h"
+#include "model/forward_random.h"
+#include "model/rope.h"
+#include "test_forward_ref.h"
+
+namespace oscar::model {
+namespace {
+
+using testing::ref_forward;
+
+// One step of a schedule: (sequence index, tokens to add) pairs run in one forward call.
+using Step = std::vector<std::pair<int, int>>;
+
+struct RunResult {
+  std::vector<std::vector<float>> logits;  // per sequence: [T][vocab], every position
+  std::vector<std::vector<int>> chunk_start;
+};
+
+std::vector<int> random_tokens(int n, int vocab, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<int> t(n);
+  for (int& x : t) x = static_cast<int>(rng() % vocab);
+  return t;
+}
+
+// Runs `schedule` over sequences with the given full token lists.
+RunResult run_schedule(Model& m, kv::KvCache& cache, const std::vector<std::vector<int>>& toks,
+                 const std::vector<Step>& schedule) {
+  const int V = m.config().vocab_size;
+  const int S = static_cast<int>(toks.size());
+  RunResult r;
+  r.logits.resize(S);
+  r.chunk_start.resize(S);
+  std::vector<kv::SeqId> ids(S);
+  std::vector<int> done(S, 0);
+  for (int s = 0; s < S; ++s) ids[s] = cache.create();
+  std::vector<std::vector<int32_t>> buf(S);
+  for (const Step& st : schedule) {
+    std::vector<SeqStep> steps;
+    for (auto [s, n] : st) {
+      buf[s].assign(toks[s].begin() + done[s], toks[s].begin() + done[s] + n);
+      steps.push_back({ids[s], buf[s], true});
+    }
+    std::vector<float> lg;
+    m.forward(steps, cache, lg);
+    size_t row = 0;
+    for (auto [s, n] : st) {
+      for (int i = 0; i < n; ++i) r.chunk_start[s].push_back(done[s]);
+      r.logits[s].insert(r.logits[s].end(), lg.begin() + row * V, lg.begin() + (row + n) * V);
+      row += n;
+      done[s] += n;
+    }
+  }
+  for (int s = 0; s < S; ++s) cache.release(ids[s]);
+  return r;
+}
+
+// max |a - b| over max(1, max |b|): logits are O(1..10), a wrong position/page
+// gives O(1) differences, fp32-vs-fp64 accumulation ~1e-5.
+double rel_err(const std::vector<float>& a, const std::vector<double>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double mx = 1.0, err = 0.0;
+  for (size_t i = 0; i < b.size() && i < a.size(); ++i) {
+    if (!std::isfinite(a[i])) return INFINITY;
+    mx = std::max(mx, std::abs(b[i]));
+    err = std::max(err, std::abs(a[i] - b[i]));
+  }
+  return err / mx;
+}
+
+constexpr double kTol = 2e-3;
+
+void expect_matches_ref(const ModelWeights& ref_w, const std::vector<std::vector<int>>& toks,
+                        const RunResult& r, double tol = kTol) {
+  for (size_t s = 0; s < toks.size(); ++s) {
+    auto ref = ref_forward(ref_w, toks[s], r.chunk_start[s]);
+    EXPECT_LT(rel_err(r.logits[s], ref), tol) << "sequence " << s;
+  }
+}
+
+struct Fixture {
+  explicit Fixture(ModelConfig cfg, WeightDtype wd = WeightDtype::kF32, int page = 16,
+                   uint64_t seed = 7)
+      : w(random_weights(cfg, seed)),
+        be(make_cpu_backend({wd, 0})),
+        m(w, *be),
+        cache(m.cache_shape(page), 512) {}
+  ModelWeights w;
+  std::unique_ptr<Backend> be;
+  Model m;
+  kv::Bf16KvCache cache;
+};
+
+struct ArchCase {
+  Arch arch;
+  bool tied;
+  WeightDtype wd;
+};
+
+class ForwardArch : public ::testing::TestWithParam<ArchCase> {};
+
+TEST_P(ForwardArch, PrefillThenDecodeMatchesReference) {
+  const auto p = GetParam();
+  Fixture f(tiny_config(p.arch, p.tied), p.wd);
+  auto toks = std::vector<std::vector<int>>{random_tokens(45, f.w.cfg.vocab_size, 11)};
+  // Prefill 37 (crosses two 16-token pages), then 8 single decode tokens.
+  std::vector<Step> sched = {{{0, 37}}};
+  for (int i = 0; i < 8; ++i) sched.push_back({{0, 1}});
+  RunResult r = run_schedule(f.m, f.cache, toks, sched);
+  const ModelWeights ref_w = p.wd == WeightDtype::kBf16 ? testing::round_matrices_bf16(f.w) : f.w;
+  expect_matches_ref(ref_w, toks, r);
+  EXPECT_EQ(f.cache.pool().num_used(), 0) << "pages leaked";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    All, ForwardArch,
+    ::testing::Values(ArchCase{Arch::kLlama, false, WeightDtype::kF32},
+                      ArchCase{Arch::kLlama, true, WeightDtype::kF32},
+                      ArchCase{Arch::kQwen2, false, WeightDtype::kF32},
+                      ArchCase{Arch::kQwen3, true, WeightDtype::kF32},
+                      ArchCase{Arch::kLlama, false, WeightDtype::kBf16},
+                      ArchCase{Arch::kQwen2, true, WeightDtype::kBf16},
+                      ArchCase{Arch::kQwen3, false, WeightDtype::kBf16}));
+
+TEST(Forward, WrongPositionWouldBeCaught) {
+  // The comparison is sharp enough to see a one-position RoPE shift.
+  Fixture f(tiny_config(Arch::kLlama));
+  auto toks = std::vector<std::vector<int>>{random_tokens(20, f.w.cfg.vocab_size, 3)};
+  RunResult r = run_schedule(f.m, f.cache, toks, {{{0, 20}}});
+  auto shifted = toks;
+  shifted[0].insert(shifted[0].begin(), 5);  // every position moves by one
+  auto ref = ref_forward(f.w, shifted[0], std::vector<int>(21, 0));
+  ref.erase(ref.begin(), ref.begin() + f.w.cfg.vocab_size);
+  EXPECT_GT(rel_err(r.logits[0], ref), 10 * kTol);
+}
+
+TEST(Forward, MixedBatchEqualsOneSequenceAtATime) {
+  Fixture f(tiny_config(Arch::kQwen2));
+  const int V = f.w.cfg.vocab_size;
+  std::vector<std::vector<int>> toks = {random_tokens(30, V, 1), random_tokens(40, V, 2),
+                                        random_tokens(12, V, 3), random_tokens(20, V, 4)};
+  // Prefill chunks and decode tokens of different sequences in the same calls.
+  std::vector<Step> sched = {
+      {{0, 20}},
+      {{0, 1}, {1, 17}, {2, 1}},
+      {{0, 1}, {1, 16}, {2, 5}, {3, 19}},
+      {{2, 1}, {0, 1}, {1, 1}, {3, 1}},
+      {{1, 6}, {0, 7}, {2, 5}},
+  };
+  RunResult batched = run_schedule(f.m, f.cache, toks, sched);
+  expect_matches_ref(f.w, toks, batched);
+  // The same chunking, one sequence per call: equal up to fp32 reassociation.
+  for (size_t s = 0; s < toks.size(); ++s) {
+    std::vector<Step> alone;
+    for (const Step& st : sched)
+      for (auto [i, n] : st)
+        if (i == int(s)) alone.push_back({{0, n}});
+    RunResult one = run_schedule(f.m, f.cache, {toks[s]}, alone);
+    ASSERT_EQ(one.logits[0].size(), batched.logits[s].size());
+    double err = 0;
+    for (size_t i = 0; i < one.logits[0].size(); ++i)
+      err = std::max(err, double(std::abs(one.logits[0][i] - batched.logits[s][i])));
+    EXPECT_LT(err, 1e-3) << "sequence " << s;
+  }
+}
+
+TEST(Forward, PageBoundariesAtEveryOffset) {
+  // Page size 16: a chunk of 5 tokens starting at every offset 0..33 (so the
+  // cached part ends, and the chunk starts and ends, at every slot of a page),
+  // followed by two decode tokens.
+  Fixture f(tiny_config(Arch::kLlama), WeightDtype::kF32, 16);
+  const int V = f.w.cfg.vocab_size;
+  for (int c0 = 0; c0 <= 33; ++c0) {
+    auto toks = std::vector<std::vector<int>>{random_tokens(c0 + 7, V, 100 + c0)};
+    std::vector<Step> sched;
+    if (c0 > 0) sched.push_back({{0, c0}});
+    sched.push_back({{0, 5}});
+    sched.push_back({{0, 1}});
+    sched.push_back({{0, 1}});
+    RunResult r = run_schedule(f.m, f.cache, toks, sched);
+    auto ref = ref_forward(f.w, toks[0], r.chunk_start[0]);
+    EXPECT_LT(rel_err(r.logits[0], ref), kTol) << "chunk at offset " << c0;
+  }
+}
+
+TEST(Forward, TokenByTokenDecodeOverManyPages) {
+  Fixture f(tiny_config(Arch::kQwen3), WeightDtype::kF32, 16);
+  auto toks = std::vector<std::vector<int>>{random_tokens(70, f.w.cfg.vocab_size, 9)};
+  std::vector<Step> sched(70, Step{{0, 1}});
+  RunResult r = run_schedule(f.m, f.cache, toks, sched);
+  expect_matches_ref(f.w, toks, r);
+}
+
+TEST(Forward, ForkedSequencesDivergeCorrectly) {
+  Fixture f(tiny_config(Arch::kLlama), WeightDtype::kF32, 16);
+  const int V = f.w.cfg.vocab_size;
+  auto prefix = random_tokens(21, V, 5);  // ends mid-page: the partial page is copied
+  auto a = prefix, b = prefix;
+  for (int t : random_tokens(6, V, 6)) a.push_back(t);
+  for (int t : random_tokens(6, V, 7)) b.push_back(t);
+  kv::SeqId sa = f.cache.create();
+  std::vector<int32_t> p32(prefix.begin(), prefix.end());
+  std::vector<float> lg;
+  SeqStep st{sa, p32, false};
+  f.m.forward({&st, 1}, f.cache, lg);
+  kv::SeqId sb = f.cache.fork(sa);
+  EXPECT_EQ(f.cache.block_table(sa)[0], f.cache.block_table(sb)[0]) << "full page not shared";
+  EXPECT_NE(f.cache.block_table(sa)[1], f.cache.block_table(sb)[1]) << "partial page shared";
+  std::vector<float> la, lb;
+  for (int i = 21; i < 27; ++i) {
+    int32_t ta = a[i], tb = b[i];
+    std::vector<SeqStep> steps = {{sa, {&ta, 1}, false}, {sb, {&tb, 1}, false}};
+    f.m.forward(steps, f.cache, lg);
+    la.insert(la.end(), lg.begin(), lg.begin() + V);
+    lb.insert(lb.end(), lg.begin() + V, lg.begin() + 2 * V);
+  }
+  std::vector<int> cs(27);
+  for (int i = 0; i < 27; ++i) cs[i] = i < 21 ? 0 : i;
+  for (auto [toks, got] : {std::pair{a, la}, std::pair{b, lb}}) {
+    auto ref = ref_forward(f.w, toks, cs);
+    ref.erase(ref.begin(), ref.begin() + 21 * V);
+    EXPECT_LT(rel_err(got, ref), kTol);
+  }
+  f.cache.release(sa);
+  f.cache.release(sb);
+  EXPECT_EQ(f.cache.pool().num_used(), 0);
+}
+
+TEST(Forward, BadInputsThrow) {
+  Fixture f(tiny_config(Arch::kLlama));
+  kv::SeqId s = f.cache.create();
+  int32_t bad = f.w.cfg.vocab_size;
+  std::vector<float> lg;
+  SeqStep st{s, {&bad, 1}, false};
+  EXPECT_THROW(f.m.forward({&st, 1}, f.cache, lg), oscar::Error);
+  SeqStep twice[2] = {{s, {&bad, 1}, false}, {s, {&bad, 1}, false}};
+  EXPECT_THROW(f.m.forward(twice, f.cache, lg), oscar::Error);
+  ModelWeights w = f.w;
+  w.layers[1].wk.shape = {64, 96};
+  EXPECT_THROW(Model(w, *f.be), oscar::Error);
+}
+
+TEST(Rope, Llama3ScalingMatchesHuggingFace) {
+  // Llama-3.1 scaling (factor 8, low 1, high 4, original 8192), theta 500000,
+  // head_dim 128: the highest frequencies are untouched, the lowest divided by 8.
+  ModelConfig c;
+  c.head_dim = 128;
+  c.rope_theta = 500000.f;
+  c.rope_scaling.type = RopeScaling::Type::kLlama3;
+  c.rope_scaling.factor = 8.f;
+  auto f = rope_inv_freq(c);
+  ASSERT_EQ(f.size(), 64u);
+  EXPECT_FLOAT_EQ(f[0], 1.0f);
+  EXPECT_NEAR(f[63], std::pow(500000.0, -126.0 / 128) / 8, 1e-12);
+  // Index 40: wavelength 2*pi*500000^(80/128) ~ 23.4K > 8192 -> divided by 8.
+  EXPECT_NEAR(f[40], std::pow(500000.0, -80.0 / 128) / 8, 1e-9);
+  // Index 30: wavelength ~ 7.6K, between 2048 and 8192 -> smoothed.
+  const double f30 = std::pow(500000.0, -60.0 / 128), wl = 2 * M_PI / f30;
+  const double smooth = (8192 / wl - 1) / 3;
+  EXPECT_NEAR(f[30], (1 - smooth) * f30 / 8 + smooth * f30, 1e-9);
+}
+
+}  // namespace
+}  // namespace oscar::model
+namespace oscar::model { namespace {
+TEST(ForwardDebug, Err) {
+  Fixture f(tiny_config(Arch::kLlama));
+  auto toks = std::vector<std::vector<int>>{random_tokens(20, f.w.cfg.vocab_size, 3)};
+  RunResult r = run_schedule(f.m, f.cache, toks, {{{0, 20}}});
+  auto ref = ref_forward(f.w, toks[0], std::vector<int>(20, 0));
+  printf("single chunk err %g\n", rel_err(r.logits[0], ref));
+  std::vector<Step> sched(20, Step{{0, 1}});
+  r = run_schedule(f.m, f.cache, toks, sched);
+  ref = ref_forward(f.w, toks[0], r.chunk_start[0]);
+  printf("token by token err %g\n", rel_err(r.logits[0], ref));
+  double mx=0; for (double x: ref) mx=std::max(mx,std::abs(x)); printf("max logit %g\n", mx);
+}
+}}
