@@ -53,6 +53,8 @@ struct Calibrator::Impl {
       throw Error(fmt::format("calibrator: bad shape (layers {}, q heads {}, kv heads {}, head_dim {}); q heads must "
                               "be a multiple of kv heads",
                               nl, nq, nkv, hd));
+    // A group cannot exceed the head: the default 128 becomes d for d = 32/64.
+    if (cfg.quant.group_size > hd) cfg.quant.group_size = hd;
     validate_spec(cfg.quant, hd);
     if (composition_uses_data(cfg.composition) || cfg.composition == Composition::kHadamard) log2_check();
     if (cfg.clip_search && cfg.clip_grid.empty()) throw Error("calibrator: clip search with an empty grid");

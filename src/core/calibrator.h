@@ -44,6 +44,7 @@ struct CalibConfig {
   ValueTarget value_target = ValueTarget::kKeyWeighted;
   Granularity granularity = Granularity::kLayer;
   QuantSpec quant;  // bits / group / scale dtype: clip search and file metadata
+                    // (group_size > d is lowered to d)
   float k_clip = 0.96f, v_clip = 0.92f;
   bool clip_search = false;
   std::vector<float> clip_grid = {0.80f, 0.84f, 0.88f, 0.90f, 0.92f, 0.94f, 0.96f, 0.98f, 1.0f};

@@ -160,4 +160,12 @@ void fake_quantize_rows(const float* x, int64_t n, int d, const QuantSpec& spec,
   }
 }
 
+double cache_bits_per_element(int64_t T, int sink, int recent, int bits, int group_size, ScaleDtype sd) {
+  if (T <= 0) return 16.0;
+  const int64_t window = static_cast<int64_t>(sink) + recent;
+  const double hi = static_cast<double>(std::min(T, window)) * 16.0;
+  const double lo = static_cast<double>(std::max<int64_t>(T - window, 0)) * row_bits_per_element(bits, group_size, sd);
+  return (hi + lo) / static_cast<double>(T);
+}
+
 }  // namespace oscar

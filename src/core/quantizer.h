@@ -80,4 +80,10 @@ void dequantize_row(const uint8_t* codes, const void* params, int d, const Quant
 // (x == out allowed). Used by simulation and error measurements.
 void fake_quantize_rows(const float* x, int64_t n, int d, const QuantSpec& spec, float* out);
 
+// Bits per cached element over a sequence of T tokens (DESIGN §5.4): the first
+// `sink` and the newest `recent` tokens in 16-bit, the rest at
+// row_bits_per_element(bits, group_size, sd). T <= 0 gives 16.
+double cache_bits_per_element(int64_t T, int sink, int recent, int bits, int group_size,
+                              ScaleDtype sd = ScaleDtype::kF16);
+
 }  // namespace oscar

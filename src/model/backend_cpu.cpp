@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "kernels/cpu/attention.h"
+#include "model/ops_attention.h"
 #include "model/ops_gemv.h"
 #include "model/ops_threads.h"
 #include "model/rope.h"
@@ -197,12 +198,17 @@ class CpuBackend : public Backend {
 
   void decode_attention(const kv::PagedKvView& kv, const float* q, int num_q_heads,
                         float sm_scale, float* o) override {
+    if (!kernel_supports_head_dim(kv.head_dim))
+      return decode_attention_generic(kv, q, num_q_heads, sm_scale, o);
     kernels::cpu::decode_attention(kv, q, num_q_heads, sm_scale, o, nullptr);
   }
 
   void prefill_attention(const kv::PagedKvView& kv, int b, int cached_len, const float* q,
                          const float* k_new, const float* v_new, int n, int num_q_heads,
                          float sm_scale, float* o) override {
+    if (!kernel_supports_head_dim(kv.head_dim))
+      return prefill_attention_generic(kv, b, cached_len, q, k_new, v_new, n, num_q_heads,
+                                       sm_scale, o);
     kernels::cpu::prefill_attention(kv, b, cached_len, q, k_new, v_new, n, num_q_heads, sm_scale,
                                     o);
   }

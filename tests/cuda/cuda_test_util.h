@@ -30,7 +30,7 @@ struct DeviceBuffer {
   size_t count = 0;
   DeviceBuffer() = default;
   explicit DeviceBuffer(size_t n) : count(n) {
-    if (n) OSCAR_CUDA_CHECK(cudaMalloc(&ptr, n * sizeof(T)));
+    if (n) OSCAR_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&ptr), n * sizeof(T)));
   }
   explicit DeviceBuffer(const std::vector<T>& h) : DeviceBuffer(h.size()) { upload(h); }
   DeviceBuffer(const DeviceBuffer&) = delete;

@@ -55,7 +55,9 @@ RunResult run_schedule(Model& m, kv::KvCache& cache, const std::vector<std::vect
     m.forward(steps, cache, lg);
     size_t row = 0;
     for (auto [s, n] : st) {
-      for (int i = 0; i < n; ++i) r.chunk_start[s].push_back(done[s]);
+      // A single token goes through the decode kernel, which reads its own
+      // row back from the cache (bf16) too: "cached from position done+1".
+      for (int i = 0; i < n; ++i) r.chunk_start[s].push_back(n == 1 ? done[s] + 1 : done[s]);
       r.logits[s].insert(r.logits[s].end(), lg.begin() + row * V, lg.begin() + (row + n) * V);
       row += n;
       done[s] += n;
@@ -66,7 +68,8 @@ RunResult run_schedule(Model& m, kv::KvCache& cache, const std::vector<std::vect
 }
 
 // max |a - b| over max(1, max |b|): logits are O(1..10), a wrong position/page
-// gives O(1) differences, fp32-vs-fp64 accumulation ~1e-5.
+// gives O(1) differences; measured fp32-vs-fp64 accumulation ~1e-5 (the
+// reference emulates the bf16 cache exactly, up to rare rounding-boundary flips).
 double rel_err(const std::vector<float>& a, const std::vector<double>& b) {
   EXPECT_EQ(a.size(), b.size());
   double mx = 1.0, err = 0.0;
@@ -78,7 +81,7 @@ double rel_err(const std::vector<float>& a, const std::vector<double>& b) {
   return err / mx;
 }
 
-constexpr double kTol = 2e-3;
+constexpr double kTol = 2e-4;
 
 void expect_matches_ref(const ModelWeights& ref_w, const std::vector<std::vector<int>>& toks,
                         const RunResult& r, double tol = kTol) {
@@ -225,7 +228,7 @@ TEST(Forward, ForkedSequencesDivergeCorrectly) {
     lb.insert(lb.end(), lg.begin() + V, lg.begin() + 2 * V);
   }
   std::vector<int> cs(27);
-  for (int i = 0; i < 27; ++i) cs[i] = i < 21 ? 0 : i;
+  for (int i = 0; i < 27; ++i) cs[i] = i < 21 ? 0 : i + 1;
   for (auto [toks, got] : {std::pair{a, la}, std::pair{b, lb}}) {
     auto ref = ref_forward(f.w, toks, cs);
     ref.erase(ref.begin(), ref.begin() + 21 * V);
@@ -272,17 +275,3 @@ TEST(Rope, Llama3ScalingMatchesHuggingFace) {
 
 }  // namespace
 }  // namespace oscar::model
-namespace oscar::model { namespace {
-TEST(ForwardDebug, Err) {
-  Fixture f(tiny_config(Arch::kLlama));
-  auto toks = std::vector<std::vector<int>>{random_tokens(20, f.w.cfg.vocab_size, 3)};
-  RunResult r = run_schedule(f.m, f.cache, toks, {{{0, 20}}});
-  auto ref = ref_forward(f.w, toks[0], std::vector<int>(20, 0));
-  printf("single chunk err %g\n", rel_err(r.logits[0], ref));
-  std::vector<Step> sched(20, Step{{0, 1}});
-  r = run_schedule(f.m, f.cache, toks, sched);
-  ref = ref_forward(f.w, toks[0], r.chunk_start[0]);
-  printf("token by token err %g\n", rel_err(r.logits[0], ref));
-  double mx=0; for (double x: ref) mx=std::max(mx,std::abs(x)); printf("max logit %g\n", mx);
-}
-}}

@@ -3,6 +3,8 @@
 // the key/value of position j seen by the query at position p is rounded to
 // bf16 when j was cached before p's chunk (j < chunk_start[p]) and exact when j
 // is in the same chunk (the prefill kernel reads the chunk's own rows in f32).
+// A decode step (chunk of one token, read back from the cache) is written as
+// chunk_start[p] = p + 1.
 #pragma once
 
 #include <cmath>

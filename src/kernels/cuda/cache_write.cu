@@ -135,6 +135,8 @@ __device__ __forceinline__ void rotate_row(const float* x_sh, const float* R, fl
 #pragma unroll
   for (int i = 0; i < D / 32; ++i) y[i] = R ? 0.0f : x_sh[lane + 32 * i];
   if (!R) return;
+  // Unrolled so that many loads of R are in flight (the loop is latency-bound).
+#pragma unroll 16
   for (int j = 0; j < D; ++j) {
     const float xj = x_sh[j];
 #pragma unroll

@@ -12,11 +12,12 @@
 //   O^T[d][8 heads]     += V^T[d][16 tok] . P^T[16 tok][8 heads]
 // P^T goes from the accumulator layout to the B-operand layout with movmatrix.
 //
-// INT2 middle: codes become fp16 (1 + c/4) with one shift + LOP3 per pair and
-// feed the tensor cores directly; scale and min are folded afterwards
-// (DESIGN §3.5):
-//   q.k_hat = sum_groups  4 s (q . x) + (m - 4 s) sum q           (x = 1 + c/4)
-//   sum_t p v_hat = 4 sum_t (p s) x + sum_t p (m - 4 s)            (per group)
+// INT2 middle: codes become fp16 x = 1 + c/F (F = 16 or 4 by bit position,
+// see CodeWord in mma.cuh) with ~1.5 instructions per pair and feed the tensor
+// cores directly; scale and min are folded afterwards (DESIGN §3.5). With the
+// query pre-multiplied by F (q' = F q):
+//   q.k_hat = sum_groups  s (q'.x - sum q') + m sum q
+//   sum_t p v_hat = F (sum_t (p s) x - sum_t p s) + sum_t p m      (per group)
 // Because a dot product is invariant under a permutation of channels, the
 // query is gathered in the order in which the packed bytes unpack ("virtual
 // channels"); the output is scattered back to real channels at the end.
@@ -82,12 +83,25 @@ __host__ __device__ constexpr int vb_channel(int i, int rp) {
 }
 
 // ---------------------------------------------------------------------------
+// Division by the run-time tiles-per-page without an integer divide
+// (multiply-high by a magic number; exact for 0 <= n < 2^31).
+struct FastDiv {
+  uint32_t d = 1, magic = 0, shift = 0;
+  FastDiv() = default;
+  explicit FastDiv(uint32_t divisor) : d(divisor) {
+    while ((1u << shift) < d) ++shift;
+    magic = static_cast<uint32_t>(((uint64_t(1) << 32) * ((uint64_t(1) << shift) - d)) / d + 1);
+  }
+  __device__ __forceinline__ uint32_t div(uint32_t n) const { return (__umulhi(n, magic) + n) >> shift; }
+};
+
 struct KernelArgs {
   kv::PagedKvView kv;
   const float* q;          // [batch][Hq][D]
   int num_q_heads;
   int gqa;
   float sm_scale_log2;     // sm_scale * log2(e)
+  FastDiv tiles_per_page;  // page_size / 16
   const int4* chunks;      // [num_chunks] {b, region, t0, t1}
   const int32_t* order;    // chunk ids for this launch (blockIdx.x indexes it)
   float* partial_o;        // [num_chunks][Hq][D]
@@ -98,7 +112,8 @@ struct KernelArgs {
 template <int D, int NG>
 struct WarpState {
   float o[D / 16][4];   // O^T accumulators, m-tile i: rows (channels) g, g+8; cols 2r, 2r+1
-  float mterm[NG][2];   // INT2 only: sum_t p (m - 4 s) per group and head column
+  float sp[NG][2];      // INT2 only: sum_t fp16(p s) per group and head column
+  float pm[NG][2];      // INT2 only: sum_t p m
   float m[2];           // running max (log2 domain)
   float l[2];           // this lane's partial row sum
 };
@@ -110,7 +125,7 @@ __device__ __forceinline__ void state_init(WarpState<D, NG>& st) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) st.o[i][e] = 0.0f;
 #pragma unroll
-  for (int gm = 0; gm < NG; ++gm) st.mterm[gm][0] = st.mterm[gm][1] = 0.0f;
+  for (int gm = 0; gm < NG; ++gm) st.sp[gm][0] = st.sp[gm][1] = st.pm[gm][0] = st.pm[gm][1] = 0.0f;
   st.m[0] = st.m[1] = -INFINITY;
   st.l[0] = st.l[1] = 0.0f;
 }
@@ -140,8 +155,10 @@ __device__ __forceinline__ void softmax_step(WarpState<D, NG>& st, float (&s)[4]
     }
 #pragma unroll
     for (int gm = 0; gm < NG; ++gm) {
-      st.mterm[gm][0] *= sc0;
-      st.mterm[gm][1] *= sc1;
+      st.sp[gm][0] *= sc0;
+      st.sp[gm][1] *= sc1;
+      st.pm[gm][0] *= sc0;
+      st.pm[gm][1] *= sc1;
     }
     st.l[0] *= sc0;
     st.l[1] *= sc1;
@@ -161,17 +178,21 @@ __device__ __forceinline__ void softmax_step(WarpState<D, NG>& st, float (&s)[4]
 }
 
 // Page and slot of region-relative tile t (tiles never cross pages since the
-// page size is a multiple of 16 and regions start at slot 0).
+// page size is a multiple of 16 and regions start at slot 0). The page id is
+// looked up separately (page_of) so that loops can fetch it one step early.
 struct TileLoc {
   int64_t row0;  // quant_row_index / bf16 row of the tile's first token, head h
   int valid;     // tokens of the tile inside the region (1..16)
 };
-__device__ __forceinline__ TileLoc tile_loc(const int32_t* pages, int len, int page_size,
+__device__ __forceinline__ int32_t page_of(const int32_t* pages, const FastDiv& tpp, int t) {
+  return __ldg(pages + tpp.div(static_cast<uint32_t>(t)));
+}
+__device__ __forceinline__ TileLoc tile_loc(int32_t page, const FastDiv& tpp, int len, int page_size,
                                             int num_kv_heads, int h, int t) {
   const int ts = t * kTileTokens;
-  const int32_t page = __ldg(pages + ts / page_size);
+  const int slot0 = (t - static_cast<int>(tpp.div(static_cast<uint32_t>(t)) * tpp.d)) * kTileTokens;
   TileLoc loc;
-  loc.row0 = (int64_t(page) * num_kv_heads + h) * page_size + ts % page_size;
+  loc.row0 = (int64_t(page) * num_kv_heads + h) * page_size + slot0;
   loc.valid = min(kTileTokens, len - ts);
   return loc;
 }
@@ -191,10 +212,10 @@ struct QuantTile {
 
 template <int D, int G>
 __device__ __forceinline__ void load_quant_tile(QuantTile<D, G>& T, const kv::PagedKvView& kv,
-                                                const int32_t* pages, int len, int h, int t,
-                                                int g, int r) {
+                                                int32_t page, const FastDiv& tpp, int len, int h,
+                                                int t, int g, int r) {
   constexpr int NG = D / G, RB = D / 4;  // RB: code bytes per row
-  const TileLoc loc = tile_loc(pages, len, kv.page_size, kv.num_kv_heads, h, t);
+  const TileLoc loc = tile_loc(page, tpp, len, kv.page_size, kv.num_kv_heads, h, t);
   T.valid = loc.valid;
   const uint8_t* kc = kv.quant.k_codes + loc.row0 * RB;
   const uint8_t* vc = kv.quant.v_codes + loc.row0 * RB;
@@ -240,10 +261,17 @@ __device__ __forceinline__ void load_quant_tile(QuantTile<D, G>& T, const kv::Pa
 template <int D, int G>
 struct QuantQuery {
   static constexpr int NG = D / G;
-  uint32_t qf[D / 16][2];  // B fragments (fp16x2), virtual channel order
-  float qsum[NG][2];       // sum of the fp16 query over each group, head columns 2r, 2r+1
+  uint32_t qf[D / 16][2];  // B fragments (fp16x2) of q' = F q, virtual channel order
+  float qsum[NG][2];       // sum over each group of the fp16 query, head columns 2r, 2r+1
+  float qsump[NG][2];      // the same for q'
   float f[2];              // logit factor (amax * sm_scale * log2 e), head columns 2r, 2r+1
 };
+
+// Code factor F of k-tile jl of a group at fragment half `half` (kpos / 8).
+template <int G>
+__host__ __device__ constexpr float k_code_factor(int jl, int half) {
+  return G >= 64 ? code_factor(jl % 4) : code_factor(2 * jl + half);
+}
 
 template <int D, int G>
 __device__ __forceinline__ void load_quant_query(QuantQuery<D, G>& Q, const float* qrow,
@@ -261,59 +289,75 @@ __device__ __forceinline__ void load_quant_query(QuantQuery<D, G>& Q, const floa
     }
   amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
   amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-  // Normalizing by max|q| keeps fp16 far from overflow; the factor returns
-  // in f. (A zero query gives zero logits either way.)
+  // Normalizing by max|q| keeps fp16 far from overflow (|q'| <= 16); the
+  // factor returns in f. (A zero query gives zero logits either way.)
   const float inv = amax > 0.0f ? 1.0f / amax : 0.0f;
-  float part[NG];
+  float part[NG], partp[NG];
 #pragma unroll
-  for (int gm = 0; gm < NG; ++gm) part[gm] = 0.0f;
+  for (int gm = 0; gm < NG; ++gm) part[gm] = partp[gm] = 0.0f;
 #pragma unroll
   for (int j = 0; j < D / 16; ++j) {
-    Q.qf[j][0] = pack_half2(v[j][0] * inv, v[j][1] * inv);
-    Q.qf[j][1] = pack_half2(v[j][2] * inv, v[j][3] * inv);
-    // The sums use the rounded values so that the folded offset cancels exactly.
-    part[j / KTG] += half_lo(Q.qf[j][0]) + half_hi(Q.qf[j][0]) + half_lo(Q.qf[j][1]) +
-                     half_hi(Q.qf[j][1]);
+    const float f0 = k_code_factor<G>(j % KTG, 0), f1 = k_code_factor<G>(j % KTG, 1);
+    Q.qf[j][0] = pack_half2(v[j][0] * inv * f0, v[j][1] * inv * f0);
+    Q.qf[j][1] = pack_half2(v[j][2] * inv * f1, v[j][3] * inv * f1);
+    // The sums use the rounded values so that the folded offset cancels exactly
+    // (scaling by a power of two commutes with the rounding).
+    const float s0 = half_lo(Q.qf[j][0]) + half_hi(Q.qf[j][0]);
+    const float s1 = half_lo(Q.qf[j][1]) + half_hi(Q.qf[j][1]);
+    partp[j / KTG] += s0 + s1;
+    part[j / KTG] += s0 / f0 + s1 / f1;
   }
   const float fh = amax * sm_scale_log2;
 #pragma unroll
   for (int gm = 0; gm < NG; ++gm) {
-    part[gm] += __shfl_xor_sync(0xffffffffu, part[gm], 1);
-    part[gm] += __shfl_xor_sync(0xffffffffu, part[gm], 2);
+#pragma unroll
+    for (int o = 1; o <= 2; o <<= 1) {
+      part[gm] += __shfl_xor_sync(0xffffffffu, part[gm], o);
+      partp[gm] += __shfl_xor_sync(0xffffffffu, partp[gm], o);
+    }
     // Lane (g, r) now holds head g's sums; lane needs heads 2r and 2r+1.
     Q.qsum[gm][0] = __shfl_sync(0xffffffffu, part[gm], (2 * r) * 4);
     Q.qsum[gm][1] = __shfl_sync(0xffffffffu, part[gm], (2 * r + 1) * 4);
+    Q.qsump[gm][0] = __shfl_sync(0xffffffffu, partp[gm], (2 * r) * 4);
+    Q.qsump[gm][1] = __shfl_sync(0xffffffffu, partp[gm], (2 * r + 1) * 4);
   }
   Q.f[0] = __shfl_sync(0xffffffffu, fh, (2 * r) * 4);
   Q.f[1] = __shfl_sync(0xffffffffu, fh, (2 * r + 1) * 4);
+}
+
+// Code factor F of INT2 V m-tile i of a group at row half `half` (rp / 8).
+template <int G>
+__host__ __device__ constexpr float v_code_factor(int i, int half) {
+  return G == 128 ? code_factor(i % 4) : G == 64 ? code_factor(i) : code_factor(2 * i + half);
 }
 
 template <int D, int G>
 __device__ __forceinline__ void compute_quant_tile(WarpState<D, D / G>& st, const QuantTile<D, G>& T,
                                                    const QuantQuery<D, G>& Q, int g) {
   constexpr int NG = D / G, KTG = G / 16;
-  // --- logits: S^T = K Q^T, one accumulator per group (scales differ per group)
+  // --- logits: S^T = K Q'^T, one accumulator per group (scales differ per group)
   float sacc[NG][4];
 #pragma unroll
   for (int gm = 0; gm < NG; ++gm) {
     sacc[gm][0] = sacc[gm][1] = sacc[gm][2] = sacc[gm][3] = 0.0f;
+    if constexpr (G >= 64) {
 #pragma unroll
-    for (int jl = 0; jl < KTG; ++jl) {
-      uint32_t a0, a1, a2, a3;
-      if constexpr (G >= 64) {
-        const int wi = jl / 4, s = jl % 4;
-        a0 = lo_pair(T.kw[0][gm][wi], s);
-        a1 = lo_pair(T.kw[1][gm][wi], s);
-        a2 = hi_pair(T.kw[0][gm][wi], s);
-        a3 = hi_pair(T.kw[1][gm][wi], s);
-      } else {
-        a0 = lo_pair(T.kw[0][gm][0], 2 * jl);
-        a1 = lo_pair(T.kw[1][gm][0], 2 * jl);
-        a2 = lo_pair(T.kw[0][gm][0], 2 * jl + 1);
-        a3 = lo_pair(T.kw[1][gm][0], 2 * jl + 1);
+      for (int wi = 0; wi < G / 64; ++wi) {
+        const CodeWord w0(T.kw[0][gm][wi]), w1(T.kw[1][gm][wi]);
+#pragma unroll
+        for (int s = 0; s < 4; ++s) {
+          const int j = gm * KTG + wi * 4 + s;
+          mma_f16(sacc[gm], w0.lo(s), w1.lo(s), w0.hi(s), w1.hi(s), Q.qf[j][0], Q.qf[j][1]);
+        }
       }
-      const int j = gm * KTG + jl;
-      mma_f16(sacc[gm], a0, a1, a2, a3, Q.qf[j][0], Q.qf[j][1]);
+    } else {
+      const CodeWord w0(T.kw[0][gm][0]), w1(T.kw[1][gm][0]);
+#pragma unroll
+      for (int jl = 0; jl < 2; ++jl) {
+        const int j = gm * KTG + jl;
+        mma_f16(sacc[gm], w0.lo(2 * jl), w1.lo(2 * jl), w0.lo(2 * jl + 1), w1.lo(2 * jl + 1),
+                Q.qf[j][0], Q.qf[j][1]);
+      }
     }
   }
   float s[4];
@@ -325,8 +369,8 @@ __device__ __forceinline__ void compute_quant_tile(WarpState<D, D / G>& st, cons
 #pragma unroll
     for (int gm = 0; gm < NG; ++gm) {
       const float ks = half_lo(T.kp[tt][gm]), km = half_hi(T.kp[tt][gm]);
-      acc0 += 4.0f * ks * sacc[gm][2 * tt] + (km - 4.0f * ks) * Q.qsum[gm][0];
-      acc1 += 4.0f * ks * sacc[gm][2 * tt + 1] + (km - 4.0f * ks) * Q.qsum[gm][1];
+      acc0 += ks * (sacc[gm][2 * tt] - Q.qsump[gm][0]) + km * Q.qsum[gm][0];
+      acc1 += ks * (sacc[gm][2 * tt + 1] - Q.qsump[gm][1]) + km * Q.qsum[gm][1];
       // Padding slots of a partial page may hold anything (even NaN): zero
       // their value params so p = 0 cannot meet a NaN.
       vs[tt][gm] = ok ? half_lo(T.vp[tt][gm]) : 0.0f;
@@ -336,41 +380,36 @@ __device__ __forceinline__ void compute_quant_tile(WarpState<D, D / G>& st, cons
     s[2 * tt + 1] = ok ? acc1 * Q.f[1] : -INFINITY;
   }
   softmax_step(st, s);
-  // --- values: O^T += V^T (p s)^T per group, plus the folded min term
+  // --- values: O^T += V^T (p s)^T per group; sums of p s and p m for the fold
 #pragma unroll
   for (int gm = 0; gm < NG; ++gm) {
     const uint32_t h01 = pack_half2(s[0] * vs[0][gm], s[1] * vs[0][gm]);  // token g
     const uint32_t h23 = pack_half2(s[2] * vs[1][gm], s[3] * vs[1][gm]);  // token g+8
-    st.mterm[gm][0] += s[0] * vm[0][gm] + s[2] * vm[1][gm] - 4.0f * (half_lo(h01) + half_lo(h23));
-    st.mterm[gm][1] += s[1] * vm[0][gm] + s[3] * vm[1][gm] - 4.0f * (half_hi(h01) + half_hi(h23));
+    st.sp[gm][0] += half_lo(h01) + half_lo(h23);
+    st.sp[gm][1] += half_hi(h01) + half_hi(h23);
+    st.pm[gm][0] += s[0] * vm[0][gm] + s[2] * vm[1][gm];
+    st.pm[gm][1] += s[1] * vm[0][gm] + s[3] * vm[1][gm];
     const uint32_t b0 = transpose8x8(h01), b1 = transpose8x8(h23);
     if constexpr (G == 128) {
-      uint32_t X[2][2];
 #pragma unroll
-      for (int p = 0; p < 2; ++p) {
-        X[p][0] = prmt(T.vw[2 * p][gm], T.vw[2 * p + 1][gm], 0x5410u);
-        X[p][1] = prmt(T.vw[2 * p][gm], T.vw[2 * p + 1][gm], 0x7632u);
-      }
+      for (int xi = 0; xi < 2; ++xi) {
+        const uint32_t sel = xi ? 0x7632u : 0x5410u;
+        const CodeWord x0(prmt(T.vw[0][gm], T.vw[1][gm], sel)), x1(prmt(T.vw[2][gm], T.vw[3][gm], sel));
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const int xi = i / 4, sh = i % 4;
-        mma_f16(st.o[gm * 8 + i], lo_pair(X[0][xi], sh), hi_pair(X[0][xi], sh),
-                lo_pair(X[1][xi], sh), hi_pair(X[1][xi], sh), b0, b1);
+        for (int sh = 0; sh < 4; ++sh)
+          mma_f16(st.o[gm * 8 + xi * 4 + sh], x0.lo(sh), x0.hi(sh), x1.lo(sh), x1.hi(sh), b0, b1);
       }
     } else if constexpr (G == 64) {
-      const uint32_t X0 = prmt(T.vw[0][gm], T.vw[1][gm], 0x5410u);
-      const uint32_t X1 = prmt(T.vw[2][gm], T.vw[3][gm], 0x5410u);
+      const CodeWord x0(prmt(T.vw[0][gm], T.vw[1][gm], 0x5410u)), x1(prmt(T.vw[2][gm], T.vw[3][gm], 0x5410u));
 #pragma unroll
       for (int i = 0; i < 4; ++i)
-        mma_f16(st.o[gm * 4 + i], lo_pair(X0, i), hi_pair(X0, i), lo_pair(X1, i), hi_pair(X1, i),
-                b0, b1);
+        mma_f16(st.o[gm * 4 + i], x0.lo(i), x0.hi(i), x1.lo(i), x1.hi(i), b0, b1);
     } else {
-      const uint32_t X0 = prmt(T.vw[0][gm], T.vw[1][gm], 0x4400u);
-      const uint32_t X1 = prmt(T.vw[2][gm], T.vw[3][gm], 0x4400u);
+      // 1-byte loads: the upper bytes are zero, so 0x5410 gives [t0.b0, 0, t1.b0, 0].
+      const CodeWord x0(prmt(T.vw[0][gm], T.vw[1][gm], 0x5410u)), x1(prmt(T.vw[2][gm], T.vw[3][gm], 0x5410u));
 #pragma unroll
       for (int i = 0; i < 2; ++i)
-        mma_f16(st.o[gm * 2 + i], lo_pair(X0, 2 * i), lo_pair(X0, 2 * i + 1), lo_pair(X1, 2 * i),
-                lo_pair(X1, 2 * i + 1), b0, b1);
+        mma_f16(st.o[gm * 2 + i], x0.lo(2 * i), x0.lo(2 * i + 1), x1.lo(2 * i), x1.lo(2 * i + 1), b0, b1);
     }
   }
 }
@@ -386,9 +425,10 @@ struct Bf16Tile {
 
 template <int D>
 __device__ __forceinline__ void load_bf16_tile(Bf16Tile<D>& T, const kv::PagedKvView& kv,
-                                               const int32_t* pages, int len, int h, int t, int g,
-                                               int r) {
-  const TileLoc loc = tile_loc(pages, len, kv.page_size, kv.num_kv_heads, h, t);
+                                               const int32_t* pages, const FastDiv& tpp, int len,
+                                               int h, int t, int g, int r) {
+  const TileLoc loc =
+      tile_loc(page_of(pages, tpp, t), tpp, len, kv.page_size, kv.num_kv_heads, h, t);
   T.valid = loc.valid;
   const uint16_t* kb = kv.bf16.k + loc.row0 * D;
   const uint16_t* vb = kv.bf16.v + loc.row0 * D;
@@ -478,7 +518,8 @@ __device__ __forceinline__ void compute_bf16_tile(WarpState<D, NG>& st, const Bf
 // The split kernel. kQuant: this launch handles middle (INT2) chunks; else
 // BF16 chunks (sink / recent).
 template <int D, int G, bool kQuant>
-__global__ void __launch_bounds__(kThreads) decode_split_kernel(const KernelArgs a) {
+__global__ void __launch_bounds__(kThreads, (D <= 128 && G == 128) ? 4 : 1)
+    decode_split_kernel(const KernelArgs a) {
   constexpr int NG = kQuant ? D / G : 1;
   __shared__ float s_o[kWarps][kMaxGqa][D];
   __shared__ float s_m[kWarps][kMaxGqa];
@@ -504,18 +545,25 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(const KernelArgs
     const int len = R.len[b];
     QuantQuery<D, G> Q;
     load_quant_query(Q, qrow, head_ok, a.sm_scale_log2, g, r);
-    constexpr int TPI = kQuantTilesPerIter;
+    constexpr int TPI = kQuantTilesPerIter, kStep = kWarps * TPI;
+    const FastDiv& tpp = a.tiles_per_page;
     // Warp w takes tile groups w, w + kWarps, ... of TPI consecutive tiles.
+    // Pipeline: page ids two groups ahead, tile data one group ahead.
     int t = t0 + warp * TPI;
     QuantTile<D, G> cur[TPI], nxt[TPI];
+    int32_t pg[TPI];
 #pragma unroll
     for (int u = 0; u < TPI; ++u)
-      if (t + u < t1) load_quant_tile(cur[u], kv, pages, len, h, t + u, g, r);
-    for (; t < t1; t += kWarps * TPI) {
-      const int tn = t + kWarps * TPI;
+      if (t + u < t1) load_quant_tile(cur[u], kv, page_of(pages, tpp, t + u), tpp, len, h, t + u, g, r);
+#pragma unroll
+    for (int u = 0; u < TPI; ++u) pg[u] = t + kStep + u < t1 ? page_of(pages, tpp, t + kStep + u) : 0;
+    for (; t < t1; t += kStep) {
+      const int tn = t + kStep;
 #pragma unroll
       for (int u = 0; u < TPI; ++u)
-        if (tn + u < t1) load_quant_tile(nxt[u], kv, pages, len, h, tn + u, g, r);
+        if (tn + u < t1) load_quant_tile(nxt[u], kv, pg[u], tpp, len, h, tn + u, g, r);
+#pragma unroll
+      for (int u = 0; u < TPI; ++u) pg[u] = tn + kStep + u < t1 ? page_of(pages, tpp, tn + kStep + u) : 0;
 #pragma unroll
       for (int u = 0; u < TPI; ++u)
         if (t + u < t1) compute_quant_tile(st, cur[u], Q, g);
@@ -530,7 +578,7 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(const KernelArgs
     load_bf16_query(Q, qrow, head_ok, a.sm_scale_log2, g, r);
     for (int t = t0 + warp; t < t1; t += kWarps) {
       Bf16Tile<D> T;
-      load_bf16_tile(T, kv, pages, len, h, t, g, r);
+      load_bf16_tile(T, kv, pages, a.tiles_per_page, len, h, t, g, r);
       compute_bf16_tile(st, T, Q, g);
     }
   }
@@ -542,11 +590,12 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(const KernelArgs
     st.l[k] += __shfl_xor_sync(0xffffffffu, st.l[k], 8);
     st.l[k] += __shfl_xor_sync(0xffffffffu, st.l[k], 16);
 #pragma unroll
-    for (int gm = 0; gm < NG; ++gm) {
-      st.mterm[gm][k] += __shfl_xor_sync(0xffffffffu, st.mterm[gm][k], 4);
-      st.mterm[gm][k] += __shfl_xor_sync(0xffffffffu, st.mterm[gm][k], 8);
-      st.mterm[gm][k] += __shfl_xor_sync(0xffffffffu, st.mterm[gm][k], 16);
-    }
+    for (int gm = 0; gm < NG; ++gm)
+#pragma unroll
+      for (int o = 4; o <= 16; o <<= 1) {
+        st.sp[gm][k] += __shfl_xor_sync(0xffffffffu, st.sp[gm][k], o);
+        st.pm[gm][k] += __shfl_xor_sync(0xffffffffu, st.pm[gm][k], o);
+      }
   }
 #pragma unroll
   for (int i = 0; i < D / 16; ++i)
@@ -557,8 +606,9 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(const KernelArgs
       float val;
       if constexpr (kQuant) {
         constexpr int MTG = G / 16;
-        ch = vq_channel(G, i / MTG, i % MTG, rp);
-        val = 4.0f * st.o[i][e] + st.mterm[i / MTG][e & 1];
+        const int gm = i / MTG;
+        ch = vq_channel(G, gm, i % MTG, rp);
+        val = (st.o[i][e] - st.sp[gm][e & 1]) * v_code_factor<G>(i % MTG, rp >> 3) + st.pm[gm][e & 1];
       } else {
         ch = vb_channel(i, rp);
         val = st.o[i][e];
@@ -698,6 +748,7 @@ cudaError_t launch(const DecodeParams& p, const DecodePlan& plan, const DecodeWo
   a.num_q_heads = p.num_q_heads;
   a.gqa = p.num_q_heads / p.kv.num_kv_heads;
   a.sm_scale_log2 = p.sm_scale * kLog2e;
+  a.tiles_per_page = FastDiv(static_cast<uint32_t>(p.kv.page_size / kTileTokens));
   a.chunks = reinterpret_cast<const int4*>(ws.chunks);
   a.partial_o = ws.partial_o;
   a.partial_lse = ws.partial_lse;

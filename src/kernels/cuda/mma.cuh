@@ -45,18 +45,28 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
   return __byte_perm(a, b, sel);
 }
 
-// INT2 code -> fp16 without a conversion instruction: placing code c in the two
-// top mantissa bits of 1.0 (0x3C00) gives exactly 1 + c/4. One shift and one
-// LOP3 turn two codes into an f16x2 operand. The kernels fold the affine
-// offset back: sum q*(1 + c/4) = sum q + (q.c)/4.
-// lo_pair: codes at bits [2s, 2s+1] of bytes 0 and 2 of w.
-__device__ __forceinline__ uint32_t lo_pair(uint32_t w, int s) {
-  return ((w << (8 - 2 * s)) & 0x03000300u) | 0x3C003C00u;
-}
-// hi_pair: codes at bits [2s, 2s+1] of bytes 1 and 3 of w.
-__device__ __forceinline__ uint32_t hi_pair(uint32_t w, int s) {
-  return ((w >> (2 * s)) & 0x03000300u) | 0x3C003C00u;
-}
+// INT2 code -> fp16 without a conversion instruction: OR-ing a code c into
+// mantissa bits [6,7] or [8,9] of 1.0 (0x3C00) gives exactly 1 + c/16 or
+// 1 + c/4. A packed word holds four codes per byte at bits 2s (s = 0..3);
+// four shifted copies of the word (<<6, <<2 for bytes 0/2; >>2, >>6 for
+// bytes 1/3) put every code at bits 6-7 (s even) or 8-9 (s odd), so each
+// f16x2 operand then costs one LOP3. The kernels fold the affine map back:
+// sum q*(1 + c*F^-1) = sum q + (q.c)/F with F = 16 (s even) or 4 (s odd);
+// the query is pre-multiplied by F so that its products with c are plain.
+struct CodeWord {
+  uint32_t l6, l2, r2, r6;  // w << 6, w << 2, w >> 2, w >> 6
+  __device__ __forceinline__ explicit CodeWord(uint32_t w) : l6(w << 6), l2(w << 2), r2(w >> 2), r6(w >> 6) {}
+  // Codes of bytes 0 and 2 at shift s, as f16x2 (1 + c / code_factor(s)).
+  __device__ __forceinline__ uint32_t lo(int s) const {
+    return ((s < 2 ? l6 : l2) & (s & 1 ? 0x03000300u : 0x00C000C0u)) | 0x3C003C00u;
+  }
+  // Codes of bytes 1 and 3 at shift s.
+  __device__ __forceinline__ uint32_t hi(int s) const {
+    return ((s < 2 ? r2 : r6) & (s & 1 ? 0x03000300u : 0x00C000C0u)) | 0x3C003C00u;
+  }
+};
+// F for codes at shift s: the unpacked value is 1 + c / F.
+__host__ __device__ constexpr float code_factor(int s) { return (s & 1) ? 4.0f : 16.0f; }
 
 __device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
   const __half2 h = __floats2half2_rn(lo, hi);

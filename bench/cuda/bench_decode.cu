@@ -1,0 +1,332 @@
+// Decode-attention benchmark on Qwen3-8B attention shapes (32 query heads,
+// 8 KV heads, d = 128, page 64): the INT2 three-region kernel (sink 64 BF16 +
+// INT2 middle + recent 256 BF16, group 128, fp16 params) vs our BF16 paged
+// kernel of the same design, per layer, DESIGN §7 reporting: time, bytes, GB/s,
+// % of the copy bandwidth measured in the same run, floor = bytes / copy BW.
+// Also times the per-step cache write (one token per sequence into the recent
+// BF16 window, rotated) and the page demotion (one page per sequence every
+// `page` steps) against the decode step.
+//
+//   bench_decode [--quick] [--csv FILE] [--iters N] [--only BATCH,CTX]
+// L2 is flushed (256 MB memset) before every timed launch; median of N.
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/cache_write.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/decode_attention.h"
+
+using namespace oscar;
+using namespace oscar::kernels::cuda;
+
+namespace {
+
+constexpr int kHq = 32, kHkv = 8, kD = 128, kPage = 64, kGroup = 128, kSink = 64, kRecent = 256;
+
+__device__ __forceinline__ uint32_t hash32(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdULL;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ULL;
+  x ^= x >> 33;
+  return static_cast<uint32_t>(x);
+}
+__device__ __forceinline__ float unit(uint64_t i, uint32_t seed) {  // [-1, 1)
+  return (hash32(i * 0x9E3779B97F4A7C15ULL + seed) >> 8) * (2.0f / 16777216.0f) - 1.0f;
+}
+__global__ void fill_bf16(uint16_t* p, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    p[i] = static_cast<uint16_t>(__float_as_uint(1.7f * unit(i, seed)) >> 16);
+}
+__global__ void fill_bytes(uint32_t* p, size_t n_words, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n_words; i += size_t(gridDim.x) * blockDim.x)
+    p[i] = hash32(i + (uint64_t(seed) << 40));
+}
+// (scale, min) pairs: scale in [0.4, 0.8], min = -1.5 scale.
+__global__ void fill_params(uint32_t* p, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const float s = 0.6f + 0.2f * unit(i, seed);
+    const __half hs = __float2half(s), hm = __float2half(-1.5f * s);
+    p[i] = uint32_t(__half_as_ushort(hs)) | (uint32_t(__half_as_ushort(hm)) << 16);
+  }
+}
+__global__ void fill_f32(float* p, size_t n, uint32_t seed, float scale) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    p[i] = scale * unit(i, seed);
+}
+
+template <typename T>
+T* dalloc(size_t n) {
+  T* p = nullptr;
+  OSCAR_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)));
+  return p;
+}
+
+struct Timer {
+  cudaEvent_t a, b;
+  void* flush;
+  size_t flush_bytes = size_t(256) << 20;
+  Timer() {
+    OSCAR_CUDA_CHECK(cudaEventCreate(&a));
+    OSCAR_CUDA_CHECK(cudaEventCreate(&b));
+    OSCAR_CUDA_CHECK(cudaMalloc(&flush, flush_bytes));
+  }
+  // Median time (ms) of fn() over iters, L2 flushed before each.
+  template <typename F>
+  double median_ms(F&& fn, int iters, int warmup = 2) {
+    for (int i = 0; i < warmup; ++i) fn();
+    std::vector<float> t;
+    for (int i = 0; i < iters; ++i) {
+      OSCAR_CUDA_CHECK(cudaMemsetAsync(flush, i & 0xff, flush_bytes));
+      OSCAR_CUDA_CHECK(cudaEventRecord(a));
+      fn();
+      OSCAR_CUDA_CHECK(cudaEventRecord(b));
+      OSCAR_CUDA_CHECK(cudaEventSynchronize(b));
+      float ms = 0;
+      OSCAR_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+      t.push_back(ms);
+    }
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+  }
+};
+
+unsigned grid_for(size_t n) { return static_cast<unsigned>(std::min<size_t>((n + 255) / 256, 132 * 64)); }
+
+// One layer's cache for `batch` sequences of `ctx` tokens. int2: three
+// regions; else every token in one BF16 region (the baseline).
+struct BenchCache {
+  bool int2;
+  int batch, ctx;
+  std::vector<int32_t> h_len[3];
+  int32_t *indptr[3] = {}, *indices[3] = {}, *len[3] = {};
+  uint16_t *bk = nullptr, *bv = nullptr, *kp = nullptr, *vp = nullptr;
+  uint8_t *kc = nullptr, *vc = nullptr;
+  kv::PagedKvView view;
+  double kv_bytes = 0;  // bytes of K/V (codes, params, BF16 rows) the step must read
+  int n_bf16_pages = 0;
+
+  BenchCache(bool int2_, int batch_, int ctx_, std::mt19937& rng) : int2(int2_), batch(batch_), ctx(ctx_) {
+    const int lens[3] = {int2 ? std::min(ctx, kSink) : ctx, int2 ? std::max(ctx - kSink - kRecent, 0) : 0,
+                         int2 ? std::min(std::max(ctx - kSink, 0), kRecent) : 0};
+    std::vector<int32_t> h_indptr[3], h_indices[3];
+    int next[2] = {0, 0};
+    for (int r = 0; r < 3; ++r) h_indptr[r].push_back(0);
+    for (int b = 0; b < batch; ++b)
+      for (int r = 0; r < 3; ++r) {
+        h_len[r].push_back(lens[r]);
+        const int np = (lens[r] + kPage - 1) / kPage;
+        for (int p = 0; p < np; ++p) h_indices[r].push_back(next[r == 1]++);
+        h_indptr[r].push_back(static_cast<int32_t>(h_indices[r].size()));
+      }
+    // Shuffle page ids inside each pool: pages of a sequence are not contiguous.
+    std::vector<int32_t> perm_b(next[0]), perm_q(next[1]);
+    std::iota(perm_b.begin(), perm_b.end(), 0);
+    std::iota(perm_q.begin(), perm_q.end(), 0);
+    std::shuffle(perm_b.begin(), perm_b.end(), rng);
+    std::shuffle(perm_q.begin(), perm_q.end(), rng);
+    for (int r = 0; r < 3; ++r)
+      for (auto& id : h_indices[r]) id = (r == 1 ? perm_q : perm_b)[id];
+    n_bf16_pages = next[0];
+    const size_t bf16_elems = size_t(next[0]) * kHkv * kPage * kD;
+    const size_t qrows = size_t(next[1]) * kHkv * kPage;
+    bk = dalloc<uint16_t>(bf16_elems);
+    bv = dalloc<uint16_t>(bf16_elems);
+    fill_bf16<<<grid_for(bf16_elems), 256>>>(bk, bf16_elems, 1);
+    fill_bf16<<<grid_for(bf16_elems), 256>>>(bv, bf16_elems, 2);
+    if (qrows) {
+      kc = dalloc<uint8_t>(qrows * kD / 4);
+      vc = dalloc<uint8_t>(qrows * kD / 4);
+      kp = dalloc<uint16_t>(qrows * 2 * (kD / kGroup));
+      vp = dalloc<uint16_t>(qrows * 2 * (kD / kGroup));
+      fill_bytes<<<grid_for(qrows * kD / 16), 256>>>(reinterpret_cast<uint32_t*>(kc), qrows * kD / 16, 3);
+      fill_bytes<<<grid_for(qrows * kD / 16), 256>>>(reinterpret_cast<uint32_t*>(vc), qrows * kD / 16, 4);
+      fill_params<<<grid_for(qrows * (kD / kGroup)), 256>>>(reinterpret_cast<uint32_t*>(kp), qrows * (kD / kGroup), 5);
+      fill_params<<<grid_for(qrows * (kD / kGroup)), 256>>>(reinterpret_cast<uint32_t*>(vp), qrows * (kD / kGroup), 6);
+    }
+    OSCAR_CUDA_CHECK(cudaGetLastError());
+    for (int r = 0; r < 3; ++r) {
+      indptr[r] = dalloc<int32_t>(h_indptr[r].size());
+      indices[r] = dalloc<int32_t>(h_indices[r].size());
+      len[r] = dalloc<int32_t>(h_len[r].size());
+      OSCAR_CUDA_CHECK(cudaMemcpy(indptr[r], h_indptr[r].data(), 4 * h_indptr[r].size(), cudaMemcpyHostToDevice));
+      if (!h_indices[r].empty())
+        OSCAR_CUDA_CHECK(cudaMemcpy(indices[r], h_indices[r].data(), 4 * h_indices[r].size(), cudaMemcpyHostToDevice));
+      OSCAR_CUDA_CHECK(cudaMemcpy(len[r], h_len[r].data(), 4 * h_len[r].size(), cudaMemcpyHostToDevice));
+    }
+    view.batch = batch;
+    view.num_kv_heads = kHkv;
+    view.head_dim = kD;
+    view.page_size = kPage;
+    view.bits = 2;
+    view.group_size = kGroup;
+    view.bf16 = {bk, bv};
+    view.quant = {kc, vc, kp, vp};
+    view.sink = {indptr[0], indices[0], len[0]};
+    view.mid = {indptr[1], indices[1], len[1]};
+    view.recent = {indptr[2], indices[2], len[2]};
+    const double bf16_tokens = double(batch) * (lens[0] + lens[2]);
+    const double q_tokens = double(batch) * lens[1];
+    kv_bytes = bf16_tokens * kHkv * kD * 2 * 2 + q_tokens * kHkv * (kD / 4 + 4 * (kD / kGroup)) * 2;
+  }
+  ~BenchCache() {
+    for (void* p : {(void*)bk, (void*)bv, (void*)kc, (void*)vc, (void*)kp, (void*)vp}) cudaFree(p);
+    for (int r = 0; r < 3; ++r) {
+      cudaFree(indptr[r]);
+      cudaFree(indices[r]);
+      cudaFree(len[r]);
+    }
+  }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool quick = false;
+  int iters = 15;
+  const char* csv_path = nullptr;
+  int only_b = 0, only_ctx = 0;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--only") && i + 1 < argc) std::sscanf(argv[++i], "%d,%d", &only_b, &only_ctx);
+    if (!std::strcmp(argv[i], "--quick")) quick = true;
+    else if (!std::strcmp(argv[i], "--csv") && i + 1 < argc) csv_path = argv[++i];
+    else if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::atoi(argv[++i]);
+  }
+  cudaDeviceProp prop;
+  OSCAR_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s, %d SMs, L2 %d MB, %.1f GB\n", prop.name, prop.multiProcessorCount,
+              prop.l2CacheSize >> 20, prop.totalGlobalMem / 1e9);
+  Timer timer;
+
+  // Copy bandwidth: device-to-device memcpy of 2 GiB, bytes read + written.
+  double copy_gbs = 0;
+  {
+    const size_t n = size_t(2) << 30;
+    void *src = nullptr, *dst = nullptr;
+    OSCAR_CUDA_CHECK(cudaMalloc(&src, n));
+    OSCAR_CUDA_CHECK(cudaMalloc(&dst, n));
+    OSCAR_CUDA_CHECK(cudaMemset(src, 1, n));
+    const double ms = timer.median_ms([&] { OSCAR_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice)); }, 10);
+    copy_gbs = 2.0 * n / (ms * 1e-3) / 1e9;
+    cudaFree(src);
+    cudaFree(dst);
+  }
+  std::printf("measured copy bandwidth: %.0f GB/s (read + write)\n", copy_gbs);
+
+  FILE* csv = csv_path ? std::fopen(csv_path, "w") : nullptr;
+  if (csv)
+    std::fprintf(csv, "kernel,batch,ctx,time_us,bytes,gbs,pct_copy,floor_us,chunks,write_us,demote_us_per_step\n");
+
+  std::vector<int> batches = quick ? std::vector<int>{1, 32} : std::vector<int>{1, 8, 32, 64};
+  std::vector<int> ctxs = quick ? std::vector<int>{4096, 32768} : std::vector<int>{4096, 16384, 32768, 65536, 131072};
+  if (only_b) {
+    batches = {only_b};
+    ctxs = {only_ctx};
+  }
+  std::mt19937 rng(7);
+  float* q = dalloc<float>(size_t(64) * kHq * kD);
+  float* o = dalloc<float>(size_t(64) * kHq * kD);
+  float* lse = dalloc<float>(size_t(64) * kHq);
+  fill_f32<<<64, 256>>>(q, size_t(64) * kHq * kD, 9, 2.0f);
+  // Write/demotion inputs: one new token per sequence, rotation R_K.
+  float* knew = dalloc<float>(size_t(64) * kHkv * kD);
+  float* vnew = dalloc<float>(size_t(64) * kHkv * kD);
+  float* rot = dalloc<float>(size_t(kD) * kD);
+  fill_f32<<<64, 256>>>(knew, size_t(64) * kHkv * kD, 10, 1.0f);
+  fill_f32<<<64, 256>>>(vnew, size_t(64) * kHkv * kD, 11, 1.0f);
+  fill_f32<<<64, 256>>>(rot, size_t(kD) * kD, 12, 0.15f);
+  DecodeWorkspace ws = alloc_decode_workspace(1 << 16, 64, kHq, kD);
+
+  std::printf("\n%-5s %5s %7s %10s %9s %8s %7s %9s %7s %9s %10s\n", "kern", "batch", "ctx", "time_us",
+              "MB", "GB/s", "%copy", "floor_us", "chunks", "write_us", "demote/st");
+  for (int batch : batches)
+    for (int ctx : ctxs) {
+      double t_by_kind[2] = {0, 0};
+      for (int kind = 0; kind < 2; ++kind) {  // 0: INT2 three-region, 1: BF16 baseline
+        const bool int2 = kind == 0;
+        const double bf16_gb = double(batch) * ctx * kHkv * kD * 4 / 1e9;
+        if (!int2 && bf16_gb > 60) continue;
+        BenchCache cache(int2, batch, ctx, rng);
+        DecodePlan plan = plan_decode(batch, cache.h_len[0].data(), cache.h_len[1].data(),
+                                      cache.h_len[2].data(), kHkv, prop.multiProcessorCount);
+        OSCAR_CUDA_CHECK(upload_plan(plan, ws, nullptr));
+        DecodeParams p;
+        p.kv = cache.view;
+        p.q = q;
+        p.num_q_heads = kHq;
+        p.sm_scale = 1.0f / std::sqrt(float(kD));
+        p.o = o;
+        p.lse = lse;
+        const std::string err = check_decode(p, plan, ws);
+        if (!err.empty()) {
+          std::printf("skip: %s\n", err.c_str());
+          continue;
+        }
+        const double ms = timer.median_ms(
+            [&] { OSCAR_CUDA_CHECK(int2 ? decode_attention(p, plan, ws, nullptr) : decode_attention_bf16(p, plan, ws, nullptr)); },
+            iters);
+        t_by_kind[kind] = ms;
+        const double bytes = cache.kv_bytes + double(batch) * kHq * kD * 4 * 2;  // + q, o
+        double write_us = 0, demote_us = 0;
+        if (int2) {
+          // Per decode step: write each sequence's new token (rotated K) into
+          // its recent window; every kPage steps demote one page per sequence.
+          std::vector<int32_t> pg(batch), sl(batch);
+          for (int b = 0; b < batch; ++b) {
+            pg[b] = b % std::max(cache.n_bf16_pages, 1);
+            sl[b] = b % kPage;
+          }
+          int32_t* dpg = dalloc<int32_t>(batch);
+          int32_t* dsl = dalloc<int32_t>(batch);
+          int32_t* dq = dalloc<int32_t>(batch);
+          std::vector<int32_t> qp(batch);
+          for (int b = 0; b < batch; ++b) qp[b] = b;  // demote into the first quant pages
+          OSCAR_CUDA_CHECK(cudaMemcpy(dpg, pg.data(), 4 * batch, cudaMemcpyHostToDevice));
+          OSCAR_CUDA_CHECK(cudaMemcpy(dsl, sl.data(), 4 * batch, cudaMemcpyHostToDevice));
+          OSCAR_CUDA_CHECK(cudaMemcpy(dq, qp.data(), 4 * batch, cudaMemcpyHostToDevice));
+          WriteRotation r{rot, nullptr, 1};
+          write_us = 1e3 * timer.median_ms(
+                               [&] { OSCAR_CUDA_CHECK(write_bf16_tokens(cache.view, batch, dpg, dsl, knew, vnew, r, nullptr)); },
+                               iters);
+          if (cache.kc && ctx > kSink + kRecent + kPage * batch)
+            demote_us = 1e3 / kPage *
+                        timer.median_ms([&] { OSCAR_CUDA_CHECK(demote_pages(cache.view, batch, dpg, dq, {}, -1, nullptr)); }, iters);
+          cudaFree(dpg);
+          cudaFree(dsl);
+          cudaFree(dq);
+        }
+        const double gbs = bytes / (ms * 1e-3) / 1e9;
+        std::printf("%-5s %5d %7d %10.1f %9.1f %8.0f %6.1f%% %9.1f %7d %9.1f %10.2f\n", int2 ? "int2" : "bf16",
+                    batch, ctx, ms * 1e3, bytes / 1e6, gbs, 100.0 * gbs / copy_gbs, bytes / copy_gbs / 1e3,
+                    plan.num_chunks, write_us, demote_us);
+        if (csv)
+          std::fprintf(csv, "%s,%d,%d,%.2f,%.0f,%.1f,%.2f,%.2f,%d,%.2f,%.3f\n", int2 ? "int2" : "bf16", batch, ctx,
+                       ms * 1e3, bytes, gbs, 100.0 * gbs / copy_gbs, bytes / copy_gbs / 1e3, plan.num_chunks,
+                       write_us, demote_us);
+      }
+      if (t_by_kind[0] > 0 && t_by_kind[1] > 0)
+        std::printf("      speedup int2 vs our bf16: %.2fx\n", t_by_kind[1] / t_by_kind[0]);
+    }
+  // Host planning cost (per step, per plan; a plan serves all layers).
+  {
+    std::vector<int32_t> s(64, kSink), m(64, 131072 - 320), r(64, kRecent);
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < 100; ++i) plan_decode(64, s.data(), m.data(), r.data(), kHkv, prop.multiProcessorCount);
+    const auto t1 = std::chrono::steady_clock::now();
+    std::printf("host plan_decode (batch 64, 128K): %.1f us\n",
+                std::chrono::duration<double, std::micro>(t1 - t0).count() / 100);
+  }
+  if (csv) std::fclose(csv);
+  free_decode_workspace(ws);
+  std::printf("copy_gbs=%.0f\n", copy_gbs);
+  return 0;
+}

@@ -1,0 +1,48 @@
+"""Joins bench_decode's CSV (ours: int2, bf16) with flashinfer_decode.py's CSV
+into one markdown table (DESIGN §7): per layer times, bytes, GB/s, % of the
+measured copy bandwidth, floor, speedups, and write+demotion as % of the
+INT2 attention time of the same layer.
+
+    python3 report.py OURS.csv FLASHINFER.csv COPY_GBS > table.md
+"""
+import csv
+import sys
+
+
+def load(path):
+    try:
+        with open(path) as f:
+            return list(csv.DictReader(f))
+    except FileNotFoundError:
+        return []
+
+
+ours, fi, copy_gbs = load(sys.argv[1]), load(sys.argv[2]), float(sys.argv[3])
+idx = {}
+for r in ours:
+    idx[(r["kernel"], int(r["batch"]), int(r["ctx"]))] = r
+for r in fi:
+    idx[("fi", int(r["batch"]), int(r["ctx"]))] = r
+keys = sorted({(int(r["batch"]), int(r["ctx"])) for r in ours})
+print(f"Copy bandwidth measured in the same run: {copy_gbs:.0f} GB/s. Times per layer (one decode step of "
+      "attention for 32 q heads / 8 KV heads, d=128); x36 for a Qwen3-8B step.\n")
+print("| batch | ctx | INT2 us | INT2 GB/s | INT2 % copy | INT2 floor us | our BF16 us | BF16 % copy "
+      "| baseline | baseline us | INT2 vs our BF16 | INT2 vs baseline | write+demote % |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+for b, c in keys:
+    i2, bf, f = idx.get(("int2", b, c)), idx.get(("bf16", b, c)), idx.get(("fi", b, c))
+    t_i2 = float(i2["time_us"]) if i2 else None
+    t_bf = float(bf["time_us"]) if bf else None
+    t_fi = float(f["time_us"]) if f else None
+    wd = ""
+    if i2:
+        wd = "%.2f" % (100.0 * (float(i2["write_us"]) + float(i2["demote_us_per_step"])) / t_i2)
+    def fmt(x, spec="%.1f"):
+        return spec % x if x is not None else "-"
+    print("| %d | %dK | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+        b, c // 1024, fmt(t_i2), fmt(float(i2["gbs"]) if i2 else None, "%.0f"),
+        fmt(float(i2["pct_copy"]) if i2 else None), fmt(float(i2["floor_us"]) if i2 else None),
+        fmt(t_bf), fmt(float(bf["pct_copy"]) if bf else None),
+        f["kernel"] if f else "-", fmt(t_fi),
+        fmt(t_bf / t_i2 if t_bf and t_i2 else None, "%.2fx"),
+        fmt(t_fi / t_i2 if t_fi and t_i2 else None, "%.2fx"), wd or "-"))

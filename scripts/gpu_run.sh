@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# One GPU-machine call: standalone build of the CUDA kernels (tests/cuda/gpu_build,
+# no Debian deps needed), the GPU tests against the CPU references, the decode
+# benchmark (INT2 vs our BF16 kernel) and FlashInfer's BF16 paged decode on the
+# same shapes, then one table (bench/cuda/report.py). Logs go to $OUT.
+#
+#   bash scripts/gpu_run.sh [quick|full|tests|bench]
+#
+# Needs in the working tree (ignored, carried by the device tool):
+#   .deps/googletest (copy of /usr/src/googletest), .deps/include/fmt (copy of
+#   /usr/include/fmt), and optionally .whl/ with flashinfer_python-0.5.3 and
+#   apache_tvm_ffi wheels (see docs/cuda.md).
+set -uo pipefail
+MODE=${1:-full}
+OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT"
+export PATH=/usr/local/cuda/bin:$PATH CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,memory.total,power.limit \
+  --format=csv 2>&1
+nvcc --version | tail -1
+
+FI_WARM=""
+if [[ $MODE != tests ]] && ls .whl/*.whl > /dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site
+  export MAX_JOBS=8
+  # FlashInfer JIT-compiles its kernels: do it on the CPUs while we build and test.
+  (python3 bench/cuda/flashinfer_decode.py warm "$OUT/warm.log" > "$OUT/warm.out" 2>&1; cat "$OUT/warm.out" >> "$OUT/warm.log"; rm -f "$OUT/warm.out") &
+  FI_WARM=$!
+fi
+
+t0=$(date +%s)
+cmake -S tests/cuda/gpu_build -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release > "$OUT/build.log" 2>&1 \
+  && ninja -C build-gpu -j12 >> "$OUT/build.log" 2>&1
+rc=$?
+grep -E "registers|spill" "$OUT/build.log" | sort | uniq -c | sort -rn | head -5
+if ((rc)); then grep -E "error|FAILED" "$OUT/build.log" | head -30; exit 1; fi
+echo "build: $(( $(date +%s) - t0 ))s"
+
+status=0
+if [[ $MODE != bench ]]; then
+  ./build-gpu/test_cuda 2>&1 | tee "$OUT/test.log" | grep -E "^\s+\[|FAILED|PASSED|Failure|error" | head -80
+  status=${PIPESTATUS[0]}
+  echo "test_cuda exit status: $status"
+fi
+[[ $MODE == tests ]] && exit $status
+
+[[ -n $FI_WARM ]] && { wait $FI_WARM; tail -8 "$OUT/warm.log"; }
+Q=""; [[ $MODE == quick ]] && Q=--quick
+./build-gpu/bench_decode $Q --csv "$OUT/ours.csv" 2>&1 | tee "$OUT/bench.log"
+COPY=$(grep -oP 'copy_gbs=\K[0-9.]+' "$OUT/bench.log")
+python3 bench/cuda/flashinfer_decode.py bench "$OUT/fi.csv" $Q 2>&1
+python3 bench/cuda/report.py "$OUT/ours.csv" "$OUT/fi.csv" "${COPY:-4300}" > "$OUT/table.md"
+# Optional profile of one INT2 launch (Nsight Compute works on the Firecracker machines).
+if [[ ${NCU:-0} == 1 ]] && command -v ncu > /dev/null; then
+  timeout 240 ncu --clock-control none -k regex:decode_split_kernel -c 1 --section SpeedOfLight \
+    --section WarpStateStats --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis \
+    --section ComputeWorkloadAnalysis --section SchedulerStats \
+    --metrics smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_wait_per_issue_active.ratio,smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_mio_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_lg_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio,smsp__average_warps_issue_stalled_not_selected_per_issue_active.ratio,smsp__average_warps_issue_stalled_selected_per_issue_active.ratio,smsp__average_warps_issue_stalled_dispatch_stall_per_issue_active.ratio,smsp__average_warps_issue_stalled_no_instruction_per_issue_active.ratio,smsp__average_warps_issue_stalled_tex_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_branch_resolving_per_issue_active.ratio,smsp__average_warps_issue_stalled_imc_miss_per_issue_active.ratio \
+    ./build-gpu/bench_decode --only 32,32768 --iters 1 > "$OUT/ncu.txt" 2>&1
+  grep -E "Duration|Throughput|Registers|Achieved Occupancy|Theoretical Occupancy|Issue Slots|Eligible|No Eligible|Stall|Warp Cycles|L1/TEX Hit|L2 Hit|Mem Busy|Max Bandwidth|Executed Ipc|stalled" "$OUT/ncu.txt" | head -60
+fi
+echo; cat "$OUT/table.md"
+exit $status

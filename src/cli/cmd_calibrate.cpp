@@ -1,0 +1,109 @@
+// `oscar calibrate`: activation dump -> calibration file (DESIGN §3, §9).
+#include <chrono>
+#include <cstdio>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "cli/registry.h"
+#include "core/activation_dump.h"
+#include "core/calibrator.h"
+#include "core/error.h"
+
+namespace {
+
+std::vector<float> parse_grid(const std::string& s) {
+  std::vector<float> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    char* end = nullptr;
+    const float v = std::strtof(item.c_str(), &end);
+    if (item.empty() || *end != '\0' || !(v > 0.0f && v <= 1.0f))
+      throw oscar::Error(fmt::format("--clip-grid: '{}' is not a ratio in (0, 1]", item));
+    out.push_back(v);
+  }
+  if (out.empty()) throw oscar::Error("--clip-grid is empty");
+  return out;
+}
+
+const oscar::cli::Registrar reg({"calibrate", "Calibrate OSCAR rotations and clip ratios from an activation dump",
+                                 [](CLI::App& app) {
+  struct Opts {
+    std::string dump, out, composition = "UHP", key_target = "query", value_target = "key-weighted",
+                           granularity = "layer", scale_dtype = "f16", grid, arch, weights_hash;
+    int group = 128, bits = 2, sample_tokens = 256, sink = 64, recent = 256;
+    int64_t max_tokens = 0;
+    float k_clip = 0.96f, v_clip = 0.92f;
+    bool clip_search = false, quiet = false;
+    uint64_t seed = 0;
+  };
+  auto o = std::make_shared<Opts>();
+  app.add_option("--activations,-a", o->dump, "Activation dump (safetensors, DESIGN §9)")->required();
+  app.add_option("-o,--output", o->out, "Calibration file to write (safetensors)")->required();
+  app.add_option("--composition", o->composition, "none|hadamard|random|U|UH|UHP")->capture_default_str();
+  app.add_option("--key-target", o->key_target, "query (C_Q) | raw (KᵀK)")->capture_default_str();
+  app.add_option("--value-target", o->value_target, "attn-output | key-weighted | raw")->capture_default_str();
+  app.add_option("--granularity", o->granularity, "layer (pooled over KV heads) | head")->capture_default_str();
+  app.add_option("--group-size", o->group, "Quantization group: 32, 64 or 128 (capped at head_dim)")
+      ->capture_default_str();
+  app.add_option("--bits", o->bits, "Code bits: 2 or 4")->capture_default_str();
+  app.add_option("--scale-dtype", o->scale_dtype, "f16 | f32 (scale/min storage)")->capture_default_str();
+  app.add_flag("--clip-search", o->clip_search, "Search clip ratios per layer (attention-aware error)");
+  app.add_option("--clip-grid", o->grid, "Comma-separated ratios for --clip-search (default 0.80..1.0)");
+  app.add_option("--k-clip", o->k_clip, "Key clip ratio when not searching")->capture_default_str();
+  app.add_option("--v-clip", o->v_clip, "Value clip ratio when not searching")->capture_default_str();
+  app.add_option("--sample-tokens", o->sample_tokens, "Tokens sampled per layer for --clip-search")
+      ->capture_default_str();
+  app.add_option("--max-tokens", o->max_tokens, "Use only the first N tokens of the dump (0 = all)");
+  app.add_option("--seed", o->seed, "Seed (random composition, clip-search sampling)")->capture_default_str();
+  app.add_option("--sink", o->sink, "Sink window recorded in the file")->capture_default_str();
+  app.add_option("--recent", o->recent, "Recent window recorded in the file")->capture_default_str();
+  app.add_option("--arch", o->arch, "Model architecture for the fingerprint (overrides the dump's metadata)");
+  app.add_option("--weights-hash", o->weights_hash, "Model weights hash for the fingerprint (overrides the dump's)");
+  app.add_flag("-q,--quiet", o->quiet, "No progress display");
+  return [o]() -> int {
+    using namespace oscar;
+    const auto t0 = std::chrono::steady_clock::now();
+    const ActivationDump dump = ActivationDump::open(o->dump);
+    CalibConfig cfg;
+    cfg.composition = parse_composition(o->composition);
+    cfg.key_target = parse_key_target(o->key_target);
+    cfg.value_target = parse_value_target(o->value_target);
+    cfg.granularity = parse_granularity(o->granularity);
+    cfg.quant.bits = o->bits;
+    cfg.quant.group_size = o->group;
+    if (o->scale_dtype != "f16" && o->scale_dtype != "f32")
+      throw Error(fmt::format("--scale-dtype '{}': expected f16 or f32", o->scale_dtype));
+    cfg.quant.scale_dtype = o->scale_dtype == "f16" ? ScaleDtype::kF16 : ScaleDtype::kF32;
+    cfg.clip_search = o->clip_search;
+    if (!o->grid.empty()) cfg.clip_grid = parse_grid(o->grid);
+    cfg.k_clip = o->k_clip;
+    cfg.v_clip = o->v_clip;
+    cfg.sample_tokens = o->sample_tokens;
+    cfg.seed = o->seed;
+    cfg.sink = o->sink;
+    cfg.recent = o->recent;
+    if (!o->quiet)
+      std::fprintf(stderr, "%s: %d layers, %lld tokens, %d q heads, %d kv heads, head_dim %d%s\n", o->dump.c_str(),
+                   dump.n_layers(), static_cast<long long>(dump.tokens()), dump.n_q_heads(), dump.n_kv_heads(),
+                   dump.head_dim(), dump.has_o() ? ", with attention outputs" : "");
+    Calibrator cal(cfg, dump.n_layers(), dump.n_q_heads(), dump.n_kv_heads(), dump.head_dim());
+    feed_dump(dump, cal, o->max_tokens, 4096, o->quiet ? ProgressFn{} : stderr_progress("calibrate"));
+    ModelFingerprint fp = dump.fingerprint();
+    if (!o->arch.empty()) fp.architecture = o->arch;
+    if (!o->weights_hash.empty()) fp.weights_hash = o->weights_hash;
+    Calibration c = cal.finish(fp);
+    c.text_hash = dump.text_hash();
+    c.source = o->dump;
+    write_calibration(c, o->out);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("wrote %s: %d layers, %s rotations (%s), key target %s, value target %s, %lld tokens, %.1f s\n",
+                o->out.c_str(), c.model.n_layers, composition_name(c.composition), granularity_name(c.granularity),
+                key_target_name(c.key_target), value_target_name(c.value_target),
+                static_cast<long long>(c.calib_tokens), s);
+    return 0;
+  };
+}});
+
+}  // namespace

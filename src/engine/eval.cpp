@@ -1,0 +1,418 @@
+#include "engine/eval.h"
+
+#include <cblas.h>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "core/error.h"
+#include "core/half.h"
+#include "core/quantizer.h"
+#include "kernels/cpu/cache_write.h"
+#include "model/backend_cpu.h"
+#include "model/fold_rotation.h"
+
+namespace oscar::engine {
+
+namespace {
+
+constexpr int kKiviGroup = 32;
+
+void round_bf16(float* x, size_t n) {
+  for (size_t i = 0; i < n; ++i) x[i] = bf16_to_f32(f32_to_bf16(x[i]));
+}
+
+// Dequantized copies of the rows of one layer, as the method stores its middle.
+//   hi [T][H][d] (BF16-rounded, rotated) -> lo [T][H][d]
+void quantize_rows(const kv::KvMethod& m, const float* hi, int T, int H, int d, bool value,
+                   int layer, float* lo) {
+  std::copy(hi, hi + size_t(T) * H * d, lo);
+  if (m.kind == kv::KvMethod::Kind::kKivi) {
+    const QuantSpec spec{2, kKiviGroup, ScaleDtype::kF16};
+    if (value) {  // per token, groups of 32 channels
+      fake_quantize_rows(lo, int64_t(T) * H, d, spec, lo);
+      return;
+    }
+    // Keys per channel over blocks of 32 tokens (complete blocks only).
+    float col[kKiviGroup];
+    for (int b = 0; b + kKiviGroup <= T; b += kKiviGroup)
+      for (int h = 0; h < H; ++h)
+        for (int c = 0; c < d; ++c) {
+          for (int i = 0; i < kKiviGroup; ++i) col[i] = hi[(size_t(b + i) * H + h) * d + c];
+          fake_quantize_rows(col, 1, kKiviGroup, spec, col);
+          for (int i = 0; i < kKiviGroup; ++i) lo[(size_t(b + i) * H + h) * d + c] = col[i];
+        }
+    return;
+  }
+  const LayerCalibration& lc = m.calib->layers.at(layer);
+  const QuantSpec spec{m.bits, std::min(m.group_size, d), ScaleDtype::kF16};
+  for (int t = 0; t < T; ++t)
+    for (int h = 0; h < H; ++h) {
+      float* row = lo + (size_t(t) * H + h) * d;
+      const float c = value ? lc.v_clip_of(h) : lc.k_clip_of(h);
+      if (c < 1.0f) clip_row(row, d, c);
+      fake_quantize_rows(row, 1, d, spec, row);
+    }
+}
+
+class SimHook : public model::DenseHooks {
+ public:
+  SimHook(const kv::KvMethod& m, const model::ModelConfig& c, int page_size, int score_from,
+          LocalErrorSums* sums)
+      : m_(m), c_(c), page_(page_size), score_from_(score_from), sums_(sums) {}
+
+  void on_qkv(int layer, float* q, float* k, float* v, int T) override {
+    if (m_.kind != kv::KvMethod::Kind::kRow || m_.calib->composition == Composition::kNone) return;
+    const LayerCalibration& lc = m_.calib->layers.at(layer);
+    const int d = c_.head_dim, Hq = c_.n_heads, Hkv = c_.n_kv_heads, group = Hq / Hkv;
+    kernels::cpu::rotate_heads(k, T, Hkv, d, lc.k_rotation.data(), lc.n_rot, k);
+    if (lc.n_rot == 1) {
+      kernels::cpu::rotate_heads(q, T, Hq, d, lc.k_rotation.data(), 1, q);
+    } else {
+      std::vector<float> R(size_t(Hq) * d * d);
+      for (int g = 0; g < Hq; ++g)
+        std::copy(lc.k_rot(g / group, d), lc.k_rot(g / group, d) + d * d, R.data() + size_t(g) * d * d);
+      kernels::cpu::rotate_heads(q, T, Hq, d, R.data(), Hq, q);
+    }
+  }
+
+  bool attention(int layer, const float* q, const float* k, const float* v, int T,
+                 float* o) override;
+
+ private:
+  const kv::KvMethod& m_;
+  const model::ModelConfig& c_;
+  int page_, score_from_;
+  LocalErrorSums* sums_;
+};
+
+bool SimHook::attention(int layer, const float* q, const float* k, const float* v, int T,
+                        float* o) {
+  const int d = c_.head_dim, Hq = c_.n_heads, Hkv = c_.n_kv_heads, group = Hq / Hkv;
+  const size_t nkv = size_t(T) * Hkv * d;
+  std::vector<float> khi(k, k + nkv), vhi(v, v + nkv);
+  round_bf16(khi.data(), nkv);
+  round_bf16(vhi.data(), nkv);
+  if (m_.kind == kv::KvMethod::Kind::kBf16) {
+    model::dense_causal_attention(q, khi.data(), vhi.data(), T, Hq, Hkv, d, o);
+    return true;
+  }
+  std::vector<float> klo(nkv), vlo(nkv);
+  quantize_rows(m_, khi.data(), T, Hkv, d, false, layer, klo.data());
+  quantize_rows(m_, vhi.data(), T, Hkv, d, true, layer, vlo.data());
+
+  std::vector<LoRange> lo(T);
+  for (int t = 0; t < T; ++t) lo[t] = quantized_range(m_, t, page_);
+  if (sums_) {
+    // Cache error over the rows quantized at the end of the sequence, against
+    // the unrounded rows (orthogonal rotations keep the relative MSE).
+    const LoRange r = lo[T - 1];
+    for (int t = r.begin; t < r.end; ++t)
+      for (size_t i = size_t(t) * Hkv * d; i < size_t(t + 1) * Hkv * d; ++i) {
+        sums_->k_num += double(klo[i] - k[i]) * (klo[i] - k[i]);
+        sums_->k_den += double(k[i]) * k[i];
+        sums_->v_num += double(vlo[i] - v[i]) * (vlo[i] - v[i]);
+        sums_->v_den += double(v[i]) * v[i];
+      }
+  }
+
+  const int ldq = Hq * d, ldk = Hkv * d;
+  const float scale = 1.0f / std::sqrt(float(d));
+  constexpr int kBlock = 128;
+  std::vector<float> Shi(size_t(kBlock) * T), Slo(size_t(kBlock) * T), Ph(size_t(kBlock) * T),
+      B(size_t(kBlock) * T), Oh(size_t(kBlock) * d);
+  for (int g = 0; g < Hq; ++g) {
+    const int h = g / group;
+    for (int t0 = 0; t0 < T; t0 += kBlock) {
+      const int t1 = std::min(T, t0 + kBlock), n = t1 - t0;
+      int L = 0;  // columns that are quantized for some row of the block
+      for (int t = t0; t < t1; ++t) L = std::max(L, lo[t].end);
+      const bool metrics = sums_ && t1 - 1 >= score_from_;
+      const float* qb = q + size_t(t0) * ldq + size_t(g) * d;
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, t1, d, scale, qb, ldq,
+                  khi.data() + size_t(h) * d, ldk, 0.0f, Shi.data(), t1);
+      if (L > 0)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, L, d, scale, qb, ldq,
+                    klo.data() + size_t(h) * d, ldk, 0.0f, Slo.data(), L);
+      for (int i = 0; i < n; ++i) {
+        const int t = t0 + i, len = t + 1;
+        float* shi = Shi.data() + size_t(i) * t1;
+        float* b = B.data() + size_t(i) * std::max(L, 1);
+        const LoRange r = lo[t];
+        const bool scored = metrics && t >= score_from_;
+        // Mixed logits in place of shi; the BF16 ones kept in ph for metrics.
+        float* ph = Ph.data() + size_t(i) * t1;
+        if (scored) std::copy(shi, shi + len, ph);
+        for (int j = r.begin; j < r.end; ++j) shi[j] = Slo[size_t(i) * L + j];
+        auto softmax = [len](float* s) {
+          float mx = -std::numeric_limits<float>::infinity();
+          for (int j = 0; j < len; ++j) mx = std::max(mx, s[j]);
+          double sum = 0;
+          for (int j = 0; j < len; ++j) sum += std::exp(double(s[j] - mx));
+          return double(mx) + std::log(sum);  // log-sum-exp
+        };
+        const double lse_mix = softmax(shi);
+        if (scored) {
+          const double lse_hi = softmax(ph);
+          double ln = 0, ld = 0, kl = 0;
+          for (int j = 0; j < len; ++j) {
+            const double e = double(shi[j]) - ph[j];
+            ln += e * e;
+            ld += double(ph[j]) * ph[j];
+            const double lp = ph[j] - lse_hi, lq = shi[j] - lse_mix;
+            kl += std::exp(lp) * (lp - lq);
+          }
+          sums_->logit_num += ln;
+          sums_->logit_den += ld;
+          sums_->attn_kl += std::max(0.0, kl);
+          sums_->attn_rows += 1;
+          for (int j = 0; j < len; ++j) ph[j] = float(std::exp(ph[j] - lse_hi));
+          for (int j = len; j < t1; ++j) ph[j] = 0.0f;
+        }
+        for (int j = 0; j < len; ++j) shi[j] = float(std::exp(shi[j] - lse_mix));
+        for (int j = len; j < t1; ++j) shi[j] = 0.0f;
+        // Split the probabilities: quantized columns go to b (for V_lo).
+        if (L > 0) {
+          std::fill(b, b + L, 0.0f);
+          for (int j = r.begin; j < r.end; ++j) b[j] = shi[j], shi[j] = 0.0f;
+        }
+      }
+      float* ob = o + size_t(t0) * ldq + size_t(g) * d;
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, d, t1, 1.0f, Shi.data(), t1,
+                  vhi.data() + size_t(h) * d, ldk, 0.0f, ob, ldq);
+      if (L > 0)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, d, L, 1.0f, B.data(), L,
+                    vlo.data() + size_t(h) * d, ldk, 1.0f, ob, ldq);
+      if (metrics) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, d, t1, 1.0f, Ph.data(), t1,
+                    vhi.data() + size_t(h) * d, ldk, 0.0f, Oh.data(), d);
+        for (int i = std::max(0, score_from_ - t0); i < n; ++i)
+          for (int c = 0; c < d; ++c) {
+            const double ref = Oh[size_t(i) * d + c], e = ob[size_t(i) * ldq + c] - ref;
+            sums_->o_num += e * e;
+            sums_->o_den += ref * ref;
+          }
+      }
+    }
+  }
+  return true;
+}
+
+double rel(double num, double den) { return den > 0 ? num / den : 0.0; }
+
+}  // namespace
+
+LoRange quantized_range(const kv::KvMethod& m, int t, int page_size) {
+  // The cache after committing tokens 0..t-1 (query t is the pending token).
+  if (m.kind == kv::KvMethod::Kind::kBf16) return {};
+  if (m.kind == kv::KvMethod::Kind::kKivi) {
+    const int q = std::max(0, (t - m.recent) / kKiviGroup * kKiviGroup);
+    return {0, q};
+  }
+  const int mid = std::max(0, (t - m.sink - m.recent) / page_size) * page_size;
+  return {m.sink, m.sink + mid};
+}
+
+void simulate(model::DenseForward& fwd, const kv::KvMethod& m, std::span<const int32_t> tokens,
+              int page_size, int score_from, std::vector<float>& hidden, LocalErrorSums* sums) {
+  SimHook hook(m, fwd.config(), page_size, score_from, sums);
+  fwd.run(tokens, &hook, &hidden);
+}
+
+std::vector<EvalResult> evaluate(const model::ModelWeights& w,
+                                 const std::vector<kv::KvMethod>& methods,
+                                 const std::vector<int32_t>& tokens, const EvalOptions& opts,
+                                 const EvalProgress& progress) {
+  const model::ModelConfig& c = w.cfg;
+  const int H = c.hidden, V = c.vocab_size, M = int(methods.size());
+  for (int ctx : opts.ctx)
+    if (ctx < 2 || int64_t(ctx) * opts.windows > int64_t(tokens.size()))
+      throw Error(fmt::format("eval: the text has {} tokens; {} window(s) of {} tokens need {}",
+                              tokens.size(), opts.windows, ctx, int64_t(ctx) * opts.windows));
+  // One scored set for every method: queries past the first demotion of the
+  // (first) windowed method.
+  int score_from = opts.score_from;
+  if (score_from < 0) {
+    score_from = 64 + 256 + opts.page_size;
+    for (const kv::KvMethod& m : methods)
+      if (m.kind == kv::KvMethod::Kind::kRow) {
+        score_from = m.sink + m.recent + opts.page_size;
+        break;
+      }
+  }
+  model::CpuBackendOptions bo;
+  bo.weight_dtype = opts.weights;
+  bo.threads = opts.threads;
+  auto be = model::make_cpu_backend(bo);
+  model::DenseForward ref_fwd(w, *be);
+  kv::KvMethod bf16;
+  bf16.label = "bf16";
+
+  // Work items: (ctx, window). Hidden states are small ([T][hidden]), so every
+  // method runs over all items with its (folded) weights prepared once.
+  struct Item {
+    int ctx, ci, win;
+    std::span<const int32_t> seq;
+  };
+  std::vector<Item> items;
+  for (size_t ci = 0; ci < opts.ctx.size(); ++ci)
+    for (int win = 0; win < opts.windows; ++win)
+      items.push_back({opts.ctx[ci], int(ci), win,
+                       std::span<const int32_t>(tokens.data() + int64_t(win) * opts.ctx[ci],
+                                                size_t(opts.ctx[ci]))});
+  const size_t C = opts.ctx.size();
+  std::vector<std::vector<float>> href(items.size());
+  for (size_t it = 0; it < items.size(); ++it) {
+    if (progress) progress(fmt::format("ctx {} window {}: bf16 reference", items[it].ctx, items[it].win + 1));
+    simulate(ref_fwd, bf16, items[it].seq, opts.page_size, items[it].ctx, href[it], nullptr);
+  }
+  std::vector<std::vector<std::vector<float>>> hm(M, std::vector<std::vector<float>>(items.size()));
+  std::vector<std::vector<LocalErrorSums>> loc(M, std::vector<LocalErrorSums>(C));
+  for (int mi = 0; mi < M; ++mi) {
+    const kv::KvMethod& m = methods[mi];
+    std::unique_ptr<model::Backend> mbe;
+    std::unique_ptr<model::DenseForward> mf;
+    if (m.folds_values()) {
+      model::ModelWeights fw = w;
+      model::fold_value_rotation(fw, *m.calib);
+      mbe = model::make_cpu_backend(bo);
+      mf = std::make_unique<model::DenseForward>(fw, *mbe);
+    }
+    model::DenseForward& f = mf ? *mf : ref_fwd;
+    for (size_t it = 0; it < items.size(); ++it) {
+      if (progress) progress(fmt::format("ctx {} window {}: {}", items[it].ctx, items[it].win + 1, m.label));
+      simulate(f, m, items[it].seq, opts.page_size, score_from, hm[mi][it], &loc[mi][items[it].ci]);
+    }
+  }
+
+  // Next-token metrics over the scored positions, in blocks of rows.
+  std::vector<std::vector<double>> nll(M, std::vector<double>(C)), kl(M, std::vector<double>(C)),
+      top1(M, std::vector<double>(C)), hn(M, std::vector<double>(C)), hd(M, std::vector<double>(C));
+  std::vector<double> ref_nll(C, 0);
+  std::vector<int64_t> npos(C, 0);
+  constexpr int kRows = 64;
+  std::vector<float> lr, lm;
+  std::vector<double> logp_ref(size_t(kRows) * V);
+  for (size_t it = 0; it < items.size(); ++it) {
+    const Item& I = items[it];
+    if (progress) progress(fmt::format("ctx {} window {}: next-token metrics", I.ctx, I.win + 1));
+    for (int t0 = std::min(score_from, I.ctx - 1); t0 < I.ctx - 1; t0 += kRows) {
+      const int n = std::min(kRows, I.ctx - 1 - t0);
+      ref_fwd.logits(href[it].data() + size_t(t0) * H, n, lr);
+      std::vector<int> ref_top(n);
+      for (int i = 0; i < n; ++i) {
+        const float* z = lr.data() + size_t(i) * V;
+        double mx = *std::max_element(z, z + V), s = 0;
+        for (int j = 0; j < V; ++j) s += std::exp(z[j] - mx);
+        const double lse = mx + std::log(s);
+        for (int j = 0; j < V; ++j) logp_ref[size_t(i) * V + j] = z[j] - lse;
+        ref_top[i] = int(std::max_element(z, z + V) - z);
+        ref_nll[I.ci] -= logp_ref[size_t(i) * V + I.seq[t0 + i + 1]];
+      }
+      npos[I.ci] += n;
+      for (int mi = 0; mi < M; ++mi) {
+        const float* hmv = hm[mi][it].data() + size_t(t0) * H;
+        const float* hrv = href[it].data() + size_t(t0) * H;
+        for (size_t i = 0; i < size_t(n) * H; ++i) {
+          hn[mi][I.ci] += double(hmv[i] - hrv[i]) * (hmv[i] - hrv[i]);
+          hd[mi][I.ci] += double(hrv[i]) * hrv[i];
+        }
+        ref_fwd.logits(hmv, n, lm);
+        for (int i = 0; i < n; ++i) {
+          const float* z = lm.data() + size_t(i) * V;
+          double mx = *std::max_element(z, z + V), s = 0;
+          for (int j = 0; j < V; ++j) s += std::exp(z[j] - mx);
+          const double lse = mx + std::log(s);
+          double k = 0;
+          const double* pr = logp_ref.data() + size_t(i) * V;
+          for (int j = 0; j < V; ++j) k += std::exp(pr[j]) * (pr[j] - (z[j] - lse));
+          kl[mi][I.ci] += std::max(0.0, k);
+          nll[mi][I.ci] -= z[I.seq[t0 + i + 1]] - lse;
+          top1[mi][I.ci] += int(std::max_element(z, z + V) - z) == ref_top[i];
+        }
+      }
+    }
+  }
+
+  std::vector<EvalResult> out;
+  for (size_t ci = 0; ci < C; ++ci) {
+    const double np = double(std::max<int64_t>(1, npos[ci]));
+    EvalResult r;
+    r.method = "bf16 (reference)";
+    r.ctx = opts.ctx[ci];
+    r.windows = opts.windows;
+    r.positions = npos[ci];
+    r.bpe = 16.0;
+    r.nll = ref_nll[ci] / np;
+    r.ppl = std::exp(r.nll);
+    r.top1 = 1.0;
+    bool listed = false;
+    for (const kv::KvMethod& m : methods) listed |= m.kind == kv::KvMethod::Kind::kBf16;
+    if (!listed) out.push_back(r);
+    for (int mi = 0; mi < M; ++mi) {
+      const kv::KvMethod& m = methods[mi];
+      const LocalErrorSums& L = loc[mi][ci];
+      EvalResult e;
+      e.method = m.label;
+      e.ctx = opts.ctx[ci];
+      e.windows = opts.windows;
+      e.positions = npos[ci];
+      e.bpe = m.bits_per_element(e.ctx, c.head_dim, opts.page_size);
+      e.nll = nll[mi][ci] / np;
+      e.ppl = std::exp(e.nll);
+      e.kl = kl[mi][ci] / np;
+      e.top1 = top1[mi][ci] / np;
+      e.k_err = rel(L.k_num, L.k_den);
+      e.v_err = rel(L.v_num, L.v_den);
+      e.logit_err = rel(L.logit_num, L.logit_den);
+      e.attn_kl = L.attn_rows ? L.attn_kl / double(L.attn_rows) : 0.0;
+      e.o_err = rel(L.o_num, L.o_den);
+      e.hidden_err = rel(hn[mi][ci], hd[mi][ci]);
+      out.push_back(e);
+    }
+  }
+  return out;
+}
+
+std::string format_table(const std::vector<EvalResult>& rs) {
+  std::string s = fmt::format("{:<22} {:>6} {:>6} {:>9} {:>8} {:>8} {:>7} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}\n",
+                              "method", "ctx", "bpe", "ppl", "dppl%", "KL", "top1", "K err", "V err",
+                              "logit err", "attn KL", "o err", "hidden err");
+  double ref_ppl = 0;
+  int ref_ctx = -1;
+  for (const EvalResult& r : rs) {
+    if (r.ctx != ref_ctx) {
+      ref_ctx = r.ctx;
+      ref_ppl = 0;
+      for (const EvalResult& q : rs)
+        if (q.ctx == r.ctx && (q.method == "bf16" || q.method == "bf16 (reference)")) ref_ppl = q.ppl;
+    }
+    const double dp = ref_ppl > 0 ? 100.0 * (r.ppl / ref_ppl - 1.0) : 0.0;
+    s += fmt::format("{:<22} {:>6} {:>6.3f} {:>9.4f} {:>+8.2f} {:>8.5f} {:>7.4f} {:>9.3e} {:>9.3e} {:>9.3e} {:>9.3e} {:>9.3e} {:>9.3e}\n",
+                     r.method, r.ctx, r.bpe, r.ppl, dp, r.kl, r.top1, r.k_err, r.v_err, r.logit_err,
+                     r.attn_kl, r.o_err, r.hidden_err);
+  }
+  return s;
+}
+
+std::string to_json(const std::vector<EvalResult>& rs, const std::string& extra) {
+  nlohmann::json j;
+  j["results"] = nlohmann::json::array();
+  for (const EvalResult& r : rs)
+    j["results"].push_back({{"method", r.method}, {"ctx", r.ctx}, {"windows", r.windows},
+                            {"positions", r.positions}, {"bpe", r.bpe}, {"ppl", r.ppl},
+                            {"nll", r.nll}, {"kl", r.kl}, {"top1", r.top1}, {"k_err", r.k_err},
+                            {"v_err", r.v_err}, {"logit_err", r.logit_err},
+                            {"attn_kl", r.attn_kl}, {"o_err", r.o_err},
+                            {"hidden_err", r.hidden_err}});
+  if (!extra.empty()) {
+    auto e = nlohmann::json::parse(extra);
+    for (auto it = e.begin(); it != e.end(); ++it) j[it.key()] = it.value();
+  }
+  return j.dump(2);
+}
+
+}  // namespace oscar::engine

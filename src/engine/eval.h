@@ -1,0 +1,89 @@
+// Accuracy evaluation of KV cache methods (DESIGN §6.2) by prefill
+// simulation: one dense teacher-forced forward per method and text window
+// (model/calib_forward.h) in which every layer quantizes all its K/V rows once
+// and query t sees
+//   the dequantized rows for the positions its cache would hold quantized
+//   (page-granular: [S0, S0 + mid(t)) with mid(t) = page * floor((t - S0 - W) / page),
+//    the cache's state after committing tokens 0..t-1; kivi2: its own rule),
+//   BF16-rounded rows everywhere else,
+// which is exactly what the real token-by-token decode path over
+// kv::OscarKvCache computes (tests/engine/test_oscar_sim.cpp checks it).
+//
+// Metrics, on the scored positions (queries that attend to quantized history:
+// t >= S0 + W + page by default), against the BF16 cache:
+//   k_err, v_err     relative MSE of the quantized K / V rows (rotation-invariant,
+//                    so equal in the original basis)
+//   logit_err        relative MSE of the attention logits, attn_kl the mean
+//                    KL(softmax_bf16 || softmax_quant) per (query, head)
+//   o_err            relative MSE of the attention output (before o_proj)
+//   (these three "local" errors compare, at each layer, the quantized attention
+//    with BF16 attention on the same, already perturbed, inputs)
+//   hidden_err       relative MSE of the final hidden state (propagated error)
+//   ppl, kl, top1    perplexity, mean KL(p_bf16 || p_quant) of next-token
+//                    distributions, top-1 agreement with BF16
+//   bpe              bits per cached element at T = ctx (DESIGN §5.4)
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "kv/quant_methods.h"
+#include "model/backend.h"
+#include "model/calib_forward.h"
+#include "model/weights.h"
+
+namespace oscar::engine {
+
+// Quantized positions [begin, end) that query t sees under method m.
+struct LoRange {
+  int begin = 0, end = 0;
+};
+LoRange quantized_range(const kv::KvMethod& m, int t, int page_size);
+
+struct EvalOptions {
+  std::vector<int> ctx = {2048};
+  int windows = 1;     // disjoint text windows per context length
+  int page_size = 64;  // the cache's page (demotion granularity)
+  int score_from = -1; // first scored position; -1 = sink + recent + page
+  model::WeightDtype weights = model::WeightDtype::kF32;
+  int threads = 0;
+};
+
+struct EvalResult {
+  std::string method;
+  int ctx = 0, windows = 0;
+  int64_t positions = 0;  // scored next-token predictions
+  double bpe = 0, ppl = 0, nll = 0, kl = 0, top1 = 0;
+  double k_err = 0, v_err = 0, logit_err = 0, attn_kl = 0, o_err = 0, hidden_err = 0;
+};
+
+using EvalProgress = std::function<void(const std::string& msg)>;
+
+// Evaluates every method at every context length on windows of `tokens`.
+// The BF16 reference runs once per window. Throws oscar::Error when the text
+// is shorter than ctx * windows tokens.
+std::vector<EvalResult> evaluate(const model::ModelWeights& w,
+                                 const std::vector<kv::KvMethod>& methods,
+                                 const std::vector<int32_t>& tokens, const EvalOptions& opts,
+                                 const EvalProgress& progress = nullptr);
+
+// The simulation of one method on one sequence: final hidden states
+// [T][hidden] (before the output norm). `w` must already have the method's
+// value rotation folded in (model/fold_rotation.h) when m.folds_values().
+// Local error sums go to `sums` when non-null (scored from `score_from`).
+struct LocalErrorSums {
+  double k_num = 0, k_den = 0, v_num = 0, v_den = 0;
+  double logit_num = 0, logit_den = 0, o_num = 0, o_den = 0;
+  double attn_kl = 0;
+  int64_t attn_rows = 0;
+};
+void simulate(model::DenseForward& fwd, const kv::KvMethod& m, std::span<const int32_t> tokens,
+              int page_size, int score_from, std::vector<float>& hidden, LocalErrorSums* sums);
+
+// Table (fixed-width text) and JSON of results.
+std::string format_table(const std::vector<EvalResult>& r);
+std::string to_json(const std::vector<EvalResult>& r, const std::string& extra_json_fields = "");
+
+}  // namespace oscar::engine

@@ -1,0 +1,359 @@
+#include "kv/oscar_cache.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/error.h"
+#include "core/half.h"
+#include "core/quantizer.h"
+#include "kernels/cpu/cache_write.h"
+
+namespace oscar::kv {
+
+namespace {
+int32_t pages_for(int64_t tokens, int ps) { return int32_t((tokens + ps - 1) / ps); }
+}  // namespace
+
+OscarKvCache::OscarKvCache(const KvCacheShape& shape, std::shared_ptr<const Calibration> calib,
+                           const OscarCacheOptions& opts)
+    : shape_(shape),
+      calib_(std::move(calib)),
+      opts_(opts),
+      bf16_pool_(opts.label + " bf16 page pool",
+                 opts.bf16_pages > 0 ? opts.bf16_pages
+                                     : pages_for(opts.max_tokens, std::max(16, shape.page_size)) + 8),
+      quant_pool_(opts.label + " quantized page pool",
+                  opts.quant_pages > 0 ? opts.quant_pages
+                                       : pages_for(opts.max_tokens, std::max(16, shape.page_size)) + 1) {
+  const int d = shape_.head_dim, ps = shape_.page_size;
+  if (shape_.n_layers <= 0 || shape_.num_kv_heads <= 0 || d <= 0 || ps <= 0 || ps % 16 != 0)
+    throw Error(fmt::format("{} kv cache: bad shape (layers {}, kv heads {}, head_dim {}, page {})",
+                            opts_.label, shape_.n_layers, shape_.num_kv_heads, d, ps));
+  if (opts_.sink < 0 || opts_.recent < 0)
+    throw Error(fmt::format("{} kv cache: negative window (sink {}, recent {})", opts_.label,
+                            opts_.sink, opts_.recent));
+  if (!calib_) throw Error(fmt::format("{} kv cache: no calibration", opts_.label));
+  if (int(calib_->layers.size()) != shape_.n_layers || calib_->head_dim() != d)
+    throw Error(fmt::format("{} kv cache: calibration for {} layers x head_dim {}, cache has {} x {}",
+                            opts_.label, calib_->layers.size(), calib_->head_dim(),
+                            shape_.n_layers, d));
+  group_ = std::min(opts_.group_size, d);
+  QuantSpec spec{opts_.bits, group_, ScaleDtype::kF16};
+  validate_spec(spec, d);
+  identity_ = calib_->composition == Composition::kNone;
+  for (const LayerCalibration& lc : calib_->layers) {
+    if (lc.n_rot != 1 && lc.n_rot != shape_.num_kv_heads)
+      throw Error(fmt::format("{} kv cache: calibration has {} rotations per layer for {} KV heads",
+                              opts_.label, lc.n_rot, shape_.num_kv_heads));
+    for (int h = 1; h < shape_.num_kv_heads; ++h)
+      if (lc.k_clip_of(h) != lc.k_clip_of(0) || lc.v_clip_of(h) != lc.v_clip_of(0))
+        uniform_clip_ = false;
+  }
+
+  const size_t bf = size_t(bf16_pool_.num_pages()) * size_t(bf16_page_elems());
+  const size_t rows = size_t(quant_pool_.num_pages()) * shape_.num_kv_heads * ps;
+  const size_t code_bytes = rows * packed_row_bytes(d, opts_.bits);
+  const size_t params = rows * size_t(d / group_) * 2;
+  for (int l = 0; l < shape_.n_layers; ++l) {
+    // Left uninitialized: untouched pages cost no physical memory.
+    k_.emplace_back(new uint16_t[bf]);
+    v_.emplace_back(new uint16_t[bf]);
+    kc_.emplace_back(new uint8_t[code_bytes]);
+    vc_.emplace_back(new uint8_t[code_bytes]);
+    kp_.emplace_back(new uint16_t[params]);
+    vp_.emplace_back(new uint16_t[params]);
+    bf16_pools_.push_back({k_.back().get(), v_.back().get()});
+    quant_pools_.push_back({kc_.back().get(), vc_.back().get(), kp_.back().get(), vp_.back().get()});
+  }
+}
+
+int64_t OscarKvCache::bf16_page_elems() const {
+  return int64_t(shape_.num_kv_heads) * shape_.page_size * shape_.head_dim;
+}
+
+OscarKvCache::Seq& OscarKvCache::get(SeqId seq) {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) throw Error(fmt::format("{} kv cache: unknown sequence {}", opts_.label, seq));
+  return it->second;
+}
+const OscarKvCache::Seq& OscarKvCache::get(SeqId seq) const {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) throw Error(fmt::format("{} kv cache: unknown sequence {}", opts_.label, seq));
+  return it->second;
+}
+
+SeqId OscarKvCache::create() {
+  const SeqId id = next_id_++;
+  seqs_.emplace(id, Seq{});
+  return id;
+}
+
+SeqId OscarKvCache::fork(SeqId src) {
+  const Seq& s = get(src);
+  const int ps = shape_.page_size;
+  Seq d = s;
+  d.reserved = 0;
+  // Full pages are shared; a partial last page (sink or recent) is copied,
+  // because the source keeps appending into it.
+  const int sink_tokens = std::min(s.length, opts_.sink);
+  const int recent_tokens = std::max(0, s.length - opts_.sink - s.mid_len);
+  const int sink_pages = pages_for(sink_tokens, ps), recent_pages = pages_for(recent_tokens, ps);
+  d.sink.resize(sink_pages);
+  d.recent.resize(recent_pages);
+  struct Copy {
+    std::vector<int32_t>* table;
+    int index;
+  };
+  std::vector<Copy> copies;
+  if (sink_tokens % ps) copies.push_back({&d.sink, sink_pages - 1});
+  if (recent_tokens % ps) copies.push_back({&d.recent, recent_pages - 1});
+  std::vector<int32_t> fresh;
+  try {
+    for (size_t i = 0; i < copies.size(); ++i) fresh.push_back(bf16_pool_.acquire());
+  } catch (...) {
+    for (int32_t p : fresh) bf16_pool_.release(p);
+    throw;
+  }
+  for (size_t i = 0; i < copies.size(); ++i) {
+    const int32_t from = (*copies[i].table)[copies[i].index], to = fresh[i];
+    const int64_t pe = bf16_page_elems();
+    for (int l = 0; l < shape_.n_layers; ++l) {
+      std::memcpy(k_[l].get() + to * pe, k_[l].get() + from * pe, pe * sizeof(uint16_t));
+      std::memcpy(v_[l].get() + to * pe, v_[l].get() + from * pe, pe * sizeof(uint16_t));
+    }
+    (*copies[i].table)[copies[i].index] = to;
+  }
+  for (size_t i = 0; i < d.sink.size(); ++i)
+    if (!(sink_tokens % ps && i + 1 == d.sink.size())) bf16_pool_.retain(d.sink[i]);
+  for (size_t i = 0; i < d.recent.size(); ++i)
+    if (!(recent_tokens % ps && i + 1 == d.recent.size())) bf16_pool_.retain(d.recent[i]);
+  for (int32_t p : d.mid) quant_pool_.retain(p);
+  const SeqId id = next_id_++;
+  seqs_.emplace(id, std::move(d));
+  return id;
+}
+
+void OscarKvCache::release(SeqId seq) {
+  Seq& s = get(seq);
+  for (int32_t p : s.sink) bf16_pool_.release(p);
+  for (int32_t p : s.recent) bf16_pool_.release(p);
+  for (int32_t p : s.mid) quant_pool_.release(p);
+  seqs_.erase(seq);
+}
+
+int OscarKvCache::length(SeqId seq) const { return get(seq).length; }
+
+void OscarKvCache::reserve(SeqId seq, int n) {
+  if (n < 0) throw Error(fmt::format("{} kv cache: reserve of {} tokens", opts_.label, n));
+  Seq& s = get(seq);
+  const int ps = shape_.page_size;
+  const int64_t end = int64_t(s.length) + n;
+  const int need_sink = pages_for(std::min<int64_t>(end, opts_.sink), ps);
+  const int need_recent = pages_for(std::max<int64_t>(0, end - opts_.sink - s.mid_len), ps);
+  const int more = std::max(0, need_sink - int(s.sink.size())) +
+                   std::max(0, need_recent - int(s.recent.size()));
+  // Demotions at commit take quantized pages: check now, so commit cannot fail.
+  const int64_t recent_after = std::max<int64_t>(0, end - opts_.sink - s.mid_len);
+  const int64_t demotions =
+      recent_after >= opts_.recent + ps ? (recent_after - opts_.recent) / ps : 0;
+  if (demotions > quant_pool_.num_free())
+    throw Error(fmt::format("{}: out of pages ({} needed for demotion, {} free)",
+                            opts_.label + " quantized page pool", demotions,
+                            quant_pool_.num_free()));
+  std::vector<int32_t> fresh;
+  try {
+    for (int i = 0; i < more; ++i) fresh.push_back(bf16_pool_.acquire());
+  } catch (...) {
+    for (int32_t p : fresh) bf16_pool_.release(p);
+    throw;
+  }
+  size_t f = 0;
+  while (int(s.sink.size()) < need_sink) s.sink.push_back(fresh[f++]);
+  while (int(s.recent.size()) < need_recent) s.recent.push_back(fresh[f++]);
+  s.reserved = std::max(s.reserved, n);
+}
+
+std::pair<int32_t, int> OscarKvCache::slot_of(const Seq& s, int p) const {
+  const int ps = shape_.page_size;
+  if (p < opts_.sink) return {s.sink[p / ps], p % ps};
+  const int r = p - opts_.sink - s.mid_len;
+  return {s.recent[r / ps], r % ps};
+}
+
+void OscarKvCache::write(int layer, SeqId seq, int pos, const float* k, const float* v, int n) {
+  if (layer < 0 || layer >= shape_.n_layers)
+    throw Error(fmt::format("{} kv cache: layer {} outside [0, {})", opts_.label, layer,
+                            shape_.n_layers));
+  Seq& s = get(seq);
+  if (pos < s.length || int64_t(pos) + n > int64_t(s.length) + s.reserved)
+    throw Error(fmt::format("{} kv cache: write of tokens [{}, {}) to sequence {} outside its "
+                            "reserved room [{}, {})",
+                            opts_.label, pos, pos + n, seq, s.length, s.length + s.reserved));
+  std::vector<int32_t> pages(n), slots(n);
+  for (int t = 0; t < n; ++t) {
+    auto [page, slot] = slot_of(s, pos + t);
+    if (bf16_pool_.refcount(page) != 1)
+      throw Error(fmt::format("{} kv cache: write into shared page {} of sequence {}", opts_.label,
+                              page, seq));
+    pages[t] = page;
+    slots[t] = slot;
+  }
+  kernels::cpu::write_bf16_tokens(layer_view(layer), n, pages.data(), slots.data(), k, v);
+}
+
+PagedKvView OscarKvCache::layer_view(int layer) const {
+  PagedKvView v;
+  v.batch = 0;
+  v.num_kv_heads = shape_.num_kv_heads;
+  v.head_dim = shape_.head_dim;
+  v.page_size = shape_.page_size;
+  v.bits = opts_.bits;
+  v.group_size = group_;
+  v.bf16 = bf16_pools_[layer];
+  v.quant = quant_pools_[layer];
+  return v;
+}
+
+void OscarKvCache::demote_one(Seq& s) {
+  const int32_t src = s.recent.front();
+  const int32_t dst = quant_pool_.acquire();
+  const int d = shape_.head_dim, ps = shape_.page_size, Hkv = shape_.num_kv_heads;
+  const QuantSpec spec{opts_.bits, group_, ScaleDtype::kF16};
+  std::vector<float> row(d);
+  for (int l = 0; l < shape_.n_layers; ++l) {
+    const LayerCalibration& lc = calib_->layers[l];
+    const PagedKvView view = layer_view(l);
+    if (uniform_clip_) {
+      kernels::cpu::demote_page(view, src, dst, {lc.k_clip_of(0), lc.v_clip_of(0)});
+      continue;
+    }
+    // Per-head clip ratios: the same clip -> quantize -> pack, head by head.
+    for (int h = 0; h < Hkv; ++h)
+      for (int slot = 0; slot < ps; ++slot)
+        for (int value = 0; value < 2; ++value) {
+          const uint16_t* in = (value ? view.bf16.v : view.bf16.k) + view.bf16_row_offset(src, h, slot);
+          for (int c = 0; c < d; ++c) row[c] = bf16_to_f32(in[c]);
+          clip_row(row.data(), d, value ? lc.v_clip_of(h) : lc.k_clip_of(h));
+          const int64_t r = view.quant_row_index(dst, h, slot);
+          quantize_row(row.data(), d, spec,
+                       (value ? view.quant.v_codes : view.quant.k_codes) + r * view.row_code_bytes(),
+                       (value ? view.quant.v_params : view.quant.k_params) + r * view.row_groups() * 2);
+        }
+  }
+  bf16_pool_.release(src);
+  s.recent.erase(s.recent.begin());
+  s.mid.push_back(dst);
+  s.mid_len += ps;
+}
+
+void OscarKvCache::commit(SeqId seq, int n) {
+  Seq& s = get(seq);
+  if (n < 0 || n > s.reserved)
+    throw Error(fmt::format("{} kv cache: commit of {} tokens to sequence {} with {} reserved",
+                            opts_.label, n, seq, s.reserved));
+  s.length += n;
+  s.reserved -= n;
+  // Page-granular demotion: the window ends in [W, W + page).
+  const int ps = shape_.page_size;
+  while (s.length - opts_.sink - s.mid_len >= opts_.recent + ps) demote_one(s);
+}
+
+OscarKvCache::Regions OscarKvCache::regions(SeqId seq) const {
+  const Seq& s = get(seq);
+  Regions r;
+  r.sink = std::min(s.length, opts_.sink);
+  r.mid = s.mid_len;
+  r.recent = std::max(0, s.length - opts_.sink - s.mid_len);
+  return r;
+}
+
+double OscarKvCache::bits_per_element(SeqId seq) const {
+  const Regions r = regions(seq);
+  const int T = r.sink + r.mid + r.recent;
+  if (T == 0) return 16.0;
+  return ((r.sink + r.recent) * 16.0 +
+          r.mid * row_bits_per_element(opts_.bits, group_, ScaleDtype::kF16)) /
+         T;
+}
+
+void OscarKvCache::make_batch(std::span<const SeqId> seqs, std::span<const int> lens,
+                              KvBatch& out) const {
+  if (seqs.size() != lens.size())
+    throw Error(fmt::format("{} kv cache: batch of {} sequences with {} lengths", opts_.label,
+                            seqs.size(), lens.size()));
+  const int B = static_cast<int>(seqs.size());
+  const int ps = shape_.page_size;
+  out.base = layer_view(0);
+  out.base.batch = B;
+  out.base.bf16 = {};
+  out.base.quant = {};
+  out.bf16_pools = &bf16_pools_;
+  out.quant_pools = &quant_pools_;
+  for (auto* v : {&out.sink_indptr, &out.mid_indptr, &out.recent_indptr}) v->assign(1, 0);
+  for (auto* v : {&out.sink_indices, &out.mid_indices, &out.recent_indices, &out.sink_len,
+                  &out.mid_len, &out.recent_len})
+    v->clear();
+  for (int b = 0; b < B; ++b) {
+    const Seq& s = get(seqs[b]);
+    const int len = lens[b];
+    if (len < 0 || int64_t(len) > int64_t(s.length) + s.reserved)
+      throw Error(fmt::format("{} kv cache: batch length {} for sequence {} outside [0, {}]",
+                              opts_.label, len, seqs[b], s.length + s.reserved));
+    const int sink = std::min(len, opts_.sink);
+    const int mid = std::clamp(len - opts_.sink, 0, s.mid_len);
+    const int recent = std::max(0, len - opts_.sink - s.mid_len);
+    out.sink_indices.insert(out.sink_indices.end(), s.sink.begin(), s.sink.begin() + pages_for(sink, ps));
+    out.mid_indices.insert(out.mid_indices.end(), s.mid.begin(), s.mid.begin() + pages_for(mid, ps));
+    out.recent_indices.insert(out.recent_indices.end(), s.recent.begin(),
+                              s.recent.begin() + pages_for(recent, ps));
+    out.sink_indptr.push_back(int32_t(out.sink_indices.size()));
+    out.mid_indptr.push_back(int32_t(out.mid_indices.size()));
+    out.recent_indptr.push_back(int32_t(out.recent_indices.size()));
+    out.sink_len.push_back(sink);
+    out.mid_len.push_back(mid);
+    out.recent_len.push_back(recent);
+  }
+  // Tables must never be null pointers, even when empty.
+  for (auto* v : {&out.sink_indices, &out.mid_indices, &out.recent_indices})
+    if (v->empty()) v->reserve(1);
+  for (auto* v : {&out.sink_len, &out.mid_len, &out.recent_len})
+    if (v->empty()) v->reserve(1);
+}
+
+void OscarKvCache::rotate_keys(int layer, float* k, int n) const {
+  if (identity_ || n == 0) return;
+  const LayerCalibration& lc = calib_->layers.at(layer);
+  kernels::cpu::rotate_heads(k, n, shape_.num_kv_heads, shape_.head_dim, lc.k_rotation.data(),
+                             lc.n_rot, k);
+}
+
+void OscarKvCache::rotate_queries(int layer, float* q, int n, int n_q_heads) const {
+  if (identity_ || n == 0) return;
+  const LayerCalibration& lc = calib_->layers.at(layer);
+  const int d = shape_.head_dim;
+  if (lc.n_rot == 1) {
+    kernels::cpu::rotate_heads(q, n, n_q_heads, d, lc.k_rotation.data(), 1, q);
+    return;
+  }
+  // Per-head rotations: query head g uses R_K of KV head g / (Hq / Hkv).
+  if (n_q_heads % shape_.num_kv_heads != 0)
+    throw Error(fmt::format("{} kv cache: {} query heads for {} KV heads", opts_.label, n_q_heads,
+                            shape_.num_kv_heads));
+  const int group = n_q_heads / shape_.num_kv_heads;
+  std::vector<float> R(size_t(n_q_heads) * d * d);
+  for (int g = 0; g < n_q_heads; ++g)
+    std::memcpy(R.data() + size_t(g) * d * d, lc.k_rot(g / group, d), sizeof(float) * d * d);
+  kernels::cpu::rotate_heads(q, n, n_q_heads, d, R.data(), n_q_heads, q);
+}
+
+int64_t OscarKvCache::bytes_in_use() const {
+  const int d = shape_.head_dim;
+  const int64_t bf = int64_t(bf16_pool_.num_used()) * bf16_page_elems() * 2 * 2;
+  const int64_t qrow = packed_row_bytes(d, opts_.bits) + (d / group_) * 2 * 2;
+  const int64_t q = int64_t(quant_pool_.num_used()) * shape_.num_kv_heads * shape_.page_size * qrow * 2;
+  return (bf + q) * shape_.n_layers;
+}
+
+}  // namespace oscar::kv

@@ -1,0 +1,105 @@
+// The OSCAR quantized KV cache (DESIGN §5): per sequence and layer a BF16 sink
+// (the first S0 tokens, kept forever), a BF16 recent window (the newest W..W+page-1
+// tokens) and a quantized (INT2 / INT4) middle, in pages.
+//
+// Life of a token: the forward rotates its key after RoPE (rotate_keys, R_K of
+// its KV head; the query gets the same R_K in rotate_queries, so q̃·k̃ = q·k) and
+// writes it, BF16, into the sink or the recent window; its value arrives
+// already rotated (R_V is folded into W_v, model/fold_rotation.h). On commit,
+// while the recent window holds W + page tokens, its oldest (full) page is
+// clipped -> quantized -> packed into one new quantized page (demote_page) and
+// the BF16 page is released: the window stays in [W, W + page) (DESIGN §5.2).
+//
+// Page ids: the BF16 pool (sink + recent pages) and the quantized pool (middle
+// pages) are separate, each with its own reference counts; page id p is the
+// same slot in every layer's arrays. Full pages are shared on fork.
+//
+// The rotations and clip ratios come from a Calibration (core/calibration.h):
+// an OSCAR file, or a data-free one (identity for int2-naive, Hadamard).
+#pragma once
+
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "core/calibration.h"
+#include "kv/kv_cache.h"
+#include "kv/page_pool.h"
+
+namespace oscar::kv {
+
+struct OscarCacheOptions {
+  std::string label = "oscar";  // method() name
+  int sink = 64;                // S0: BF16 tokens at the start
+  int recent = 256;             // W: BF16 tokens at the end (window in [W, W + page))
+  int bits = 2;                 // 2 or 4
+  int group_size = 128;         // clamped to head_dim
+  int32_t bf16_pages = 0;       // per layer; 0 = enough for max_tokens
+  int32_t quant_pages = 0;
+  int64_t max_tokens = 32768;   // page budget when the page counts are 0
+};
+
+class OscarKvCache : public KvCache {
+ public:
+  // calib: rotations and clips of every layer (must match shape: n_layers,
+  // head_dim, n_kv_heads when per head). Throws oscar::Error otherwise.
+  OscarKvCache(const KvCacheShape& shape, std::shared_ptr<const Calibration> calib,
+               const OscarCacheOptions& opts);
+
+  const KvCacheShape& shape() const override { return shape_; }
+  std::string method() const override { return opts_.label; }
+  SeqId create() override;
+  SeqId fork(SeqId src) override;
+  void release(SeqId seq) override;
+  int length(SeqId seq) const override;
+  void reserve(SeqId seq, int n) override;
+  void write(int layer, SeqId seq, int pos, const float* k, const float* v, int n) override;
+  void commit(SeqId seq, int n) override;
+  void make_batch(std::span<const SeqId> seqs, std::span<const int> lens,
+                  KvBatch& out) const override;
+  void rotate_keys(int layer, float* k, int n) const override;
+  void rotate_queries(int layer, float* q, int n, int n_q_heads) const override;
+  int64_t bytes_in_use() const override;
+
+  // Region sizes of a sequence's committed tokens (tests, reports).
+  struct Regions {
+    int sink = 0, mid = 0, recent = 0;
+  };
+  Regions regions(SeqId seq) const;
+  // True bits per cached element of the sequence (DESIGN §5.4): BF16 rows at
+  // 16, quantized rows at bits + 2*16/group.
+  double bits_per_element(SeqId seq) const;
+  const OscarCacheOptions& options() const { return opts_; }
+  int group_size() const { return group_; }
+
+ private:
+  struct Seq {
+    std::vector<int32_t> sink, mid, recent;  // page ids (bf16, quant, bf16)
+    int length = 0, reserved = 0;
+    int mid_len = 0;  // tokens in the middle (a multiple of the page size)
+  };
+  Seq& get(SeqId seq);
+  const Seq& get(SeqId seq) const;
+  // (bf16 page, slot) of position p of a sequence (p in the sink or recent window).
+  std::pair<int32_t, int> slot_of(const Seq& s, int p) const;
+  void demote_one(Seq& s);
+  PagedKvView layer_view(int layer) const;
+  int64_t bf16_page_elems() const;
+
+  KvCacheShape shape_;
+  std::shared_ptr<const Calibration> calib_;
+  OscarCacheOptions opts_;
+  int group_ = 128;
+  bool identity_ = false;        // no rotation at all (int2-naive)
+  bool uniform_clip_ = true;     // every head of a layer has the same clips
+  PagePool bf16_pool_, quant_pool_;
+  std::vector<std::unique_ptr<uint16_t[]>> k_, v_;       // [L][pages * page elems] bf16
+  std::vector<std::unique_ptr<uint8_t[]>> kc_, vc_;      // [L][pages * Hkv * ps * row bytes]
+  std::vector<std::unique_ptr<uint16_t[]>> kp_, vp_;     // [L][pages * Hkv * ps * groups * 2]
+  std::vector<Bf16PagePool> bf16_pools_;
+  std::vector<QuantPagePool> quant_pools_;
+  std::unordered_map<SeqId, Seq> seqs_;
+  SeqId next_id_ = 0;
+};
+
+}  // namespace oscar::kv

@@ -1,0 +1,212 @@
+#include "kv/quant_methods.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <filesystem>
+
+#include "core/error.h"
+#include "core/hadamard.h"
+#include "core/quantizer.h"
+#include "kv/bf16_cache.h"
+#include "kv/oscar_cache.h"
+
+namespace oscar::kv {
+
+namespace {
+
+constexpr int kKiviGroup = 32, kKiviResidual = 128;
+
+// U from one rotation R composed as `from` (row-major [d][d]); eigenvalues
+// [d] in U's column order (descending as stored).
+std::vector<double> recover_u(const float* R, const float* eig, int d, Composition from) {
+  std::vector<double> M(R, R + size_t(d) * d);
+  if (from == Composition::kU) return M;
+  if (from == Composition::kUHP) {
+    // R = (U H) P, (y P)[j] = y[perm[j]]  =>  (U H)[r][perm[j]] = R[r][j].
+    std::vector<double> ev(eig, eig + d);
+    const std::vector<int> perm = eig_bitrev_perm(ev.data(), d);
+    std::vector<double> UH(M.size());
+    for (int r = 0; r < d; ++r)
+      for (int j = 0; j < d; ++j) UH[size_t(r) * d + perm[j]] = M[size_t(r) * d + j];
+    M.swap(UH);
+  } else if (from != Composition::kUH) {
+    throw Error(fmt::format("recompose: composition {} has no eigenvectors", composition_name(from)));
+  }
+  for (int r = 0; r < d; ++r) fwht(M.data() + size_t(r) * d, d);  // (U H) H = U
+  return M;
+}
+
+std::vector<float> compose_from_u(std::vector<double> U, const float* eig, int d, Composition to) {
+  if (to != Composition::kU) {
+    for (int r = 0; r < d; ++r) fwht(U.data() + size_t(r) * d, d);
+    if (to == Composition::kUHP) {
+      std::vector<double> ev(eig, eig + d);
+      const std::vector<int> perm = eig_bitrev_perm(ev.data(), d);
+      std::vector<double> out(U.size());
+      for (int r = 0; r < d; ++r)
+        for (int j = 0; j < d; ++j) out[size_t(r) * d + j] = U[size_t(r) * d + perm[j]];
+      U.swap(out);
+    } else if (to != Composition::kUH) {
+      throw Error(fmt::format("recompose: target {} is not U, UH or UHP", composition_name(to)));
+    }
+  }
+  return std::vector<float>(U.begin(), U.end());
+}
+
+std::shared_ptr<const Calibration> load_calibration(const std::string& path,
+                                                    const ModelFingerprint& model) {
+  if (path.empty()) return nullptr;
+  auto c = std::make_shared<Calibration>(read_calibration(path));
+  check_calibration_matches(*c, model, path);
+  c->source = path;
+  return c;
+}
+
+}  // namespace
+
+Calibration recompose(const Calibration& c, Composition target) {
+  if (c.composition == target) return c;
+  Calibration out = c;
+  out.composition = target;
+  const int d = c.head_dim();
+  for (LayerCalibration& L : out.layers) {
+    for (int which = 0; which < 2; ++which) {
+      std::vector<float>& rot = which ? L.v_rotation : L.k_rotation;
+      const std::vector<float>& eig = which ? L.v_eigenvalues : L.k_eigenvalues;
+      if (eig.size() != size_t(L.n_rot) * d)
+        throw Error(fmt::format("calibration {}: no eigenvalues stored, cannot recompose as {}",
+                                c.source, composition_name(target)));
+      for (int r = 0; r < L.n_rot; ++r) {
+        float* R = rot.data() + size_t(r) * d * d;
+        const float* e = eig.data() + size_t(r) * d;
+        std::vector<float> n = compose_from_u(recover_u(R, e, d, c.composition), e, d, target);
+        std::copy(n.begin(), n.end(), R);
+      }
+    }
+  }
+  return out;
+}
+
+bool KvMethod::folds_values() const {
+  return kind == Kind::kRow && calib && calib->composition != Composition::kNone;
+}
+
+double KvMethod::bits_per_element(int64_t T, int head_dim, int page_size) const {
+  if (T <= 0 || kind == Kind::kBf16) return 16.0;
+  const int G = std::min(group_size, head_dim);
+  if (kind == Kind::kKivi) {
+    const int64_t q = std::max<int64_t>(0, (T - kKiviResidual) / kKiviGroup * kKiviGroup);
+    // keys: per channel (scale, min) per 32 tokens; values: per 32 channels.
+    const double qb = 2.0 + 2.0 * 16.0 / kKiviGroup;
+    return (q * qb + (T - q) * 16.0) / double(T);
+  }
+  const int64_t mid = std::max<int64_t>(0, (T - sink - recent) / page_size * page_size);
+  return (mid * row_bits_per_element(bits, G, ScaleDtype::kF16) + (T - mid) * 16.0) / double(T);
+}
+
+std::vector<std::string> kv_method_names() {
+  return {"bf16",   "int2-naive", "int2-hadamard", "int4-hadamard", "kivi2",       "oscar",
+          "oscar-U", "oscar-UH",  "oscar-UHP",     "oscar-noclip",  "int2-raw-pca"};
+}
+
+KvMethod resolve_kv_method(const std::string& spec_in, const KvMethodOptions& opts) {
+  std::string name = spec_in, path = opts.calib_path, label = spec_in;
+  if (auto eq = spec_in.find('='); eq != std::string::npos) {
+    name = spec_in.substr(0, eq);
+    path = spec_in.substr(eq + 1);
+    label = name + "@" + std::filesystem::path(path).stem().string();
+  }
+  KvMethod m;
+  m.label = label;
+  m.sink = opts.sink;
+  m.recent = opts.recent;
+  m.group_size = opts.group_size;
+  const ModelFingerprint& fp = opts.model;
+  auto data_free = [&](Composition c, float kc, float vc, int bits) {
+    m.kind = KvMethod::Kind::kRow;
+    m.bits = bits;
+    m.calib = std::make_shared<Calibration>(
+        data_free_calibration(c, fp, kc, vc, bits, std::min(opts.group_size, fp.head_dim)));
+  };
+  if (name == "bf16") return m;
+  if (name == "int2-naive") return data_free(Composition::kNone, 1.0f, 1.0f, 2), m;
+  if (name == "int2-hadamard") return data_free(Composition::kHadamard, 0.96f, 0.92f, 2), m;
+  if (name == "int4-hadamard") return data_free(Composition::kHadamard, 1.0f, 1.0f, 4), m;
+  if (name == "kivi2") {
+    m.kind = KvMethod::Kind::kKivi;
+    m.group_size = kKiviGroup;
+    m.sink = 0;
+    m.recent = kKiviResidual;
+    return m;
+  }
+  const bool calibrated = name == "oscar" || name == "oscar-U" || name == "oscar-UH" ||
+                          name == "oscar-UHP" || name == "oscar-noclip" || name == "int2-raw-pca";
+  if (!calibrated)
+    throw Error(fmt::format("kv method '{}' is unknown (known: {}; NAME=CALIB_FILE for calibrated "
+                            "ones)",
+                            spec_in, fmt::join(kv_method_names(), ", ")));
+  if (path.empty())
+    throw Error(fmt::format("kv method '{}' needs a calibration file (--calib FILE or {}=FILE)",
+                            name, name));
+  auto c = load_calibration(path, fp);
+  if (name == "int2-raw-pca" && (c->key_target != KeyTarget::kRaw || c->value_target != ValueTarget::kRaw))
+    throw Error(fmt::format("kv method int2-raw-pca: {} was calibrated with targets {}/{}, not "
+                            "raw/raw (oscar calibrate --key-target raw --value-target raw)",
+                            path, key_target_name(c->key_target), value_target_name(c->value_target)));
+  Calibration cc = *c;
+  if (name == "oscar-U") cc = recompose(cc, Composition::kU);
+  if (name == "oscar-UH") cc = recompose(cc, Composition::kUH);
+  if (name == "oscar-UHP") cc = recompose(cc, Composition::kUHP);
+  if (name == "oscar-noclip")
+    for (LayerCalibration& L : cc.layers) {
+      std::fill(L.k_clip.begin(), L.k_clip.end(), 1.0f);
+      std::fill(L.v_clip.begin(), L.v_clip.end(), 1.0f);
+    }
+  m.kind = KvMethod::Kind::kRow;
+  m.bits = cc.bits;
+  m.calib = std::make_shared<Calibration>(std::move(cc));
+  return m;
+}
+
+std::vector<KvMethod> resolve_kv_methods(const std::string& list, const KvMethodOptions& opts) {
+  std::vector<KvMethod> out;
+  size_t b = 0;
+  while (b <= list.size()) {
+    size_t e = list.find(',', b);
+    if (e == std::string::npos) e = list.size();
+    std::string item = list.substr(b, e - b);
+    item.erase(0, item.find_first_not_of(" \t"));
+    item.erase(item.find_last_not_of(" \t") + 1);
+    if (!item.empty()) out.push_back(resolve_kv_method(item, opts));
+    b = e + 1;
+  }
+  if (out.empty()) throw Error("kv methods: empty list");
+  return out;
+}
+
+std::unique_ptr<KvCache> make_method_cache(const KvMethod& m, const KvCacheShape& shape,
+                                           int64_t max_tokens) {
+  const int64_t tokens = max_tokens > 0 ? max_tokens : 32768;
+  if (m.kind == KvMethod::Kind::kBf16) {
+    KvCacheOptions o;
+    o.method = "bf16";
+    o.page_size = shape.page_size;
+    o.max_tokens = tokens;
+    return make_kv_cache(shape, o);
+  }
+  if (m.kind == KvMethod::Kind::kKivi)
+    throw Error(fmt::format("kv method {}: per-channel key groups over tokens do not fit the "
+                            "per-row page format; it exists in `oscar eval` simulation only",
+                            m.label));
+  OscarCacheOptions o;
+  o.label = m.label;
+  o.sink = m.sink;
+  o.recent = m.recent;
+  o.bits = m.bits;
+  o.group_size = m.group_size;
+  o.max_tokens = tokens;
+  return std::make_unique<OscarKvCache>(shape, m.calib, o);
+}
+
+}  // namespace oscar::kv

@@ -1,0 +1,70 @@
+// The KV cache methods of DESIGN §6.1, selected by name, all through the same
+// cache code (kv/oscar_cache.h) except bf16 (kv/bf16_cache.h) and kivi2 (whose
+// per-channel key groups span tokens, which the per-row page format cannot
+// hold: it exists in the evaluation's prefill simulation only).
+//
+//   bf16            every token BF16
+//   int2-naive      no rotation, no clipping, same windows
+//   int2-hadamard   R = H for keys and values (QuaRot-style), clips 0.96 / 0.92
+//   int4-hadamard   as int2-hadamard at 4 bits, no clipping (4-bit reference)
+//   kivi2           KIVI-2: keys per channel over groups of 32 tokens, values per
+//                   token in groups of 32 channels, FP16 residual of 128, no sink
+//   oscar           the calibration file as it is (normally U·H·P)
+//   oscar-U, oscar-UH, oscar-UHP   ablations: the same eigenvectors composed
+//                   differently (derived from the file's rotation and eigenvalues)
+//   oscar-noclip    the file's rotations, clipping off
+//   int2-raw-pca    needs a calibration made with raw KᵀK / VᵀV targets
+//   NAME=FILE       any of the calibrated names with its own calibration file
+//                   (value targets, granularity, clip search are file properties);
+//                   the label becomes NAME@<file stem>.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/calibration.h"
+#include "kv/kv_cache.h"
+
+namespace oscar::kv {
+
+struct KvMethod {
+  enum class Kind { kBf16, kRow, kKivi };
+  std::string label;
+  Kind kind = Kind::kBf16;
+  std::shared_ptr<const Calibration> calib;  // kRow: rotations and clips per layer
+  int bits = 2;
+  int group_size = 128;  // channels per (scale, min) group (clamped to head_dim)
+  int sink = 64, recent = 256;
+  // kRow with a non-identity value rotation: W_v / W_o must be folded.
+  bool folds_values() const;
+  // DESIGN §5.4 for a sequence of T tokens under page-granular demotion
+  // (the middle holds whole pages; kivi2: its own rule).
+  double bits_per_element(int64_t T, int head_dim, int page_size) const;
+};
+
+struct KvMethodOptions {
+  std::string calib_path;  // the default calibration file for calibrated names
+  ModelFingerprint model;  // calibrations are checked against it
+  int sink = 64, recent = 256;
+  int group_size = 128;
+};
+
+// Resolves one method name (see above). Throws oscar::Error for an unknown
+// name, a calibrated name without a calibration file, or a calibration that
+// does not match the model.
+KvMethod resolve_kv_method(const std::string& spec, const KvMethodOptions& opts);
+// Comma-separated list.
+std::vector<KvMethod> resolve_kv_methods(const std::string& list, const KvMethodOptions& opts);
+std::vector<std::string> kv_method_names();
+
+// A cache for a method (not kivi2: throws). max_tokens: page budget.
+std::unique_ptr<KvCache> make_method_cache(const KvMethod& m, const KvCacheShape& shape,
+                                           int64_t max_tokens);
+
+// A calibration with the same eigenvectors recomposed as `target` (U, UH or
+// UHP), from one composed as U, UH or UHP with eigenvalues stored.
+Calibration recompose(const Calibration& c, Composition target);
+
+}  // namespace oscar::kv

@@ -1,0 +1,147 @@
+#include "model/calib_forward.h"
+
+#include <cblas.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "core/error.h"
+#include "model/rope.h"
+
+namespace oscar::model {
+
+struct DenseForward::Layer {
+  WeightPtr attn_norm, wqkv, q_norm, k_norm, wo, ffn_norm, w_gate_up, w_down;
+};
+
+DenseForward::DenseForward(const ModelWeights& w, Backend& be) : be_(be), cfg_(w.cfg) {
+  const ModelConfig& c = cfg_;
+  if (int(w.layers.size()) != c.n_layers || c.n_heads <= 0 || c.n_kv_heads <= 0 ||
+      c.n_heads % c.n_kv_heads != 0 || c.head_dim <= 0)
+    throw Error(fmt::format("dense forward: model '{}' has an inconsistent config", c.name));
+  embd_ = be_.prepare_embedding(w.tok_embd);
+  out_norm_ = be_.prepare_vector(w.out_norm);
+  lm_head_ = be_.prepare_linear({c.tied_embeddings ? &w.tok_embd : &w.lm_head}, {});
+  for (const LayerWeights& lw : w.layers) {
+    Layer L;
+    L.attn_norm = be_.prepare_vector(lw.attn_norm);
+    if (c.qkv_bias)
+      L.wqkv = be_.prepare_linear({&lw.wq, &lw.wk, &lw.wv}, {&lw.bq, &lw.bk, &lw.bv});
+    else
+      L.wqkv = be_.prepare_linear({&lw.wq, &lw.wk, &lw.wv}, {});
+    if (c.qk_norm) {
+      L.q_norm = be_.prepare_vector(lw.q_norm);
+      L.k_norm = be_.prepare_vector(lw.k_norm);
+    }
+    L.wo = be_.prepare_linear({&lw.wo}, {});
+    L.ffn_norm = be_.prepare_vector(lw.ffn_norm);
+    L.w_gate_up = be_.prepare_linear({&lw.w_gate, &lw.w_up}, {});
+    L.w_down = be_.prepare_linear({&lw.w_down}, {});
+    layers_.push_back(std::move(L));
+  }
+  inv_freq_ = rope_inv_freq(c);
+}
+
+DenseForward::~DenseForward() = default;
+
+void DenseForward::run(std::span<const int32_t> tokens, DenseHooks* hooks,
+                       std::vector<float>* hidden) {
+  const ModelConfig& c = cfg_;
+  const int T = static_cast<int>(tokens.size());
+  if (T == 0) throw Error("dense forward: no tokens");
+  for (int32_t t : tokens)
+    if (t < 0 || t >= c.vocab_size)
+      throw Error(fmt::format("dense forward: token id {} outside the vocabulary [0, {})", t,
+                              c.vocab_size));
+  const int Hq = c.n_heads, Hkv = c.n_kv_heads, d = c.head_dim, H = c.hidden,
+            I = c.intermediate;
+  const size_t Dq = size_t(Hq) * d, Dkv = size_t(Hkv) * d, Dqkv = Dq + 2 * Dkv;
+  BufferPtr x = be_.alloc(T * size_t(H)), h = be_.alloc(T * size_t(H)),
+            qkv = be_.alloc(T * Dqkv), q = be_.alloc(T * Dq), k = be_.alloc(T * Dkv),
+            v = be_.alloc(T * Dkv), o = be_.alloc(T * Dq), tmp = be_.alloc(T * size_t(H)),
+            gu = be_.alloc(T * size_t(2) * I), act = be_.alloc(T * size_t(I));
+  std::vector<int32_t> pos(T);
+  for (int i = 0; i < T; ++i) pos[i] = i;
+  std::vector<float> cos(size_t(T) * d / 2), sin(size_t(T) * d / 2);
+  rope_tables(inv_freq_, pos.data(), T, cos.data(), sin.data());
+
+  be_.embed(*embd_, tokens.data(), T, x->data());
+  for (int l = 0; l < c.n_layers; ++l) {
+    if (hooks && l > 0 && !hooks->want_layer(l)) return;
+    const Layer& L = layers_[l];
+    be_.rms_norm(x->data(), *L.attn_norm, T, H, c.rms_eps, h->data());
+    be_.linear(*L.wqkv, h->data(), T, qkv->data());
+    be_.copy_cols(qkv->data(), T, int(Dqkv), 0, int(Dq), q->data());
+    be_.copy_cols(qkv->data(), T, int(Dqkv), int(Dq), int(Dkv), k->data());
+    be_.copy_cols(qkv->data(), T, int(Dqkv), int(Dq + Dkv), int(Dkv), v->data());
+    if (c.qk_norm) {
+      be_.rms_norm(q->data(), *L.q_norm, T * Hq, d, c.rms_eps, q->data());
+      be_.rms_norm(k->data(), *L.k_norm, T * Hkv, d, c.rms_eps, k->data());
+    }
+    be_.rope(q->data(), T, Hq, d, cos.data(), sin.data());
+    be_.rope(k->data(), T, Hkv, d, cos.data(), sin.data());
+    if (hooks) hooks->on_qkv(l, q->data(), k->data(), v->data(), T);
+    if (!hooks || !hooks->attention(l, q->data(), k->data(), v->data(), T, o->data()))
+      dense_causal_attention(q->data(), k->data(), v->data(), T, Hq, Hkv, d, o->data());
+    if (hooks) hooks->on_attn_out(l, o->data(), T);
+    if (hooks && !hooks->want_layer(l + 1) && l + 1 < c.n_layers) return;
+    be_.linear(*L.wo, o->data(), T, tmp->data());
+    be_.add(x->data(), tmp->data(), size_t(T) * H);
+    be_.rms_norm(x->data(), *L.ffn_norm, T, H, c.rms_eps, h->data());
+    be_.linear(*L.w_gate_up, h->data(), T, gu->data());
+    be_.silu_mul(gu->data(), T, I, act->data());
+    be_.linear(*L.w_down, act->data(), T, tmp->data());
+    be_.add(x->data(), tmp->data(), size_t(T) * H);
+  }
+  if (hidden) {
+    hidden->resize(size_t(T) * H);
+    be_.to_host(x->data(), hidden->data(), hidden->size());
+  }
+}
+
+void DenseForward::logits(const float* hidden, int n, std::vector<float>& out) {
+  const int H = cfg_.hidden, V = cfg_.vocab_size;
+  BufferPtr x = be_.alloc(size_t(n) * H), y = be_.alloc(size_t(n) * V);
+  be_.from_host(hidden, x->data(), size_t(n) * H);
+  be_.rms_norm(x->data(), *out_norm_, n, H, cfg_.rms_eps, x->data());
+  be_.linear(*lm_head_, x->data(), n, y->data());
+  out.resize(size_t(n) * V);
+  be_.to_host(y->data(), out.data(), out.size());
+}
+
+void dense_causal_attention(const float* q, const float* k, const float* v, int T, int Hq,
+                            int Hkv, int d, float* o) {
+  const int group = Hq / Hkv;
+  const int ldq = Hq * d, ldk = Hkv * d;
+  const float scale = 1.0f / std::sqrt(float(d));
+  constexpr int kBlock = 256;  // query rows per block: S is [kBlock][t1]
+  std::vector<float> S(size_t(kBlock) * T);
+  for (int g = 0; g < Hq; ++g) {
+    const int h = g / group;
+    for (int t0 = 0; t0 < T; t0 += kBlock) {
+      const int t1 = std::min(T, t0 + kBlock), n = t1 - t0;
+      // S = Q_blk K[0:t1]^T * scale   [n][t1]
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, t1, d, scale,
+                  q + size_t(t0) * ldq + size_t(g) * d, ldq, k + size_t(h) * d, ldk, 0.0f,
+                  S.data(), t1);
+      for (int i = 0; i < n; ++i) {
+        float* s = S.data() + size_t(i) * t1;
+        const int len = t0 + i + 1;  // causal: keys 0..t
+        float mx = -std::numeric_limits<float>::infinity();
+        for (int j = 0; j < len; ++j) mx = std::max(mx, s[j]);
+        double sum = 0;
+        for (int j = 0; j < len; ++j) sum += (s[j] = std::exp(s[j] - mx));
+        const float inv = float(1.0 / sum);
+        for (int j = 0; j < len; ++j) s[j] *= inv;
+        for (int j = len; j < t1; ++j) s[j] = 0.0f;
+      }
+      // O_blk = P V[0:t1]   [n][d]
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, d, t1, 1.0f, S.data(), t1,
+                  v + size_t(h) * d, ldk, 0.0f, o + size_t(t0) * ldq + size_t(g) * d, ldq);
+    }
+  }
+}
+
+}  // namespace oscar::model

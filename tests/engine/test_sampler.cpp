@@ -1,0 +1,221 @@
+// Sampler properties: greedy, temperature, top-k, top-p, repetition penalty,
+// seeding; stop strings; the generation loop on a random model.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+
+#include "core/error.h"
+#include "engine/generator.h"
+#include "engine/sampler.h"
+#include "kv/bf16_cache.h"
+#include "model/backend_cpu.h"
+#include "model/forward_random.h"
+
+namespace oscar::engine {
+namespace {
+
+const std::vector<float> kLogits = {1.0f, 3.0f, 2.0f, 3.0f, -1.0f, 0.5f};
+
+TEST(Sampler, GreedyIsArgmaxLowestIdOnTies) {
+  Sampler s({});
+  EXPECT_EQ(s.sample(kLogits, {}), 1);
+  std::vector<float> l = {0.f, 0.f, 5.f};
+  EXPECT_EQ(s.sample(l, {}), 2);
+}
+
+TEST(Sampler, ProbabilitiesAreSoftmaxAtTemperature) {
+  SamplingParams p;
+  p.temperature = 0.7f;
+  Sampler s(p);
+  auto pr = s.probabilities(kLogits, {});
+  double z = 0;
+  for (float x : kLogits) z += std::exp(x / 0.7);
+  for (size_t i = 0; i < kLogits.size(); ++i) EXPECT_NEAR(pr[i], std::exp(kLogits[i] / 0.7) / z, 1e-6);  // 0.7f vs 0.7
+}
+
+TEST(Sampler, TopKKeepsExactlyKBest) {
+  SamplingParams p;
+  p.temperature = 1.0f;
+  p.top_k = 3;
+  Sampler s(p);
+  auto pr = s.probabilities(kLogits, {});
+  int nonzero = 0;
+  for (double x : pr) nonzero += x > 0;
+  EXPECT_EQ(nonzero, 3);
+  EXPECT_GT(pr[1], 0);
+  EXPECT_GT(pr[3], 0);
+  EXPECT_GT(pr[2], 0);
+  for (int i = 0; i < 200; ++i) {
+    int t = s.sample(kLogits, {});
+    EXPECT_TRUE(t == 1 || t == 2 || t == 3) << t;
+  }
+}
+
+TEST(Sampler, TopPKeepsSmallestSetReachingP) {
+  // softmax of kLogits: ids 1 and 3 0.384 each, id 2 0.141, id 0 0.052, ...
+  // top_p 0.75 -> {1, 3} (0.768); top_p 0.8 -> {1, 2, 3} (0.909).
+  for (auto [top_p, want] : {std::pair{0.75f, std::vector<int>{1, 3}},
+                             std::pair{0.8f, std::vector<int>{1, 2, 3}}}) {
+    SamplingParams p;
+    p.temperature = 1.0f;
+    p.top_p = top_p;
+    Sampler s(p);
+    auto pr = s.probabilities(kLogits, {});
+    std::vector<int> kept;
+    for (int i = 0; i < 6; ++i)
+      if (pr[i] > 0) kept.push_back(i);
+    EXPECT_EQ(kept, want) << "top_p " << top_p;
+    double sum = 0;
+    for (double x : pr) sum += x;
+    EXPECT_NEAR(sum, 1.0, 1e-12);
+  }
+}
+
+TEST(Sampler, RepetitionPenaltyDividesPositiveMultipliesNegative) {
+  SamplingParams p;
+  p.repetition_penalty = 2.0f;
+  Sampler s(p);
+  // id 1 (3.0) seen -> 1.5, id 3 (3.0) wins greedy.
+  std::vector<int> hist = {1, 1, 4};
+  EXPECT_EQ(s.sample(kLogits, hist), 3);
+  p.temperature = 1.0f;
+  Sampler t(p);
+  auto pr = t.probabilities(kLogits, hist);
+  std::vector<double> adj = {1.0, 1.5, 2.0, 3.0, -2.0, 0.5};
+  double z = 0;
+  for (double x : adj) z += std::exp(x);
+  for (int i = 0; i < 6; ++i) EXPECT_NEAR(pr[i], std::exp(adj[i]) / z, 1e-9) << i;
+}
+
+TEST(Sampler, SameSeedSameTokensAndFrequenciesFollowProbabilities) {
+  SamplingParams p;
+  p.temperature = 1.0f;
+  p.seed = 42;
+  Sampler a(p), b(p);
+  std::map<int, int> counts;
+  const int N = 20000;
+  for (int i = 0; i < N; ++i) {
+    int x = a.sample(kLogits, {});
+    ASSERT_EQ(x, b.sample(kLogits, {}));
+    counts[x]++;
+  }
+  auto pr = Sampler(p).probabilities(kLogits, {});
+  for (int i = 0; i < 6; ++i) {
+    const double sd = std::sqrt(pr[i] * (1 - pr[i]) / N);
+    EXPECT_NEAR(counts[i] / double(N), pr[i], 5 * sd + 1e-9) << "token " << i;
+  }
+  p.seed = 43;
+  Sampler c(p);
+  Sampler d(SamplingParams{1.0f, 0, 1.0f, 1.0f, 42});
+  int differ = 0;
+  for (int i = 0; i < 100; ++i) differ += c.sample(kLogits, {}) != d.sample(kLogits, {});
+  EXPECT_GT(differ, 0);
+}
+
+TEST(Sampler, BadParamsAndNaNThrow) {
+  SamplingParams p;
+  p.temperature = -1;
+  EXPECT_THROW(Sampler{p}, Error);
+  p = {};
+  p.top_p = 0;
+  EXPECT_THROW(Sampler{p}, Error);
+  p = {};
+  p.repetition_penalty = 0;
+  EXPECT_THROW(Sampler{p}, Error);
+  Sampler s({});
+  std::vector<float> l = {1.f, NAN};
+  EXPECT_THROW(s.sample(l, {}), Error);
+}
+
+TEST(StopStrings, HoldsBackPrefixesAndCutsAtTheStop) {
+  StopStringMatcher m({"</s>", "STOP"});
+  EXPECT_EQ(m.push("Hello <"), "Hello ");
+  EXPECT_EQ(m.push("/"), "");
+  EXPECT_EQ(m.push("x"), "</x");  // not a stop after all
+  EXPECT_EQ(m.push(" ST"), " ");
+  EXPECT_EQ(m.push("OP and more"), "");
+  EXPECT_TRUE(m.stopped());
+  StopStringMatcher n({"ab"});
+  EXPECT_EQ(n.push("xxa"), "xx");
+  EXPECT_FALSE(n.stopped());
+  EXPECT_EQ(n.flush(), "a");
+}
+
+// --- the generation loop on a random model (head_dim 64, kernels path)
+struct Rig {
+  Rig()
+      : w(model::random_weights(model::tiny_config(model::Arch::kLlama), 3)),
+        be(model::make_cpu_backend({model::WeightDtype::kF32, 0})),
+        m(w, *be),
+        cache(m.cache_shape(16), 64) {}
+  model::ModelWeights w;
+  std::unique_ptr<model::Backend> be;
+  model::Model m;
+  kv::Bf16KvCache cache;
+};
+
+TEST(Generator, BatchedGreedyEqualsOneAtATime) {
+  Rig r;
+  std::vector<Request> reqs(3);
+  reqs[0].prompt = {5, 6, 7};
+  reqs[1].prompt = {9, 8, 7, 6, 5, 4, 3, 2, 1, 10, 11, 12, 13, 14, 15, 16, 17, 18};
+  reqs[2].prompt = {42};
+  for (auto& q : reqs) q.max_new_tokens = 12;
+  reqs[2].max_new_tokens = 5;
+  Generator g(r.m, r.cache, nullptr, 8);  // chunk 8: prompts prefilled over several calls
+  auto batched = g.run(reqs);
+  EXPECT_EQ(r.cache.pool().num_used(), 0);
+  for (int i = 0; i < 3; ++i) {
+    Generator one(r.m, r.cache);
+    auto alone = one.run({&reqs[i], 1});
+    EXPECT_EQ(alone[0].tokens, batched[i].tokens) << "request " << i;
+    EXPECT_EQ(batched[i].finish_reason, "length");
+    EXPECT_EQ(int(batched[i].tokens.size()), reqs[i].max_new_tokens);
+  }
+  EXPECT_EQ(g.stats().prompt_tokens, 3 + 18 + 1);
+  EXPECT_EQ(g.stats().generated_tokens, 12 + 12 + 5);
+}
+
+TEST(Generator, StopTokenAndStopStringEndGeneration) {
+  Rig r;
+  Request q;
+  q.prompt = {5, 6, 7};
+  q.max_new_tokens = 20;
+  Generator g0(r.m, r.cache);
+  auto free_run = g0.run({&q, 1})[0].tokens;
+  ASSERT_EQ(free_run.size(), 20u);
+  // Stop at the 4th generated token.
+  q.stop_tokens = {free_run[3]};
+  auto res = g0.run({&q, 1})[0];
+  const size_t first = std::find(free_run.begin(), free_run.end(), free_run[3]) - free_run.begin();
+  EXPECT_EQ(res.tokens.size(), first + 1);
+  EXPECT_EQ(res.finish_reason, "stop");
+  // Stop string over a fake detokenizer: token t -> "<t>".
+  q.stop_tokens.clear();
+  const std::string stop = "<" + std::to_string(free_run[5]) + ">";
+  q.stop_strings = {stop};
+  Generator g1(r.m, r.cache, [](int t) { return "<" + std::to_string(t) + ">"; });
+  std::string streamed;
+  auto res2 = g1.run({&q, 1}, [&](int, std::string_view s) { streamed += s; })[0];
+  EXPECT_EQ(res2.finish_reason, "stop");
+  EXPECT_EQ(res2.text, streamed);
+  EXPECT_EQ(res2.text.find(stop), std::string::npos);
+  EXPECT_EQ(r.cache.pool().num_used(), 0);
+}
+
+TEST(Generator, BadRequestsThrowAndLeakNothing) {
+  Rig r;
+  Generator g(r.m, r.cache);
+  Request q;
+  EXPECT_THROW(g.run({&q, 1}), Error);  // empty prompt
+  q.prompt = {100000};
+  EXPECT_THROW(g.run({&q, 1}), Error);
+  q.prompt = {1};
+  q.stop_strings = {"x"};
+  EXPECT_THROW(g.run({&q, 1}), Error);  // no tokenizer
+  EXPECT_EQ(r.cache.pool().num_used(), 0);
+}
+
+}  // namespace
+}  // namespace oscar::engine

@@ -1,0 +1,238 @@
+// Cache-write kernels: rotation (fast vs fp64 reference), BF16 write -> read
+// round trip, quantized write (fast bit-exact vs reference, and equal to
+// core's clip_row + quantize_row), demotion equal to direct quantization of
+// the same (BF16-rounded) rows, and the full write -> decode-attention path
+// against dense attention on the fake-quantized rows.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "core/error.h"
+#include "core/half.h"
+#include "core/quantizer.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/cache_write.h"
+#include "test_cache.h"
+
+namespace oscar::kernels::cpu {
+namespace {
+
+using test::random_vec;
+
+// Pools for writes: nb BF16 pages and nq quantized pages, poisoned.
+struct Pools {
+  std::vector<uint16_t> bk, bv, kp, vp;
+  std::vector<uint8_t> kc, vc;
+  kv::PagedKvView view;
+  Pools(int hkv, int d, int page, int bits, int group, int nb, int nq) {
+    bk.assign(size_t(nb) * hkv * page * d, test::kBf16NaN);
+    bv = bk;
+    kc.assign(size_t(nq) * hkv * page * d * bits / 8, 0xA5);
+    vc = kc;
+    kp.assign(size_t(nq) * hkv * page * (d / group) * 2, test::kF16NaN);
+    vp = kp;
+    view.num_kv_heads = hkv;
+    view.head_dim = d;
+    view.page_size = page;
+    view.bits = bits;
+    view.group_size = group;
+    view.bf16 = {bk.data(), bv.data()};
+    view.quant = {kc.data(), vc.data(), kp.data(), vp.data()};
+  }
+};
+
+TEST(Rotation, FastMatchesReferenceAndInPlace) {
+  std::mt19937 rng(1);
+  for (int d : {64, 128, 256}) {
+    const int n = 5, H = 3;
+    auto x = random_vec(rng, size_t(n) * H * d, 1.0f);
+    auto R = random_vec(rng, size_t(H) * d * d, 1.0f / std::sqrt(float(d)));
+    for (int r_heads : {1, H}) {
+      std::vector<float> ref(x.size(), NAN), fast(x.size(), NAN);
+      rotate_heads_ref(x.data(), n, H, d, R.data(), r_heads, ref.data());
+      rotate_heads(x.data(), n, H, d, R.data(), r_heads, fast.data());
+      // Independent check of one element: out[t][h][c] = sum_j x[t][h][j] R[h'][j][c].
+      const int t = 2, h = 1, c = 7, hr = r_heads == 1 ? 0 : h;
+      double s = 0;
+      for (int j = 0; j < d; ++j) s += double(x[(size_t(t) * H + h) * d + j]) * R[(size_t(hr) * d + j) * d + c];
+      EXPECT_NEAR(ref[(size_t(t) * H + h) * d + c], s, 1e-5);
+      // fp32 vs fp64 accumulation over d terms of O(1/sqrt(d)): |diff| <= 1e-5.
+      for (size_t i = 0; i < x.size(); ++i) ASSERT_NEAR(fast[i], ref[i], 1e-5) << "d=" << d << " i=" << i;
+      std::vector<float> inplace = x;
+      rotate_heads(inplace.data(), n, H, d, R.data(), r_heads, inplace.data());
+      for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(inplace[i], fast[i]);
+    }
+    std::vector<float> rows(size_t(n) * d, NAN), rows_ref(size_t(n) * d, NAN);
+    rotate_rows(x.data(), n, d, R.data(), rows.data());
+    rotate_rows_ref(x.data(), n, d, R.data(), rows_ref.data());
+    for (size_t i = 0; i < rows.size(); ++i) ASSERT_NEAR(rows[i], rows_ref[i], 1e-5);
+  }
+  std::vector<float> x(8), R(64);
+  EXPECT_THROW(rotate_heads(x.data(), 1, 2, 4, R.data(), 3, x.data()), Error);
+}
+
+TEST(WriteBf16, RoundTrip) {
+  std::mt19937 rng(2);
+  Pools p(2, 64, 16, 2, 64, 3, 1);
+  const int n = 4;
+  const int32_t pages[n] = {2, 0, 2, 1}, slots[n] = {0, 15, 7, 3};
+  auto k = random_vec(rng, size_t(n) * 2 * 64, 3.0f);
+  auto v = random_vec(rng, k.size(), 3.0f);
+  write_bf16_tokens(p.view, n, pages, slots, k.data(), v.data());
+  for (int t = 0; t < n; ++t)
+    for (int h = 0; h < 2; ++h)
+      for (int c = 0; c < 64; ++c) {
+        const size_t src = (size_t(t) * 2 + h) * 64 + c;
+        const int64_t dst = p.view.bf16_row_offset(pages[t], h, slots[t]) + c;
+        ASSERT_EQ(p.bk[dst], f32_to_bf16(k[src]));
+        ASSERT_EQ(p.bv[dst], f32_to_bf16(v[src]));
+        ASSERT_LE(std::fabs(bf16_to_f32(p.bk[dst]) - k[src]), std::fabs(k[src]) * (1.0f / 256));
+      }
+  // Untouched slot stays poisoned.
+  EXPECT_EQ(p.bk[p.view.bf16_row_offset(0, 0, 0)], test::kBf16NaN);
+  const int32_t bad_slot[1] = {16}, page0[1] = {0};
+  EXPECT_THROW(write_bf16_tokens(p.view, 1, page0, bad_slot, k.data(), v.data()), Error);
+}
+
+TEST(WriteQuant, FastBitExactWithReferenceAndCoreQuantizer) {
+  std::mt19937 rng(3);
+  for (int d : {64, 128, 256})
+    for (int group : {32, 64, 128})
+      for (int bits : {2, 4}) {
+        if (group > d) continue;
+        const int H = 2, n = 6, page = 16;
+        Pools a(H, d, page, bits, group, 1, 2), b(H, d, page, bits, group, 1, 2);
+        std::vector<int32_t> pages(n), slots(n);
+        for (int t = 0; t < n; ++t) {
+          pages[t] = t % 2;
+          slots[t] = (t * 5) % page;
+        }
+        std::vector<float> k(size_t(n) * H * d), v(k.size());
+        for (size_t r = 0; r < size_t(n) * H; ++r) {
+          test::random_row(rng, d, k.data() + r * d);
+          test::random_row(rng, d, v.data() + r * d);
+        }
+        k[3] = NAN;  // non-finite input: both paths must agree on it
+        v[d + 1] = INFINITY;
+        const ClipRatios clip{0.96f, 0.92f};
+        write_quant_tokens_ref(a.view, n, pages.data(), slots.data(), k.data(), v.data(), clip);
+        write_quant_tokens(b.view, n, pages.data(), slots.data(), k.data(), v.data(), clip);
+        ASSERT_EQ(a.kc, b.kc) << "d=" << d << " G=" << group << " bits=" << bits;
+        ASSERT_EQ(a.vc, b.vc);
+        ASSERT_EQ(a.kp, b.kp);
+        ASSERT_EQ(a.vp, b.vp);
+        // Read back one row and compare with core's clip_row + quantize_row + dequantize_row.
+        const QuantSpec qs{bits, group, ScaleDtype::kF16};
+        std::vector<float> row(v.begin() + d, v.begin() + 2 * d), want(d), got(d);
+        clip_row(row.data(), d, clip.v);
+        fake_quantize_rows(row.data(), 1, d, qs, want.data());
+        const int64_t r = b.view.quant_row_index(pages[0], 1, slots[0]);
+        dequantize_row(b.vc.data() + r * b.view.row_code_bytes(), b.vp.data() + r * b.view.row_groups() * 2, d, qs,
+                       got.data());
+        for (int c = 0; c < d; ++c) ASSERT_EQ(got[c], want[c]);
+      }
+}
+
+TEST(Demotion, EqualsDirectQuantizationOfTheSameRows) {
+  std::mt19937 rng(4);
+  for (int bits : {2, 4})
+    for (int page : {16, 64}) {
+      const int H = 3, d = 128, group = 64;
+      Pools p(H, d, page, bits, group, 2, 3), direct(H, d, page, bits, group, 2, 3), ref(H, d, page, bits, group, 2, 3);
+      // Fill BF16 page 1 through the write kernel, remember the BF16-rounded rows.
+      std::vector<float> k(size_t(page) * H * d), v(k.size());
+      for (size_t r = 0; r < size_t(page) * H; ++r) {
+        test::random_row(rng, d, k.data() + r * d);
+        test::random_row(rng, d, v.data() + r * d);
+      }
+      std::vector<int32_t> pages(page, 1), slots(page);
+      for (int s = 0; s < page; ++s) slots[s] = s;
+      write_bf16_tokens(p.view, page, pages.data(), slots.data(), k.data(), v.data());
+      ref.bk = p.bk;
+      ref.bv = p.bv;
+      for (auto& x : k) x = bf16_to_f32(f32_to_bf16(x));
+      for (auto& x : v) x = bf16_to_f32(f32_to_bf16(x));
+      const ClipRatios clip{0.96f, 0.92f};
+      demote_page(p.view, 1, 2, clip);
+      demote_page_ref(ref.view, 1, 2, clip);
+      std::vector<int32_t> qpages(page, 2);
+      write_quant_tokens_ref(direct.view, page, qpages.data(), slots.data(), k.data(), v.data(), clip);
+      ASSERT_EQ(p.kc, direct.kc) << "bits=" << bits << " page=" << page;
+      ASSERT_EQ(p.vc, direct.vc);
+      ASSERT_EQ(p.kp, direct.kp);
+      ASSERT_EQ(p.vp, direct.vp);
+      ASSERT_EQ(ref.kc, direct.kc);
+      ASSERT_EQ(ref.kp, direct.kp);
+      ASSERT_EQ(ref.vc, direct.vc);
+      ASSERT_EQ(ref.vp, direct.vp);
+    }
+}
+
+TEST(WriteThenAttend, DecodeMatchesDenseAttentionOnFakeQuantizedRows) {
+  // The serving path end to end on one sequence: rows written through the
+  // kernels into sink (BF16), middle (clip+quantize) and recent (BF16)
+  // pages; decode attention must equal dense attention over the rows as the
+  // simulation would produce them (BF16-rounded windows, clip + fake-quant middle).
+  std::mt19937 rng(5);
+  const int H = 2, d = 128, page = 16, hq = 8, sink = 16, mid = 48, recent = 21;
+  const int T = sink + mid + recent;
+  Pools p(H, d, page, 2, 128, 4, 3);
+  std::vector<float> k(size_t(T) * H * d), v(k.size());
+  for (size_t r = 0; r < size_t(T) * H; ++r) {
+    test::random_row(rng, d, k.data() + r * d);
+    test::random_row(rng, d, v.data() + r * d);
+  }
+  const ClipRatios clip{0.96f, 0.92f};
+  std::vector<float> Kd(k.size()), Vd(v.size());
+  const QuantSpec qs{2, 128, ScaleDtype::kF16};
+  // Sink: BF16 page 3; middle: quant pages 2,0,1; recent: BF16 pages 0,2.
+  const int32_t sink_pages[1] = {3}, mid_pages[3] = {2, 0, 1}, rec_pages[2] = {0, 2};
+  for (int t = 0; t < T; ++t) {
+    const float* kt = k.data() + size_t(t) * H * d;
+    const float* vt = v.data() + size_t(t) * H * d;
+    if (t < sink || t >= sink + mid) {
+      const int i = t < sink ? t : t - sink - mid;
+      const int32_t pg = t < sink ? sink_pages[i / page] : rec_pages[i / page];
+      const int32_t sl = i % page;
+      write_bf16_tokens(p.view, 1, &pg, &sl, kt, vt);
+      for (size_t c = 0; c < size_t(H) * d; ++c) {
+        Kd[size_t(t) * H * d + c] = bf16_to_f32(f32_to_bf16(kt[c]));
+        Vd[size_t(t) * H * d + c] = bf16_to_f32(f32_to_bf16(vt[c]));
+      }
+    } else {
+      const int i = t - sink;
+      const int32_t pg = mid_pages[i / page], sl = i % page;
+      write_quant_tokens(p.view, 1, &pg, &sl, kt, vt, clip);
+      for (int h = 0; h < H; ++h) {
+        std::vector<float> rk(kt + h * d, kt + (h + 1) * d), rv(vt + h * d, vt + (h + 1) * d);
+        clip_row(rk.data(), d, clip.k);
+        clip_row(rv.data(), d, clip.v);
+        fake_quantize_rows(rk.data(), 1, d, qs, Kd.data() + (size_t(t) * H + h) * d);
+        fake_quantize_rows(rv.data(), 1, d, qs, Vd.data() + (size_t(t) * H + h) * d);
+      }
+    }
+  }
+  std::vector<int32_t> ip_s{0, 1}, ip_m{0, 3}, ip_r{0, 2}, ix_s{3}, ix_m{2, 0, 1}, ix_r{0, 2};
+  std::vector<int32_t> l_s{sink}, l_m{mid}, l_r{recent};
+  p.view.batch = 1;
+  p.view.sink = {ip_s.data(), ix_s.data(), l_s.data()};
+  p.view.mid = {ip_m.data(), ix_m.data(), l_m.data()};
+  p.view.recent = {ip_r.data(), ix_r.data(), l_r.data()};
+  auto q = random_vec(rng, size_t(hq) * d, 1.5f);
+  std::vector<float> o(q.size(), NAN), lse(hq, NAN);
+  const float sm = 1.0f / std::sqrt(float(d));
+  decode_attention(p.view, q.data(), hq, sm, o.data(), lse.data());
+  std::vector<double> ref(d);
+  for (int g = 0; g < hq; ++g) {
+    const double l = test::dense_attention(q.data() + size_t(g) * d, Kd.data(), Vd.data(), T, H, g / (hq / H), d, sm,
+                                           ref.data());
+    EXPECT_NEAR(lse[g], l, 1e-4);
+    for (int c = 0; c < d; ++c) ASSERT_NEAR(o[size_t(g) * d + c], ref[c], 2e-5 + 2e-5 * std::fabs(ref[c]));
+  }
+}
+
+}  // namespace
+}  // namespace oscar::kernels::cpu
