@@ -20,7 +20,8 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,me
 nvcc --version | tail -1
 
 FI_WARM=""
-if [[ $MODE != tests ]] && ls .whl/*.whl > /dev/null 2>&1; then
+FI=${FI:-1}  # FI=0 skips FlashInfer (tuning runs)
+if [[ $MODE != tests && $FI == 1 ]] && ls .whl/*.whl > /dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site
   export MAX_JOBS=8
@@ -36,6 +37,10 @@ rc=$?
 grep -E "registers|spill" "$OUT/build.log" | sort | uniq -c | sort -rn | head -5
 if ((rc)); then grep -E "error|FAILED" "$OUT/build.log" | head -30; exit 1; fi
 echo "build: $(( $(date +%s) - t0 ))s"
+if [[ ${SASS:-0} == 1 ]] && command -v cuobjdump > /dev/null; then
+  obj=$(find build-gpu -name 'decode_attention.cu.o' | head -1)
+  cuobjdump -sass "$obj" > "$OUT/sass.txt" 2>&1 && echo "sass: $(wc -l < "$OUT/sass.txt") lines"
+fi
 
 status=0
 if [[ $MODE != bench ]]; then
@@ -49,7 +54,7 @@ fi
 Q=""; [[ $MODE == quick ]] && Q=--quick
 ./build-gpu/bench_decode $Q --csv "$OUT/ours.csv" 2>&1 | tee "$OUT/bench.log"
 COPY=$(grep -oP 'copy_gbs=\K[0-9.]+' "$OUT/bench.log")
-python3 bench/cuda/flashinfer_decode.py bench "$OUT/fi.csv" $Q 2>&1
+[[ $FI == 1 ]] && python3 bench/cuda/flashinfer_decode.py bench "$OUT/fi.csv" $Q 2>&1
 python3 bench/cuda/report.py "$OUT/ours.csv" "$OUT/fi.csv" "${COPY:-4300}" > "$OUT/table.md"
 # Optional profile of one INT2 launch (Nsight Compute works on the Firecracker machines).
 if [[ ${NCU:-0} == 1 ]] && command -v ncu > /dev/null; then

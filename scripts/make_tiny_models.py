@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
 """Creates the tiny random-weight test models in tests/data/model/ (HF format).
 
-    tiny-llama/  LlamaForCausalLM, GQA 4/2, head_dim 16, llama3 rope scaling,
+    tiny-llama/  LlamaForCausalLM, GQA 2/1, head_dim 64, llama3 rope scaling,
                  untied LM head, F32 weights, two safetensors shards + index
-    tiny-qwen2/  Qwen2ForCausalLM, QKV bias, tied embeddings, BF16 weights
-    tiny-qwen3/  Qwen3ForCausalLM, QK-norm, head_dim 32 != hidden/heads, F16
+    tiny-qwen2/  Qwen2ForCausalLM, GQA 2/1, QKV bias, tied embeddings, BF16 weights
+    tiny-qwen3/  Qwen3ForCausalLM, GQA 4/2, QK-norm, head_dim 64 != hidden/heads, F16
+
+All use head_dim 64, the smallest head size the attention kernels take
+(DESIGN §2: 64, 128, 256); hidden 128, 2 layers, vocab 512.
 
 Each gets config.json, model*.safetensors, tokenizer.json (a 512-token
 byte-level BPE trained here with HF `tokenizers`, the family's pre-tokenizer
@@ -168,8 +171,8 @@ def save(t, path):
 
 
 def main():
-    base = {"vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "rms_norm_eps": 1e-6,
+    base = {"vocab_size": 512, "hidden_size": 128, "intermediate_size": 128, "num_hidden_layers": 2,
+            "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 64, "rms_norm_eps": 1e-6,
             "max_position_embeddings": 256, "rope_theta": 10000.0}
     llama = dict(base, rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                      "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
@@ -179,7 +182,7 @@ def main():
     qwen2 = dict(base, rope_theta=1000000.0, sliding_window=None, use_sliding_window=False)
     make("tiny-qwen2", "Qwen2ForCausalLM", qwen2, "bfloat16", tie=True, bias=True, qk_norm=False,
          regex=QWEN2_RE, bos=None, shards=1, seed=2)
-    qwen3 = dict(base, head_dim=32, rope_theta=1000000.0, sliding_window=None, use_sliding_window=False)
+    qwen3 = dict(base, num_attention_heads=4, num_key_value_heads=2, head_dim=64, rope_theta=1000000.0, sliding_window=None, use_sliding_window=False)
     make("tiny-qwen3", "Qwen3ForCausalLM", qwen3, "float16", tie=False, bias=False, qk_norm=True,
          regex=QWEN2_RE, bos=None, shards=1, seed=3)
     return 0

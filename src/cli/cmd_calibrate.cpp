@@ -9,6 +9,7 @@
 #include "core/activation_dump.h"
 #include "core/calibrator.h"
 #include "core/error.h"
+#include "engine/calibrate_model.h"  // -m MODEL --text FILE route (oscar-eval)
 
 namespace {
 
@@ -39,7 +40,14 @@ const oscar::cli::Registrar reg({"calibrate", "Calibrate OSCAR rotations and cli
     uint64_t seed = 0;
   };
   auto o = std::make_shared<Opts>();
-  app.add_option("--activations,-a", o->dump, "Activation dump (safetensors, DESIGN §9)")->required();
+  app.add_option("--activations,-a", o->dump, "Activation dump (safetensors, DESIGN §9)");
+  // Second route (engine/calibrate_model.h): run a model over a calibration text.
+  auto mo = std::make_shared<oscar::engine::ModelCalibOptions>();
+  auto model_path = std::make_shared<std::string>(), text_path = std::make_shared<std::string>();
+  app.add_option("-m,--model", *model_path, "Model (.gguf or HF directory): calibrate from the model itself");
+  app.add_option("--text", *text_path, "Calibration text for -m");
+  app.add_option("--tokens", mo->tokens, "Calibration tokens for -m")->capture_default_str();
+  app.add_option("--chunk", mo->chunk, "Tokens per forward pass for -m")->capture_default_str();
   app.add_option("-o,--output", o->out, "Calibration file to write (safetensors)")->required();
   app.add_option("--composition", o->composition, "none|hadamard|random|U|UH|UHP")->capture_default_str();
   app.add_option("--key-target", o->key_target, "query (C_Q) | raw (KᵀK)")->capture_default_str();
@@ -62,10 +70,12 @@ const oscar::cli::Registrar reg({"calibrate", "Calibrate OSCAR rotations and cli
   app.add_option("--arch", o->arch, "Model architecture for the fingerprint (overrides the dump's metadata)");
   app.add_option("--weights-hash", o->weights_hash, "Model weights hash for the fingerprint (overrides the dump's)");
   app.add_flag("-q,--quiet", o->quiet, "No progress display");
-  return [o]() -> int {
+  return [o, mo, model_path, text_path]() -> int {
     using namespace oscar;
     const auto t0 = std::chrono::steady_clock::now();
-    const ActivationDump dump = ActivationDump::open(o->dump);
+    if (o->dump.empty() == model_path->empty())
+      throw Error("calibrate: give either --activations DUMP or -m MODEL --text FILE");
+    if (!model_path->empty() && text_path->empty()) throw Error("calibrate: -m MODEL needs --text FILE");
     CalibConfig cfg;
     cfg.composition = parse_composition(o->composition);
     cfg.key_target = parse_key_target(o->key_target);
@@ -84,6 +94,17 @@ const oscar::cli::Registrar reg({"calibrate", "Calibrate OSCAR rotations and cli
     cfg.seed = o->seed;
     cfg.sink = o->sink;
     cfg.recent = o->recent;
+    if (!model_path->empty()) {  // model + text route
+      Calibration c = engine::calibrate_model_file(*model_path, *text_path, cfg, *mo, o->quiet);
+      write_calibration(c, o->out);
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::printf("wrote %s: %d layers, %s rotations (%s), key target %s, value target %s, %lld tokens, %.1f s\n",
+                  o->out.c_str(), c.model.n_layers, composition_name(c.composition), granularity_name(c.granularity),
+                  key_target_name(c.key_target), value_target_name(c.value_target),
+                  static_cast<long long>(c.calib_tokens), s);
+      return 0;
+    }
+    const ActivationDump dump = ActivationDump::open(o->dump);
     if (!o->quiet)
       std::fprintf(stderr, "%s: %d layers, %lld tokens, %d q heads, %d kv heads, head_dim %d%s\n", o->dump.c_str(),
                    dump.n_layers(), static_cast<long long>(dump.tokens()), dump.n_q_heads(), dump.n_kv_heads(),

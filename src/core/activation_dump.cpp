@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "core/parallel.h"
 
 namespace oscar {
 
@@ -89,7 +90,14 @@ void ActivationDump::read(int layer, char which, int64_t t0, int64_t n, float* o
   if (which == 'o' && !has_o_) throw Error(fmt::format("{}: the dump has no attention outputs 'o'", f_.path()));
   const st::TensorInfo& t = f_.at(fmt::format("layers.{}.{}", layer, which));
   const int64_t row = t.shape[1] * t.shape[2];
-  f_.read_f32_range(t, t0 * row, n * row, out);
+  // Conversion (and the page faults of the mapping) split over workers.
+  const int64_t total = n * row;
+  const int parts = total >= (int64_t(1) << 20) ? default_threads() : 1;
+  const int64_t step = (total + parts - 1) / parts;
+  parallel_for(parts, [&](int p, int) {
+    const int64_t b = p * step, e = std::min(total, b + step);
+    if (e > b) f_.read_f32_range(t, t0 * row + b, e - b, out + b);
+  });
 }
 
 void feed_dump(const ActivationDump& dump, Calibrator& cal, int64_t max_tokens, int64_t chunk_tokens,

@@ -9,6 +9,7 @@
 #include "core/eigen_sym.h"
 #include "core/error.h"
 #include "core/linalg.h"
+#include "core/parallel.h"
 #include "core/quant_error.h"
 
 namespace oscar {
@@ -45,7 +46,7 @@ struct Calibrator::Impl {
   int L, Hq, H, d, g;
   bool need_kk, need_vv, need_oo, need_kw;
   std::vector<LayerAcc> layers;
-  std::vector<double> dbuf;  // conversion scratch
+  std::vector<std::vector<double>> dbuf;  // per-worker conversion scratch
   bool keep = false;
 
   Impl(CalibConfig c, int nl, int nq, int nkv, int hd) : cfg(std::move(c)), L(nl), Hq(nq), H(nkv), d(hd) {
@@ -93,16 +94,19 @@ struct Calibrator::Impl {
   // `per` consecutive source heads [h*per, (h+1)*per).
   void accumulate(std::vector<double>& sum, const float* src, int64_t T, int nheads_src, int per) {
     const int64_t rows_per_chunk = kChunkTokens * per;
-    dbuf.resize(static_cast<size_t>(rows_per_chunk * d));
-    for (int64_t t0 = 0; t0 < T; t0 += kChunkTokens) {
-      const int64_t m = std::min(kChunkTokens, T - t0);
-      for (int h = 0; h < H; ++h) {
+    dbuf.resize(static_cast<size_t>(std::max(1, default_threads())));
+    // Heads are independent: one worker per head, each with its own scratch.
+    parallel_for(H, [&](int h, int w) {
+      std::vector<double>& buf = dbuf[static_cast<size_t>(w)];
+      buf.resize(static_cast<size_t>(rows_per_chunk * d));
+      for (int64_t t0 = 0; t0 < T; t0 += kChunkTokens) {
+        const int64_t m = std::min(kChunkTokens, T - t0);
         // Token t's `per` rows of head h are contiguous: one (per*d)-wide row.
         gather_rows(src + (t0 * nheads_src + static_cast<int64_t>(h) * per) * d, m, int64_t(per) * d,
-                    int64_t(nheads_src) * d, dbuf.data());
-        la::syrk_upper_acc(dbuf.data(), m * per, d, d, sum.data() + static_cast<size_t>(h) * d * d);
+                    int64_t(nheads_src) * d, buf.data());
+        la::syrk_upper_acc(buf.data(), m * per, d, d, sum.data() + static_cast<size_t>(h) * d * d);
       }
-    }
+    });
   }
 
   void add(int l, const float* q, const float* k, const float* v, const float* o, int64_t T) {
@@ -159,8 +163,9 @@ struct Calibrator::Impl {
   std::vector<double> key_weighted(int l, const LayerAcc& a, const std::vector<double>& query) const {
     std::vector<double> out(static_cast<size_t>(H) * d * d, 0.0);
     const int64_t T = a.tokens, row = int64_t(H) * d;
-    std::vector<double> K(static_cast<size_t>(kChunkTokens * d)), W(K.size()), V(K.size());
-    for (int h = 0; h < H; ++h) {
+    std::vector<double> dens(static_cast<size_t>(H), 0.0);
+    parallel_for(H, [&](int h, int) {
+      std::vector<double> K(static_cast<size_t>(kChunkTokens * d)), W(K.size()), V(K.size());
       double den = 0.0;
       double* num = out.data() + static_cast<size_t>(h) * d * d;
       for (int64_t t0 = 0; t0 < T; t0 += kChunkTokens) {
@@ -178,10 +183,15 @@ struct Calibrator::Impl {
         }
         la::syrk_upper_acc(V.data(), m, d, d, num);
       }
+      dens[static_cast<size_t>(h)] = den;
+    });
+    for (int h = 0; h < H; ++h) {
+      const double den = dens[static_cast<size_t>(h)];
       if (!(den > 0.0) || !std::isfinite(den))
         throw Error(fmt::format("calibrator: layer {} kv head {}: key-weighted weights sum to {} (all-zero keys or "
                                 "queries, or non-finite activations)",
                                 l, h, den));
+      double* num = out.data() + static_cast<size_t>(h) * d * d;
       la::symmetrize_from_upper(num, d);
       for (int i = 0; i < d * d; ++i) num[i] /= den;
     }

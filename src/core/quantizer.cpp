@@ -26,7 +26,9 @@ inline float abs_key(float v) {
 // m + qmax*s stay finite in fp32 even with fp32 params.
 constexpr float kInputLimit = 1e30f;
 inline float finite_or_zero(float v) {
-  return std::isfinite(v) ? std::clamp(v, -kInputLimit, kInputLimit) : 0.0f;
+  // |v| <= limit is false for NaN and ±inf: branch-free select, vectorizable.
+  const float c = v < -kInputLimit ? -kInputLimit : (v > kInputLimit ? kInputLimit : v);
+  return std::fabs(v) <= std::numeric_limits<float>::max() ? c : 0.0f;
 }
 
 // Rounds a param to its storage dtype (saturating for fp16) and returns the
@@ -96,17 +98,26 @@ void quantize_row(const float* x, int d, const QuantSpec& spec, uint8_t* codes, 
   const int qmax = (1 << B) - 1;
   const int group_bytes = G * B / 8;
   std::memset(codes, 0, static_cast<size_t>(packed_row_bytes(d, B)));
+  float xs[128];   // one sanitized group
+  uint8_t cs[128];  // its codes
   for (int g = 0; g < d / G; ++g) {
     const float* xg = x + g * G;
-    float lo = std::numeric_limits<float>::infinity(), hi = -lo;
-    for (int i = 0; i < G; ++i) {
-      const float v = finite_or_zero(xg[i]);
-      lo = std::min(lo, v);
-      hi = std::max(hi, v);
-    }
-    const float range = hi - lo;  // finite: inputs are saturated at 1e30
+    // Four independent min/max chains (the compiler keeps this scalar without
+    // -ffast-math; splitting the dependency chain is what makes it fast).
+    float lo[4], hi[4];
+    for (int a = 0; a < 4; ++a) lo[a] = hi[a] = finite_or_zero(xg[a]);
+    for (int i = 0; i < G; i += 4)
+      for (int a = 0; a < 4; ++a) {
+        const float v = finite_or_zero(xg[i + a]);
+        xs[i + a] = v;
+        lo[a] = v < lo[a] ? v : lo[a];
+        hi[a] = v > hi[a] ? v : hi[a];
+      }
+    const float lo_all = std::min(std::min(lo[0], lo[1]), std::min(lo[2], lo[3]));
+    const float hi_all = std::max(std::max(hi[0], hi[1]), std::max(hi[2], hi[3]));
+    const float range = hi_all - lo_all;  // finite: inputs are saturated at 1e30
     const float s = round_param(std::max(range, kMinRange) / static_cast<float>(qmax), spec.scale_dtype);
-    const float m = round_param(lo, spec.scale_dtype);
+    const float m = round_param(lo_all, spec.scale_dtype);
     if (spec.scale_dtype == ScaleDtype::kF16) {
       auto* p = static_cast<uint16_t*>(params) + 2 * g;
       p[0] = f32_to_f16(s);  // exact: s is already an fp16 value
@@ -116,14 +127,21 @@ void quantize_row(const float* x, int d, const QuantSpec& spec, uint8_t* codes, 
       p[0] = s;
       p[1] = m;
     }
+    if (!(s > 0.0f)) continue;  // every code 0 (already zeroed)
+    const float fq = static_cast<float>(qmax);
+    for (int i = 0; i < G; ++i) {  // vectorizable: no stores to the packed bytes here
+      const float t = std::floor((xs[i] - m) / s + 0.5f);
+      cs[i] = static_cast<uint8_t>(static_cast<int>(t < 0.0f ? 0.0f : (t > fq ? fq : t)));
+    }
+    // Element i = lane*group_bytes + j lives in byte j at shift B*lane
+    // (quant_format.h).
     uint8_t* cg = codes + g * group_bytes;
-    for (int i = 0; i < G; ++i) {
-      int c = 0;
-      if (s > 0.0f) {
-        const float t = std::floor((finite_or_zero(xg[i]) - m) / s + 0.5f);
-        c = static_cast<int>(std::clamp(t, 0.0f, static_cast<float>(qmax)));
-      }
-      cg[code_byte(i, G, B)] |= static_cast<uint8_t>(c << code_shift(i, G, B));
+    if (B == 2) {
+      for (int j = 0; j < group_bytes; ++j)
+        cg[j] = static_cast<uint8_t>(cs[j] | (cs[j + group_bytes] << 2) | (cs[j + 2 * group_bytes] << 4) |
+                                     (cs[j + 3 * group_bytes] << 6));
+    } else {
+      for (int j = 0; j < group_bytes; ++j) cg[j] = static_cast<uint8_t>(cs[j] | (cs[j + group_bytes] << 4));
     }
   }
 }
@@ -143,10 +161,12 @@ void dequantize_row(const uint8_t* codes, const void* params, int d, const Quant
       s = p[0];
       m = p[1];
     }
-    for (int i = 0; i < G; ++i) {
-      const int c = get_code(codes, g * G + i, G, B);
-      out[g * G + i] = m + static_cast<float>(c) * s;
-    }
+    const int group_bytes = G * B / 8, mask = (1 << B) - 1;
+    const uint8_t* cg = codes + g * group_bytes;
+    float* og = out + g * G;
+    for (int lane = 0; lane < 8 / B; ++lane)
+      for (int j = 0; j < group_bytes; ++j)
+        og[lane * group_bytes + j] = m + static_cast<float>((cg[j] >> (B * lane)) & mask) * s;
   }
 }
 

@@ -21,10 +21,11 @@
 namespace oscar::model {
 
 // How the backend keeps matrix weights. bf16 halves the bytes a decode step
-// streams (decode is memory-bound); f32 is exact (golden-logit tests).
-enum class WeightDtype { kF32, kBf16 };
+// streams (decode is memory-bound); q8 (int8, fp32 scale per 32 weights)
+// streams 0.56x of bf16; f32 is exact (golden-logit tests).
+enum class WeightDtype { kF32, kBf16, kQ8 };
 const char* to_string(WeightDtype d);
-WeightDtype weight_dtype_from_string(const std::string& s);  // "f32" | "bf16", throws otherwise
+WeightDtype weight_dtype_from_string(const std::string& s);  // "f32" | "bf16" | "q8", throws otherwise
 
 // A weight prepared by a backend (converted, packed, uploaded).
 struct PreparedWeight {

@@ -13,17 +13,25 @@
 #include "kernels/cpu/attention.h"
 #include "model/ops_attention.h"
 #include "model/ops_gemv.h"
+#include "model/ops_gemv_q8.h"
 #include "model/ops_threads.h"
 #include "model/rope.h"
 
 namespace oscar::model {
 
-const char* to_string(WeightDtype d) { return d == WeightDtype::kF32 ? "f32" : "bf16"; }
+const char* to_string(WeightDtype d) {
+  switch (d) {
+    case WeightDtype::kF32: return "f32";
+    case WeightDtype::kQ8: return "q8";
+    default: return "bf16";
+  }
+}
 
 WeightDtype weight_dtype_from_string(const std::string& s) {
   if (s == "f32") return WeightDtype::kF32;
   if (s == "bf16") return WeightDtype::kBf16;
-  throw Error(fmt::format("weight dtype '{}': expected f32 or bf16", s));
+  if (s == "q8") return WeightDtype::kQ8;
+  throw Error(fmt::format("weight dtype '{}': expected f32, bf16 or q8", s));
 }
 
 namespace {
@@ -42,6 +50,8 @@ class HostBuffer : public Buffer {
 struct CpuWeight : PreparedWeight {
   std::vector<float> f32;      // [rows][cols] when kept in f32 (and all vectors)
   std::vector<uint16_t> bf16;  // [rows][cols] when kept in bf16
+  std::vector<int8_t> q8;      // [rows][cols] when kept in q8
+  std::vector<float> q8_scale; // [rows][cols / 32]
   std::vector<float> bias;     // [rows] or empty
 };
 
@@ -88,7 +98,19 @@ class CpuBackend : public Backend {
     w->cols = cols;
     bool any_bias = false;
     for (const Tensor* b : biases) any_bias |= (b && !b->empty());
-    if (opts_.weight_dtype == WeightDtype::kF32) {
+    // q8 needs the AVX-512 kernels and whole 32-channel blocks; else bf16.
+    const bool q8 = opts_.weight_dtype == WeightDtype::kQ8 && q8_supported() && cols % kQ8Block == 0;
+    if (q8) {
+      w->q8.resize(size_t(rows * cols));
+      w->q8_scale.resize(size_t(rows * cols / kQ8Block));
+      int64_t r0 = 0;
+      for (const Tensor* t : ws) {
+        quantize_q8(t->data.data(), t->shape[0], cols, w->q8.data() + r0 * cols,
+                    w->q8_scale.data() + r0 * (cols / kQ8Block));
+        r0 += t->shape[0];
+      }
+      w->bytes = rows * cols + rows * (cols / kQ8Block) * 4;
+    } else if (opts_.weight_dtype == WeightDtype::kF32) {
       w->f32.reserve(size_t(rows * cols));
       for (const Tensor* t : ws) w->f32.insert(w->f32.end(), t->data.begin(), t->data.end());
       w->bytes = rows * cols * 4;
@@ -149,7 +171,9 @@ class CpuBackend : public Backend {
   void linear(const PreparedWeight& pw, const float* x, int n, float* y) override {
     const CpuWeight& w = cw(pw);
     const float* b = w.bias.empty() ? nullptr : w.bias.data();
-    if (!w.bf16.empty())
+    if (!w.q8.empty())
+      linear_q8(w.q8.data(), w.q8_scale.data(), w.rows, w.cols, b, x, n, y);
+    else if (!w.bf16.empty())
       linear_bf16(w.bf16.data(), w.rows, w.cols, b, x, n, y);
     else
       linear_f32(w.f32.data(), w.rows, w.cols, b, x, n, y);

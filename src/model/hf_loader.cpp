@@ -211,12 +211,10 @@ ModelWeights load_hf(const std::string& dir_str) {
   Shards s(dir);
   w.tok_embd = s.read("model.embed_tokens.weight");
   w.out_norm = s.read("model.norm.weight");
-  // Some checkpoints tie the head but still store lm_head.weight; keep the
-  // config's word, and tie when the head is simply absent.
-  if (!c.tied_embeddings) {
-    if (s.has("lm_head.weight")) w.lm_head = s.read("lm_head.weight");
-    else c.tied_embeddings = true;
-  }
+  // Tied checkpoints may still store lm_head.weight (a copy): the config's
+  // word decides. An untied config without the head is an error (transformers
+  // would silently use a random head).
+  if (!c.tied_embeddings) w.lm_head = s.read("lm_head.weight");
   w.layers.resize(static_cast<size_t>(c.n_layers));
   for (int l = 0; l < c.n_layers; ++l) {
     LayerWeights& L = w.layers[static_cast<size_t>(l)];

@@ -43,7 +43,7 @@ struct Result {
   double err_o, err_lse;
 };
 
-Result run_case(const Case& c, uint32_t seed, bool bf16_kernel = false) {
+Result run_case(const Case& c, uint32_t seed, bool bf16_kernel = false, int variant = 0) {
   const float k_scale = 1.5f;  // peaky softmax: logits with std ~1.5*|q|
   HostCache cache(c.seqs, c.hkv, c.d, c.page, c.group, seed, k_scale);
   const int hq = c.hkv * c.gqa, batch = cache.batch;
@@ -69,6 +69,7 @@ Result run_case(const Case& c, uint32_t seed, bool bf16_kernel = false) {
   p.sm_scale = sm_scale;
   p.o = d_o.ptr;
   p.lse = d_lse.ptr;
+  p.variant = variant;
   EXPECT_EQ(check_decode(p, plan, ws), "");
   OSCAR_CUDA_CHECK(upload_plan(plan, ws, nullptr));
   OSCAR_CUDA_CHECK(bf16_kernel ? decode_attention_bf16(p, plan, ws, nullptr)
@@ -98,8 +99,8 @@ double tol_for(const Case& c) {
   return any_bf16 ? 1e-2 : 3e-3;
 }
 
-void expect_ok(const Case& c, uint32_t seed, bool bf16_kernel = false) {
-  const Result r = run_case(c, seed, bf16_kernel);
+void expect_ok(const Case& c, uint32_t seed, bool bf16_kernel = false, int variant = 0) {
+  const Result r = run_case(c, seed, bf16_kernel, variant);
   EXPECT_LE(r.err_o, tol_for(c)) << c.name;  // NaN compares false -> fails
   EXPECT_LE(r.err_lse, 2e-2) << c.name;
 }
@@ -121,6 +122,12 @@ TEST(CudaDecode, MixedRegionsDefaultShape) {
   if (!test::have_gpu()) GTEST_SKIP() << "no GPU";
   for (uint32_t seed : {1u, 2u})
     expect_ok({128, 128, 4, 8, 64, mixed_seqs(64), 0, "qwen3-8b shape"}, seed);
+}
+
+TEST(CudaDecode, PrefetchLoopVariant) {
+  if (!test::have_gpu()) GTEST_SKIP() << "no GPU";
+  expect_ok({128, 128, 4, 8, 64, mixed_seqs(64), 0, "variant 1"}, 21, false, 1);
+  expect_ok({128, 128, 4, 2, 16, mixed_seqs(16), 3, "variant 1 small chunks"}, 22, false, 1);
 }
 
 TEST(CudaDecode, MiddleOnly) {

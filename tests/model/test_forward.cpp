@@ -10,6 +10,8 @@
 #include "model/backend_cpu.h"
 #include "model/forward.h"
 #include "model/forward_random.h"
+#include "model/ops_gemv.h"
+#include "model/ops_gemv_q8.h"
 #include "model/rope.h"
 #include "test_forward_ref.h"
 
@@ -271,6 +273,50 @@ TEST(Rope, Llama3ScalingMatchesHuggingFace) {
   const double f30 = std::pow(500000.0, -60.0 / 128), wl = 2 * M_PI / f30;
   const double smooth = (8192 / wl - 1) / 3;
   EXPECT_NEAR(f[30], (1 - smooth) * f30 / 8 + smooth * f30, 1e-9);
+}
+
+}  // namespace
+}  // namespace oscar::model
+
+namespace oscar::model {
+namespace {
+
+// The optimized linear paths (GEMV for few rows, tiled GEMM for many, threads,
+// odd shapes with channel tails) against the scalar reference.
+TEST(Linear, OptimizedMatchesReference) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd;
+  for (auto [out, in] : {std::pair{37, 96}, std::pair{256, 576}, std::pair{130, 19}}) {
+    std::vector<float> w(size_t(out) * in), b(out), x(size_t(70) * in);
+    for (float& v : w) v = nd(rng);
+    for (float& v : b) v = nd(rng);
+    for (float& v : x) v = nd(rng);
+    std::vector<uint16_t> wb(w.size());
+    for (size_t i = 0; i < w.size(); ++i) wb[i] = f32_to_bf16(w[i]);
+    for (int n : {1, 3, 4, 5, 15, 16, 17, 64, 70}) {
+      std::vector<float> y(size_t(n) * out), r(size_t(n) * out);
+      linear_f32(w.data(), out, in, b.data(), x.data(), n, y.data());
+      linear_f32_ref(w.data(), out, in, b.data(), x.data(), n, r.data());
+      for (size_t i = 0; i < y.size(); ++i)
+        ASSERT_NEAR(y[i], r[i], 1e-4 * std::sqrt(double(in))) << "f32 " << out << "x" << in << " n " << n;
+      if (in % kQ8Block == 0) {
+        std::vector<int8_t> q(w.size());
+        std::vector<float> sc(w.size() / kQ8Block);
+        quantize_q8(w.data(), out, in, q.data(), sc.data());
+        linear_q8(q.data(), sc.data(), out, in, b.data(), x.data(), n, y.data());
+        linear_q8_ref(q.data(), sc.data(), out, in, b.data(), x.data(), n, r.data());
+        for (size_t i = 0; i < y.size(); ++i)
+          ASSERT_NEAR(y[i], r[i], 1e-4 * std::sqrt(double(in))) << "q8 " << out << "x" << in << " n " << n;
+        // Quantization error itself: |w - q*s| <= s/2 = absmax/254 per weight.
+        for (int64_t i = 0; i < int64_t(w.size()); ++i)
+          ASSERT_LE(std::abs(w[i] - q[i] * sc[i / kQ8Block]), sc[i / kQ8Block] * 0.5f + 1e-7f);
+      }
+      linear_bf16(wb.data(), out, in, nullptr, x.data(), n, y.data());
+      linear_bf16_ref(wb.data(), out, in, nullptr, x.data(), n, r.data());
+      for (size_t i = 0; i < y.size(); ++i)
+        ASSERT_NEAR(y[i], r[i], 1e-4 * std::sqrt(double(in))) << "bf16 " << out << "x" << in << " n " << n;
+    }
+  }
 }
 
 }  // namespace

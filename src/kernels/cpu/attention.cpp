@@ -53,9 +53,13 @@ struct Scalar {
     for (int i = 0; i < n; ++i) dst[i] = oscar::f16_to_f32(src[i]);
   }
   static inline Table make_table(float s, float m, int) { return Table{s, m}; }
-  static inline F dequant(const uint8_t* p, bool, const int32_t* shift, const Table& tb, int bits) {
-    const int c = (*p >> shift[0]) & ((1 << bits) - 1);
+  static inline int load_window(const uint8_t* p, bool) { return *p; }
+  static inline F dequant_x(int x, const int32_t* shift, bool, const Table& tb, int bits) {
+    const int c = (x >> shift[0]) & ((1 << bits) - 1);
     return tb.m + static_cast<float>(c) * tb.s;
+  }
+  static inline void reduce_rows(const F* v, float* out) {
+    for (int t = 0; t < kBlock; ++t) out[t] = v[t];
   }
   static inline float exp2_block(const float* s, float m, float* p) {
     float sum = 0.0f;

@@ -55,14 +55,21 @@ struct Avx2 {
     return Table{_mm256_set1_ps(s), _mm256_set1_ps(m)};
   }
 
-  // 8 consecutive channels from 8 code bytes (bytes per lane run >= 8 always).
-  OSCAR_TGT static inline F dequant(const uint8_t* p, bool /*dup*/, const int32_t* shift, const Table& tb,
-                                    int bits) {
-    const __m256i x = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-    const __m256i c = _mm256_and_si256(_mm256_srlv_epi32(x, _mm256_load_si256(reinterpret_cast<const __m256i*>(shift))),
-                                       _mm256_set1_epi32((1 << bits) - 1));
-    // m + code*s, no fused multiply-add: the reference's arithmetic.
+  // 8 code bytes (bytes per lane run >= 8 always) widened to 8 int32 lanes.
+  OSCAR_TGT static inline __m256i load_window(const uint8_t* p, bool /*dup*/) {
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  }
+
+  // 8 consecutive channels: shift, mask, m + code*s (no fused multiply-add:
+  // the reference's arithmetic).
+  OSCAR_TGT static inline F dequant_x(__m256i x, const int32_t* shift, bool noshift, const Table& tb, int bits) {
+    if (!noshift) x = _mm256_srlv_epi32(x, _mm256_load_si256(reinterpret_cast<const __m256i*>(shift)));
+    const __m256i c = _mm256_and_si256(x, _mm256_set1_epi32((1 << bits) - 1));
     return _mm256_add_ps(tb.m, _mm256_mul_ps(_mm256_cvtepi32_ps(c), tb.s));
+  }
+
+  OSCAR_TGT static inline void reduce_rows(const F* v, float* out) {
+    for (int t = 0; t < kBlock; ++t) out[t] = reduce_add(v[t]);
   }
 
   OSCAR_TGT static inline __m256 exp2_8(__m256 x) {

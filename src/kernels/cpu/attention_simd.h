@@ -21,29 +21,62 @@
 //
 // NOTE: no include guard on purpose (included once per ISA namespace).
 
-// Decoding plan of a quantized row for chunk width W.
+// Decoding plan of a quantized row for chunk width W. A "window" is W code
+// bytes (or 8 bytes twice when dup) loaded and widened once; each of its
+// chunks is one shift of it = W consecutive channels starting at c0.
 template <int W>
 struct QuantPlan {
-  int nch = 0;                    // d / W chunks
-  bool dup = false;               // W > bytes per lane run (INT2, G=32, W=16)
-  int byte[256];                  // chunk -> first code byte within the row
-  int group[256];                 // chunk -> group index
-  alignas(64) int32_t shift[256]; // [nch][W] per-lane right shift
+  int nch = 0;                     // d / W chunks, listed window by window
+  int nwin = 0;
+  bool dup = false;                // W > bytes per lane run (INT2, G=32, W=16)
+  int wbyte[256] = {};                // window -> first code byte within the row
+  int wfirst[257] = {};               // window -> its chunks [wfirst[w], wfirst[w+1])
+  int byte[256] = {};                 // chunk -> its window's first byte
+  int c0[256] = {};                   // chunk -> first channel
+  int group[256] = {};                // chunk -> group index
+  bool noshift[256] = {};             // chunk -> all shifts are 0
+  alignas(64) int32_t shift[256] = {};  // [nch][W] per-lane right shift
 
-  void init(int d, int group_size, int bits) {
+  constexpr void init(int d, int group_size, int bits) {
     const int lanes = 8 / bits;
     const int per_lane = group_size / lanes;  // bytes per group
-    nch = d / W;
     dup = W > per_lane;
-    for (int ch = 0; ch < nch; ++ch) {
-      const int c0 = ch * W;
-      const int g = c0 / group_size, i = c0 % group_size;
-      group[ch] = g;
-      byte[ch] = g * per_lane + i % per_lane;
-      for (int w = 0; w < W; ++w) shift[ch * W + w] = bits * ((i + w) / per_lane);
+    nch = nwin = 0;
+    auto add_chunk = [&](int first_channel, int window_byte, int shift_lo, int shift_hi) {
+      c0[nch] = first_channel;
+      byte[nch] = window_byte;
+      group[nch] = first_channel / group_size;
+      noshift[nch] = shift_lo == 0 && shift_hi == 0;
+      for (int w = 0; w < W; ++w) shift[nch * W + w] = w < W / 2 || W == 1 ? shift_lo : shift_hi;
+      ++nch;
+    };
+    for (int g = 0; g < d / group_size; ++g) {
+      if (dup) {  // 8 bytes: lanes (0,1) then (2,3), 16 channels each
+        wbyte[nwin] = g * per_lane;
+        wfirst[nwin] = nch;
+        for (int q = 0; q < lanes; q += 2)
+          add_chunk(g * group_size + q * per_lane, wbyte[nwin], bits * q, bits * (q + 1));
+        ++nwin;
+        continue;
+      }
+      for (int o = 0; o < per_lane; o += W) {
+        wbyte[nwin] = g * per_lane + o;
+        wfirst[nwin] = nch;
+        for (int q = 0; q < lanes; ++q)
+          add_chunk(g * group_size + q * per_lane + o, wbyte[nwin], bits * q, bits * q);
+        ++nwin;
+      }
     }
+    wfirst[nwin] = nch;
   }
 };
+
+template <int W>
+constexpr QuantPlan<W> make_plan(int d, int group_size, int bits) {
+  QuantPlan<W> p{};
+  p.init(d, group_size, bits);
+  return p;
+}
 
 // Contiguous BF16 rows of one page (one KV head): row t at k + t*d.
 struct Bf16Run {
@@ -73,11 +106,21 @@ struct RowKernel {
   using F = typename T::F;
   static constexpr int W = T::W;
 
+  // Per-row partial sums red[g][t] (W lanes) -> logits s[g][t]; rows t >= nt
+  // are zeroed first (their logits are masked to -inf by softmax anyway).
+  OSCAR_TGT static inline void reduce(F (*red)[kBlock], int nt, float (*s)[kBlock]) {
+    for (int g = 0; g < NQ; ++g) {
+      for (int t = nt; t < kBlock; ++t) red[g][t] = T::zero();
+      T::reduce_rows(red[g], s[g]);
+    }
+  }
+
   // Logits of rows [0, nt) of a block into s[g][t] (t < nt).
   template <class LoadK>
   OSCAR_TGT static inline void logits(const LoadK& load_k, int nt, int d, const float* q,
                                       float (*s)[kBlock]) {
     const int nch = d / W;
+    F red[NQ][kBlock];
     for (int t = 0; t < nt; ++t) {
       F a[NQ];
       for (int g = 0; g < NQ; ++g) a[g] = T::zero();
@@ -85,8 +128,35 @@ struct RowKernel {
         const F k = load_k(t, ch);
         for (int g = 0; g < NQ; ++g) a[g] = T::fma(T::load(q + g * d + ch * W), k, a[g]);
       }
-      for (int g = 0; g < NQ; ++g) s[g][t] = T::reduce_add(a[g]);
+      for (int g = 0; g < NQ; ++g) red[g][t] = a[g];
     }
+    reduce(red, nt, s);
+  }
+
+  // Quantized keys: each window of code bytes is widened once and shifted per
+  // lane into its chunks (DESIGN §3.5: codes dequantized in registers, shared
+  // by the nq queries).
+  OSCAR_TGT static inline void logits_quant(const uint8_t* base, int cb, const QuantPlan<W>& plan,
+                                            const typename T::Table (*tab)[8], int bits, int nt, int d,
+                                            const float* q, float (*s)[kBlock]) {
+    F red[NQ][kBlock];
+    for (int t = 0; t < nt; ++t) {
+      F a[NQ];
+      for (int g = 0; g < NQ; ++g) a[g] = T::zero();
+      const uint8_t* row = base + t * cb;
+#pragma GCC unroll 16
+      for (int w = 0; w < plan.nwin; ++w) {
+        const auto x = T::load_window(row + plan.wbyte[w], plan.dup);
+#pragma GCC unroll 4
+        for (int ch = plan.wfirst[w]; ch < plan.wfirst[w + 1]; ++ch) {
+          const F k = T::dequant_x(x, plan.shift + ch * W, plan.noshift[ch], tab[t][plan.group[ch]], bits);
+          const float* qc = q + plan.c0[ch];
+          for (int g = 0; g < NQ; ++g) a[g] = T::fma(T::load(qc + g * d), k, a[g]);
+        }
+      }
+      for (int g = 0; g < NQ; ++g) red[g][t] = a[g];
+    }
+    reduce(red, nt, s);
   }
 
   // Online-softmax update of the state from block logits; p[g][t] = weights.
@@ -104,7 +174,8 @@ struct RowKernel {
         continue;
       }
       const float m_new = std::max(qs.m[g], bm);
-      const float alpha = std::exp2(qs.m[g] - m_new);  // 0 when m was -inf
+      // The running max rarely moves after the first blocks: skip the exp2.
+      const float alpha = m_new == qs.m[g] ? 1.0f : std::exp2(qs.m[g] - m_new);  // 0 when m was -inf
       const float sum = T::exp2_block(s[g], m_new, p[g]);
       qs.l[g] = qs.l[g] * alpha + sum;
       qs.m[g] = m_new;
@@ -121,13 +192,63 @@ struct RowKernel {
                                           float (*p)[kBlock]) {
     const int nch = d / W;
     for (int ch = 0; ch < nch; ++ch) {
+      const int c0 = load_v.channel(ch);
       F a[NQ];
-      for (int g = 0; g < NQ; ++g) a[g] = T::load(qs.acc + g * d + ch * W);
+      for (int g = 0; g < NQ; ++g) a[g] = T::load(qs.acc + g * d + c0);
       for (int t = 0; t < nt; ++t) {
         const F v = load_v(t, ch);
         for (int g = 0; g < NQ; ++g) a[g] = T::fma(T::set1(p[g][t]), v, a[g]);
       }
-      for (int g = 0; g < NQ; ++g) T::store(qs.acc + g * d + ch * W, a[g]);
+      for (int g = 0; g < NQ; ++g) T::store(qs.acc + g * d + c0, a[g]);
+    }
+  }
+
+  // Quantized values: chunk-outer so the nq accumulators stay in registers
+  // across the block's rows.
+  OSCAR_TGT static inline void accumulate_quant(const uint8_t* base, int cb, const QuantPlan<W>& plan,
+                                                const typename T::Table (*tab)[8], int bits, int nt, int d,
+                                                QuerySet& qs, float (*p)[kBlock]) {
+    if constexpr (NQ <= 4 && W > 1) {
+      // Window-outer: widen each window of code bytes once for all its chunks
+      // (up to 4 chunks x NQ accumulators = 16 registers).
+#pragma GCC unroll 16
+      for (int w = 0; w < plan.nwin; ++w) {
+        const int ch0 = plan.wfirst[w], nc = plan.wfirst[w + 1] - ch0;
+        if (nc > 4) break;  // not expected (<= 8/bits chunks per window)
+        F a[4][NQ];
+        for (int c = 0; c < 4; ++c)
+          for (int g = 0; g < NQ; ++g) a[c][g] = T::zero();
+#pragma GCC unroll 4
+        for (int c = 0; c < nc; ++c)
+          for (int g = 0; g < NQ; ++g) a[c][g] = T::load(qs.acc + g * d + plan.c0[ch0 + c]);
+        const uint8_t* src = base + plan.wbyte[w];
+        for (int t = 0; t < nt; ++t) {
+          const auto x = T::load_window(src + t * cb, plan.dup);
+#pragma GCC unroll 4
+          for (int c = 0; c < nc; ++c) {
+            const int ch = ch0 + c;
+            const F v = T::dequant_x(x, plan.shift + ch * W, plan.noshift[ch], tab[t][plan.group[ch]], bits);
+            for (int g = 0; g < NQ; ++g) a[c][g] = T::fma(T::set1(p[g][t]), v, a[c][g]);
+          }
+        }
+#pragma GCC unroll 4
+        for (int c = 0; c < nc; ++c)
+          for (int g = 0; g < NQ; ++g) T::store(qs.acc + g * d + plan.c0[ch0 + c], a[c][g]);
+      }
+      return;
+    }
+#pragma GCC unroll 16
+    for (int ch = 0; ch < plan.nch; ++ch) {
+      const int c0 = plan.c0[ch];
+      F a[NQ];
+      for (int g = 0; g < NQ; ++g) a[g] = T::load(qs.acc + g * d + c0);
+      const uint8_t* src = base + plan.byte[ch];
+      for (int t = 0; t < nt; ++t) {
+        const F v = T::dequant_x(T::load_window(src + t * cb, plan.dup), plan.shift + ch * W, plan.noshift[ch],
+                                 tab[t][plan.group[ch]], bits);
+        for (int g = 0; g < NQ; ++g) a[g] = T::fma(T::set1(p[g][t]), v, a[g]);
+      }
+      for (int g = 0; g < NQ; ++g) T::store(qs.acc + g * d + c0, a[g]);
     }
   }
 
@@ -136,21 +257,13 @@ struct RowKernel {
     const uint16_t* base;
     int d;
     OSCAR_TGT F operator()(int t, int ch) const { return T::load_bf16(base + t * d + ch * W); }
+    int channel(int ch) const { return ch * W; }
   };
   struct LoadF32 {
     const float* base;
     int64_t stride;
     OSCAR_TGT F operator()(int t, int ch) const { return T::load(base + t * stride + ch * W); }
-  };
-  struct LoadQuant {
-    const uint8_t* base;
-    int cb, bits;
-    const QuantPlan<W>* plan;
-    const typename T::Table (*tab)[8];
-    OSCAR_TGT F operator()(int t, int ch) const {
-      return T::dequant(base + t * cb + plan->byte[ch], plan->dup, plan->shift + ch * W,
-                        tab[t][plan->group[ch]], bits);
-    }
+    int channel(int ch) const { return ch * W; }
   };
 
   OSCAR_TGT static void run(const Bf16Run& run, int n, int key_base, int d, QuerySet& qs) {
@@ -175,8 +288,11 @@ struct RowKernel {
     }
   }
 
-  OSCAR_TGT static void run(const QuantRun& run, const QuantPlan<W>& plan, int bits, int n,
-                            int key_base, int d, QuerySet& qs) {
+  // Quantized rows; with a compile-time plan (run_fixed) the window/chunk
+  // loops unroll and every index folds to a constant.
+  __attribute__((always_inline)) OSCAR_TGT static inline void run_quant(const QuantRun& run,
+                                                                         const QuantPlan<W>& plan, int bits,
+                                                                         int n, int key_base, int d, QuerySet& qs) {
     alignas(64) float s[NQ][kBlock];
     alignas(64) float p[NQ][kBlock];
     using Table = typename T::Table;
@@ -193,31 +309,79 @@ struct RowKernel {
           kt[t][g] = T::make_table(kpar[(t * ng + g) * 2], kpar[(t * ng + g) * 2 + 1], bits);
           vt[t][g] = T::make_table(vpar[(t * ng + g) * 2], vpar[(t * ng + g) * 2 + 1], bits);
         }
-      logits(LoadQuant{run.kc + int64_t(t0) * cb, cb, bits, &plan, kt}, nt, d, qs.q, s);
+      logits_quant(run.kc + int64_t(t0) * cb, cb, plan, kt, bits, nt, d, qs.q, s);
       softmax(qs, nt, key_base + t0, d, s, p);
-      accumulate(LoadQuant{run.vc + int64_t(t0) * cb, cb, bits, &plan, vt}, nt, d, qs, p);
+      accumulate_quant(run.vc + int64_t(t0) * cb, cb, plan, vt, bits, nt, d, qs, p);
     }
   }
+
+  OSCAR_TGT static void run(const QuantRun& run, const QuantPlan<W>& plan, int bits, int n, int key_base,
+                            int d, QuerySet& qs) {
+    run_quant(run, plan, bits, n, key_base, d, qs);
+  }
+
+  template <int D, int G, int BITS>
+  OSCAR_TGT static void run_fixed(const QuantRun& run, int n, int key_base, QuerySet& qs) {
+    static constexpr QuantPlan<W> plan = make_plan<W>(D, G, BITS);
+    QuantRun r = run;
+    r.code_bytes = D * BITS / 8;
+    r.ngroups = D / G;
+    run_quant(r, plan, BITS, n, key_base, D, qs);
+  }
 };
+
+// Software prefetch into L2 of [p, p + bytes), one request per 64-byte line.
+inline void prefetch_bytes(const uint8_t* p, int64_t bytes) {
+  for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 2);
+}
 
 // Region rows: walk the pages of [i0, i1) and run each page's contiguous rows.
 template <class T, int NQ>
 OSCAR_TGT void region_rows_nq(const RegionRows& rr, QuerySet& qs) {
   const kv::PagedKvView& kv = *rr.kv;
   const int d = kv.head_dim, ps = kv.page_size;
-  QuantPlan<T::W> plan;
-  if (rr.quantized) plan.init(d, kv.group_size, kv.bits);
+  // Runtime plan only for formats without a compile-time one (see below).
+  const bool fixed = kv.bits == 2 && ((d == 128 && kv.group_size == 128) || (d == 64 && kv.group_size == 64) ||
+                                      (d == 256 && kv.group_size == 128));
+  static thread_local QuantPlan<T::W> plan;
+  if (rr.quantized && !fixed) plan.init(d, kv.group_size, kv.bits);
   for (int i = rr.i0; i < rr.i1;) {
     const int32_t page = rr.r->indices[rr.r->indptr[rr.b] + i / ps];
     const int slot = i % ps;
     const int n = std::min(ps - slot, rr.i1 - i);
     const int key_base = rr.key_base + (i - rr.i0);
+    if (i + n < rr.i1) {
+      // Pages are scattered in the pool, so the hardware prefetcher restarts
+      // at every page: fetch the next page's rows (this head) while this one runs.
+      const int32_t next = rr.r->indices[rr.r->indptr[rr.b] + (i + n) / ps];
+      const int nn = std::min(ps, rr.i1 - i - n);
+      if (rr.quantized) {
+        const int64_t row = kv.quant_row_index(next, rr.h, 0);
+        const int cb = kv.row_code_bytes(), pb = kv.row_groups() * 4;
+        prefetch_bytes(kv.quant.k_codes + row * cb, int64_t(nn) * cb);
+        prefetch_bytes(kv.quant.v_codes + row * cb, int64_t(nn) * cb);
+        prefetch_bytes(reinterpret_cast<const uint8_t*>(kv.quant.k_params) + row * pb, int64_t(nn) * pb);
+        prefetch_bytes(reinterpret_cast<const uint8_t*>(kv.quant.v_params) + row * pb, int64_t(nn) * pb);
+      } else {
+        const int64_t off = kv.bf16_row_offset(next, rr.h, 0);
+        prefetch_bytes(reinterpret_cast<const uint8_t*>(kv.bf16.k + off), int64_t(nn) * d * 2);
+        prefetch_bytes(reinterpret_cast<const uint8_t*>(kv.bf16.v + off), int64_t(nn) * d * 2);
+      }
+    }
     if (rr.quantized) {
       const int64_t row = kv.quant_row_index(page, rr.h, slot);
       const int cb = kv.row_code_bytes(), ng = kv.row_groups();
       const QuantRun run{kv.quant.k_codes + row * cb, kv.quant.v_codes + row * cb,
                          kv.quant.k_params + row * ng * 2, kv.quant.v_params + row * ng * 2, cb, ng};
-      RowKernel<T, NQ>::run(run, plan, kv.bits, n, key_base, d, qs);
+      // The default formats get compile-time plans; the rest the runtime one.
+      if (kv.bits == 2 && d == 128 && kv.group_size == 128)
+        RowKernel<T, NQ>::template run_fixed<128, 128, 2>(run, n, key_base, qs);
+      else if (kv.bits == 2 && d == 64 && kv.group_size == 64)
+        RowKernel<T, NQ>::template run_fixed<64, 64, 2>(run, n, key_base, qs);
+      else if (kv.bits == 2 && d == 256 && kv.group_size == 128)
+        RowKernel<T, NQ>::template run_fixed<256, 128, 2>(run, n, key_base, qs);
+      else
+        RowKernel<T, NQ>::run(run, plan, kv.bits, n, key_base, d, qs);
     } else {
       const int64_t off = kv.bf16_row_offset(page, rr.h, slot);
       RowKernel<T, NQ>::run(Bf16Run{kv.bf16.k + off, kv.bf16.v + off}, n, key_base, d, qs);

@@ -128,22 +128,6 @@ __device__ void clip_quantize_store(float (&y)[D / 32], int clip_idx, int G, uin
   if (lane < D / 16) reinterpret_cast<uint32_t*>(codes)[lane] = words[lane];
 }
 
-// y = x R for the warp's row (x in shared memory), or y = x without R.
-template <int D>
-__device__ __forceinline__ void rotate_row(const float* x_sh, const float* R, float (&y)[D / 32]) {
-  const int lane = threadIdx.x & 31;
-#pragma unroll
-  for (int i = 0; i < D / 32; ++i) y[i] = R ? 0.0f : x_sh[lane + 32 * i];
-  if (!R) return;
-  // Unrolled so that many loads of R are in flight (the loop is latency-bound).
-#pragma unroll 16
-  for (int j = 0; j < D; ++j) {
-    const float xj = x_sh[j];
-#pragma unroll
-    for (int i = 0; i < D / 32; ++i) y[i] = fmaf(xj, __ldg(R + j * D + lane + 32 * i), y[i]);
-  }
-}
-
 struct WriteArgs {
   kv::PagedKvView kv;
   int n;
@@ -155,37 +139,65 @@ struct WriteArgs {
   int clip_idx_k, clip_idx_v;
 };
 
-// Rows are (token i, head h, K/V): row = (i * Hkv + h) * 2 + is_v.
+// One block of 4 warps per row (token i, head h, K/V): row = blockIdx.x =
+// (i * Hkv + h) * 2 + is_v. The d x d rotation is split over the warps by
+// input channel (each lane then has all its loads of R in flight at once:
+// decode writes few rows, so this kernel is latency-bound), the partial sums
+// meet in shared memory, and warp 0 clips, quantizes and packs.
 template <int D, bool kQuant>
 __global__ void __launch_bounds__(32 * kRowsPerBlock) write_kernel(const WriteArgs a) {
-  __shared__ float xs[kRowsPerBlock][D];
-  __shared__ uint32_t words[kRowsPerBlock][D / 16];
+  __shared__ float xs[D];
+  __shared__ float part[kRowsPerBlock][D];
+  __shared__ uint32_t words[D / 16];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int Hkv = a.kv.num_kv_heads;
-  const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + warp;
-  if (row >= int64_t(a.n) * Hkv * 2) return;  // warp-uniform
+  const int64_t row = blockIdx.x;
   const bool is_v = row & 1;
   const int64_t ih = row >> 1;
   const int i = static_cast<int>(ih / Hkv), h = static_cast<int>(ih % Hkv);
   const float* x = (is_v ? a.v : a.k) + ih * D;
   const float* R = is_v ? a.rot.v : a.rot.k;
   if (R && a.rot.r_heads != 1) R += int64_t(h) * D * D;
-#pragma unroll
-  for (int c = 0; c < D / 32; ++c) xs[warp][lane + 32 * c] = x[lane + 32 * c];
-  __syncwarp();
+  for (int c = threadIdx.x; c < D; c += 32 * kRowsPerBlock) xs[c] = x[c];
+  __syncthreads();
   float y[D / 32];
-  rotate_row<D>(xs[warp], R, y);
+  if (R) {
+    constexpr int J = D / kRowsPerBlock;  // input channels per warp
+#pragma unroll
+    for (int k = 0; k < D / 32; ++k) y[k] = 0.0f;
+#pragma unroll 16
+    for (int jj = 0; jj < J; ++jj) {
+      const int j = warp * J + jj;
+      const float xj = xs[j];
+#pragma unroll
+      for (int k = 0; k < D / 32; ++k) y[k] = fmaf(xj, __ldg(R + j * D + lane + 32 * k), y[k]);
+    }
+#pragma unroll
+    for (int k = 0; k < D / 32; ++k) part[warp][lane + 32 * k] = y[k];
+    __syncthreads();
+    if (warp != 0) return;
+#pragma unroll
+    for (int k = 0; k < D / 32; ++k) {
+      float acc = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kRowsPerBlock; ++w) acc += part[w][lane + 32 * k];
+      y[k] = acc;
+    }
+  } else {
+    if (warp != 0) return;
+#pragma unroll
+    for (int k = 0; k < D / 32; ++k) y[k] = xs[lane + 32 * k];
+  }
   const int32_t page = a.pages[i], slot = a.slots[i];
   if constexpr (kQuant) {
     const int64_t qr = pool_row(a.kv, page, h, slot);
     uint8_t* codes = (is_v ? a.kv.quant.v_codes : a.kv.quant.k_codes) + qr * (D / 4);
     uint16_t* params = (is_v ? a.kv.quant.v_params : a.kv.quant.k_params) + qr * (D / a.kv.group_size) * 2;
-    clip_quantize_store<D>(y, is_v ? a.clip_idx_v : a.clip_idx_k, a.kv.group_size, codes, params,
-                           words[warp]);
+    clip_quantize_store<D>(y, is_v ? a.clip_idx_v : a.clip_idx_k, a.kv.group_size, codes, params, words);
   } else {
     uint16_t* dst = (is_v ? a.kv.bf16.v : a.kv.bf16.k) + pool_row(a.kv, page, h, slot) * D;
 #pragma unroll
-    for (int c = 0; c < D / 32; ++c) dst[lane + 32 * c] = f32_to_bf16(y[c]);
+    for (int k = 0; k < D / 32; ++k) dst[lane + 32 * k] = f32_to_bf16(y[k]);
   }
 }
 
@@ -238,7 +250,8 @@ template <bool kQuant>
 cudaError_t launch_write(const WriteArgs& a, cudaStream_t stream) {
   const int64_t rows = int64_t(a.n) * a.kv.num_kv_heads * 2;
   if (rows == 0) return cudaSuccess;
-  const dim3 grid(blocks_for(rows)), block(32 * kRowsPerBlock);
+  if (rows > 0x7fffffff) return cudaErrorInvalidValue;
+  const dim3 grid(static_cast<unsigned>(rows)), block(32 * kRowsPerBlock);
   switch (a.kv.head_dim) {
     case 64: write_kernel<64, kQuant><<<grid, block, 0, stream>>>(a); break;
     case 128: write_kernel<128, kQuant><<<grid, block, 0, stream>>>(a); break;

@@ -112,7 +112,8 @@ struct KernelArgs {
 template <int D, int NG>
 struct WarpState {
   float o[D / 16][4];   // O^T accumulators, m-tile i: rows (channels) g, g+8; cols 2r, 2r+1
-  float sp[NG][2];      // INT2 only: sum_t fp16(p s) per group and head column
+  float sp[NG][4];      // INT2 only: sum_t fp16(p s) per group, as an MMA accumulator
+                        // (c0,c1 = heads 2r, 2r+1; c2,c3 the same values)
   float pm[NG][2];      // INT2 only: sum_t p m
   float m[2];           // running max (log2 domain)
   float l[2];           // this lane's partial row sum
@@ -125,16 +126,25 @@ __device__ __forceinline__ void state_init(WarpState<D, NG>& st) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) st.o[i][e] = 0.0f;
 #pragma unroll
-  for (int gm = 0; gm < NG; ++gm) st.sp[gm][0] = st.sp[gm][1] = st.pm[gm][0] = st.pm[gm][1] = 0.0f;
+  for (int gm = 0; gm < NG; ++gm) {
+    st.sp[gm][0] = st.sp[gm][1] = st.sp[gm][2] = st.sp[gm][3] = 0.0f;
+    st.pm[gm][0] = st.pm[gm][1] = 0.0f;
+  }
   st.m[0] = st.m[1] = -INFINITY;
   st.l[0] = st.l[1] = 0.0f;
 }
 
-// Online softmax step for one tile: s[4] are the lane's logits (log2 domain,
+// Online softmax step for N tiles at once (one max reduction and at most one
+// rescale per step): s[u][4] are the lane's logits of tile u (log2 domain,
 // masked ones -inf), c0,c1 token g / c2,c3 token g+8; returns p in place.
-template <int D, int NG>
-__device__ __forceinline__ void softmax_step(WarpState<D, NG>& st, float (&s)[4]) {
-  float mx[2] = {fmaxf(s[0], s[2]), fmaxf(s[1], s[3])};
+template <int D, int NG, int N>
+__device__ __forceinline__ void softmax_step(WarpState<D, NG>& st, float (&s)[N][4]) {
+  float mx[2] = {fmaxf(s[0][0], s[0][2]), fmaxf(s[0][1], s[0][3])};
+#pragma unroll
+  for (int u = 1; u < N; ++u) {
+    mx[0] = fmaxf(mx[0], fmaxf(s[u][0], s[u][2]));
+    mx[1] = fmaxf(mx[1], fmaxf(s[u][1], s[u][3]));
+  }
 #pragma unroll
   for (int k = 0; k < 2; ++k) {
     mx[k] = fmaxf(mx[k], __shfl_xor_sync(0xffffffffu, mx[k], 4));
@@ -144,8 +154,8 @@ __device__ __forceinline__ void softmax_step(WarpState<D, NG>& st, float (&s)[4]
   const float mn0 = fmaxf(st.m[0], mx[0]), mn1 = fmaxf(st.m[1], mx[1]);
   // Rescale only when some column's max grew (rare after the first tiles).
   if (__any_sync(0xffffffffu, mn0 > st.m[0] || mn1 > st.m[1])) {
-    const float sc0 = mn0 > st.m[0] ? exp2f(st.m[0] - mn0) : 1.0f;
-    const float sc1 = mn1 > st.m[1] ? exp2f(st.m[1] - mn1) : 1.0f;
+    const float sc0 = mn0 > st.m[0] ? fast_exp2(st.m[0] - mn0) : 1.0f;
+    const float sc1 = mn1 > st.m[1] ? fast_exp2(st.m[1] - mn1) : 1.0f;
 #pragma unroll
     for (int i = 0; i < D / 16; ++i) {
       st.o[i][0] *= sc0;
@@ -157,6 +167,8 @@ __device__ __forceinline__ void softmax_step(WarpState<D, NG>& st, float (&s)[4]
     for (int gm = 0; gm < NG; ++gm) {
       st.sp[gm][0] *= sc0;
       st.sp[gm][1] *= sc1;
+      st.sp[gm][2] *= sc0;
+      st.sp[gm][3] *= sc1;
       st.pm[gm][0] *= sc0;
       st.pm[gm][1] *= sc1;
     }
@@ -169,19 +181,22 @@ __device__ __forceinline__ void softmax_step(WarpState<D, NG>& st, float (&s)[4]
   // exp2(-inf - base) = 0 instead of NaN.
   const float b0 = st.m[0] == -INFINITY ? 0.0f : st.m[0];
   const float b1 = st.m[1] == -INFINITY ? 0.0f : st.m[1];
-  s[0] = exp2f(s[0] - b0);
-  s[1] = exp2f(s[1] - b1);
-  s[2] = exp2f(s[2] - b0);
-  s[3] = exp2f(s[3] - b1);
-  st.l[0] += s[0] + s[2];
-  st.l[1] += s[1] + s[3];
+#pragma unroll
+  for (int u = 0; u < N; ++u) {
+    s[u][0] = fast_exp2(s[u][0] - b0);
+    s[u][1] = fast_exp2(s[u][1] - b1);
+    s[u][2] = fast_exp2(s[u][2] - b0);
+    s[u][3] = fast_exp2(s[u][3] - b1);
+    st.l[0] += s[u][0] + s[u][2];
+    st.l[1] += s[u][1] + s[u][3];
+  }
 }
 
 // Page and slot of region-relative tile t (tiles never cross pages since the
 // page size is a multiple of 16 and regions start at slot 0). The page id is
 // looked up separately (page_of) so that loops can fetch it one step early.
 struct TileLoc {
-  int64_t row0;  // quant_row_index / bf16 row of the tile's first token, head h
+  uint32_t row0;  // quant_row_index / bf16 row of the tile's first token, head h (pools < 2^32 rows)
   int valid;     // tokens of the tile inside the region (1..16)
 };
 __device__ __forceinline__ int32_t page_of(const int32_t* pages, const FastDiv& tpp, int t) {
@@ -192,7 +207,7 @@ __device__ __forceinline__ TileLoc tile_loc(int32_t page, const FastDiv& tpp, in
   const int ts = t * kTileTokens;
   const int slot0 = (t - static_cast<int>(tpp.div(static_cast<uint32_t>(t)) * tpp.d)) * kTileTokens;
   TileLoc loc;
-  loc.row0 = (int64_t(page) * num_kv_heads + h) * page_size + slot0;
+  loc.row0 = (static_cast<uint32_t>(page) * num_kv_heads + h) * page_size + slot0;
   loc.valid = min(kTileTokens, len - ts);
   return loc;
 }
@@ -210,6 +225,63 @@ struct QuantTile {
   int valid;
 };
 
+// The lane's fragments of one tile from its four arrays (global memory or a
+// shared-memory copy of the same bytes): K/V codes [16 tokens][D/4] bytes and
+// K/V params [16 tokens][D/G] (scale, min) words.
+template <bool kShared, typename T>
+__device__ __forceinline__ T ld(const T* p) {
+  if constexpr (kShared)
+    return *p;
+  else
+    return __ldg(p);
+}
+
+template <bool kShared, int D, int G>
+__device__ __forceinline__ void load_quant_fragments(QuantTile<D, G>& T, const uint8_t* kc0,
+                                                     const uint8_t* vc0, const uint32_t* kp0,
+                                                     const uint32_t* vp0, int g, int r) {
+  constexpr int NG = D / G, RB = D / 4;
+  constexpr int KB = G == 128 ? 8 : G == 64 ? 4 : 2;  // K code bytes per lane and group
+  constexpr int VB = G / 32;                          // V code bytes per lane and group
+  const uint8_t* kc = kc0 + (g * RB + KB * r);
+  const uint8_t* vc = vc0 + (2 * r * RB + VB * g);
+  const uint32_t* kp = kp0 + g * NG;
+  const uint32_t* vp = vp0 + g * NG;
+#pragma unroll
+  for (int tt = 0; tt < 2; ++tt) {
+#pragma unroll
+    for (int gm = 0; gm < NG; ++gm) {
+      const uint8_t* p = kc + (8 * tt * RB + gm * (G / 4));
+      if constexpr (G == 128) {
+        const uint2 w = ld<kShared>(reinterpret_cast<const uint2*>(p));
+        T.kw[tt][gm][0] = w.x;
+        T.kw[tt][gm][1] = w.y;
+      } else if constexpr (G == 64) {
+        T.kw[tt][gm][0] = ld<kShared>(reinterpret_cast<const uint32_t*>(p));
+      } else {
+        const uint32_t v = ld<kShared>(reinterpret_cast<const unsigned short*>(p));
+        T.kw[tt][gm][0] = prmt(v, 0u, 0x4140u);  // [b0, 0, b1, 0]
+      }
+      T.kp[tt][gm] = ld<kShared>(kp + (8 * tt * NG + gm));
+      T.vp[tt][gm] = ld<kShared>(vp + (8 * tt * NG + gm));
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const int dt = (k & 1) + 8 * (k >> 1);  // tokens 2r, 2r+1, 2r+8, 2r+9
+#pragma unroll
+    for (int gm = 0; gm < NG; ++gm) {
+      const uint8_t* p = vc + (dt * RB + gm * (G / 4));
+      if constexpr (G == 128)
+        T.vw[k][gm] = ld<kShared>(reinterpret_cast<const uint32_t*>(p));
+      else if constexpr (G == 64)
+        T.vw[k][gm] = ld<kShared>(reinterpret_cast<const unsigned short*>(p));
+      else
+        T.vw[k][gm] = ld<kShared>(p);
+    }
+  }
+}
+
 template <int D, int G>
 __device__ __forceinline__ void load_quant_tile(QuantTile<D, G>& T, const kv::PagedKvView& kv,
                                                 int32_t page, const FastDiv& tpp, int len, int h,
@@ -217,44 +289,12 @@ __device__ __forceinline__ void load_quant_tile(QuantTile<D, G>& T, const kv::Pa
   constexpr int NG = D / G, RB = D / 4;  // RB: code bytes per row
   const TileLoc loc = tile_loc(page, tpp, len, kv.page_size, kv.num_kv_heads, h, t);
   T.valid = loc.valid;
-  const uint8_t* kc = kv.quant.k_codes + loc.row0 * RB;
-  const uint8_t* vc = kv.quant.v_codes + loc.row0 * RB;
-  const uint32_t* kp = reinterpret_cast<const uint32_t*>(kv.quant.k_params) + loc.row0 * NG;
-  const uint32_t* vp = reinterpret_cast<const uint32_t*>(kv.quant.v_params) + loc.row0 * NG;
-#pragma unroll
-  for (int tt = 0; tt < 2; ++tt) {
-    const int tok = g + 8 * tt;
-#pragma unroll
-    for (int gm = 0; gm < NG; ++gm) {
-      const uint8_t* p = kc + tok * RB + gm * (G / 4);
-      if constexpr (G == 128) {
-        const uint2 w = __ldg(reinterpret_cast<const uint2*>(p + 8 * r));
-        T.kw[tt][gm][0] = w.x;
-        T.kw[tt][gm][1] = w.y;
-      } else if constexpr (G == 64) {
-        T.kw[tt][gm][0] = __ldg(reinterpret_cast<const uint32_t*>(p + 4 * r));
-      } else {
-        const uint32_t v = __ldg(reinterpret_cast<const unsigned short*>(p + 2 * r));
-        T.kw[tt][gm][0] = prmt(v, 0u, 0x4140u);  // [b0, 0, b1, 0]
-      }
-      T.kp[tt][gm] = __ldg(kp + tok * NG + gm);
-      T.vp[tt][gm] = __ldg(vp + tok * NG + gm);
-    }
-  }
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const int tok = 2 * r + (k & 1) + 8 * (k >> 1);
-#pragma unroll
-    for (int gm = 0; gm < NG; ++gm) {
-      const uint8_t* p = vc + tok * RB + gm * (G / 4);
-      if constexpr (G == 128)
-        T.vw[k][gm] = __ldg(reinterpret_cast<const uint32_t*>(p + 4 * g));
-      else if constexpr (G == 64)
-        T.vw[k][gm] = __ldg(reinterpret_cast<const unsigned short*>(p + 2 * g));
-      else
-        T.vw[k][gm] = __ldg(p + g);
-    }
-  }
+  // One 64-bit address per array and tile; the per-token offsets below are
+  // immediates (the lane's own offsets are folded into the base).
+  const uint64_t row0 = loc.row0;
+  load_quant_fragments<false>(T, kv.quant.k_codes + row0 * RB, kv.quant.v_codes + row0 * RB,
+                       reinterpret_cast<const uint32_t*>(kv.quant.k_params) + row0 * NG,
+                       reinterpret_cast<const uint32_t*>(kv.quant.v_params) + row0 * NG, g, r);
 }
 
 // Per-block query operands for the INT2 path.
@@ -267,10 +307,12 @@ struct QuantQuery {
   float f[2];              // logit factor (amax * sm_scale * log2 e), head columns 2r, 2r+1
 };
 
-// Code factor F of k-tile jl of a group at fragment half `half` (kpos / 8).
+// Code factor F of k-tile jl of a group at fragment half `half` (kpos / 8):
+// G >= 64 unpacks half 0 from lo bytes and half 1 from hi bytes at s = jl % 4;
+// G = 32 unpacks both halves from lo bytes at s = 2 jl + half.
 template <int G>
 __host__ __device__ constexpr float k_code_factor(int jl, int half) {
-  return G >= 64 ? code_factor(jl % 4) : code_factor(2 * jl + half);
+  return G >= 64 ? (half ? hi_factor(jl % 4) : lo_factor(jl % 4)) : lo_factor(2 * jl + half);
 }
 
 template <int D, int G>
@@ -328,12 +370,16 @@ __device__ __forceinline__ void load_quant_query(QuantQuery<D, G>& Q, const floa
 // Code factor F of INT2 V m-tile i of a group at row half `half` (rp / 8).
 template <int G>
 __host__ __device__ constexpr float v_code_factor(int i, int half) {
-  return G == 128 ? code_factor(i % 4) : G == 64 ? code_factor(i) : code_factor(2 * i + half);
+  return G == 128 ? (half ? hi_factor(i % 4) : lo_factor(i % 4))
+                  : G == 64 ? (half ? hi_factor(i) : lo_factor(i)) : lo_factor(2 * i + half);
 }
 
+// Logits of one INT2 tile (s[4], log2 domain, masked -inf) and the value
+// params of tokens g, g+8 (zero for padding slots).
 template <int D, int G>
-__device__ __forceinline__ void compute_quant_tile(WarpState<D, D / G>& st, const QuantTile<D, G>& T,
-                                                   const QuantQuery<D, G>& Q, int g) {
+__device__ __forceinline__ void quant_logits(const QuantTile<D, G>& T, const QuantQuery<D, G>& Q,
+                                             int g, float (&s)[4], float (&vs)[2][D / G],
+                                             float (&vm)[2][D / G]) {
   constexpr int NG = D / G, KTG = G / 16;
   // --- logits: S^T = K Q'^T, one accumulator per group (scales differ per group)
   float sacc[NG][4];
@@ -360,8 +406,6 @@ __device__ __forceinline__ void compute_quant_tile(WarpState<D, D / G>& st, cons
       }
     }
   }
-  float s[4];
-  float vs[2][NG], vm[2][NG];
 #pragma unroll
   for (int tt = 0; tt < 2; ++tt) {
     const bool ok = g + 8 * tt < T.valid;
@@ -379,17 +423,25 @@ __device__ __forceinline__ void compute_quant_tile(WarpState<D, D / G>& st, cons
     s[2 * tt] = ok ? acc0 * Q.f[0] : -INFINITY;
     s[2 * tt + 1] = ok ? acc1 * Q.f[1] : -INFINITY;
   }
-  softmax_step(st, s);
-  // --- values: O^T += V^T (p s)^T per group; sums of p s and p m for the fold
+}
+
+// O^T += V^T (p s)^T per group for one tile (p in s[4]); sums of p s and p m
+// for the fold.
+template <int D, int G>
+__device__ __forceinline__ void quant_pv(WarpState<D, D / G>& st, const QuantTile<D, G>& T,
+                                         const float (&s)[4], const float (&vs)[2][D / G],
+                                         const float (&vm)[2][D / G]) {
+  constexpr int NG = D / G;
 #pragma unroll
   for (int gm = 0; gm < NG; ++gm) {
     const uint32_t h01 = pack_half2(s[0] * vs[0][gm], s[1] * vs[0][gm]);  // token g
     const uint32_t h23 = pack_half2(s[2] * vs[1][gm], s[3] * vs[1][gm]);  // token g+8
-    st.sp[gm][0] += half_lo(h01) + half_lo(h23);
-    st.sp[gm][1] += half_hi(h01) + half_hi(h23);
     st.pm[gm][0] += s[0] * vm[0][gm] + s[2] * vm[1][gm];
     st.pm[gm][1] += s[1] * vm[0][gm] + s[3] * vm[1][gm];
     const uint32_t b0 = transpose8x8(h01), b1 = transpose8x8(h23);
+    // sum_t fp16(p s) per head on the tensor cores: an all-ones A operand.
+    constexpr uint32_t kOnes = 0x3C003C00u;
+    mma_f16(st.sp[gm], kOnes, kOnes, kOnes, kOnes, b0, b1);
     if constexpr (G == 128) {
 #pragma unroll
       for (int xi = 0; xi < 2; ++xi) {
@@ -414,6 +466,18 @@ __device__ __forceinline__ void compute_quant_tile(WarpState<D, D / G>& st, cons
   }
 }
 
+// N INT2 tiles with one softmax step.
+template <int D, int G, int N>
+__device__ __forceinline__ void compute_quant_tiles(WarpState<D, D / G>& st, const QuantTile<D, G> (&T)[N],
+                                                    const QuantQuery<D, G>& Q, int g) {
+  float s[N][4], vs[N][2][D / G], vm[N][2][D / G];
+#pragma unroll
+  for (int u = 0; u < N; ++u) quant_logits(T[u], Q, g, s[u], vs[u], vm[u]);
+  softmax_step(st, s);
+#pragma unroll
+  for (int u = 0; u < N; ++u) quant_pv(st, T[u], s[u], vs[u], vm[u]);
+}
+
 // ---------------------------------------------------------------------------
 // BF16 tiles (sink and recent windows, and the BF16-only baseline).
 template <int D>
@@ -430,8 +494,8 @@ __device__ __forceinline__ void load_bf16_tile(Bf16Tile<D>& T, const kv::PagedKv
   const TileLoc loc =
       tile_loc(page_of(pages, tpp, t), tpp, len, kv.page_size, kv.num_kv_heads, h, t);
   T.valid = loc.valid;
-  const uint16_t* kb = kv.bf16.k + loc.row0 * D;
-  const uint16_t* vb = kv.bf16.v + loc.row0 * D;
+  const uint16_t* kb = kv.bf16.k + size_t(loc.row0) * D;
+  const uint16_t* vb = kv.bf16.v + size_t(loc.row0) * D;
 #pragma unroll
   for (int tt = 0; tt < 2; ++tt)
 #pragma unroll
@@ -492,16 +556,16 @@ __device__ __forceinline__ void compute_bf16_tile(WarpState<D, NG>& st, const Bf
     const uint32_t* k1 = reinterpret_cast<const uint32_t*>(&T.k[1][k]);
     mma_bf16(sacc, k0[2 * mm], k1[2 * mm], k0[2 * mm + 1], k1[2 * mm + 1], Q.qf[j][0], Q.qf[j][1]);
   }
-  float s[4];
+  float s[1][4];
 #pragma unroll
   for (int tt = 0; tt < 2; ++tt) {
     const bool ok = g + 8 * tt < T.valid;
-    s[2 * tt] = ok ? sacc[2 * tt] * Q.f[0] : -INFINITY;
-    s[2 * tt + 1] = ok ? sacc[2 * tt + 1] * Q.f[1] : -INFINITY;
+    s[0][2 * tt] = ok ? sacc[2 * tt] * Q.f[0] : -INFINITY;
+    s[0][2 * tt + 1] = ok ? sacc[2 * tt + 1] * Q.f[1] : -INFINITY;
   }
   softmax_step(st, s);
-  const uint32_t b0 = transpose8x8(pack_bf162(s[0], s[1]));
-  const uint32_t b1 = transpose8x8(pack_bf162(s[2], s[3]));
+  const uint32_t b0 = transpose8x8(pack_bf162(s[0][0], s[0][1]));
+  const uint32_t b1 = transpose8x8(pack_bf162(s[0][2], s[0][3]));
 #pragma unroll
   for (int i = 0; i < D / 16; ++i) {
     const int k = i / 4, w = i % 4;
@@ -517,11 +581,52 @@ __device__ __forceinline__ void compute_bf16_tile(WarpState<D, NG>& st, const Bf
 // ---------------------------------------------------------------------------
 // The split kernel. kQuant: this launch handles middle (INT2) chunks; else
 // BF16 chunks (sink / recent).
-template <int D, int G, bool kQuant>
+// kVariant (INT2 loop shape; docs/cuda-notes.md): 0 = four tiles per step
+// staged through a per-warp two-stage cp.async ring in shared memory (the
+// default for head_dim 128 / group 128); 1 = two tiles per step, the next
+// step's tiles prefetched into registers (used for the other shapes).
+constexpr int kRingStages = 2, kRingTiles = 4;
+// Bytes of one INT2 tile image: K and V codes [16][D/4], K and V params [16][D/G][2] fp16.
+__host__ __device__ constexpr int quant_tile_bytes(int D, int G) { return 8 * D + 128 * (D / G); }
+
+// Issues the cp.async copies of TPI tiles (tiles past tlast: the last tile again).
+template <int D, int G, int TPI>
+__device__ __forceinline__ void issue_tile_copies(uint8_t* dst, const kv::PagedKvView& kv,
+                                                  const int32_t (&pg)[TPI], const FastDiv& tpp,
+                                                  int len, int h, int tg, int tlast, int lane) {
+  constexpr int NG = D / G, RB = D / 4, TB = quant_tile_bytes(D, G);
+#pragma unroll
+  for (int u = 0; u < TPI; ++u) {
+    const int tu = min(tg + u, tlast);
+    const uint64_t row0 = tile_loc(pg[u], tpp, len, kv.page_size, kv.num_kv_heads, h, tu).row0;
+    uint8_t* d = dst + u * TB;
+    const uint8_t* ks = kv.quant.k_codes + row0 * RB;
+    const uint8_t* vs = kv.quant.v_codes + row0 * RB;
+#pragma unroll
+    for (int c = lane; c < RB; c += 32) {  // 16 * RB bytes = RB chunks of 16
+      cp_async16(d + 16 * c, ks + 16 * c);
+      cp_async16(d + 16 * RB + 16 * c, vs + 16 * c);
+    }
+    if (lane < 8 * NG) {  // params: 64 NG bytes each for K (lanes < 4NG) and V
+      const bool v = lane >= 4 * NG;
+      const int c = v ? lane - 4 * NG : lane;
+      const uint8_t* ps = reinterpret_cast<const uint8_t*>(v ? kv.quant.v_params : kv.quant.k_params) + row0 * NG * 4;
+      cp_async16(d + 32 * RB + (v ? 64 * NG : 0) + 16 * c, ps + 16 * c);
+    }
+  }
+}
+
+
+template <int D, int G, bool kQuant, int kVariant = 0>
 __global__ void __launch_bounds__(kThreads, (D <= 128 && G == 128) ? 4 : 1)
     decode_split_kernel(const KernelArgs a) {
   constexpr int NG = kQuant ? D / G : 1;
-  __shared__ float s_o[kWarps][kMaxGqa][D];
+  constexpr int kSoBytes = kWarps * kMaxGqa * D * 4;
+  constexpr int kRingBytes =
+      kQuant && kVariant == 0 ? kWarps * kRingStages * kRingTiles * quant_tile_bytes(D, G) : 0;
+  // The warps' cp.async rings and, after the loop, the per-warp outputs.
+  __shared__ __align__(16) uint8_t smem[kSoBytes > kRingBytes ? kSoBytes : kRingBytes];
+  float(*s_o)[kMaxGqa][D] = reinterpret_cast<float(*)[kMaxGqa][D]>(smem);
   __shared__ float s_m[kWarps][kMaxGqa];
   __shared__ float s_l[kWarps][kMaxGqa];
 
@@ -545,30 +650,74 @@ __global__ void __launch_bounds__(kThreads, (D <= 128 && G == 128) ? 4 : 1)
     const int len = R.len[b];
     QuantQuery<D, G> Q;
     load_quant_query(Q, qrow, head_ok, a.sm_scale_log2, g, r);
-    constexpr int TPI = kQuantTilesPerIter, kStep = kWarps * TPI;
+    constexpr int TPI = kVariant == 1 ? kQuantTilesPerIter : 4, kStep = kWarps * TPI;
     const FastDiv& tpp = a.tiles_per_page;
     // Warp w takes tile groups w, w + kWarps, ... of TPI consecutive tiles.
-    // Pipeline: page ids two groups ahead, tile data one group ahead.
+    // Tiles past t1 are loaded as fully masked tiles (valid <= 0) of the
+    // chunk's last page, so the step's softmax needs no per-tile branch.
     int t = t0 + warp * TPI;
-    QuantTile<D, G> cur[TPI], nxt[TPI];
+    const int tlast = t1 - 1;
+    QuantTile<D, G> cur[TPI];
     int32_t pg[TPI];
+    if constexpr (kVariant == 1) {
+      // Pipeline: page ids two groups ahead, tile data one group ahead.
+      QuantTile<D, G> nxt[TPI];
 #pragma unroll
-    for (int u = 0; u < TPI; ++u)
-      if (t + u < t1) load_quant_tile(cur[u], kv, page_of(pages, tpp, t + u), tpp, len, h, t + u, g, r);
+      for (int u = 0; u < TPI; ++u) {
+        const int tu = min(t + u, tlast);
+        load_quant_tile(cur[u], kv, page_of(pages, tpp, tu), tpp, len, h, tu, g, r);
+        if (t + u > tlast) cur[u].valid = 0;
+      }
 #pragma unroll
-    for (int u = 0; u < TPI; ++u) pg[u] = t + kStep + u < t1 ? page_of(pages, tpp, t + kStep + u) : 0;
-    for (; t < t1; t += kStep) {
-      const int tn = t + kStep;
+      for (int u = 0; u < TPI; ++u) pg[u] = page_of(pages, tpp, min(t + kStep + u, tlast));
+      for (; t < t1; t += kStep) {
+        const int tn = t + kStep;
+        if (tn < t1) {
 #pragma unroll
-      for (int u = 0; u < TPI; ++u)
-        if (tn + u < t1) load_quant_tile(nxt[u], kv, pg[u], tpp, len, h, tn + u, g, r);
+          for (int u = 0; u < TPI; ++u) {
+            load_quant_tile(nxt[u], kv, pg[u], tpp, len, h, min(tn + u, tlast), g, r);
+            if (tn + u > tlast) nxt[u].valid = 0;
+          }
 #pragma unroll
-      for (int u = 0; u < TPI; ++u) pg[u] = tn + kStep + u < t1 ? page_of(pages, tpp, tn + kStep + u) : 0;
+          for (int u = 0; u < TPI; ++u) pg[u] = page_of(pages, tpp, min(tn + kStep + u, tlast));
+        }
+        compute_quant_tiles(st, cur, Q, g);
 #pragma unroll
-      for (int u = 0; u < TPI; ++u)
-        if (t + u < t1) compute_quant_tile(st, cur[u], Q, g);
+        for (int u = 0; u < TPI; ++u) cur[u] = nxt[u];
+      }
+    } else {
+      constexpr int TB = quant_tile_bytes(D, G), RB = D / 4;
+      uint8_t* ring = smem + warp * (kRingStages * TPI * TB);
+      const int ngroups = t < t1 ? (t1 - t + kStep - 1) / kStep : 0;
 #pragma unroll
-      for (int u = 0; u < TPI; ++u) cur[u] = nxt[u];
+      for (int u = 0; u < TPI; ++u) pg[u] = page_of(pages, tpp, min(t + u, tlast));
+      if (ngroups > 0) issue_tile_copies<D, G, TPI>(ring, kv, pg, tpp, len, h, t, tlast, lane);
+      cp_async_commit();
+#pragma unroll
+      for (int u = 0; u < TPI; ++u) pg[u] = page_of(pages, tpp, min(t + kStep + u, tlast));
+      for (int j = 0; j < ngroups; ++j, t += kStep) {
+        // Refill the other stage with group j+1 (its page ids were fetched
+        // one step ago), then fetch group j+2's page ids.
+        if (j + 1 < ngroups)
+          issue_tile_copies<D, G, TPI>(ring + ((j + 1) % kRingStages) * TPI * TB, kv, pg, tpp, len, h,
+                                       t + kStep, tlast, lane);
+        cp_async_commit();
+#pragma unroll
+        for (int u = 0; u < TPI; ++u) pg[u] = page_of(pages, tpp, min(t + 2 * kStep + u, tlast));
+        cp_async_wait<1>();
+        __syncwarp();
+        const uint8_t* img = ring + (j % kRingStages) * TPI * TB;
+#pragma unroll
+        for (int u = 0; u < TPI; ++u) {
+          const uint8_t* ti = img + u * TB;
+          load_quant_fragments<true>(cur[u], ti, ti + 16 * RB, reinterpret_cast<const uint32_t*>(ti + 32 * RB),
+                                     reinterpret_cast<const uint32_t*>(ti + 32 * RB + 64 * (D / G)), g, r);
+          cur[u].valid = t + u <= tlast ? min(kTileTokens, len - (t + u) * kTileTokens) : 0;
+        }
+        compute_quant_tiles(st, cur, Q, g);
+        __syncwarp();  // every lane has read this stage before it is refilled
+      }
+      cp_async_wait<0>();
     }
   } else {
     const kv::RegionTable& R = region == 0 ? kv.sink : kv.recent;
@@ -583,6 +732,8 @@ __global__ void __launch_bounds__(kThreads, (D <= 128 && G == 128) ? 4 : 1)
     }
   }
 
+  // s_o overlaps the other warps' rings: wait until every warp is done.
+  __syncthreads();
   // --- finish this warp: reduce row sums (and min terms) over the 8 lanes of a column
 #pragma unroll
   for (int k = 0; k < 2; ++k) {
@@ -592,10 +743,8 @@ __global__ void __launch_bounds__(kThreads, (D <= 128 && G == 128) ? 4 : 1)
 #pragma unroll
     for (int gm = 0; gm < NG; ++gm)
 #pragma unroll
-      for (int o = 4; o <= 16; o <<= 1) {
-        st.sp[gm][k] += __shfl_xor_sync(0xffffffffu, st.sp[gm][k], o);
+      for (int o = 4; o <= 16; o <<= 1)  // (sp is already summed over tokens by its MMA)
         st.pm[gm][k] += __shfl_xor_sync(0xffffffffu, st.pm[gm][k], o);
-      }
   }
 #pragma unroll
   for (int i = 0; i < D / 16; ++i)
@@ -608,7 +757,7 @@ __global__ void __launch_bounds__(kThreads, (D <= 128 && G == 128) ? 4 : 1)
         constexpr int MTG = G / 16;
         const int gm = i / MTG;
         ch = vq_channel(G, gm, i % MTG, rp);
-        val = (st.o[i][e] - st.sp[gm][e & 1]) * v_code_factor<G>(i % MTG, rp >> 3) + st.pm[gm][e & 1];
+        val = (st.o[i][e] - st.sp[gm][e]) * v_code_factor<G>(i % MTG, rp >> 3) + st.pm[gm][e & 1];
       } else {
         ch = vb_channel(i, rp);
         val = st.o[i][e];
@@ -737,6 +886,19 @@ bool group_supported(int d, int gs) {
 #endif
 }
 
+template <int D, int G>
+void launch_quant(dim3 grid, const KernelArgs& a, int variant, cudaStream_t stream) {
+  // Both loop shapes exist for head_dim 128 / group 128 (the benchmark
+  // shape; `variant` picks); the others use the register-prefetch loop.
+  if constexpr (D == 128 && G == 128) {
+    if (variant != 1) {
+      decode_split_kernel<D, G, true, 0><<<grid, kThreads, 0, stream>>>(a);
+      return;
+    }
+  }
+  decode_split_kernel<D, G, true, 1><<<grid, kThreads, 0, stream>>>(a);
+}
+
 cudaError_t launch(const DecodeParams& p, const DecodePlan& plan, const DecodeWorkspace& ws,
                    cudaStream_t stream, bool force_bf16) {
   if (!check_decode(p, plan, ws).empty()) return cudaErrorInvalidValue;
@@ -759,8 +921,7 @@ cudaError_t launch(const DecodeParams& p, const DecodePlan& plan, const DecodeWo
     if (nq > 0) {
       OSCAR_DISPATCH_GROUP(p.kv.group_size, D, G, {
         a.order = order;
-        decode_split_kernel<D, G, true>
-            <<<dim3(nq, p.kv.num_kv_heads), kThreads, 0, stream>>>(a);
+        launch_quant<D, G>(dim3(nq, p.kv.num_kv_heads), a, p.variant, stream);
         launched = true;
       });
       if (!launched) return cudaErrorInvalidValue;
@@ -801,7 +962,7 @@ DecodePlan plan_decode(int batch, const int32_t* sink_len, const int32_t* mid_le
     const int64_t work = (quant_tiles + kBf16TileCost * bf16_tiles) * std::max(num_kv_heads, 1);
     const int64_t target = int64_t(std::max(num_sms, 1)) * 8;
     const int64_t per_cta = std::max<int64_t>(1, (work + target - 1) / target);
-    const int qmin = kWarps * kQuantTilesPerIter;
+    const int qmin = kWarps * 4;  // whole steps of either loop variant
     plan.tiles_per_chunk_quant =
         static_cast<int>(std::clamp<int64_t>((per_cta + qmin - 1) / qmin * qmin, qmin, 1 << 20));
     plan.tiles_per_chunk_bf16 = static_cast<int>(std::clamp<int64_t>(

@@ -42,6 +42,8 @@ struct DecodeParams {
   float sm_scale = 0.0f;     // usually 1/sqrt(d)
   float* o = nullptr;        // [batch][Hq][d] f32 device, R_V basis
   float* lse = nullptr;      // [batch][Hq] f32 device (natural log) or nullptr
+  int variant = 0;           // INT2 loop shape for d=128/G=128 (benchmarking; docs/cuda-notes.md):
+                             // 0 = default (4 tiles/step), 1 = 2 tiles/step + register prefetch
 };
 
 // Host-side split-KV schedule. chunks[i] = {b, region, first tile, end tile}

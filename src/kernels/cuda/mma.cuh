@@ -41,32 +41,67 @@ __device__ __forceinline__ uint32_t transpose8x8(uint32_t x) {
   return y;
 }
 
+// 16-byte asynchronous global -> shared copy (L2 only), grouped by commit.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
   return __byte_perm(a, b, sel);
 }
 
 // INT2 code -> fp16 without a conversion instruction: OR-ing a code c into
-// mantissa bits [6,7] or [8,9] of 1.0 (0x3C00) gives exactly 1 + c/16 or
-// 1 + c/4. A packed word holds four codes per byte at bits 2s (s = 0..3);
-// four shifted copies of the word (<<6, <<2 for bytes 0/2; >>2, >>6 for
-// bytes 1/3) put every code at bits 6-7 (s even) or 8-9 (s odd), so each
-// f16x2 operand then costs one LOP3. The kernels fold the affine map back:
-// sum q*(1 + c*F^-1) = sum q + (q.c)/F with F = 16 (s even) or 4 (s odd);
-// the query is pre-multiplied by F so that its products with c are plain.
+// mantissa bits [b, b+1] of 1.0 (0x3C00) gives exactly 1 + c / F with
+// F = 2^(10-b). A packed word holds four codes per byte at bits 2s (s = 0..3).
+// Bytes 0/2 ("lo", the low byte of each 16-bit half) and 1/3 ("hi") of w,
+// w << 6 and w >> 6 hold every code at mantissa bits 4-5, 6-7 or 8-9, so each
+// f16x2 operand costs one LOP3 (plus two shifts per word):
+//   lo s=0: (w<<6) bits 6-7  F=16    hi s=0: w      bits 8-9  F=4
+//   lo s=1: (w<<6) bits 8-9  F=4     hi s=1: (w>>6) bits 4-5  F=64
+//   lo s=2: w      bits 4-5  F=64    hi s=2: (w>>6) bits 6-7  F=16
+//   lo s=3: w      bits 6-7  F=16    hi s=3: (w>>6) bits 8-9  F=4
+// The kernels fold the affine map back: sum q (1 + c/F) = sum q + (q.c)/F,
+// with the query pre-multiplied by F so that its products with c are plain.
+
+// (a & m) | c as ONE LOP3: written as C++ the compiler emits two LOP3s, since
+// each takes a single immediate and both constants were immediates.
+__device__ __forceinline__ uint32_t and_or(uint32_t a, uint32_t m, uint32_t c) {
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(d) : "r"(a), "r"(m), "r"(c));
+  return d;
+}
+__host__ __device__ constexpr uint32_t code_mask(int bit) { return 0x00030003u << bit; }
+__host__ __device__ constexpr int lo_bit(int s) { return s == 0 ? 6 : s == 1 ? 8 : s == 2 ? 4 : 6; }
+__host__ __device__ constexpr int hi_bit(int s) { return s == 0 ? 8 : s == 1 ? 4 : s == 2 ? 6 : 8; }
+// F of a code at shift s of a lo / hi byte.
+__host__ __device__ constexpr float lo_factor(int s) { return float(1 << (10 - lo_bit(s))); }
+__host__ __device__ constexpr float hi_factor(int s) { return float(1 << (10 - hi_bit(s))); }
+
 struct CodeWord {
-  uint32_t l6, l2, r2, r6;  // w << 6, w << 2, w >> 2, w >> 6
-  __device__ __forceinline__ explicit CodeWord(uint32_t w) : l6(w << 6), l2(w << 2), r2(w >> 2), r6(w >> 6) {}
-  // Codes of bytes 0 and 2 at shift s, as f16x2 (1 + c / code_factor(s)).
+  uint32_t w, l6, r6;  // w, w << 6, w >> 6
+  __device__ __forceinline__ explicit CodeWord(uint32_t x) : w(x), l6(x << 6), r6(x >> 6) {}
+  // Codes of bytes 0 and 2 at shift s, as f16x2 (1 + c / lo_factor(s)).
   __device__ __forceinline__ uint32_t lo(int s) const {
-    return ((s < 2 ? l6 : l2) & (s & 1 ? 0x03000300u : 0x00C000C0u)) | 0x3C003C00u;
+    return and_or(s < 2 ? l6 : w, code_mask(lo_bit(s)), 0x3C003C00u);
   }
-  // Codes of bytes 1 and 3 at shift s.
+  // Codes of bytes 1 and 3 at shift s (1 + c / hi_factor(s)).
   __device__ __forceinline__ uint32_t hi(int s) const {
-    return ((s < 2 ? r2 : r6) & (s & 1 ? 0x03000300u : 0x00C000C0u)) | 0x3C003C00u;
+    return and_or(s == 0 ? w : r6, code_mask(hi_bit(s)), 0x3C003C00u);
   }
 };
-// F for codes at shift s: the unpacked value is 1 + c / F.
-__host__ __device__ constexpr float code_factor(int s) { return (s & 1) ? 4.0f : 16.0f; }
+
+// 2^x for x <= 0 (softmax weights): one MUFU.EX2; results below 2^-126 flush to 0.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
 
 __device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
   const __half2 h = __floats2half2_rn(lo, hi);

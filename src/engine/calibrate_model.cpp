@@ -1,0 +1,120 @@
+#include "engine/calibrate_model.h"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <unistd.h>
+
+#include "core/error.h"
+#include "model/backend_cpu.h"
+#include "model/calib_forward.h"
+#include "model/fold_rotation.h"
+#include "model/loader.h"
+#include "model/tokenizer.h"
+
+namespace oscar::engine {
+
+namespace {
+
+// Feeds each layer's q/k/v (post-RoPE) and exact o to the calibrator.
+class CalibHook : public model::DenseHooks {
+ public:
+  explicit CalibHook(Calibrator& cal) : cal_(cal) {}
+  void on_qkv(int layer, float* q, float* k, float* v, int T) override {
+    q_ = q, k_ = k, v_ = v;
+  }
+  void on_attn_out(int layer, const float* o, int T) override {
+    cal_.add(layer, q_, k_, v_, o, T);
+  }
+  // The last layer's MLP and the LM head are not needed.
+  bool want_layer(int layer) override { return layer < cal_.n_layers(); }
+
+ private:
+  Calibrator& cal_;
+  const float *q_ = nullptr, *k_ = nullptr, *v_ = nullptr;
+};
+
+}  // namespace
+
+std::string read_text_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw Error(fmt::format("{}: cannot open the text file", path));
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+std::string token_hash(const std::vector<int32_t>& tokens) {
+  uint64_t h = 1469598103934665603ull;
+  for (int32_t t : tokens)
+    for (int b = 0; b < 4; ++b) {
+      h ^= (uint32_t(t) >> (8 * b)) & 0xffu;
+      h *= 1099511628211ull;
+    }
+  return fmt::format("{:016x}", h);
+}
+
+Calibration calibrate_model(const model::ModelWeights& w, const std::vector<int32_t>& tokens,
+                            const CalibConfig& cfg_in, const ModelCalibOptions& opts,
+                            const CalibProgress& progress) {
+  const model::ModelConfig& c = w.cfg;
+  if (opts.tokens <= 0 || opts.chunk <= 0)
+    throw Error(fmt::format("calibrate: --tokens {} and chunk {} must be positive", opts.tokens, opts.chunk));
+  if (int64_t(tokens.size()) < opts.tokens)
+    throw Error(fmt::format("calibrate: the text has {} tokens, {} requested (--tokens)",
+                            tokens.size(), opts.tokens));
+  CalibConfig cfg = cfg_in;
+  cfg.quant.group_size = std::min(cfg.quant.group_size, c.head_dim);
+  model::CpuBackendOptions bo;
+  bo.weight_dtype = model::WeightDtype::kF32;
+  bo.threads = opts.threads;
+  auto be = model::make_cpu_backend(bo);
+  model::DenseForward fwd(w, *be);
+  Calibrator cal(cfg, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim);
+  CalibHook hook(cal);
+  for (int64_t t0 = 0; t0 < opts.tokens; t0 += opts.chunk) {
+    const int64_t n = std::min<int64_t>(opts.chunk, opts.tokens - t0);
+    fwd.run(std::span<const int32_t>(tokens.data() + t0, size_t(n)), &hook, nullptr);
+    if (progress) progress(t0 + n, opts.tokens);
+  }
+  Calibration out = cal.finish(model::model_fingerprint(w));
+  out.text_hash = token_hash(std::vector<int32_t>(tokens.begin(), tokens.begin() + opts.tokens));
+  return out;
+}
+
+Calibration calibrate_model_file(const std::string& model_path, const std::string& text_path,
+                                 const CalibConfig& cfg, const ModelCalibOptions& opts, bool quiet) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto secs = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  model::ModelWeights w = model::load_model(model_path);
+  model::Tokenizer tok = model::load_tokenizer(model_path);
+  const std::string text = read_text_file(text_path);
+  // Tokenize only as much text as needed (about 3 bytes per token, with slack).
+  const size_t want = std::min(text.size(), size_t(opts.tokens) * 8 + 4096);
+  std::vector<int> ids = tok.encode(std::string_view(text).substr(0, want));
+  if (int64_t(ids.size()) < opts.tokens && want < text.size()) ids = tok.encode(text);
+  std::vector<int32_t> tokens(ids.begin(), ids.end());
+  if (!quiet)
+    std::fprintf(stderr, "calibrate: %s (%d layers, %d q / %d kv heads, head_dim %d), %s: %zu tokens (%.1f s)\n",
+                 model_path.c_str(), w.cfg.n_layers, w.cfg.n_heads, w.cfg.n_kv_heads, w.cfg.head_dim,
+                 text_path.c_str(), tokens.size(), secs());
+  const bool tty = isatty(fileno(stderr));
+  Calibration c = calibrate_model(w, tokens, cfg, opts, [&](int64_t done, int64_t total) {
+    if (quiet) return;
+    const int width = 30, filled = int(width * done / std::max<int64_t>(1, total));
+    std::fprintf(stderr, "%scalibrate [%s%s] %lld/%lld tokens  %.1f s%s", tty ? "\r" : "",
+                 std::string(filled, '#').c_str(), std::string(width - filled, '.').c_str(),
+                 (long long)done, (long long)total, secs(), tty ? "" : "\n");
+    std::fflush(stderr);
+  });
+  if (!quiet && tty) std::fprintf(stderr, "\n");
+  c.source = model_path + " + " + text_path;
+  return c;
+}
+
+}  // namespace oscar::engine

@@ -1,0 +1,42 @@
+// Calibration from a model (DESIGN §3.1): run the model in full precision over
+// a calibration text (dense, teacher-forced, model/calib_forward.h) and feed
+// every layer's post-RoPE q/k/v and exact attention output o to the core
+// Calibrator. The `oscar calibrate -m MODEL --text FILE` route.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/calibrator.h"
+#include "model/weights.h"
+
+namespace oscar::engine {
+
+struct ModelCalibOptions {
+  int64_t tokens = 16384;  // calibration tokens (the text must have them)
+  int chunk = 2048;        // tokens per forward (each chunk starts at position 0)
+  int threads = 0;
+};
+
+// progress(tokens done, tokens total)
+using CalibProgress = std::function<void(int64_t done, int64_t total)>;
+
+// tokens: the tokenized calibration text. Returns the calibration with the
+// model fingerprint and the text hash filled in.
+Calibration calibrate_model(const model::ModelWeights& w, const std::vector<int32_t>& tokens,
+                            const CalibConfig& cfg, const ModelCalibOptions& opts,
+                            const CalibProgress& progress = nullptr);
+
+// Loads the model and tokenizer, reads and tokenizes the text, calibrates.
+// Prints progress to stderr unless quiet.
+Calibration calibrate_model_file(const std::string& model_path, const std::string& text_path,
+                                 const CalibConfig& cfg, const ModelCalibOptions& opts, bool quiet);
+
+// Reads a whole text file; throws oscar::Error naming it.
+std::string read_text_file(const std::string& path);
+// 16 hex digits (FNV-1a 64) of a token sequence.
+std::string token_hash(const std::vector<int32_t>& tokens);
+
+}  // namespace oscar::engine

@@ -1,0 +1,193 @@
+// The evaluation's prefill simulation (engine/eval.h) against the real
+// token-by-token decode path over the OSCAR cache (kv/oscar_cache.h, through
+// Model::forward and the CPU attention kernels): they must agree to fp
+// tolerance (DESIGN §6.2), for OSCAR rotations, no rotation and BF16.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <random>
+
+#include "core/error.h"
+#include "engine/calibrate_model.h"
+#include "engine/eval.h"
+#include "kv/oscar_cache.h"
+#include "kv/quant_methods.h"
+#include "model/backend_cpu.h"
+#include "model/calib_forward.h"
+#include "model/fold_rotation.h"
+#include "model/forward.h"
+#include "model/forward_random.h"
+
+namespace oscar {
+namespace {
+
+constexpr int kSink = 16, kRecent = 32, kPage = 16, kT = 150;
+
+std::vector<int32_t> random_tokens(int n, int vocab, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<int32_t> t(n);
+  for (auto& x : t) x = int32_t(rng() % vocab);
+  return t;
+}
+
+std::shared_ptr<const Calibration> tiny_calibration(const model::ModelWeights& w, Granularity g) {
+  CalibConfig cfg;
+  cfg.granularity = g;
+  cfg.value_target = ValueTarget::kAttnOutput;
+  engine::ModelCalibOptions o;
+  o.tokens = 384;
+  o.chunk = 128;
+  return std::make_shared<Calibration>(
+      engine::calibrate_model(w, random_tokens(384, w.cfg.vocab_size, 7), cfg, o));
+}
+
+kv::KvMethod row_method(std::shared_ptr<const Calibration> c) {
+  kv::KvMethod m;
+  m.label = "oscar";
+  m.kind = kv::KvMethod::Kind::kRow;
+  m.calib = std::move(c);
+  m.bits = 2;
+  m.group_size = 64;
+  m.sink = kSink;
+  m.recent = kRecent;
+  return m;
+}
+
+// Logits of every position: simulation (rows [T][V]) and real decode.
+void compare(const model::ModelWeights& w0, const kv::KvMethod& m) {
+  model::ModelWeights w = w0;
+  if (m.folds_values()) model::fold_value_rotation(w, *m.calib);
+  auto be = model::make_cpu_backend({model::WeightDtype::kF32, 1});
+  const auto tokens = random_tokens(kT, w.cfg.vocab_size, 11);
+
+  model::DenseForward fwd(w, *be);
+  std::vector<float> hidden, sim;
+  engine::LocalErrorSums sums;
+  engine::simulate(fwd, m, tokens, kPage, kSink + kRecent + kPage, hidden, &sums);
+  fwd.logits(hidden.data(), kT, sim);
+
+  model::Model model(w, *be);
+  auto cache = kv::make_method_cache(m, model.cache_shape(kPage), 1024);
+  const kv::SeqId s = cache->create();
+  std::vector<float> real, lg;
+  for (int t = 0; t < kT; ++t) {
+    model::SeqStep st{s, std::span<const int32_t>(tokens.data() + t, 1), false};
+    model.forward(std::span<const model::SeqStep>(&st, 1), *cache, lg);
+    real.insert(real.end(), lg.begin(), lg.end());
+  }
+  ASSERT_EQ(real.size(), sim.size());
+  const int V = w.cfg.vocab_size;
+  double max_diff = 0, max_abs = 0;
+  for (size_t i = 0; i < sim.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(sim[i]) && std::isfinite(real[i])) << i;
+    max_diff = std::max(max_diff, double(std::fabs(sim[i] - real[i])));
+    max_abs = std::max(max_abs, double(std::fabs(real[i])));
+  }
+  std::printf("%s: max abs(sim - real) %.3g, max abs(logit) %.3g\n", m.label.c_str(), max_diff, max_abs);
+  EXPECT_LT(max_diff, 2e-3 * max_abs) << m.label << ": max |sim - real| " << max_diff
+                                      << " of max |logit| " << max_abs;
+  // The quantized middle really was used (else the test proves nothing).
+  if (m.kind == kv::KvMethod::Kind::kRow) {
+    EXPECT_GT(sums.k_num, 0.0);
+    EXPECT_GT(sums.o_num, 0.0);
+    auto* oc = dynamic_cast<kv::OscarKvCache*>(cache.get());
+    ASSERT_NE(oc, nullptr);
+    EXPECT_GT(oc->regions(s).mid, 0);
+  }
+  (void)V;
+}
+
+TEST(OscarSim, MatchesDecodeWithOscarRotation) {
+  const auto w = model::random_weights(model::tiny_config(model::Arch::kLlama), 3);
+  compare(w, row_method(tiny_calibration(w, Granularity::kLayer)));
+}
+
+TEST(OscarSim, MatchesDecodePerHeadRotationQwen2) {
+  const auto w = model::random_weights(model::tiny_config(model::Arch::kQwen2), 4);
+  compare(w, row_method(tiny_calibration(w, Granularity::kHead)));
+}
+
+TEST(OscarSim, MatchesDecodeWithoutRotationAndBf16) {
+  const auto w = model::random_weights(model::tiny_config(model::Arch::kLlama), 5);
+  auto naive = row_method(std::make_shared<Calibration>(data_free_calibration(
+      Composition::kNone, model::model_fingerprint(w), 1.0f, 1.0f, 2, 64)));
+  compare(w, naive);
+  kv::KvMethod bf16;
+  compare(w, bf16);
+}
+
+TEST(OscarSim, QuantizationChangesTheLogits) {
+  // Guard against a simulation that silently falls back to BF16.
+  const auto w = model::random_weights(model::tiny_config(model::Arch::kLlama), 3);
+  auto be = model::make_cpu_backend({model::WeightDtype::kF32, 1});
+  const auto tokens = random_tokens(kT, w.cfg.vocab_size, 11);
+  model::DenseForward fwd(w, *be);
+  kv::KvMethod bf16;
+  auto naive = row_method(std::make_shared<Calibration>(data_free_calibration(
+      Composition::kNone, model::model_fingerprint(w), 1.0f, 1.0f, 2, 64)));
+  std::vector<float> h0, h1;
+  engine::simulate(fwd, bf16, tokens, kPage, 0, h0, nullptr);
+  engine::simulate(fwd, naive, tokens, kPage, 0, h1, nullptr);
+  const int H = w.cfg.hidden;
+  double early = 0, late = 0;
+  for (int t = 0; t < kT; ++t)
+    for (int c = 0; c < H; ++c) {
+      const double e = std::fabs(h0[size_t(t) * H + c] - h1[size_t(t) * H + c]);
+      (t < kSink + kRecent + kPage ? early : late) = std::max(t < kSink + kRecent + kPage ? early : late, e);
+    }
+  EXPECT_LT(early, 1e-5);  // nothing is quantized before the first demotion (fp noise only)
+  EXPECT_GT(late, 1e-4);
+}
+
+TEST(OscarCalib, WrongModelIsAClearError) {
+  const auto w = model::random_weights(model::tiny_config(model::Arch::kLlama), 3);
+  const auto other = model::random_weights(model::tiny_config(model::Arch::kLlama), 9);
+  auto c = tiny_calibration(w, Granularity::kLayer);
+  const auto path = std::filesystem::temp_directory_path() / "oscar_test_wrong_model.safetensors";
+  write_calibration(*c, path.string());
+  kv::KvMethodOptions o;
+  o.calib_path = path.string();
+  o.model = model::model_fingerprint(w);
+  EXPECT_NO_THROW(kv::resolve_kv_method("oscar", o));
+  o.model = model::model_fingerprint(other);
+  try {
+    kv::resolve_kv_method("oscar", o);
+    ADD_FAILURE() << "a calibration of another model was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(path.string()), std::string::npos) << e.what();
+  }
+  model::ModelWeights w2 = other;
+  EXPECT_THROW(model::fold_value_rotation(w2, *c), Error);
+  // A different shape too (Qwen2 tiny config has qkv bias but the same sizes:
+  // change the layer count instead).
+  auto cfg = model::tiny_config(model::Arch::kLlama);
+  cfg.n_layers = 3;
+  o.model = model::model_fingerprint(model::random_weights(cfg, 3));
+  EXPECT_THROW(kv::resolve_kv_method("oscar", o), Error);
+  std::filesystem::remove(path);
+}
+
+TEST(OscarCalib, RecomposedAblationsAreOrthogonalAndConsistent) {
+  const auto w = model::random_weights(model::tiny_config(model::Arch::kLlama), 3);
+  auto c = tiny_calibration(w, Granularity::kLayer);
+  ASSERT_EQ(c->composition, Composition::kUHP);
+  const int d = c->head_dim();
+  const Calibration u = kv::recompose(*c, Composition::kU);
+  const Calibration uhp = kv::recompose(u, Composition::kUHP);
+  for (size_t l = 0; l < c->layers.size(); ++l) {
+    EXPECT_LT(orthogonality_error(u.layers[l].k_rotation.data(), d), 1e-4);
+    for (size_t i = 0; i < c->layers[l].k_rotation.size(); ++i)
+      ASSERT_NEAR(uhp.layers[l].k_rotation[i], c->layers[l].k_rotation[i], 1e-5) << l << " " << i;
+  }
+  // U's first column is the top eigenvector of the key target: e C eᵀ = λ_max.
+  // (Checked loosely: U differs from U·H·P.)
+  double diff = 0;
+  for (size_t i = 0; i < u.layers[0].k_rotation.size(); ++i)
+    diff += std::fabs(u.layers[0].k_rotation[i] - c->layers[0].k_rotation[i]);
+  EXPECT_GT(diff, 1.0);
+}
+
+}  // namespace
+}  // namespace oscar
