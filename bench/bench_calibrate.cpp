@@ -7,16 +7,19 @@
 // ~7.2 GB in f16: q is 4x larger than k or v); it is kept for reruns unless
 // --remove. Usage:
 //   bench_calibrate [--path P] [--tokens N] [--layers L] [--variants] [--remove]
+#include <sys/resource.h>
 #include <sys/stat.h>
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <string>
 
 #include "core/activation_dump.h"
 #include "core/calibrator.h"
+#include "core/parallel.h"
 #include "core/synthetic.h"
 
 using namespace oscar;
@@ -24,6 +27,17 @@ using namespace oscar;
 namespace {
 double since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+// User + system CPU seconds of this process (all threads): on a shared
+// machine wall time depends on the load, CPU time much less.
+double cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_utime.tv_sec + u.ru_stime.tv_sec + (u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
+}
+double load_average() {
+  double l[1] = {0};
+  return getloadavg(l, 1) == 1 ? l[0] : -1.0;
 }
 }  // namespace
 
@@ -94,9 +108,11 @@ int main(int argc, char** argv) {
     cs.clip_search = true;
     vs.push_back({"UHP key-weighted layer +clip-search", cs});
   }
-  std::printf("\n%-38s %9s %9s %9s %8s\n", "variant", "total s", "feed s", "GB/s", "<30 s");
+  std::printf("threads %d, load average %.1f at start\n", default_threads(), load_average());
+  std::printf("\n%-38s %9s %9s %9s %9s %8s\n", "variant", "wall s", "feed s", "cpu s", "GB/s", "<30 s");
   for (const Variant& v : vs) {
     const auto t0 = std::chrono::steady_clock::now();
+    const double c0 = cpu_seconds();
     const ActivationDump dump = ActivationDump::open(path);
     Calibrator cal(v.cfg, dump.n_layers(), dump.n_q_heads(), dump.n_kv_heads(), dump.head_dim());
     feed_dump(dump, cal, 0, 4096, stderr_progress(v.name));
@@ -105,7 +121,9 @@ int main(int argc, char** argv) {
     const std::string out = path + ".calib.safetensors";
     write_calibration(c, out);
     const double t = since(t0);
-    std::printf("%-38s %9.2f %9.2f %9.2f %8s\n", v.name, t, t_feed, gb / t, t < 30.0 ? "yes" : "NO");
+    std::printf("%-38s %9.2f %9.2f %9.2f %9.2f %8s\n", v.name, t, t_feed, cpu_seconds() - c0, gb / t,
+                t < 30.0 ? "yes" : "NO");
+    std::fflush(stdout);
     std::filesystem::remove(out);
   }
   if (remove) std::filesystem::remove(path);

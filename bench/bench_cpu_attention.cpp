@@ -234,5 +234,34 @@ int main(int argc, char** argv) {
         std::fflush(stdout);
       }
     }
+
+  // Prefill: one chunk of n new tokens after `cached` tokens held in the INT2
+  // layout; work = 4 * n * (cached + (n+1)/2) * d * Hq flops (QK and PV).
+  std::printf("\nPrefill attention (one layer, one sequence; INT2 cache for the cached part)\n");
+  std::printf("%-14s %7s %7s %10s %10s %9s\n", "shape", "cached", "n", "ms", "tok/s", "GFLOP/s");
+  const int pre[][2] = {{0, 2048}, {8192, 512}, {30720, 2048}};
+  for (const Shape& s : shapes)
+    for (const auto& pc : pre) {
+      const int cached = pc[0], n = pc[1];
+      LayerCaches c;
+      build(c, s, std::max(cached, 1), true, 1, page);
+      std::mt19937 rng(3);
+      std::normal_distribution<float> nd(0.0f, 1.0f);
+      std::vector<float> q(size_t(n) * s.hq * s.d), kn(size_t(n) * s.hkv * s.d), vn(kn.size()), o(q.size());
+      for (auto& x : q) x = nd(rng);
+      for (auto& x : kn) x = nd(rng);
+      for (auto& x : vn) x = nd(rng);
+      const float sm = 1.0f / std::sqrt(float(s.d));
+      double best = 1e30;
+      const auto t_all = Clock::now();
+      do {
+        const auto t0 = Clock::now();
+        kc::prefill_attention(c.views[0], 0, cached, q.data(), kn.data(), vn.data(), n, s.hq, sm, o.data());
+        best = std::min(best, seconds_since(t0));
+      } while (seconds_since(t_all) < min_seconds);
+      const double flops = 4.0 * n * (cached + (n + 1) / 2.0) * s.d * s.hq;
+      std::printf("%-14s %7d %7d %10.2f %10.0f %9.1f\n", s.name, cached, n, best * 1e3, n / best, flops / best / 1e9);
+      std::fflush(stdout);
+    }
   return 0;
 }

@@ -2,7 +2,7 @@
 // memory-bandwidth floor for decode and (when installed) llama.cpp on the same
 // GGUF in the same run (scripts/bench_llamacpp.py).
 //
-//   bench_engine [--model PATH] [--prompt N] [--gen N] [--weights bf16|f32]
+//   bench_engine [--model PATH] [--prompt N] [--gen N] [--weights bf16,q8,f32]
 //                [--threads N] [--batch B] [--reps R] [--no-llamacpp]
 //
 // Decode floor: every decode step streams all matrix weights once (the LM head
@@ -55,7 +55,7 @@ double copy_bandwidth() {
 struct Args {
   std::string model = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
   int prompt = 256, gen = 64, threads = 0, batch = 1, reps = 3;
-  std::string weights = "bf16";
+  std::string weights = "bf16,q8";  // comma-separated: f32, bf16, q8
   bool llamacpp = true;
 };
 
@@ -131,81 +131,91 @@ int main(int argc, char** argv) {
   Args a = parse(argc, argv);
   try {
     if (a.threads > 0) model::set_op_threads(a.threads);
+    struct Ratio {
+      std::string name;
+      double prefill, decode;
+    };
+    std::vector<Ratio> ratios;
     const int threads = model::op_threads();
     const double bw = copy_bandwidth();
 
     auto t0 = Clock::now();
-    model::ModelWeights w = model::load_model(a.model);
+    const model::ModelWeights w = model::load_model(a.model);
     const double load_s = secs(t0, Clock::now());
-    auto be = model::make_cpu_backend({model::weight_dtype_from_string(a.weights), threads});
-    model::Model m(w, *be);
-    const model::ModelConfig cfg = w.cfg;
-    w = model::ModelWeights{};  // the backend holds its own copy
-
-    kv::Bf16KvCache cache(m.cache_shape(64),
-                          int32_t(a.batch * ((a.prompt + a.gen + 63) / 64 + 1)));
-    std::vector<int32_t> prompt(a.prompt);
-    for (int i = 0; i < a.prompt; ++i) prompt[i] = int32_t((i * 7919 + 13) % cfg.vocab_size);
-
-    double best_prefill = 1e30, best_decode = 1e30;
-    std::vector<float> logits;
-    for (int r = 0; r < a.reps; ++r) {
-      std::vector<kv::SeqId> seqs;
-      for (int b = 0; b < a.batch; ++b) seqs.push_back(cache.create());
-      // Prefill: the batch's prompts, one call each (one sequence's prefill speed).
-      auto p0 = Clock::now();
-      for (int b = 0; b < a.batch; ++b) {
-        model::SeqStep st{seqs[b], prompt, false};
-        m.forward({&st, 1}, cache, logits);
-      }
-      best_prefill = std::min(best_prefill, secs(p0, Clock::now()) / a.batch);
-      // Decode: gen steps of one token for every sequence of the batch.
-      std::vector<int32_t> tok(a.batch, 1);
-      auto d0 = Clock::now();
-      for (int g = 0; g < a.gen; ++g) {
-        std::vector<model::SeqStep> steps;
-        for (int b = 0; b < a.batch; ++b) steps.push_back({seqs[b], {&tok[b], 1}, false});
-        m.forward(steps, cache, logits);
-        for (int b = 0; b < a.batch; ++b)
-          tok[b] = int32_t(std::max_element(logits.begin() + int64_t(b) * cfg.vocab_size,
-                                             logits.begin() + int64_t(b + 1) * cfg.vocab_size) -
-                           (logits.begin() + int64_t(b) * cfg.vocab_size));
-      }
-      best_decode = std::min(best_decode, secs(d0, Clock::now()) / a.gen);
-      for (auto s : seqs) cache.release(s);
-    }
-
-    // Bytes of one decode step: weights once + the KV rows of every sequence
-    // (bf16 K and V, average context prompt + gen/2).
-    const double ctx = a.prompt + a.gen / 2.0;
-    const double kv_bytes = a.batch * ctx * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * 2.0 * 2.0;
-    const double step_bytes = double(m.weight_bytes_per_step()) + kv_bytes;
-    const double floor_s = step_bytes / bw;
-    const double prefill_tps = a.prompt / best_prefill;
-    const double decode_tps = a.batch / best_decode;
-
+    const model::ModelConfig& cfg = w.cfg;
     std::printf("bench_engine: %s (%s, %d layers, hidden %d, vocab %d), loaded in %.2f s\n",
                 a.model.c_str(), cfg.name.c_str(), cfg.n_layers, cfg.hidden, cfg.vocab_size, load_s);
-    std::printf("backend: %s\n", be->name().c_str());
     std::printf("copy bandwidth (measured, %d threads): %.1f GB/s\n", threads, bw / 1e9);
     std::printf("prompt %d tokens, %d decode steps, batch %d, best of %d\n\n", a.prompt, a.gen,
                 a.batch, a.reps);
-    std::printf("%-28s %14s %14s %12s %12s %10s\n", "", "tokens/s", "ms/step", "MB/step",
-                "GB/s", "% of bw");
-    std::printf("%-28s %14.1f %14.2f %12s %12s %10s\n", "prefill (oscar)", prefill_tps,
-                best_prefill * 1e3, "-", "-", "-");
-    std::printf("%-28s %14.1f %14.2f %12.1f %12.1f %9.0f%%\n", "decode (oscar)", decode_tps,
-                best_decode * 1e3, step_bytes / 1e6, step_bytes / best_decode / 1e9,
-                100.0 * floor_s / best_decode);
-    std::printf("%-28s %14.1f %14.2f %12.1f %12.1f %9.0f%%\n", "decode floor (bytes/bw)",
-                a.batch / floor_s, floor_s * 1e3, step_bytes / 1e6, bw / 1e9, 100.0);
+    std::printf("%-30s %10s %10s %10s %8s %8s\n", "", "tokens/s", "ms/step", "MB/step", "GB/s",
+                "% floor");
+
+    std::vector<int32_t> prompt(a.prompt);
+    for (int i = 0; i < a.prompt; ++i) prompt[i] = int32_t((i * 7919 + 13) % cfg.vocab_size);
+    size_t pos = 0;
+    while (pos <= a.weights.size()) {
+      const size_t comma = std::min(a.weights.find(',', pos), a.weights.size());
+      const std::string wname = a.weights.substr(pos, comma - pos);
+      pos = comma + 1;
+      auto be = model::make_cpu_backend({model::weight_dtype_from_string(wname), threads});
+      model::Model m(w, *be);
+      kv::Bf16KvCache cache(m.cache_shape(64),
+                            int32_t(a.batch * ((a.prompt + a.gen + 63) / 64 + 1)));
+      double best_prefill = 1e30, best_decode = 1e30;
+      std::vector<float> logits;
+      for (int r = 0; r < a.reps; ++r) {
+        std::vector<kv::SeqId> seqs;
+        for (int b = 0; b < a.batch; ++b) seqs.push_back(cache.create());
+        // Prefill: each prompt in one call (one sequence's prefill speed).
+        auto p0 = Clock::now();
+        for (int b = 0; b < a.batch; ++b) {
+          model::SeqStep st{seqs[b], prompt, false};
+          m.forward({&st, 1}, cache, logits);
+        }
+        best_prefill = std::min(best_prefill, secs(p0, Clock::now()) / a.batch);
+        // Decode: gen steps of one token for every sequence of the batch (greedy).
+        std::vector<int32_t> tok(a.batch, 1);
+        auto d0 = Clock::now();
+        for (int g = 0; g < a.gen; ++g) {
+          std::vector<model::SeqStep> steps;
+          for (int b = 0; b < a.batch; ++b) steps.push_back({seqs[b], {&tok[b], 1}, false});
+          m.forward(steps, cache, logits);
+          for (int b = 0; b < a.batch; ++b) {
+            auto row = logits.begin() + int64_t(b) * cfg.vocab_size;
+            tok[b] = int32_t(std::max_element(row, row + cfg.vocab_size) - row);
+          }
+        }
+        best_decode = std::min(best_decode, secs(d0, Clock::now()) / a.gen);
+        for (auto s : seqs) cache.release(s);
+      }
+      // Bytes of one decode step: weights once + the KV rows of every sequence
+      // (bf16 K and V at the average context prompt + gen/2).
+      const double ctx = a.prompt + a.gen / 2.0;
+      const double kv_bytes =
+          a.batch * ctx * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * 2.0 * 2.0;
+      const double step_bytes = double(m.weight_bytes_per_step()) + kv_bytes;
+      const double floor_s = step_bytes / bw;
+      const double prefill_tps = a.prompt / best_prefill, decode_tps = a.batch / best_decode;
+      std::printf("%-30s %10.1f %10.2f %10s %8s %8s\n", ("prefill, " + wname + " weights").c_str(),
+                  prefill_tps, best_prefill * 1e3, "-", "-", "-");
+      std::printf("%-30s %10.1f %10.2f %10.1f %8.1f %7.0f%%\n",
+                  ("decode, " + wname + " weights").c_str(), decode_tps, best_decode * 1e3,
+                  step_bytes / 1e6, step_bytes / best_decode / 1e9, 100.0 * floor_s / best_decode);
+      std::printf("%-30s %10.1f %10.2f %10.1f %8.1f %7.0f%%\n", "  decode floor (bytes / bw)",
+                  a.batch / floor_s, floor_s * 1e3, step_bytes / 1e6, bw / 1e9, 100.0);
+      std::printf("  backend: %s\n", be->name().c_str());
+      ratios.push_back({wname, prefill_tps, decode_tps});
+    }
     if (a.llamacpp && a.batch == 1) {
       LlamaCpp l = run_llamacpp(a, threads);
       if (l.ok) {
-        std::printf("%-28s %14.1f\n", "prefill (llama.cpp)", l.prefill);
-        std::printf("%-28s %14.1f\n", "decode (llama.cpp)", l.decode);
-        std::printf("\nratio llama.cpp / oscar: prefill %.2fx, decode %.2fx (target <= 2x, <= 1.5x)\n",
-                    l.prefill / prefill_tps, l.decode / decode_tps);
+        std::printf("%-30s %10.1f\n", "prefill, llama.cpp (same GGUF)", l.prefill);
+        std::printf("%-30s %10.1f\n", "decode, llama.cpp (same GGUF)", l.decode);
+        for (const auto& r : ratios)
+          std::printf("ratio llama.cpp / oscar (%s weights): prefill %.2fx (target <= 2), decode "
+                      "%.2fx (target <= 1.5)\n",
+                      r.name.c_str(), l.prefill / r.prefill, l.decode / r.decode);
       } else {
         std::printf("\nllama.cpp: not run (%s)\n", l.note.c_str());
       }

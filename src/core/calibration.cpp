@@ -1,5 +1,6 @@
 #include "core/calibration.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
@@ -239,7 +240,7 @@ Calibration data_free_calibration(Composition comp, const ModelFingerprint& mode
   c.method = composition_name(comp);
   c.composition = comp;
   c.bits = bits;
-  c.group_size = group_size;
+  c.group_size = std::min(group_size, d);  // a group cannot exceed the head
   c.layers.resize(static_cast<size_t>(model.n_layers));
   for (int i = 0; i < model.n_layers; ++i) {
     LayerCalibration& L = c.layers[static_cast<size_t>(i)];

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <random>
 
+#include <Eigen/Dense>
 #include <fmt/format.h>
 
 #include "core/eigen_sym.h"
@@ -165,6 +166,19 @@ struct Calibrator::Impl {
     const int64_t T = a.tokens, row = int64_t(H) * d;
     std::vector<double> dens(static_cast<size_t>(H), 0.0);
     parallel_for(H, [&](int h, int) {
+      // w_t = k C_Q kᵀ = ‖k L‖² with C_Q + εI = L Lᵀ (Cholesky): a triangular
+      // product, half the flops of k·C_Q. ε = 1e-12·tr/d keeps a singular C_Q
+      // factorizable and moves w by a relative ~1e-12.
+      using RowMat = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+      RowMat Cq = Eigen::Map<const RowMat>(query.data() + static_cast<size_t>(h) * d * d, d, d);
+      const double eps = 1e-12 * std::max(Cq.trace() / d, 1e-300);
+      Cq.diagonal().array() += eps;
+      Eigen::LLT<RowMat> llt(Cq);
+      if (llt.info() != Eigen::Success)
+        throw Error(fmt::format("calibrator: layer {} kv head {}: query covariance is not positive semi-definite "
+                                "(non-finite activations?)",
+                                l, h));
+      const RowMat Lf = llt.matrixL();
       std::vector<double> K(static_cast<size_t>(kChunkTokens * d)), W(K.size()), V(K.size());
       double den = 0.0;
       double* num = out.data() + static_cast<size_t>(h) * d * d;
@@ -172,11 +186,10 @@ struct Calibrator::Impl {
         const int64_t m = std::min(kChunkTokens, T - t0);
         gather_rows(a.kbuf.data() + t0 * row + int64_t(h) * d, m, d, row, K.data());
         gather_rows(a.vbuf.data() + t0 * row + int64_t(h) * d, m, d, row, V.data());
-        la::gemm(K.data(), query.data() + static_cast<size_t>(h) * d * d, W.data(), m, d, d);
+        la::gemm_lower(K.data(), Lf.data(), W.data(), m, d);
         for (int64_t t = 0; t < m; ++t) {
           double w = 0.0;
-          for (int c = 0; c < d; ++c) w += W[t * d + c] * K[t * d + c];
-          w = std::max(w, 0.0);  // C_Q is PSD; clamp rounding noise
+          for (int c = 0; c < d; ++c) w += W[t * d + c] * W[t * d + c];
           den += w;
           const double s = std::sqrt(w);
           for (int c = 0; c < d; ++c) V[t * d + c] *= s;

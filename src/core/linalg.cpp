@@ -25,47 +25,43 @@ bool have_avx512() {
 // reach the diagonal or above (j0 + 16 > i0) are computed.
 __attribute__((target("avx512f,fma"))) void gemm_acc_avx512(const double* A, int64_t sa_i, int64_t sa_k,
                                                              const double* B, int64_t ldb, double* C, int64_t ldc,
-                                                             int64_t M, int N, int64_t K, bool upper) {
+                                                             int64_t M, int N, int64_t K, bool upper,
+                                                             bool lower_b = false) {
   constexpr int64_t KC = 256;
   for (int64_t k0 = 0; k0 < K; k0 += KC) {
     const int64_t kc = std::min(KC, K - k0);
     for (int j0 = 0; j0 < N; j0 += 16) {
       const double* Bp = B + k0 * ldb + j0;
+      // lower_b: B(k, j) = 0 for k < j, so this column tile starts at k = j0.
+      const int64_t ks = lower_b ? std::clamp<int64_t>(j0 - k0, 0, kc) : 0;
       int64_t i0 = 0;
-      for (; i0 + 4 <= M; i0 += 4) {
+      // 8x16 register tile: 16 accumulators, 2 B loads + 8 broadcasts per 16 FMAs.
+      for (; i0 + 8 <= M; i0 += 8) {
         if (upper && j0 + 16 <= i0) continue;
-        __m512d c00 = _mm512_setzero_pd(), c01 = _mm512_setzero_pd(), c10 = _mm512_setzero_pd(),
-                c11 = _mm512_setzero_pd(), c20 = _mm512_setzero_pd(), c21 = _mm512_setzero_pd(),
-                c30 = _mm512_setzero_pd(), c31 = _mm512_setzero_pd();
+        __m512d c[8][2];
+        for (int r = 0; r < 8; ++r) c[r][0] = c[r][1] = _mm512_setzero_pd();
         const double* a0 = A + i0 * sa_i + k0 * sa_k;
-        for (int64_t k = 0; k < kc; ++k) {
+        for (int64_t k = ks; k < kc; ++k) {
           const __m512d b0 = _mm512_loadu_pd(Bp + k * ldb), b1 = _mm512_loadu_pd(Bp + k * ldb + 8);
           const double* ak = a0 + k * sa_k;
-          const __m512d x0 = _mm512_set1_pd(ak[0]), x1 = _mm512_set1_pd(ak[sa_i]), x2 = _mm512_set1_pd(ak[2 * sa_i]),
-                        x3 = _mm512_set1_pd(ak[3 * sa_i]);
-          c00 = _mm512_fmadd_pd(x0, b0, c00);
-          c01 = _mm512_fmadd_pd(x0, b1, c01);
-          c10 = _mm512_fmadd_pd(x1, b0, c10);
-          c11 = _mm512_fmadd_pd(x1, b1, c11);
-          c20 = _mm512_fmadd_pd(x2, b0, c20);
-          c21 = _mm512_fmadd_pd(x2, b1, c21);
-          c30 = _mm512_fmadd_pd(x3, b0, c30);
-          c31 = _mm512_fmadd_pd(x3, b1, c31);
+#pragma GCC unroll 8
+          for (int r = 0; r < 8; ++r) {
+            const __m512d x = _mm512_set1_pd(ak[r * sa_i]);
+            c[r][0] = _mm512_fmadd_pd(x, b0, c[r][0]);
+            c[r][1] = _mm512_fmadd_pd(x, b1, c[r][1]);
+          }
         }
-        double* c = C + i0 * ldc + j0;
-#define OSCAR_UPD(p, lo, hi)                                        \
-  _mm512_storeu_pd((p), _mm512_add_pd(_mm512_loadu_pd(p), (lo))); \
-  _mm512_storeu_pd((p) + 8, _mm512_add_pd(_mm512_loadu_pd((p) + 8), (hi)))
-        OSCAR_UPD(c, c00, c01);
-        OSCAR_UPD(c + ldc, c10, c11);
-        OSCAR_UPD(c + 2 * ldc, c20, c21);
-        OSCAR_UPD(c + 3 * ldc, c30, c31);
-#undef OSCAR_UPD
+        double* cp = C + i0 * ldc + j0;
+#pragma GCC unroll 8
+        for (int r = 0; r < 8; ++r) {
+          _mm512_storeu_pd(cp + r * ldc, _mm512_add_pd(_mm512_loadu_pd(cp + r * ldc), c[r][0]));
+          _mm512_storeu_pd(cp + r * ldc + 8, _mm512_add_pd(_mm512_loadu_pd(cp + r * ldc + 8), c[r][1]));
+        }
       }
-      for (; i0 < M; ++i0) {  // leftover rows (M % 4)
+      for (; i0 < M; ++i0) {  // leftover rows (M % 8)
         if (upper && j0 + 16 <= i0) continue;
         __m512d lo = _mm512_setzero_pd(), hi = _mm512_setzero_pd();
-        for (int64_t k = 0; k < kc; ++k) {
+        for (int64_t k = ks; k < kc; ++k) {
           const __m512d x = _mm512_set1_pd(A[i0 * sa_i + (k0 + k) * sa_k]);
           lo = _mm512_fmadd_pd(x, _mm512_loadu_pd(Bp + k * ldb), lo);
           hi = _mm512_fmadd_pd(x, _mm512_loadu_pd(Bp + k * ldb + 8), hi);
@@ -105,6 +101,16 @@ void gemm(const double* A, const double* B, double* C, int64_t m, int k, int n, 
   }
   cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(m), n, k, 1.0, A, k, B, n,
               accumulate ? 1.0 : 0.0, C, n);
+}
+
+void gemm_lower(const double* A, const double* L, double* C, int64_t m, int d) {
+  if (m <= 0) return;
+  if (have_avx512() && d % 16 == 0) {
+    std::fill(C, C + m * d, 0.0);
+    gemm_acc_avx512(A, d, 1, L, d, C, d, m, d, d, false, /*lower_b=*/true);
+    return;
+  }
+  cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(m), d, d, 1.0, A, d, L, d, 0.0, C, d);
 }
 
 void gemm_nt(const double* A, const double* B, double* C, int64_t m, int k, int n) {

@@ -78,7 +78,23 @@ Q8_TARGET void rows_q8(const int8_t* q, const float* sc, int64_t out, int64_t in
     }
   };
   if (n < 16) {
-    for (int64_t r = r0; r < r1; ++r) one_row(r, 0, n);
+    // Four rows at once: four independent FMA chains hide the FMA latency
+    // that a single row's dependent chain would expose.
+    int64_t r = r0;
+    for (; r + 4 <= r1; r += 4)
+      for (int t = 0; t < n; t += 4) {
+        const float* xt = x + int64_t(t) * in;
+        const int nt = std::min(4, n - t);
+        switch (nt) {
+          case 1: tile_q8<4, 1>(q + r * in, sc + r * nb, in, xt, s); break;
+          case 2: tile_q8<4, 2>(q + r * in, sc + r * nb, in, xt, s); break;
+          case 3: tile_q8<4, 3>(q + r * in, sc + r * nb, in, xt, s); break;
+          default: tile_q8<4, 4>(q + r * in, sc + r * nb, in, xt, s); break;
+        }
+        for (int i = 0; i < 4; ++i)
+          for (int j = 0; j < nt; ++j) put(r + i, t + j, s[i * nt + j]);
+      }
+    for (; r < r1; ++r) one_row(r, 0, n);
     return;
   }
   constexpr int kChunk = 64;

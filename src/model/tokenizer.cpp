@@ -7,6 +7,7 @@
 #include <climits>
 #include <filesystem>
 #include <map>
+#include <queue>
 
 #include <fmt/format.h>
 
@@ -194,6 +195,7 @@ void split_by(pcre2_code* re, pcre2_match_data* md, std::string_view text, Piece
 }  // namespace
 
 void Tokenizer::bpe(std::string_view piece, std::vector<int>& out) const {
+  if (piece.empty()) return;
   const Impl& im = *impl_;
   const auto& bt = byte_table();
   std::string mapped;
@@ -212,43 +214,62 @@ void Tokenizer::bpe(std::string_view piece, std::vector<int>& out) const {
       return;
     }
   }
-  // GPT-2's loop: merge every occurrence of the lowest-ranked adjacent pair.
-  std::string key;
-  while (sym.size() > 1) {
-    int best = INT_MAX;
-    size_t best_i = 0;
-    for (size_t i = 0; i + 1 < sym.size(); ++i) {
-      key.assign(sym[i]).append(1, ' ').append(sym[i + 1]);
-      auto it = im.merge_rank.find(key);
-      if (it != im.merge_rank.end() && it->second < best) {
-        best = it->second;
-        best_i = i;
-      }
-    }
-    if (best == INT_MAX) break;
-    const std::string a = sym[best_i], b = sym[best_i + 1];
-    std::vector<std::string> next;
-    next.reserve(sym.size());
-    for (size_t i = 0; i < sym.size();) {
-      if (i + 1 < sym.size() && sym[i] == a && sym[i + 1] == b) {
-        next.push_back(a + b);
-        i += 2;
-      } else {
-        next.push_back(std::move(sym[i]));
-        ++i;
-      }
-    }
-    sym = std::move(next);
+  // Lowest-rank-first merging with a heap over adjacent pairs (O(n log n), as
+  // HF tokenizers does; same result as GPT-2's "merge every occurrence of the
+  // best pair" loop because a merge's parts always rank before it). Symbols are
+  // spans of `mapped`; a merge grows the left span and unlinks the right one.
+  const size_t n = sym.size();
+  std::vector<size_t> start(n), len(n);
+  std::vector<int> prev(n), next(n);
+  for (size_t i = 0, off = 0; i < n; ++i) {
+    start[i] = off;
+    len[i] = sym[i].size();
+    off += len[i];
+    prev[i] = static_cast<int>(i) - 1;
+    next[i] = i + 1 < n ? static_cast<int>(i + 1) : -1;
   }
-  for (const std::string& s : sym) {
-    auto it = im.vocab.find(s);
+  struct Cand {
+    int rank;
+    int left;
+    size_t left_len, right_len;  // to detect stale entries
+    bool operator>(const Cand& o) const { return rank != o.rank ? rank > o.rank : left > o.left; }
+  };
+  std::priority_queue<Cand, std::vector<Cand>, std::greater<Cand>> heap;
+  std::string key;
+  auto push = [&](int l) {
+    if (l < 0) return;
+    const int r = next[static_cast<size_t>(l)];
+    if (r < 0) return;
+    const auto lu = static_cast<size_t>(l), ru = static_cast<size_t>(r);
+    key.assign(mapped, start[lu], len[lu]).append(1, ' ').append(mapped, start[ru], len[ru]);
+    auto it = im.merge_rank.find(key);
+    if (it != im.merge_rank.end()) heap.push({it->second, l, len[lu], len[ru]});
+  };
+  for (size_t i = 0; i + 1 < n; ++i) push(static_cast<int>(i));
+  while (!heap.empty()) {
+    const Cand c = heap.top();
+    heap.pop();
+    const auto l = static_cast<size_t>(c.left);
+    if (len[l] != c.left_len || next[l] < 0) continue;  // left changed or gone (len 0)
+    const auto r = static_cast<size_t>(next[l]);
+    if (len[r] != c.right_len) continue;
+    len[l] += len[r];
+    len[r] = 0;
+    next[l] = next[r];
+    if (next[r] >= 0) prev[static_cast<size_t>(next[r])] = c.left;
+    if (prev[l] >= 0) push(prev[l]);
+    push(c.left);
+  }
+  for (int i = 0; i >= 0; i = next[static_cast<size_t>(i)]) {
+    const auto iu = static_cast<size_t>(i);
+    auto it = im.vocab.find(mapped.substr(start[iu], len[iu]));
     if (it != im.vocab.end()) {
       out.push_back(it->second);
     } else if (im.unk >= 0) {
       out.push_back(im.unk);
     } else {
       throw Error(fmt::format("{}: byte-level symbol '{}' is not in the vocabulary and there is no "
-                              "unknown token", im.source, s));
+                              "unknown token", im.source, mapped.substr(start[iu], len[iu])));
     }
   }
 }

@@ -2,6 +2,7 @@
 // against naive loops, including leftover rows and the upper-only syrk.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
 #include <vector>
 
@@ -30,6 +31,15 @@ TEST(Linalg, SyrkAndGemmMatchNaive) {
           for (int k = 0; k < d; ++k) gref[r * d + j] += A[r * d + k] * Bm[k * d + j];
       la::gemm(A.data(), Bm.data(), G.data(), n, d, d);
       for (size_t i = 0; i < G.size(); ++i) ASSERT_NEAR(G[i], gref[i], 1e-10 * d) << d << " " << n;
+      // Lower-triangular right factor: zero the upper part, same product.
+      for (int k = 0; k < d; ++k)
+        for (int j = k + 1; j < d; ++j) Bm[k * d + j] = 0.0;
+      std::fill(gref.begin(), gref.end(), 0.0);
+      for (int64_t r = 0; r < n; ++r)
+        for (int j = 0; j < d; ++j)
+          for (int k = 0; k < d; ++k) gref[r * d + j] += A[r * d + k] * Bm[k * d + j];
+      la::gemm_lower(A.data(), Bm.data(), G.data(), n, d);
+      for (size_t i = 0; i < G.size(); ++i) ASSERT_NEAR(G[i], gref[i], 1e-10 * d) << "lower " << d << " " << n;
     }
   }
 }

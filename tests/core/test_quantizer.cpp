@@ -211,4 +211,10 @@ TEST(Quantizer, BitsPerElement) {
   EXPECT_DOUBLE_EQ(row_bits_per_element(2, 128, ScaleDtype::kF16), 2.25);
   EXPECT_DOUBLE_EQ(row_bits_per_element(2, 128, ScaleDtype::kF32), 2.5);
   EXPECT_DOUBLE_EQ(row_bits_per_element(4, 32, ScaleDtype::kF16), 5.0);
+  // DESIGN §5.4 with S0 = 64, W = 256.
+  EXPECT_DOUBLE_EQ(cache_bits_per_element(100, 64, 256, 2, 128), 16.0);
+  EXPECT_DOUBLE_EQ(cache_bits_per_element(4096, 64, 256, 2, 128), (320 * 16.0 + 3776 * 2.25) / 4096);
+  EXPECT_DOUBLE_EQ(cache_bits_per_element(32768, 64, 256, 2, 32, ScaleDtype::kF16),
+                   (320 * 16.0 + 32448 * 3.0) / 32768);
+  EXPECT_DOUBLE_EQ(cache_bits_per_element(0, 64, 256, 2, 128), 16.0);
 }

@@ -309,6 +309,27 @@ TEST(PrefillAttention, MatchesReferenceAcrossShapes) {
       }
 }
 
+TEST(PrefillAttention, LongChunkAcrossKeyBlocksAndTileBlocks) {
+  // n and cached spanning several 256-row key chunks and several 16-tile
+  // work items; GQA 3 (tiles of 2 tokens x 3 heads) and MHA (8 tokens).
+  std::mt19937 rng(29);
+  for (int gqa : {3, 1}) {
+    PrefillCase pc;
+    pc.spec.d = 64;
+    pc.spec.group = 64;
+    pc.spec.page = 64;
+    pc.spec.hkv = 2;
+    pc.spec.sink = {64};
+    pc.spec.mid = {330};
+    pc.spec.recent = {70};
+    pc.hq = 2 * gqa;
+    pc.cached = 64 + 330 + 50;
+    pc.n = 531;
+    check_prefill(pc, rng, /*check_dense=*/gqa == 3);
+    if (HasFatalFailure()) return;
+  }
+}
+
 TEST(PrefillAttention, RejectsBadArguments) {
   std::mt19937 rng(2);
   CacheSpec s;

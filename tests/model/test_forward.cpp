@@ -122,7 +122,9 @@ TEST_P(ForwardArch, PrefillThenDecodeMatchesReference) {
   std::vector<Step> sched = {{{0, 37}}};
   for (int i = 0; i < 8; ++i) sched.push_back({{0, 1}});
   RunResult r = run_schedule(f.m, f.cache, toks, sched);
-  const ModelWeights ref_w = p.wd == WeightDtype::kBf16 ? testing::round_matrices_bf16(f.w) : f.w;
+  const ModelWeights ref_w = p.wd == WeightDtype::kBf16 ? testing::round_matrices_bf16(f.w)
+                             : p.wd == WeightDtype::kQ8 ? testing::round_matrices_q8(f.w)
+                                                        : f.w;
   expect_matches_ref(ref_w, toks, r);
   EXPECT_EQ(f.cache.pool().num_used(), 0) << "pages leaked";
 }
@@ -135,7 +137,9 @@ INSTANTIATE_TEST_SUITE_P(
                       ArchCase{Arch::kQwen3, true, WeightDtype::kF32},
                       ArchCase{Arch::kLlama, false, WeightDtype::kBf16},
                       ArchCase{Arch::kQwen2, true, WeightDtype::kBf16},
-                      ArchCase{Arch::kQwen3, false, WeightDtype::kBf16}));
+                      ArchCase{Arch::kQwen3, false, WeightDtype::kBf16},
+                      ArchCase{Arch::kLlama, true, WeightDtype::kQ8},
+                      ArchCase{Arch::kQwen2, false, WeightDtype::kQ8}));
 
 TEST(Forward, WrongPositionWouldBeCaught) {
   // The comparison is sharp enough to see a one-position RoPE shift.

@@ -186,3 +186,49 @@ TEST(DefaultModelGolden, SmolLM2MatchesTransformers) {
 
 }  // namespace
 }  // namespace oscar::model
+
+namespace oscar::model {
+namespace {
+
+// bf16 and q8 weight storage on the default model: how far the logits move
+// from transformers' (float64 on the dequantized GGUF), and whether the top-1
+// token at each prompt position survives (a position whose HF top-2 gap is
+// below 0.1 logits may flip).
+TEST(DefaultModelGolden, ReducedPrecisionWeightsStayClose) {
+  const fs::path gguf = fs::path(OSCAR_SOURCE_DIR) / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf";
+  const fs::path gold = fs::path(OSCAR_TEST_DATA_DIR) / "model" / "smollm2-golden.safetensors";
+  if (!fs::exists(gguf) || !fs::exists(gold)) GTEST_SKIP() << "default model or golden file absent";
+  const ModelWeights w = load_model(gguf.string());
+  st::File g = st::File::open(gold.string());
+  const std::vector<int> ids = read_ids(g, "input_ids");
+  const std::vector<float> topv = g.read_f32("topk_logits");
+  const std::vector<int> topi = read_ids(g, "topk_ids");
+  const int V = w.cfg.vocab_size, T = int(ids.size()), K = int(topi.size()) / T;
+  for (WeightDtype wd : {WeightDtype::kBf16, WeightDtype::kQ8}) {
+    auto be = make_cpu_backend({wd, 0});
+    Model m(w, *be);
+    kv::Bf16KvCache cache(m.cache_shape(64), 4);
+    kv::SeqId s = cache.create();
+    std::vector<int32_t> p(ids.begin(), ids.end());
+    std::vector<float> lg;
+    SeqStep st{s, p, true};
+    m.forward({&st, 1}, cache, lg);
+    ErrAcc e;
+    int top1 = 0, flips_near_tie = 0;
+    for (int t = 0; t < T; ++t) {
+      for (int k = 0; k < K; ++k) e.add(lg[size_t(t) * V + topi[t * K + k]], topv[t * K + k]);
+      const int ours = int(std::max_element(lg.begin() + size_t(t) * V, lg.begin() + size_t(t + 1) * V) -
+                           (lg.begin() + size_t(t) * V));
+      if (ours == topi[t * K]) ++top1;
+      else if (topv[t * K] - topv[t * K + 1] < 0.1f) ++flips_near_tie;
+    }
+    std::printf("[ golden ] smollm2 %s weights: top-%d logits max |d| / scale = %.3g, top-1 agrees "
+                "at %d of %d positions (%d near-tie flips)\n",
+                to_string(wd), K, e.rel(), top1, T, flips_near_tie);
+    EXPECT_LT(e.rel(), 0.05) << to_string(wd);
+    EXPECT_EQ(top1 + flips_near_tie, T) << to_string(wd);
+  }
+}
+
+}  // namespace
+}  // namespace oscar::model

@@ -162,6 +162,10 @@ TEST(Tokenizer, ArbitraryBytesRoundTrip) {
   EXPECT_EQ(tok.decode(tok.encode(bytes)), bytes);
   const std::string spaces(5000, ' ');
   EXPECT_EQ(tok.decode(tok.encode(spaces + "x" + spaces)), spaces + "x" + spaces);
+  // One 200 KB pre-token (no spaces): BPE must stay near-linear, not quadratic.
+  std::string run;
+  for (int i = 0; i < 20000; ++i) run += "abcdefghij";
+  EXPECT_EQ(tok.decode(tok.encode(run)), run);
   std::string streamed;
   for (int id : tok.encode("naïve 東京 🙂")) streamed += tok.token_str(id);
   EXPECT_EQ(streamed, "naïve 東京 🙂");

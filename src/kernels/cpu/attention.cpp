@@ -22,6 +22,7 @@
 
 #include "core/error.h"
 #include "core/half.h"
+#include "core/quant_format.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/attention_impl.h"
 #include "kernels/cpu/parallel.h"
@@ -77,11 +78,12 @@ struct Scalar {
 
 void region_entry(const RegionRows& rr, QuerySet& qs) { region_rows<Scalar>(rr, qs); }
 void dense_entry(const DenseRows& dr, int d, QuerySet& qs) { dense_rows<Scalar>(dr, d, qs); }
+void dense_t_entry(const DenseTRows& dr, int d, QuerySet& qs) { dense_t_rows<Scalar>(dr, d, qs); }
 
 }  // namespace scalar
 
 const RowKernels& scalar_kernels() {
-  static const RowKernels k{"scalar", &scalar::region_entry, &scalar::dense_entry};
+  static const RowKernels k{"scalar", &scalar::region_entry, &scalar::dense_entry, &scalar::dense_t_entry};
   return k;
 }
 
@@ -145,6 +147,41 @@ bool cpu_supports(const RowKernels& k) {
 }  // namespace detail
 
 namespace {
+
+// Rows [i0, i1) of a region (KV head h) as f32: keys transposed in blocks of
+// kBlock rows, kt [block][d][kBlock] (zero past the end), values v [row][d].
+void widen_rows(const kv::PagedKvView& kv, const kv::RegionTable& r, bool quantized, int b, int h, int i0,
+                int i1, float* kt, float* v) {
+  const int d = kv.head_dim, n = i1 - i0, B = detail::kBlock;
+  std::fill(kt, kt + size_t((n + B - 1) / B) * d * B, 0.0f);
+  std::vector<float> krow(d);
+  for (int i = i0; i < i1; ++i) {
+    const int32_t page = detail::region_page(r, kv, b, i);
+    const int slot = i % kv.page_size;
+    float* vrow = v + size_t(i - i0) * d;
+    if (quantized) {
+      const int64_t row = kv.quant_row_index(page, h, slot);
+      const int cb = kv.row_code_bytes(), ng = kv.row_groups(), G = kv.group_size;
+      const uint8_t* kc = kv.quant.k_codes + row * cb;
+      const uint8_t* vc = kv.quant.v_codes + row * cb;
+      const uint16_t* kp = kv.quant.k_params + row * ng * 2;
+      const uint16_t* vp = kv.quant.v_params + row * ng * 2;
+      for (int c = 0; c < d; ++c) {
+        const int g = c / G;
+        krow[c] = f16_to_f32(kp[2 * g + 1]) + float(get_code(kc, c, G, kv.bits)) * f16_to_f32(kp[2 * g]);
+        vrow[c] = f16_to_f32(vp[2 * g + 1]) + float(get_code(vc, c, G, kv.bits)) * f16_to_f32(vp[2 * g]);
+      }
+    } else {
+      const int64_t off = kv.bf16_row_offset(page, h, slot);
+      for (int c = 0; c < d; ++c) {
+        krow[c] = bf16_to_f32(kv.bf16.k[off + c]);
+        vrow[c] = bf16_to_f32(kv.bf16.v[off + c]);
+      }
+    }
+    float* dst = kt + size_t((i - i0) / B) * d * B + (i - i0) % B;
+    for (int c = 0; c < d; ++c) dst[c * B] = krow[c];
+  }
+}
 
 struct DecodeItem {
   int b, h, region, i0, i1;
@@ -261,48 +298,90 @@ void prefill_attention(const kv::PagedKvView& kv, int b, int cached_len, const f
   const int rec_n = cached_len - sink_n - mid_n;
 
   // A tile: tt consecutive tokens x the heads of one set (tt * heads <= kMaxQ).
+  // A work item: a block of up to kTilesPerItem tiles of one (KV head, set);
+  // keys are visited in chunks of kKeyChunk rows and each chunk is run for
+  // every tile of the block while it is hot in L1/L2 (flash-attention style
+  // blocking), so long prefills are bound by arithmetic, not memory.
+  constexpr int kTilesPerItem = 16, kKeyChunk = 256;
   const int nsets = num_sets(group);
   const int max_set = (group + nsets - 1) / nsets;
   const int tt = std::max(1, kMaxQ / max_set);
   const int ntiles = (n + tt - 1) / tt;
+  const int nblocks = (ntiles + kTilesPerItem - 1) / kTilesPerItem;
   const float qscale = sm_scale * kLog2e;
-  const int64_t items = int64_t(ntiles) * hkv * nsets;
+  const int64_t items = int64_t(nblocks) * hkv * nsets;
+  const kv::RegionTable* regions[3] = {&kv.sink, &kv.mid, &kv.recent};
+  const int lens[3] = {sink_n, mid_n, rec_n};
+  const int cached_chunk = kKeyChunk;
   parallel_for(items, [&](int64_t it) {
     const int s = int(it % nsets);
     const int h = int((it / nsets) % hkv);
-    const int tile = int(it / (int64_t(nsets) * hkv));
+    const int blk = int(it / (int64_t(nsets) * hkv));
     const int g0 = set_begin(group, s), g1 = set_begin(group, s + 1), ng = g1 - g0;
-    const int i0 = tile * tt, i1 = std::min(n, i0 + tt);
-    const int nq = (i1 - i0) * ng;
-    alignas(64) float qbuf[kMaxQ * 256];
-    alignas(64) float acc[kMaxQ * 256];
-    float m[kMaxQ], l[kMaxQ];
-    int limit[kMaxQ];
-    for (int i = i0; i < i1; ++i)
-      for (int g = 0; g < ng; ++g) {
-        const int j = (i - i0) * ng + g;
-        const float* src = q + (int64_t(i) * num_q_heads + h * group + g0 + g) * d;
-        for (int c = 0; c < d; ++c) qbuf[j * d + c] = src[c] * qscale;
-        limit[j] = i;
-        m[j] = kNegInf;
-        l[j] = 0.0f;
-      }
-    std::fill(acc, acc + nq * d, 0.0f);
-    QuerySet set{nq, qbuf, nullptr, m, l, acc};
-    const kv::RegionTable* regions[3] = {&kv.sink, &kv.mid, &kv.recent};
-    const int lens[3] = {sink_n, mid_n, rec_n};
+    const int tile0 = blk * kTilesPerItem, tile1 = std::min(ntiles, tile0 + kTilesPerItem);
+    const int nt = tile1 - tile0;
+    // Per tile j: queries [j][kMaxQ][d], state m/l [j][kMaxQ], acc [j][kMaxQ][d], limits.
+    std::vector<float> qbuf(size_t(nt) * kMaxQ * d), acc(size_t(nt) * kMaxQ * d, 0.0f);
+    std::vector<float> m(size_t(nt) * kMaxQ, kNegInf), l(size_t(nt) * kMaxQ, 0.0f);
+    std::vector<int> limit(size_t(nt) * kMaxQ, 0);
+    std::vector<QuerySet> sets(nt);
+    for (int j = 0; j < nt; ++j) {
+      const int i0 = (tile0 + j) * tt, i1 = std::min(n, i0 + tt);
+      for (int i = i0; i < i1; ++i)
+        for (int g = 0; g < ng; ++g) {
+          const int qi = (i - i0) * ng + g;
+          const float* src = q + (int64_t(i) * num_q_heads + h * group + g0 + g) * d;
+          float* dst = qbuf.data() + (size_t(j) * kMaxQ + qi) * d;
+          for (int c = 0; c < d; ++c) dst[c] = src[c] * qscale;
+          limit[size_t(j) * kMaxQ + qi] = i;
+        }
+      const size_t base = size_t(j) * kMaxQ;
+      sets[j] = QuerySet{(i1 - i0) * ng, qbuf.data() + base * d, nullptr, m.data() + base, l.data() + base,
+                         acc.data() + base * d};
+    }
+    // Cached rows: every tile sees all of them. Each chunk is widened once
+    // (BF16 -> f32, quantized -> m + code*s, as the reference) into
+    // transposed keys and row-major values, then shared by all tiles.
+    std::vector<float> ckt(size_t(cached_chunk) * d), cv(size_t(cached_chunk) * d);
     for (int r = 0; r < 3; ++r)
-      if (lens[r] > 0) K.region(RegionRows{&kv, regions[r], r == 1, b, h, 0, lens[r], 0}, set);
-    set.limit = limit;
-    K.dense(detail::DenseRows{k_new + int64_t(h) * d, v_new + int64_t(h) * d, int64_t(hkv) * d, i1, 0}, d,
-            set);
-    for (int i = i0; i < i1; ++i)
-      for (int g = 0; g < ng; ++g) {
-        const int j = (i - i0) * ng + g;
-        float* out = o + (int64_t(i) * num_q_heads + h * group + g0 + g) * d;
-        const float inv = 1.0f / l[j];
-        for (int c = 0; c < d; ++c) out[c] = acc[j * d + c] * inv;
+      for (int c0 = 0; c0 < lens[r]; c0 += cached_chunk) {
+        const int c1 = std::min(lens[r], c0 + cached_chunk);
+        widen_rows(kv, *regions[r], r == 1, b, h, c0, c1, ckt.data(), cv.data());
+        for (int j = 0; j < nt; ++j) K.dense_t(detail::DenseTRows{ckt.data(), cv.data(), d, c1 - c0, 0}, d, sets[j]);
       }
+    // The chunk's own rows, causal: tile j needs keys [0, its last token].
+    // Each key chunk is transposed once (kt [block][d][16]) and then shared
+    // by all tiles of the item: logits without horizontal reductions.
+    const int last = std::min(n, tile1 * tt);
+    std::vector<float> kt(size_t(kKeyChunk) * d);
+    for (int k0 = 0; k0 < last; k0 += kKeyChunk) {
+      const int k1 = std::min(last, k0 + kKeyChunk);
+      const int nblk = (k1 - k0 + detail::kBlock - 1) / detail::kBlock;
+      std::fill(kt.begin(), kt.begin() + size_t(nblk) * d * detail::kBlock, 0.0f);
+      for (int t = k0; t < k1; ++t) {
+        const float* src = k_new + (int64_t(t) * hkv + h) * d;
+        float* dst = kt.data() + size_t((t - k0) / detail::kBlock) * d * detail::kBlock + (t - k0) % detail::kBlock;
+        for (int c = 0; c < d; ++c) dst[c * detail::kBlock] = src[c];
+      }
+      for (int j = 0; j < nt; ++j) {
+        const int i0 = (tile0 + j) * tt, i1 = std::min(n, i0 + tt);
+        if (i1 <= k0) continue;  // every key of this chunk is in the tile's future
+        sets[j].limit = limit.data() + size_t(j) * kMaxQ;
+        const int kend = std::min(k1, i1);
+        K.dense_t(detail::DenseTRows{kt.data(), v_new + (int64_t(k0) * hkv + h) * d, int64_t(hkv) * d, kend - k0, k0},
+                  d, sets[j]);
+      }
+    }
+    for (int j = 0; j < nt; ++j) {
+      const int i0 = (tile0 + j) * tt, i1 = std::min(n, i0 + tt);
+      for (int i = i0; i < i1; ++i)
+        for (int g = 0; g < ng; ++g) {
+          const size_t qi = size_t(j) * kMaxQ + size_t(i - i0) * ng + g;
+          float* out = o + (int64_t(i) * num_q_heads + h * group + g0 + g) * d;
+          const float inv = 1.0f / l[qi];
+          for (int c = 0; c < d; ++c) out[c] = acc[qi * d + c] * inv;
+        }
+    }
   });
 }
 

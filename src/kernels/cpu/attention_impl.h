@@ -47,10 +47,21 @@ struct DenseRows {
   int key_base = 0;
 };
 
+// Dense f32 rows with keys pre-transposed: kt [ceil(n/kBlock)][d][kBlock]
+// (block-major, rows past n zero), v row t at v + t*vstride.
+struct DenseTRows {
+  const float* kt = nullptr;
+  const float* v = nullptr;
+  int64_t vstride = 0;
+  int n = 0;
+  int key_base = 0;
+};
+
 struct RowKernels {
   const char* name;
   void (*region)(const RegionRows&, QuerySet&);
   void (*dense)(const DenseRows&, int d, QuerySet&);
+  void (*dense_t)(const DenseTRows&, int d, QuerySet&);
 };
 
 const RowKernels& scalar_kernels();

@@ -91,6 +91,14 @@ struct F32Run {
   int64_t stride;
 };
 
+// Dense f32 rows whose keys are pre-transposed in blocks of kBlock rows:
+// kt[block][d][kBlock] (rows past the end zero), values row-major with a stride.
+struct F32TRun {
+  const float* kt;
+  const float* v;
+  int64_t vstride;
+};
+
 // Contiguous quantized rows of one page (one KV head).
 struct QuantRun {
   const uint8_t* kc;
@@ -277,6 +285,28 @@ struct RowKernel {
     }
   }
 
+  // Transposed keys: logits of kBlock rows at once with rows in lanes, one
+  // broadcast query element per FMA and no horizontal reductions (prefill).
+  OSCAR_TGT static void run(const F32TRun& run, int n, int key_base, int d, QuerySet& qs) {
+    alignas(64) float s[NQ][kBlock];
+    alignas(64) float p[NQ][kBlock];
+    for (int t0 = 0; t0 < n; t0 += kBlock) {
+      const int nt = std::min(kBlock, n - t0);
+      const float* kb = run.kt + int64_t(t0 / kBlock) * d * kBlock;
+      for (int h0 = 0; h0 < kBlock; h0 += W) {
+        F a[NQ];
+        for (int g = 0; g < NQ; ++g) a[g] = T::zero();
+        for (int c = 0; c < d; ++c) {
+          const F k = T::load(kb + c * kBlock + h0);
+          for (int g = 0; g < NQ; ++g) a[g] = T::fma(T::set1(qs.q[g * d + c]), k, a[g]);
+        }
+        for (int g = 0; g < NQ; ++g) T::store(s[g] + h0, a[g]);
+      }
+      softmax(qs, nt, key_base + t0, d, s, p);
+      accumulate(LoadF32{run.v + t0 * run.vstride, run.vstride}, nt, d, qs, p);
+    }
+  }
+
   OSCAR_TGT static void run(const F32Run& run, int n, int key_base, int d, QuerySet& qs) {
     alignas(64) float s[NQ][kBlock];
     alignas(64) float p[NQ][kBlock];
@@ -406,6 +436,26 @@ OSCAR_TGT void region_rows(const RegionRows& rr, QuerySet& qs) {
     case 6: return region_rows_nq<T, 6>(rr, qs);
     case 7: return region_rows_nq<T, 7>(rr, qs);
     case 8: return region_rows_nq<T, 8>(rr, qs);
+    default: throw Error("attention: query set of " + std::to_string(qs.nq) + " (1..8)");
+  }
+}
+
+template <class T, int NQ>
+OSCAR_TGT void dense_t_rows_nq(const DenseTRows& dr, int d, QuerySet& qs) {
+  RowKernel<T, NQ>::run(F32TRun{dr.kt, dr.v, dr.vstride}, dr.n, dr.key_base, d, qs);
+}
+
+template <class T>
+OSCAR_TGT void dense_t_rows(const DenseTRows& dr, int d, QuerySet& qs) {
+  switch (qs.nq) {
+    case 1: return dense_t_rows_nq<T, 1>(dr, d, qs);
+    case 2: return dense_t_rows_nq<T, 2>(dr, d, qs);
+    case 3: return dense_t_rows_nq<T, 3>(dr, d, qs);
+    case 4: return dense_t_rows_nq<T, 4>(dr, d, qs);
+    case 5: return dense_t_rows_nq<T, 5>(dr, d, qs);
+    case 6: return dense_t_rows_nq<T, 6>(dr, d, qs);
+    case 7: return dense_t_rows_nq<T, 7>(dr, d, qs);
+    case 8: return dense_t_rows_nq<T, 8>(dr, d, qs);
     default: throw Error("attention: query set of " + std::to_string(qs.nq) + " (1..8)");
   }
 }
