@@ -1,5 +1,7 @@
 #include "core/calibrator.h"
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cmath>
 #include <random>
@@ -23,7 +25,9 @@ struct LayerAcc {
   int64_t tokens = 0;
   bool done = false;
   std::vector<double> sum_qq, sum_kk, sum_vv, sum_oo;  // [H][d][d], upper triangles
-  std::vector<float> kbuf, vbuf;                      // key-weighted: [tokens][H][d]
+  // key-weighted: the K and V rows of every add() call, [T_i][H][d] each
+  // (one block per call: no reallocation/copy as the layer grows).
+  std::vector<std::vector<float>> kblocks, vblocks;
   std::vector<float> sample_k, sample_v;              // clip search reservoir: [S][H][d]
   int64_t sample_filled = 0;
   std::mt19937_64 rng;
@@ -32,7 +36,19 @@ struct LayerAcc {
 };
 
 // Converts `rows` rows of `width` floats (row r at src + r*stride) to doubles.
+__attribute__((target("avx512f"))) void gather_rows_avx512(const float* src, int64_t rows, int64_t width,
+                                                            int64_t stride, double* dst) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* s = src + r * stride;
+    double* o = dst + r * width;
+    int64_t c = 0;
+    for (; c + 8 <= width; c += 8) _mm512_storeu_pd(o + c, _mm512_maskz_cvtps_pd(0xFF, _mm256_loadu_ps(s + c)));
+    for (; c < width; ++c) o[c] = s[c];
+  }
+}
 void gather_rows(const float* src, int64_t rows, int64_t width, int64_t stride, double* dst) {
+  static const bool avx512 = __builtin_cpu_supports("avx512f");
+  if (avx512) return gather_rows_avx512(src, rows, width, stride, dst);
   for (int64_t r = 0; r < rows; ++r) {
     const float* s = src + r * stride;
     double* o = dst + r * width;
@@ -126,8 +142,8 @@ struct Calibrator::Impl {
     if (need_oo) accumulate(a.sum_oo, o, T, Hq, g);
     const int64_t row = int64_t(H) * d;
     if (need_kw) {
-      a.kbuf.insert(a.kbuf.end(), k, k + T * row);
-      a.vbuf.insert(a.vbuf.end(), v, v + T * row);
+      a.kblocks.emplace_back(k, k + T * row);
+      a.vblocks.emplace_back(v, v + T * row);
     }
     if (cfg.clip_search && cfg.sample_tokens > 0) {
       const int64_t S = cfg.sample_tokens;
@@ -163,7 +179,7 @@ struct Calibrator::Impl {
 
   std::vector<double> key_weighted(int l, const LayerAcc& a, const std::vector<double>& query) const {
     std::vector<double> out(static_cast<size_t>(H) * d * d, 0.0);
-    const int64_t T = a.tokens, row = int64_t(H) * d;
+    const int64_t row = int64_t(H) * d;
     std::vector<double> dens(static_cast<size_t>(H), 0.0);
     parallel_for(H, [&](int h, int) {
       // w_t = k C_Q kᵀ = ‖k L‖² with C_Q + εI = L Lᵀ (Cholesky): a triangular
@@ -182,10 +198,11 @@ struct Calibrator::Impl {
       std::vector<double> K(static_cast<size_t>(kChunkTokens * d)), W(K.size()), V(K.size());
       double den = 0.0;
       double* num = out.data() + static_cast<size_t>(h) * d * d;
-      for (int64_t t0 = 0; t0 < T; t0 += kChunkTokens) {
-        const int64_t m = std::min(kChunkTokens, T - t0);
-        gather_rows(a.kbuf.data() + t0 * row + int64_t(h) * d, m, d, row, K.data());
-        gather_rows(a.vbuf.data() + t0 * row + int64_t(h) * d, m, d, row, V.data());
+      for (size_t blk = 0; blk < a.kblocks.size(); ++blk)
+      for (int64_t t0 = 0, Tb = static_cast<int64_t>(a.kblocks[blk].size()) / row; t0 < Tb; t0 += kChunkTokens) {
+        const int64_t m = std::min(kChunkTokens, Tb - t0);
+        gather_rows(a.kblocks[blk].data() + t0 * row + int64_t(h) * d, m, d, row, K.data());
+        gather_rows(a.vblocks[blk].data() + t0 * row + int64_t(h) * d, m, d, row, V.data());
         la::gemm_lower(K.data(), Lf.data(), W.data(), m, d);
         for (int64_t t = 0; t < m; ++t) {
           double w = 0.0;
@@ -299,8 +316,8 @@ struct Calibrator::Impl {
     std::vector<double>().swap(a.sum_kk);
     std::vector<double>().swap(a.sum_vv);
     std::vector<double>().swap(a.sum_oo);
-    std::vector<float>().swap(a.kbuf);
-    std::vector<float>().swap(a.vbuf);
+    std::vector<std::vector<float>>().swap(a.kblocks);
+    std::vector<std::vector<float>>().swap(a.vblocks);
     std::vector<float>().swap(a.sample_k);
     std::vector<float>().swap(a.sample_v);
   }

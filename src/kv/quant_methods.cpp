@@ -165,6 +165,7 @@ KvMethod resolve_kv_method(const std::string& spec_in, const KvMethodOptions& op
     }
   m.kind = KvMethod::Kind::kRow;
   m.bits = cc.bits;
+  m.group_size = cc.group_size;  // the file's quantizer (clip search used it)
   m.calib = std::make_shared<Calibration>(std::move(cc));
   return m;
 }

@@ -10,7 +10,9 @@
 
 #include <cerrno>
 #include <cstring>
+#include <algorithm>
 #include <limits>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -341,7 +343,25 @@ std::vector<float> File::read_f32(const TensorInfo& t) const {
     throw Error(fmt::format("{}: tensor '{}' has type {}, which this loader cannot dequantize", path_,
                             t.name, type_name(t.type)));
   std::vector<float> out(static_cast<size_t>(t.numel()));
-  dequantize(t.type, data(t), out.data(), t.numel());
+  // Large tensors (the embedding, big matrices) are split over threads by
+  // whole blocks; loading is otherwise one core decoding ~100M values.
+  const BlockLayout bl = block_layout(t.type);
+  const int64_t blocks = t.numel() / bl.elems;
+  const int64_t min_blocks = (int64_t{1} << 20) / bl.elems;
+  const int nt = static_cast<int>(std::min<int64_t>(std::max(1u, std::thread::hardware_concurrency()),
+                                                    std::max<int64_t>(1, blocks / std::max<int64_t>(1, min_blocks))));
+  if (nt <= 1) {
+    dequantize(t.type, data(t), out.data(), t.numel());
+    return out;
+  }
+  std::vector<std::thread> pool;
+  for (int i = 0; i < nt; ++i) {
+    const int64_t b0 = blocks * i / nt, b1 = blocks * (i + 1) / nt;
+    pool.emplace_back([&, b0, b1] {
+      dequantize(t.type, data(t) + b0 * bl.bytes, out.data() + b0 * bl.elems, (b1 - b0) * bl.elems);
+    });
+  }
+  for (auto& th : pool) th.join();
   return out;
 }
 

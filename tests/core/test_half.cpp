@@ -44,3 +44,25 @@ TEST(Half, Bf16) {
   EXPECT_EQ(f32_to_bf16(1.0f + 3.0f / 256), 0x3f82u);          // tie -> even (up)
   EXPECT_TRUE(std::isnan(bf16_to_f32(f32_to_bf16(std::numeric_limits<float>::quiet_NaN()))));
 }
+
+#include <vector>
+
+#include "core/safetensors.h"
+
+TEST(Half, BulkF16ConversionMatchesScalar) {
+  // convert_to_f32 may take a SIMD path (run-time dispatch): it must agree
+  // with f16_to_f32 on every one of the 65536 values (NaN: any NaN).
+  std::vector<uint16_t> h(65536 + 5);
+  for (size_t i = 0; i < h.size(); ++i) h[i] = static_cast<uint16_t>(i);
+  std::vector<float> out(h.size());
+  oscar::st::convert_to_f32(oscar::st::Dtype::F16, reinterpret_cast<const std::byte*>(h.data()),
+                            static_cast<int64_t>(h.size()), out.data());
+  for (size_t i = 0; i < h.size(); ++i) {
+    const float want = f16_to_f32(h[i]);
+    if (std::isnan(want)) {
+      ASSERT_TRUE(std::isnan(out[i])) << i;
+    } else {
+      ASSERT_EQ(f32_bits(out[i]), f32_bits(want)) << i;
+    }
+  }
+}

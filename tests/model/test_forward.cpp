@@ -112,6 +112,12 @@ struct ArchCase {
   WeightDtype wd;
 };
 
+// Named printing (gtest would otherwise dump the struct's padding bytes).
+void PrintTo(const ArchCase& c, std::ostream* os) {
+  *os << (c.arch == Arch::kLlama ? "llama" : c.arch == Arch::kQwen2 ? "qwen2" : "qwen3")
+      << (c.tied ? "-tied-" : "-untied-") << to_string(c.wd);
+}
+
 class ForwardArch : public ::testing::TestWithParam<ArchCase> {};
 
 TEST_P(ForwardArch, PrefillThenDecodeMatchesReference) {

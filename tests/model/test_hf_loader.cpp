@@ -190,3 +190,41 @@ TEST(HfLoader, BrokenCheckpointsNameTheProblem) {
     expect_error([&] { load_model(d); }, {"config.json"});
   }
 }
+
+TEST(HfLoader, MistralAndTransformers5RopeParameters) {
+  const ModelWeights ref = load_model(kModels + "tiny-llama");
+  {
+    // Mistral (no sliding window) is the Llama graph.
+    const std::string d = copy_model("tiny-llama", "mistral");
+    auto c = read_json(d + "/config.json");
+    c["architectures"] = {"MistralForCausalLM"};
+    c["sliding_window"] = nullptr;
+    write_json(d + "/config.json", c);
+    const ModelWeights w = load_model(d);
+    EXPECT_EQ(w.cfg.arch, Arch::kLlama);
+    EXPECT_EQ(w.fingerprint, ref.fingerprint);
+  }
+  {
+    // transformers >= 5 writes rope settings as rope_parameters.
+    const std::string d = copy_model("tiny-llama", "rope_params");
+    auto c = read_json(d + "/config.json");
+    nlohmann::json rp = c["rope_scaling"];
+    rp["rope_theta"] = c["rope_theta"];
+    c.erase("rope_scaling");
+    c.erase("rope_theta");
+    c["rope_parameters"] = rp;
+    write_json(d + "/config.json", c);
+    const ModelWeights w = load_model(d);
+    EXPECT_FLOAT_EQ(w.cfg.rope_theta, ref.cfg.rope_theta);
+    EXPECT_EQ(w.cfg.rope_scaling.type, RopeScaling::Type::kLlama3);
+    EXPECT_FLOAT_EQ(w.cfg.rope_scaling.factor, ref.cfg.rope_scaling.factor);
+    EXPECT_EQ(w.cfg.rope_scaling.original_max_position, ref.cfg.rope_scaling.original_max_position);
+  }
+  {
+    const std::string d = copy_model("tiny-llama", "yarn");
+    auto c = read_json(d + "/config.json");
+    c["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+    write_json(d + "/config.json", c);
+    expect_error([&] { load_model(d); }, {"config.json", "yarn"});
+  }
+}

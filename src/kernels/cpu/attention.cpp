@@ -77,13 +77,12 @@ struct Scalar {
 #undef OSCAR_TGT
 
 void region_entry(const RegionRows& rr, QuerySet& qs) { region_rows<Scalar>(rr, qs); }
-void dense_entry(const DenseRows& dr, int d, QuerySet& qs) { dense_rows<Scalar>(dr, d, qs); }
 void dense_t_entry(const DenseTRows& dr, int d, QuerySet& qs) { dense_t_rows<Scalar>(dr, d, qs); }
 
 }  // namespace scalar
 
 const RowKernels& scalar_kernels() {
-  static const RowKernels k{"scalar", &scalar::region_entry, &scalar::dense_entry, &scalar::dense_t_entry};
+  static const RowKernels k{"scalar", &scalar::region_entry, &scalar::dense_t_entry};
   return k;
 }
 
@@ -160,16 +159,21 @@ void widen_rows(const kv::PagedKvView& kv, const kv::RegionTable& r, bool quanti
     const int slot = i % kv.page_size;
     float* vrow = v + size_t(i - i0) * d;
     if (quantized) {
+      // quant_format.h: byte j of a group holds elements j + q*(G/L) at shift bits*q.
       const int64_t row = kv.quant_row_index(page, h, slot);
-      const int cb = kv.row_code_bytes(), ng = kv.row_groups(), G = kv.group_size;
-      const uint8_t* kc = kv.quant.k_codes + row * cb;
-      const uint8_t* vc = kv.quant.v_codes + row * cb;
-      const uint16_t* kp = kv.quant.k_params + row * ng * 2;
-      const uint16_t* vp = kv.quant.v_params + row * ng * 2;
-      for (int c = 0; c < d; ++c) {
-        const int g = c / G;
-        krow[c] = f16_to_f32(kp[2 * g + 1]) + float(get_code(kc, c, G, kv.bits)) * f16_to_f32(kp[2 * g]);
-        vrow[c] = f16_to_f32(vp[2 * g + 1]) + float(get_code(vc, c, G, kv.bits)) * f16_to_f32(vp[2 * g]);
+      const int cb = kv.row_code_bytes(), ng = kv.row_groups(), G = kv.group_size, bits = kv.bits;
+      const int lanes = 8 / bits, per_lane = G / lanes, mask = (1 << bits) - 1;
+      for (int which = 0; which < 2; ++which) {
+        const uint8_t* codes = (which ? kv.quant.v_codes : kv.quant.k_codes) + row * cb;
+        const uint16_t* par = (which ? kv.quant.v_params : kv.quant.k_params) + row * ng * 2;
+        float* out = which ? vrow : krow.data();
+        for (int g = 0; g < ng; ++g) {
+          const float sc = f16_to_f32(par[2 * g]), mn = f16_to_f32(par[2 * g + 1]);
+          const uint8_t* gb = codes + g * per_lane;
+          for (int q = 0; q < lanes; ++q)
+            for (int j = 0; j < per_lane; ++j)
+              out[g * G + q * per_lane + j] = mn + float((gb[j] >> (bits * q)) & mask) * sc;
+        }
       }
     } else {
       const int64_t off = kv.bf16_row_offset(page, h, slot);
@@ -302,7 +306,7 @@ void prefill_attention(const kv::PagedKvView& kv, int b, int cached_len, const f
   // keys are visited in chunks of kKeyChunk rows and each chunk is run for
   // every tile of the block while it is hot in L1/L2 (flash-attention style
   // blocking), so long prefills are bound by arithmetic, not memory.
-  constexpr int kTilesPerItem = 16, kKeyChunk = 256;
+  constexpr int kTilesPerItem = 32, kKeyChunk = 256;
   const int nsets = num_sets(group);
   const int max_set = (group + nsets - 1) / nsets;
   const int tt = std::max(1, kMaxQ / max_set);

@@ -101,13 +101,12 @@ struct Avx2 {
 #include "kernels/cpu/attention_simd.h"
 
 OSCAR_TGT void region_entry(const RegionRows& rr, QuerySet& qs) { region_rows<Avx2>(rr, qs); }
-OSCAR_TGT void dense_entry(const DenseRows& dr, int d, QuerySet& qs) { dense_rows<Avx2>(dr, d, qs); }
 OSCAR_TGT void dense_t_entry(const DenseTRows& dr, int d, QuerySet& qs) { dense_t_rows<Avx2>(dr, d, qs); }
 
 }  // namespace avx2
 
 const RowKernels* avx2_kernels() {
-  static const RowKernels k{"avx2", &avx2::region_entry, &avx2::dense_entry, &avx2::dense_t_entry};
+  static const RowKernels k{"avx2", &avx2::region_entry, &avx2::dense_t_entry};
   return &k;
 }
 

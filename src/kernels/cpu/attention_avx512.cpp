@@ -120,13 +120,12 @@ struct Avx512 {
 #include "kernels/cpu/attention_simd.h"
 
 OSCAR_TGT void region_entry(const RegionRows& rr, QuerySet& qs) { region_rows<Avx512>(rr, qs); }
-OSCAR_TGT void dense_entry(const DenseRows& dr, int d, QuerySet& qs) { dense_rows<Avx512>(dr, d, qs); }
 OSCAR_TGT void dense_t_entry(const DenseTRows& dr, int d, QuerySet& qs) { dense_t_rows<Avx512>(dr, d, qs); }
 
 }  // namespace avx512
 
 const RowKernels* avx512_kernels() {
-  static const RowKernels k{"avx512", &avx512::region_entry, &avx512::dense_entry, &avx512::dense_t_entry};
+  static const RowKernels k{"avx512", &avx512::region_entry, &avx512::dense_t_entry};
   return &k;
 }
 

@@ -38,14 +38,6 @@ struct RegionRows {
   int key_base = 0;
 };
 
-// Dense f32 rows (prefill's own chunk): row t at k + t*stride, t in [0, n).
-struct DenseRows {
-  const float* k = nullptr;
-  const float* v = nullptr;
-  int64_t stride = 0;  // floats between consecutive rows
-  int n = 0;
-  int key_base = 0;
-};
 
 // Dense f32 rows with keys pre-transposed: kt [ceil(n/kBlock)][d][kBlock]
 // (block-major, rows past n zero), v row t at v + t*vstride.
@@ -60,7 +52,6 @@ struct DenseTRows {
 struct RowKernels {
   const char* name;
   void (*region)(const RegionRows&, QuerySet&);
-  void (*dense)(const DenseRows&, int d, QuerySet&);
   void (*dense_t)(const DenseTRows&, int d, QuerySet&);
 };
 

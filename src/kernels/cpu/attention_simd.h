@@ -84,12 +84,6 @@ struct Bf16Run {
   const uint16_t* v;
 };
 
-// Contiguous f32 rows with a stride (prefill's own chunk).
-struct F32Run {
-  const float* k;
-  const float* v;
-  int64_t stride;
-};
 
 // Dense f32 rows whose keys are pre-transposed in blocks of kBlock rows:
 // kt[block][d][kBlock] (rows past the end zero), values row-major with a stride.
@@ -307,16 +301,6 @@ struct RowKernel {
     }
   }
 
-  OSCAR_TGT static void run(const F32Run& run, int n, int key_base, int d, QuerySet& qs) {
-    alignas(64) float s[NQ][kBlock];
-    alignas(64) float p[NQ][kBlock];
-    for (int t0 = 0; t0 < n; t0 += kBlock) {
-      const int nt = std::min(kBlock, n - t0);
-      logits(LoadF32{run.k + t0 * run.stride, run.stride}, nt, d, qs.q, s);
-      softmax(qs, nt, key_base + t0, d, s, p);
-      accumulate(LoadF32{run.v + t0 * run.stride, run.stride}, nt, d, qs, p);
-    }
-  }
 
   // Quantized rows; with a compile-time plan (run_fixed) the window/chunk
   // loops unroll and every index folds to a constant.
@@ -420,11 +404,6 @@ OSCAR_TGT void region_rows_nq(const RegionRows& rr, QuerySet& qs) {
   }
 }
 
-template <class T, int NQ>
-OSCAR_TGT void dense_rows_nq(const DenseRows& dr, int d, QuerySet& qs) {
-  RowKernel<T, NQ>::run(F32Run{dr.k, dr.v, dr.stride}, dr.n, dr.key_base, d, qs);
-}
-
 template <class T>
 OSCAR_TGT void region_rows(const RegionRows& rr, QuerySet& qs) {
   switch (qs.nq) {
@@ -460,17 +439,3 @@ OSCAR_TGT void dense_t_rows(const DenseTRows& dr, int d, QuerySet& qs) {
   }
 }
 
-template <class T>
-OSCAR_TGT void dense_rows(const DenseRows& dr, int d, QuerySet& qs) {
-  switch (qs.nq) {
-    case 1: return dense_rows_nq<T, 1>(dr, d, qs);
-    case 2: return dense_rows_nq<T, 2>(dr, d, qs);
-    case 3: return dense_rows_nq<T, 3>(dr, d, qs);
-    case 4: return dense_rows_nq<T, 4>(dr, d, qs);
-    case 5: return dense_rows_nq<T, 5>(dr, d, qs);
-    case 6: return dense_rows_nq<T, 6>(dr, d, qs);
-    case 7: return dense_rows_nq<T, 7>(dr, d, qs);
-    case 8: return dense_rows_nq<T, 8>(dr, d, qs);
-    default: throw Error("attention: query set of " + std::to_string(qs.nq) + " (1..8)");
-  }
-}

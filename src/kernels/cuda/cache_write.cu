@@ -162,18 +162,33 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock) write_kernel(const WriteAr
   __syncthreads();
   float y[D / 32];
   if (R) {
-    constexpr int J = D / kRowsPerBlock;  // input channels per warp
+    // Lane owns output channels [CH lane, CH lane + CH): one 8/16-byte load
+    // per row of R, and every load of the warp's J rows is in flight at once.
+    constexpr int J = D / kRowsPerBlock, CH = D / 32;
 #pragma unroll
-    for (int k = 0; k < D / 32; ++k) y[k] = 0.0f;
-#pragma unroll 16
+    for (int k = 0; k < CH; ++k) y[k] = 0.0f;
+#pragma unroll
     for (int jj = 0; jj < J; ++jj) {
       const int j = warp * J + jj;
       const float xj = xs[j];
+      const float* rj = R + j * D + CH * lane;
+      if constexpr (CH == 2) {
+        const float2 v = __ldg(reinterpret_cast<const float2*>(rj));
+        y[0] = fmaf(xj, v.x, y[0]);
+        y[1] = fmaf(xj, v.y, y[1]);
+      } else {
 #pragma unroll
-      for (int k = 0; k < D / 32; ++k) y[k] = fmaf(xj, __ldg(R + j * D + lane + 32 * k), y[k]);
+        for (int k = 0; k < CH; k += 4) {
+          const float4 v = __ldg(reinterpret_cast<const float4*>(rj + k));
+          y[k] = fmaf(xj, v.x, y[k]);
+          y[k + 1] = fmaf(xj, v.y, y[k + 1]);
+          y[k + 2] = fmaf(xj, v.z, y[k + 2]);
+          y[k + 3] = fmaf(xj, v.w, y[k + 3]);
+        }
+      }
     }
 #pragma unroll
-    for (int k = 0; k < D / 32; ++k) part[warp][lane + 32 * k] = y[k];
+    for (int k = 0; k < CH; ++k) part[warp][CH * lane + k] = y[k];
     __syncthreads();
     if (warp != 0) return;
 #pragma unroll
@@ -262,6 +277,8 @@ cudaError_t launch_write(const WriteArgs& a, cudaStream_t stream) {
 }
 
 bool rotation_ok(const kv::PagedKvView& kv, const WriteRotation& rot) {
+  // Rows of R are read with 8/16-byte loads.
+  if (reinterpret_cast<uintptr_t>(rot.k) % 16 || reinterpret_cast<uintptr_t>(rot.v) % 16) return false;
   return (!rot.k && !rot.v) || rot.r_heads == 1 || rot.r_heads == kv.num_kv_heads;
 }
 

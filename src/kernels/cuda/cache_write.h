@@ -26,8 +26,9 @@ namespace oscar::kernels::cuda {
 
 using cpu::ClipRatios;
 
-// Rotation inputs: rot_k (rot_v) is [r_heads][d][d] f32 row-major (out = x R)
-// or nullptr for none; r_heads is 1 (one rotation per layer) or Hkv. Keys are
+// Rotation inputs: rot_k (rot_v) is [r_heads][d][d] f32 row-major (out = x R),
+// 16-byte aligned, or nullptr for none; r_heads is 1 (one rotation per layer)
+// or Hkv. Keys are
 // rotated after RoPE here; values usually arrive rotated (R_V folded into W_v)
 // and pass rot_v = nullptr.
 struct WriteRotation {

@@ -3,8 +3,9 @@
 // One CTA = one (chunk of 16-token tiles, KV head); 4 warps, each an
 // independent flash-decoding worker over every 4th group of 4 tiles of the
 // chunk (INT2 tiles staged through a per-warp cp.async ring), merged through
-// shared memory at the end; the last CTA to finish a (sequence, KV head)
-// merges that sequence's chunks by log-sum-exp. One launch per step.
+// shared memory at the end; a second kernel merges the chunks of a sequence
+// by log-sum-exp. Middle (INT2) and window (BF16) chunks run as two launches
+// of the same template so that each gets its own register budget.
 //
 // Orientation: tokens are the M dimension and the (up to 8) query heads of the
 // KV head the N dimension of m16n8k16, so GQA 1..8 costs one N tile and each
@@ -107,10 +108,6 @@ struct KernelArgs {
   const int32_t* order;    // chunk ids for this launch (blockIdx.x indexes it)
   float* partial_o;        // [num_chunks][Hq][D]
   float* partial_lse;      // [num_chunks][Hq], log2 domain
-  const int32_t* seq_chunk_ptr;  // [batch+1]
-  unsigned* counters;      // [batch][Hkv] finished chunks, reset by the merging CTA
-  float* o;                // [batch][Hq][D]
-  float* lse;              // [batch][Hq] natural log, or nullptr
 };
 
 // Per-warp online-softmax state for the lane's two head columns 2r, 2r+1.
@@ -584,11 +581,8 @@ __device__ __forceinline__ void compute_bf16_tile(WarpState<D, NG>& st, const Bf
 }
 
 // ---------------------------------------------------------------------------
-// The split kernel, one launch for all chunks. kQuant: the instance can run
-// middle (INT2) chunks (region 1) as well as BF16 ones (sink 0, recent 2,
-// and the empty chunk 3 of a sequence without tokens); else BF16 only. The
-// last CTA to finish a (sequence, KV head) merges its chunks (no second
-// kernel: saves a launch, which matters at small batch).
+// The split kernel. kQuant: this launch handles middle (INT2) chunks; else
+// BF16 chunks (sink / recent).
 // kVariant (INT2 loop shape; docs/cuda-notes.md): 0 = four tiles per step
 // staged through a per-warp two-stage cp.async ring in shared memory (the
 // default for head_dim 128 / group 128); 1 = two tiles per step, the next
@@ -652,10 +646,7 @@ __global__ void __launch_bounds__(kThreads, (D <= 128 && G == 128) ? 4 : 1)
   WarpState<D, NG> st;
   state_init(st);
 
-  bool quant_chunk = false;
-  if constexpr (kQuant) quant_chunk = region == 1;
   if constexpr (kQuant) {
-    if (quant_chunk) {
     const kv::RegionTable& R = kv.mid;
     const int32_t* pages = R.indices + R.indptr[b];
     const int len = R.len[b];
@@ -730,9 +721,7 @@ __global__ void __launch_bounds__(kThreads, (D <= 128 && G == 128) ? 4 : 1)
       }
       cp_async_wait<0>();
     }
-    }
-  }
-  if (!quant_chunk) {
+  } else {
     const kv::RegionTable& R = region == 0 ? kv.sink : kv.recent;
     const int32_t* pages = R.indices + R.indptr[b];
     const int len = R.len[b];
@@ -766,15 +755,14 @@ __global__ void __launch_bounds__(kThreads, (D <= 128 && G == 128) ? 4 : 1)
       const int rp = g + 8 * (e >> 1), col = 2 * r + (e & 1);
       int ch;
       float val;
-      ch = vb_channel(i, rp);
-      val = st.o[i][e];
       if constexpr (kQuant) {
-        if (quant_chunk) {
-          constexpr int MTG = G / 16;
-          const int gm = i / MTG;
-          ch = vq_channel(G, gm, i % MTG, rp);
-          val = (st.o[i][e] - st.sp[gm][e]) * v_code_factor<G>(i % MTG, rp >> 3) + st.pm[gm][e & 1];
-        }
+        constexpr int MTG = G / 16;
+        const int gm = i / MTG;
+        ch = vq_channel(G, gm, i % MTG, rp);
+        val = (st.o[i][e] - st.sp[gm][e]) * v_code_factor<G>(i % MTG, rp >> 3) + st.pm[gm][e & 1];
+      } else {
+        ch = vb_channel(i, rp);
+        val = st.o[i][e];
       }
       s_o[warp][col][ch] = val;
     }
@@ -805,38 +793,29 @@ __global__ void __launch_bounds__(kThreads, (D <= 128 && G == 128) ? 4 : 1)
     a.partial_o[row * D + ch] = L > 0.0f ? O / L : 0.0f;
     if (ch == 0) a.partial_lse[row] = L > 0.0f ? M + log2f(L) : -INFINITY;
   }
+}
 
-  // --- publish; the last CTA of this (sequence, KV head) merges all its chunks
-  __shared__ int s_last;
-  __threadfence();
-  __syncthreads();
-  const int c0 = a.seq_chunk_ptr[b], c1 = a.seq_chunk_ptr[b + 1];
-  if (threadIdx.x == 0) {
-    unsigned* cnt = a.counters + int64_t(b) * kv.num_kv_heads + h;
-    const unsigned prev = atomicAdd(cnt, 1u);
-    s_last = prev == static_cast<unsigned>(c1 - c0 - 1);
-    if (s_last) *cnt = 0u;  // every other CTA of (b, h) has counted: ready for the next launch
-  }
-  __syncthreads();
-  if (!s_last) return;
-  __threadfence();
-  for (int idx = threadIdx.x; idx < a.gqa * D; idx += kThreads) {
-    const int hq2 = h * a.gqa + idx / D, ch = idx % D;
-    float M = -INFINITY;
-    for (int cc = c0; cc < c1; ++cc) M = fmaxf(M, __ldcg(a.partial_lse + int64_t(cc) * a.num_q_heads + hq2));
-    float L = 0.0f, O = 0.0f;
-    if (M != -INFINITY) {
-      for (int cc = c0; cc < c1; ++cc) {
-        const int64_t row = int64_t(cc) * a.num_q_heads + hq2;
-        const float w = exp2f(__ldcg(a.partial_lse + row) - M);
-        L += w;
-        O += w * __ldcg(a.partial_o + row * D + ch);
-      }
+// Merges the chunks of each sequence: grid (batch, Hq), D threads.
+template <int D>
+__global__ void __launch_bounds__(256) merge_kernel(const int32_t* seq_chunk_ptr,
+                                                   const float* partial_o, const float* partial_lse,
+                                                   int num_q_heads, float* o, float* lse) {
+  const int b = blockIdx.x, hq = blockIdx.y, ch = threadIdx.x;
+  const int c0 = seq_chunk_ptr[b], c1 = seq_chunk_ptr[b + 1];
+  float M = -INFINITY;
+  for (int c = c0; c < c1; ++c) M = fmaxf(M, partial_lse[int64_t(c) * num_q_heads + hq]);
+  float L = 0.0f, O = 0.0f;
+  if (M != -INFINITY) {
+    for (int c = c0; c < c1; ++c) {
+      const int64_t row = int64_t(c) * num_q_heads + hq;
+      const float w = exp2f(partial_lse[row] - M);
+      L += w;
+      O += w * partial_o[row * D + ch];
     }
-    const int64_t orow = int64_t(b) * a.num_q_heads + hq2;
-    a.o[orow * D + ch] = L > 0.0f ? O / L : 0.0f;
-    if (a.lse && ch == 0) a.lse[orow] = L > 0.0f ? (M + log2f(L)) * 0.6931471805599453f : -INFINITY;
   }
+  const int64_t orow = int64_t(b) * num_q_heads + hq;
+  o[orow * D + ch] = L > 0.0f ? O / L : 0.0f;
+  if (lse && ch == 0) lse[orow] = L > 0.0f ? (M + log2f(L)) * 0.6931471805599453f : -INFINITY;
 }
 
 // Rotation of query rows: one block per row, D threads.
@@ -937,25 +916,25 @@ cudaError_t launch(const DecodeParams& p, const DecodePlan& plan, const DecodeWo
   a.chunks = reinterpret_cast<const int4*>(ws.chunks);
   a.partial_o = ws.partial_o;
   a.partial_lse = ws.partial_lse;
-  a.seq_chunk_ptr = ws.seq_chunk_ptr;
-  a.counters = ws.counters;
-  a.o = p.o;
-  a.lse = p.lse;
-  // Middle chunks first in `order`: the long CTAs start in the first wave.
-  a.order = ws.chunks + 4 * int64_t(ws.capacity);
-  const dim3 grid(plan.num_chunks, p.kv.num_kv_heads);
-  if (plan.num_chunks == 0) return cudaSuccess;
+  const int32_t* order = ws.chunks + 4 * int64_t(ws.capacity);
+  const int nq = plan.num_quant_chunks, nb = plan.num_chunks - plan.num_quant_chunks;
   bool launched = false;
   OSCAR_DISPATCH_HEAD_DIM(p.kv.head_dim, D, {
-    if (plan.num_quant_chunks > 0) {
+    if (nq > 0) {
       OSCAR_DISPATCH_GROUP(p.kv.group_size, D, G, {
-        launch_quant<D, G>(grid, a, p.variant, stream);
+        a.order = order;
+        launch_quant<D, G>(dim3(nq, p.kv.num_kv_heads), a, p.variant, stream);
         launched = true;
       });
       if (!launched) return cudaErrorInvalidValue;
-    } else {
-      decode_split_kernel<D, 128, false><<<grid, kThreads, 0, stream>>>(a);
     }
+    if (nb > 0) {
+      a.order = order + nq;
+      decode_split_kernel<D, 128, false><<<dim3(nb, p.kv.num_kv_heads), kThreads, 0, stream>>>(a);
+    }
+    OSCAR_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    merge_kernel<D><<<dim3(p.kv.batch, p.num_q_heads), D, 0, stream>>>(
+        ws.seq_chunk_ptr, ws.partial_o, ws.partial_lse, p.num_q_heads, p.o, p.lse);
     return cudaGetLastError();
   });
   return cudaErrorInvalidValue;
@@ -1002,10 +981,6 @@ DecodePlan plan_decode(int batch, const int32_t* sink_len, const int32_t* mid_le
     }
   };
   for (int b = 0; b < batch; ++b) {
-    if (sink_len[b] + mid_len[b] + recent_len[b] == 0) {  // empty: one chunk that writes o = 0, lse = -inf
-      bf16_ids.push_back(static_cast<int32_t>(plan.chunks.size() / 4));
-      plan.chunks.insert(plan.chunks.end(), {b, 3, 0, 0});
-    }
     add(b, 0, ceil_div(sink_len[b], kTileTokens), plan.tiles_per_chunk_bf16);
     add(b, 1, ceil_div(mid_len[b], kTileTokens), plan.tiles_per_chunk_quant);
     add(b, 2, ceil_div(recent_len[b], kTileTokens), plan.tiles_per_chunk_bf16);
@@ -1031,8 +1006,6 @@ DecodeWorkspace alloc_decode_workspace(int capacity, int max_batch, int max_q_he
   OSCAR_CUDA_CHECK(
       cudaMalloc(&ws.partial_o, sizeof(float) * size_t(capacity) * max_q_heads * head_dim));
   OSCAR_CUDA_CHECK(cudaMalloc(&ws.partial_lse, sizeof(float) * size_t(capacity) * max_q_heads));
-  OSCAR_CUDA_CHECK(cudaMalloc(&ws.counters, sizeof(unsigned) * size_t(max_batch) * max_q_heads));
-  OSCAR_CUDA_CHECK(cudaMemset(ws.counters, 0, sizeof(unsigned) * size_t(max_batch) * max_q_heads));
   return ws;
 }
 
@@ -1041,7 +1014,6 @@ void free_decode_workspace(DecodeWorkspace& ws) {
   cudaFree(ws.seq_chunk_ptr);
   cudaFree(ws.partial_o);
   cudaFree(ws.partial_lse);
-  cudaFree(ws.counters);
   ws = DecodeWorkspace{};
 }
 
@@ -1089,9 +1061,8 @@ std::string check_decode(const DecodeParams& p, const DecodePlan& plan, const De
     if (!kv.quant.k_codes || !kv.quant.v_codes || !kv.quant.k_params || !kv.quant.v_params)
       return who + "middle pages present but quantized pool pointers are null";
   }
-  bool any_bf16 = false;
-  for (int i = 0; i < plan.num_chunks; ++i) any_bf16 = any_bf16 || plan.chunks[4 * i + 1] == 0 || plan.chunks[4 * i + 1] == 2;
-  if (any_bf16 && (!kv.bf16.k || !kv.bf16.v)) return who + "BF16 pages present but BF16 pool pointers are null";
+  if (plan.num_chunks > plan.num_quant_chunks && (!kv.bf16.k || !kv.bf16.v))
+    return who + "BF16 pages present but BF16 pool pointers are null";
   if (plan.batch != kv.batch) return who + "plan batch differs from view batch";
   if (plan.num_chunks > ws.capacity)
     return who + "plan has " + std::to_string(plan.num_chunks) + " chunks, workspace holds " +

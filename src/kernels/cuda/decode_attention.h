@@ -47,11 +47,10 @@ struct DecodeParams {
 };
 
 // Host-side split-KV schedule. chunks[i] = {b, region, first tile, end tile}
-// with region 0 sink, 1 middle, 2 recent (tiles relative to the region) and
-// 3 for the single empty chunk of a sequence without tokens,
+// with region 0 sink, 1 middle, 2 recent (tiles relative to the region),
 // ordered by sequence so that the partials of sequence b are contiguous.
 // `order` lists the chunk ids of the middle (quantized) chunks first, then the
-// BF16 ones (one launch; the long middle CTAs start first).
+// BF16 ones: the two kinds run as two launches with separate register budgets.
 struct DecodePlan {
   int batch = 0;
   int num_chunks = 0;
@@ -72,8 +71,7 @@ DecodePlan plan_decode(int batch, const int32_t* sink_len, const int32_t* mid_le
                        int tiles_per_chunk = 0, int ctas_per_sm = 4);
 
 // Device buffers the decode kernels use; the caller owns them (kv/ or the
-// engine allocates once, sized for the largest plan). One workspace per
-// stream: launches sharing one must not overlap (the merge counters).
+// engine allocates once, sized for the largest plan).
 struct DecodeWorkspace {
   int capacity = 0;                  // chunks the buffers hold
   int max_batch = 0;
@@ -83,7 +81,6 @@ struct DecodeWorkspace {
   int32_t* seq_chunk_ptr = nullptr;  // [max_batch+1]
   float* partial_o = nullptr;        // [capacity][max_q_heads][head_dim]
   float* partial_lse = nullptr;      // [capacity][max_q_heads] (log2 domain)
-  unsigned* counters = nullptr;      // [max_batch][max_q_heads] zero between launches (self-resetting)
 };
 
 // cudaMalloc/cudaFree helpers for a workspace (throw oscar::Error on failure).
