@@ -4,9 +4,8 @@
 #include <pcre2.h>
 
 #include <algorithm>
-#include <climits>
 #include <filesystem>
-#include <map>
+#include <functional>
 #include <queue>
 
 #include <fmt/format.h>

@@ -209,13 +209,13 @@ TEST(HfLoader, MistralAndTransformers5RopeParameters) {
     const std::string d = copy_model("tiny-llama", "rope_params");
     auto c = read_json(d + "/config.json");
     nlohmann::json rp = c["rope_scaling"];
-    rp["rope_theta"] = c["rope_theta"];
+    rp["rope_theta"] = 12345.0;  // not the 10000 default, so reading it is visible
     c.erase("rope_scaling");
     c.erase("rope_theta");
     c["rope_parameters"] = rp;
     write_json(d + "/config.json", c);
     const ModelWeights w = load_model(d);
-    EXPECT_FLOAT_EQ(w.cfg.rope_theta, ref.cfg.rope_theta);
+    EXPECT_FLOAT_EQ(w.cfg.rope_theta, 12345.0f);
     EXPECT_EQ(w.cfg.rope_scaling.type, RopeScaling::Type::kLlama3);
     EXPECT_FLOAT_EQ(w.cfg.rope_scaling.factor, ref.cfg.rope_scaling.factor);
     EXPECT_EQ(w.cfg.rope_scaling.original_max_position, ref.cfg.rope_scaling.original_max_position);

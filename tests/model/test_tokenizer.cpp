@@ -141,6 +141,11 @@ TEST(Tokenizer, GgufMetadataTokenizerMatchesTokenizerJson) {
   EXPECT_EQ(tok.chat_template(), "{{ messages }}");
   check_golden(tok, "tiny-qwen2");
   EXPECT_EQ(oscar::model::load_tokenizer(p).encode("Hello world"), tok.encode("Hello world"));
+  // Llama-3's pre-tokenizer by its llama.cpp name (which also turns on
+  // ignore_merges; every whole piece the tiny vocabulary holds is reachable by
+  // merges too, so the ids must still match).
+  const std::string pl = tokenizer_json_to_gguf(kModels + "tiny-llama/tokenizer.json", "llama-bpe", tmp_path("tokl.gguf"));
+  check_golden(Tokenizer::from_gguf(pl), "tiny-llama");
   EXPECT_EQ(oscar::model::load_tokenizer(kModels + "tiny-qwen2").encode("Hello world"), tok.encode("Hello world"));
 }
 
