@@ -60,13 +60,20 @@ int main(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (a == "--path") path = next();
-    else if (a == "--tokens") s.tokens = std::atoll(next().c_str());
-    else if (a == "--layers") s.n_layers = std::atoi(next().c_str());
-    else if (a == "--variants") variants = true;
-    else if (a == "--remove") remove = true;
+    if (a == "--path")
+      path = next();
+    else if (a == "--tokens")
+      s.tokens = std::atoll(next().c_str());
+    else if (a == "--layers")
+      s.n_layers = std::atoi(next().c_str());
+    else if (a == "--variants")
+      variants = true;
+    else if (a == "--remove")
+      remove = true;
     else {
-      std::fprintf(stderr, "usage: bench_calibrate [--path P] [--tokens N] [--layers L] [--variants] [--remove]\n");
+      std::fprintf(
+          stderr,
+          "usage: bench_calibrate [--path P] [--tokens N] [--layers L] [--variants] [--remove]\n");
       return 2;
     }
   }
@@ -87,8 +94,9 @@ int main(int argc, char** argv) {
     std::printf("generated %s in %.1f s\n", path.c_str(), since(t0));
   }
   const double gb = std::filesystem::file_size(path) / 1e9;
-  std::printf("dump %s: %d layers x %lld tokens, %d q / %d kv heads, d=%d, f16, %.2f GB\n", path.c_str(), s.n_layers,
-              static_cast<long long>(s.tokens), s.n_q_heads, s.n_kv_heads, s.head_dim, gb);
+  std::printf("dump %s: %d layers x %lld tokens, %d q / %d kv heads, d=%d, f16, %.2f GB\n",
+              path.c_str(), s.n_layers, static_cast<long long>(s.tokens), s.n_q_heads, s.n_kv_heads,
+              s.head_dim, gb);
 
   struct Variant {
     const char* name;
@@ -109,7 +117,8 @@ int main(int argc, char** argv) {
     vs.push_back({"UHP key-weighted layer +clip-search", cs});
   }
   std::printf("threads %d, load average %.1f at start\n", default_threads(), load_average());
-  std::printf("\n%-38s %9s %9s %9s %9s %8s\n", "variant", "wall s", "feed s", "cpu s", "GB/s", "<30 s");
+  std::printf("\n%-38s %9s %9s %9s %9s %8s\n", "variant", "wall s", "feed s", "cpu s", "GB/s",
+              "<30 s");
   for (const Variant& v : vs) {
     const auto t0 = std::chrono::steady_clock::now();
     const double c0 = cpu_seconds();
@@ -121,8 +130,8 @@ int main(int argc, char** argv) {
     const std::string out = path + ".calib.safetensors";
     write_calibration(c, out);
     const double t = since(t0);
-    std::printf("%-38s %9.2f %9.2f %9.2f %9.2f %8s\n", v.name, t, t_feed, cpu_seconds() - c0, gb / t,
-                t < 30.0 ? "yes" : "NO");
+    std::printf("%-38s %9.2f %9.2f %9.2f %9.2f %8s\n", v.name, t, t_feed, cpu_seconds() - c0,
+                gb / t, t < 30.0 ? "yes" : "NO");
     std::fflush(stdout);
     std::filesystem::remove(out);
   }

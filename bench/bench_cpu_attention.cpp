@@ -23,6 +23,7 @@
 
 #include "core/half.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/cache_write.h"
 #include "kernels/cpu/parallel.h"
 #include "kv/kv_view.h"
 
@@ -264,5 +265,38 @@ int main(int argc, char** argv) {
       std::printf("%-14s %7d %7d %10.2f %10.0f %9.1f\n", s.name, cached, n, best * 1e3, n / best, flops / best / 1e9);
       std::fflush(stdout);
     }
+
+  // Cache writes (single-threaded kernels): one decode token into the INT2
+  // middle (all KV heads, K and V: clip -> quantize -> pack), one token into a
+  // BF16 window, one rotation of a token's keys, and one page demotion.
+  std::printf("\nCache writes (one call, all KV heads, K and V; us)\n");
+  std::printf("%-14s %12s %12s %12s %14s\n", "shape", "rotate K", "write bf16", "write int2", "demote page");
+  for (const Shape& s : shapes) {
+    LayerCaches c;
+    build(c, s, 4096, true, 1, page);
+    const oscar::kv::PagedKvView& v = c.views[0];
+    std::vector<float> k(size_t(s.hkv) * s.d), val(k.size()), R(size_t(s.d) * s.d);
+    std::mt19937 rng(4);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (auto& x : k) x = nd(rng);
+    for (auto& x : val) x = nd(rng);
+    for (auto& x : R) x = nd(rng) / std::sqrt(float(s.d));
+    const int32_t bpage = v.sink.indices[0], qpage = v.mid.indices[0], slot = 3;
+    auto best_us = [&](auto&& fn) {
+      double best = 1e30;
+      const auto t_all = Clock::now();
+      do {
+        const auto t0 = Clock::now();
+        for (int i = 0; i < 10; ++i) fn();
+        best = std::min(best, seconds_since(t0) / 10);
+      } while (seconds_since(t_all) < 0.2);
+      return best * 1e6;
+    };
+    const double rot = best_us([&] { kc::rotate_heads(k.data(), 1, s.hkv, s.d, R.data(), 1, k.data()); });
+    const double wb = best_us([&] { kc::write_bf16_tokens(v, 1, &bpage, &slot, k.data(), val.data()); });
+    const double wq = best_us([&] { kc::write_quant_tokens(v, 1, &qpage, &slot, k.data(), val.data(), {0.96f, 0.92f}); });
+    const double dm = best_us([&] { kc::demote_page(v, bpage, qpage, {0.96f, 0.92f}); });
+    std::printf("%-14s %12.2f %12.2f %12.2f %14.1f\n", s.name, rot, wb, wq, dm);
+  }
   return 0;
 }

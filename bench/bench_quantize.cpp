@@ -21,7 +21,8 @@ double time_best(F&& f, int reps = 3) {
   for (int r = 0; r < reps; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
     f();
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    best = std::min(best,
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   return best;
 }
@@ -54,7 +55,8 @@ int main(int argc, char** argv) {
   };
   for (const Case& c : cases) {
     const int cb = row_code_bytes(d, c.spec), pb = row_param_bytes(d, c.spec);
-    std::vector<uint8_t> codes(static_cast<size_t>(rows * cb)), params(static_cast<size_t>(rows * pb));
+    std::vector<uint8_t> codes(static_cast<size_t>(rows * cb)),
+        params(static_cast<size_t>(rows * pb));
     std::vector<float> tmp(d);
     const double s = time_best([&] {
       for (int64_t r = 0; r < rows; ++r) {
@@ -70,11 +72,13 @@ int main(int argc, char** argv) {
     });
     std::printf("%-34s %12.3e %10.3f %10.3f %8.1f\n", c.name, rows / s, rows * d * 4.0 / s / 1e9,
                 rows * double(cb + pb) / s / 1e9, s / rows * 1e9);
-    if (c.clip == 1.0f && c.spec.group_size == 128 && c.spec.bits == 2 && c.spec.scale_dtype == ScaleDtype::kF16) {
+    if (c.clip == 1.0f && c.spec.group_size == 128 && c.spec.bits == 2 &&
+        c.spec.scale_dtype == ScaleDtype::kF16) {
       std::vector<float> out(static_cast<size_t>(rows * d));
       const double sd = time_best([&] {
         for (int64_t r = 0; r < rows; ++r)
-          dequantize_row(codes.data() + r * cb, params.data() + r * pb, d, c.spec, out.data() + r * d);
+          dequantize_row(codes.data() + r * cb, params.data() + r * pb, d, c.spec,
+                         out.data() + r * d);
         g_sink = static_cast<uint8_t>(out[0]);
       });
       std::printf("%-34s %12.3e %10.3f %10.3f %8.1f\n", "dequantize INT2 G128 f16", rows / sd,
@@ -86,7 +90,7 @@ int main(int argc, char** argv) {
     for (int64_t r = 0; r < rows; ++r) fwht(y.data() + r * d, d);
     g_sink = static_cast<uint8_t>(y[0]);
   });
-  std::printf("%-34s %12.3e %10.3f %10.3f %8.1f\n", "fwht d=128 (in place)", rows / sf, rows * d * 4.0 / sf / 1e9,
-              rows * d * 4.0 / sf / 1e9, sf / rows * 1e9);
+  std::printf("%-34s %12.3e %10.3f %10.3f %8.1f\n", "fwht d=128 (in place)", rows / sf,
+              rows * d * 4.0 / sf / 1e9, rows * d * 4.0 / sf / 1e9, sf / rows * 1e9);
   return 0;
 }

@@ -1,13 +1,12 @@
 #include "core/activation_dump.h"
 
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 #include <memory>
 #include <vector>
-
-#include <fmt/format.h>
 
 #include "core/error.h"
 #include "core/parallel.h"
@@ -31,7 +30,8 @@ ActivationDump ActivationDump::open(const std::string& path) {
     int idx = -1;
     char kind = 0;
     if (std::sscanf(name.c_str(), "layers.%d.%c", &idx, &kind) == 2 && idx >= L)
-      throw Error(fmt::format("{}: tensor '{}' but layers.{}.q is missing (layers must be 0..L-1)", path, name, L));
+      throw Error(fmt::format("{}: tensor '{}' but layers.{}.q is missing (layers must be 0..L-1)",
+                              path, name, L));
   }
   int o_count = 0;
   for (int l = 0; l < L; ++l) {
@@ -43,11 +43,11 @@ ActivationDump ActivationDump::open(const std::string& path) {
         throw Error(fmt::format("{}: tensor '{}' is missing", path, name));
       }
       if (!is_float(t->dtype))
-        throw Error(fmt::format("{}: tensor '{}' has dtype {}, expected f16/bf16/f32/f64", path, name,
-                                st::dtype_name(t->dtype)));
+        throw Error(fmt::format("{}: tensor '{}' has dtype {}, expected f16/bf16/f32/f64", path,
+                                name, st::dtype_name(t->dtype)));
       if (t->shape.size() != 3)
-        throw Error(fmt::format("{}: tensor '{}' must be 3-D [T, heads, head_dim], has {} dims", path, name,
-                                t->shape.size()));
+        throw Error(fmt::format("{}: tensor '{}' must be 3-D [T, heads, head_dim], has {} dims",
+                                path, name, t->shape.size()));
       if (w == 'o') ++o_count;
       const bool qshape = w == 'q' || w == 'o';
       if (l == 0 && w == 'q') {
@@ -58,17 +58,20 @@ ActivationDump ActivationDump::open(const std::string& path) {
       if (l == 0 && w == 'k') dump.Hkv_ = static_cast<int>(t->shape[1]);
       const int64_t heads = qshape ? dump.Hq_ : dump.Hkv_;
       if (t->shape[0] != dump.T_ || t->shape[1] != heads || t->shape[2] != dump.d_)
-        throw Error(fmt::format("{}: tensor '{}' has shape [{}, {}, {}], expected [{}, {}, {}]", path, name,
-                                t->shape[0], t->shape[1], t->shape[2], dump.T_, heads, dump.d_));
+        throw Error(fmt::format("{}: tensor '{}' has shape [{}, {}, {}], expected [{}, {}, {}]",
+                                path, name, t->shape[0], t->shape[1], t->shape[2], dump.T_, heads,
+                                dump.d_));
     }
   }
   if (dump.T_ <= 0 || dump.Hq_ <= 0 || dump.Hkv_ <= 0 || dump.d_ <= 0)
-    throw Error(fmt::format("{}: empty activations (T {}, q heads {}, kv heads {}, head_dim {})", path, dump.T_,
-                            dump.Hq_, dump.Hkv_, dump.d_));
+    throw Error(fmt::format("{}: empty activations (T {}, q heads {}, kv heads {}, head_dim {})",
+                            path, dump.T_, dump.Hq_, dump.Hkv_, dump.d_));
   if (dump.Hq_ % dump.Hkv_ != 0)
-    throw Error(fmt::format("{}: {} query heads is not a multiple of {} kv heads", path, dump.Hq_, dump.Hkv_));
+    throw Error(fmt::format("{}: {} query heads is not a multiple of {} kv heads", path, dump.Hq_,
+                            dump.Hkv_));
   if (o_count != 0 && o_count != L)
-    throw Error(fmt::format("{}: {} of {} layers have an attention output 'o' (all or none)", path, o_count, L));
+    throw Error(fmt::format("{}: {} of {} layers have an attention output 'o' (all or none)", path,
+                            o_count, L));
   dump.L_ = L;
   dump.has_o_ = o_count == L;
   return dump;
@@ -86,8 +89,10 @@ ModelFingerprint ActivationDump::fingerprint() const {
 }
 
 void ActivationDump::read(int layer, char which, int64_t t0, int64_t n, float* out) const {
-  if (layer < 0 || layer >= L_) throw Error(fmt::format("{}: layer {} out of range", f_.path(), layer));
-  if (which == 'o' && !has_o_) throw Error(fmt::format("{}: the dump has no attention outputs 'o'", f_.path()));
+  if (layer < 0 || layer >= L_)
+    throw Error(fmt::format("{}: layer {} out of range", f_.path(), layer));
+  if (which == 'o' && !has_o_)
+    throw Error(fmt::format("{}: the dump has no attention outputs 'o'", f_.path()));
   const st::TensorInfo& t = f_.at(fmt::format("layers.{}.{}", layer, which));
   const int64_t row = t.shape[1] * t.shape[2];
   // Conversion (and the page faults of the mapping) split over workers.
@@ -100,18 +105,19 @@ void ActivationDump::read(int layer, char which, int64_t t0, int64_t n, float* o
   });
 }
 
-void feed_dump(const ActivationDump& dump, Calibrator& cal, int64_t max_tokens, int64_t chunk_tokens,
-               const ProgressFn& progress) {
+void feed_dump(const ActivationDump& dump, Calibrator& cal, int64_t max_tokens,
+               int64_t chunk_tokens, const ProgressFn& progress) {
   const int64_t T = max_tokens > 0 ? std::min(max_tokens, dump.tokens()) : dump.tokens();
   const int Hq = dump.n_q_heads(), Hkv = dump.n_kv_heads(), d = dump.head_dim();
   const bool want_o = cal.config().value_target == ValueTarget::kAttnOutput;
   if (want_o && !dump.has_o())
-    throw Error(fmt::format("{}: the attn-output value target needs 'layers.{{i}}.o' in the dump; use "
-                            "--value-target key-weighted (or raw)",
-                            dump.file().path()));
+    throw Error(
+        fmt::format("{}: the attn-output value target needs 'layers.{{i}}.o' in the dump; use "
+                    "--value-target key-weighted (or raw)",
+                    dump.file().path()));
   chunk_tokens = std::max<int64_t>(1, std::min(chunk_tokens, T));
-  std::vector<float> q(static_cast<size_t>(chunk_tokens * Hq * d)), k(static_cast<size_t>(chunk_tokens * Hkv * d)),
-      v(k.size()), o(want_o ? q.size() : 0);
+  std::vector<float> q(static_cast<size_t>(chunk_tokens * Hq * d)),
+      k(static_cast<size_t>(chunk_tokens * Hkv * d)), v(k.size()), o(want_o ? q.size() : 0);
   uint64_t bytes = 0;
   auto elem_bytes = [&](int l, char w) {
     return st::dtype_size(dump.file().at(fmt::format("layers.{}.{}", l, w)).dtype);
@@ -136,12 +142,14 @@ void feed_dump(const ActivationDump& dump, Calibrator& cal, int64_t max_tokens, 
 
 ProgressFn stderr_progress(const std::string& label) {
   const bool tty = isatty(STDERR_FILENO) != 0;
-  auto start = std::make_shared<std::chrono::steady_clock::time_point>(std::chrono::steady_clock::now());
+  auto start =
+      std::make_shared<std::chrono::steady_clock::time_point>(std::chrono::steady_clock::now());
   auto last_decile = std::make_shared<int>(-1);
   return [=](int done, int total, uint64_t bytes) {
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - *start).count();
-    const std::string line =
-        fmt::format("[{}] layer {}/{}  {:.2f} GB read  {:.1f} s", label, done, total, bytes / 1e9, s);
+    const double s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - *start).count();
+    const std::string line = fmt::format("[{}] layer {}/{}  {:.2f} GB read  {:.1f} s", label, done,
+                                         total, bytes / 1e9, s);
     if (tty) {
       std::fprintf(stderr, "\r%s%s", line.c_str(), done == total ? "\n" : "");
     } else {

@@ -50,8 +50,8 @@ using ProgressFn = std::function<void(int done, int total, uint64_t bytes)>;
 // Feeds every layer of the dump into `cal` (in chunks of `chunk_tokens`),
 // finishing each layer after its last chunk so buffers stay bounded.
 // max_tokens > 0 uses only the first max_tokens tokens.
-void feed_dump(const ActivationDump& dump, Calibrator& cal, int64_t max_tokens = 0, int64_t chunk_tokens = 4096,
-               const ProgressFn& progress = nullptr);
+void feed_dump(const ActivationDump& dump, Calibrator& cal, int64_t max_tokens = 0,
+               int64_t chunk_tokens = 4096, const ProgressFn& progress = nullptr);
 
 // Prints "\r[label] layer i/L  X.X GB  Y.Y s" to stderr when stderr is a
 // terminal, or one line per ~10% otherwise. Returns a ProgressFn.

@@ -1,11 +1,11 @@
 #include "core/calibration.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
-
-#include <fmt/format.h>
 
 #include "core/error.h"
 #include "core/safetensors.h"
@@ -17,7 +17,8 @@ namespace {
 std::string lower_alnum(const std::string& s) {
   std::string k;
   for (char ch : s)
-    if (std::isalnum(static_cast<unsigned char>(ch))) k += static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    if (std::isalnum(static_cast<unsigned char>(ch)))
+      k += static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
   return k;
 }
 
@@ -26,47 +27,60 @@ constexpr int kFormatVersion = 1;
 
 int meta_int(const st::File& f, const std::string& key) {
   auto it = f.metadata().find(key);
-  if (it == f.metadata().end()) throw Error(fmt::format("{}: metadata '{}' is missing", f.path(), key));
+  if (it == f.metadata().end())
+    throw Error(fmt::format("{}: metadata '{}' is missing", f.path(), key));
   char* end = nullptr;
   const long long v = std::strtoll(it->second.c_str(), &end, 10);
   if (it->second.empty() || *end != '\0' || v < 0 || v > (1ll << 40))
-    throw Error(fmt::format("{}: metadata '{}' = '{}' is not a non-negative integer", f.path(), key, it->second));
+    throw Error(fmt::format("{}: metadata '{}' = '{}' is not a non-negative integer", f.path(), key,
+                            it->second));
   return static_cast<int>(v);
 }
 
 std::string meta_str(const st::File& f, const std::string& key) {
   auto it = f.metadata().find(key);
-  if (it == f.metadata().end()) throw Error(fmt::format("{}: metadata '{}' is missing", f.path(), key));
+  if (it == f.metadata().end())
+    throw Error(fmt::format("{}: metadata '{}' is missing", f.path(), key));
   return it->second;
 }
 
 // Reads tensor `name`, checking dtype F32-convertible and exact shape.
-std::vector<float> read_checked(const st::File& f, const std::string& name, const std::vector<int64_t>& shape) {
+std::vector<float> read_checked(const st::File& f, const std::string& name,
+                                const std::vector<int64_t>& shape) {
   const st::TensorInfo& t = f.at(name);
   if (t.shape != shape) {
     std::string got, want;
     for (auto s : t.shape) got += fmt::format("{},", s);
     for (auto s : shape) want += fmt::format("{},", s);
-    throw Error(fmt::format("{}: tensor '{}' has shape [{}], expected [{}]", f.path(), name, got, want));
+    throw Error(
+        fmt::format("{}: tensor '{}' has shape [{}], expected [{}]", f.path(), name, got, want));
   }
   std::vector<float> v = f.read_f32(name);
   for (size_t i = 0; i < v.size(); ++i)
-    if (!std::isfinite(v[i])) throw Error(fmt::format("{}: tensor '{}' has a non-finite value at {}", f.path(), name, i));
+    if (!std::isfinite(v[i]))
+      throw Error(fmt::format("{}: tensor '{}' has a non-finite value at {}", f.path(), name, i));
   return v;
 }
 
 }  // namespace
 
-const char* key_target_name(KeyTarget t) { return t == KeyTarget::kQuery ? "query" : "raw"; }
+const char* key_target_name(KeyTarget t) {
+  return t == KeyTarget::kQuery ? "query" : "raw";
+}
 const char* value_target_name(ValueTarget t) {
   switch (t) {
-    case ValueTarget::kAttnOutput: return "attn-output";
-    case ValueTarget::kKeyWeighted: return "key-weighted";
-    case ValueTarget::kRaw: return "raw";
+    case ValueTarget::kAttnOutput:
+      return "attn-output";
+    case ValueTarget::kKeyWeighted:
+      return "key-weighted";
+    case ValueTarget::kRaw:
+      return "raw";
   }
   return "?";
 }
-const char* granularity_name(Granularity g) { return g == Granularity::kLayer ? "layer" : "head"; }
+const char* granularity_name(Granularity g) {
+  return g == Granularity::kLayer ? "layer" : "head";
+}
 
 KeyTarget parse_key_target(const std::string& s) {
   const auto k = lower_alnum(s);
@@ -91,8 +105,8 @@ Granularity parse_granularity(const std::string& s) {
 void write_calibration(const Calibration& c, const std::string& path) {
   const int d = c.head_dim();
   if (d <= 0 || static_cast<int>(c.layers.size()) != c.model.n_layers)
-    throw Error(fmt::format("{}: calibration has {} layers for a {}-layer model (head_dim {})", path,
-                            c.layers.size(), c.model.n_layers, d));
+    throw Error(fmt::format("{}: calibration has {} layers for a {}-layer model (head_dim {})",
+                            path, c.layers.size(), c.model.n_layers, d));
   st::Writer w;
   w.set_metadata("format", kFormat);
   w.set_metadata("format_version", std::to_string(kFormatVersion));
@@ -122,7 +136,8 @@ void write_calibration(const Calibration& c, const std::string& path) {
     const std::string p = fmt::format("layers.{}.", i);
     auto need = [&](const std::vector<float>& v, size_t want, const char* what) {
       if (v.size() != want)
-        throw Error(fmt::format("{}: layer {} {} has {} values, expected {}", path, i, what, v.size(), want));
+        throw Error(fmt::format("{}: layer {} {} has {} values, expected {}", path, i, what,
+                                v.size(), want));
     };
     need(L.k_rotation, static_cast<size_t>(n * d * d), "k_rotation");
     need(L.v_rotation, static_cast<size_t>(n * d * d), "v_rotation");
@@ -147,11 +162,13 @@ void write_calibration(const Calibration& c, const std::string& path) {
 Calibration read_calibration(const std::string& path) {
   const st::File f = st::File::open(path);
   if (f.meta("format") != kFormat)
-    throw Error(fmt::format("{}: not an OSCAR calibration file (metadata format = '{}')", path, f.meta("format")));
+    throw Error(fmt::format("{}: not an OSCAR calibration file (metadata format = '{}')", path,
+                            f.meta("format")));
   const int version = meta_int(f, "format_version");
   if (version != kFormatVersion)
-    throw Error(fmt::format("{}: calibration format version {} is not supported (this build reads {})", path,
-                            version, kFormatVersion));
+    throw Error(
+        fmt::format("{}: calibration format version {} is not supported (this build reads {})",
+                    path, version, kFormatVersion));
   Calibration c;
   c.method = f.meta("method", "oscar");
   c.composition = parse_composition(meta_str(f, "composition"));
@@ -161,7 +178,8 @@ Calibration read_calibration(const std::string& path) {
   c.bits = meta_int(f, "bits");
   c.group_size = meta_int(f, "group_size");
   const std::string sd = meta_str(f, "scale_dtype");
-  if (sd != "f16" && sd != "f32") throw Error(fmt::format("{}: scale_dtype '{}' is not f16/f32", path, sd));
+  if (sd != "f16" && sd != "f32")
+    throw Error(fmt::format("{}: scale_dtype '{}' is not f16/f32", path, sd));
   c.scale_dtype = sd == "f16" ? ScaleDtype::kF16 : ScaleDtype::kF32;
   c.sink = meta_int(f, "sink");
   c.recent = meta_int(f, "recent");
@@ -176,9 +194,11 @@ Calibration read_calibration(const std::string& path) {
   c.text_hash = f.meta("calib.text_hash");
   c.source = f.meta("calib.source");
   const int d = c.model.head_dim, H = c.model.n_kv_heads;
-  if (d <= 0 || H <= 0 || c.model.n_layers <= 0 || c.model.n_q_heads <= 0 || c.model.n_q_heads % H != 0)
-    throw Error(fmt::format("{}: bad model shape in metadata (layers {}, q heads {}, kv heads {}, head_dim {})", path,
-                            c.model.n_layers, c.model.n_q_heads, H, d));
+  if (d <= 0 || H <= 0 || c.model.n_layers <= 0 || c.model.n_q_heads <= 0 ||
+      c.model.n_q_heads % H != 0)
+    throw Error(fmt::format(
+        "{}: bad model shape in metadata (layers {}, q heads {}, kv heads {}, head_dim {})", path,
+        c.model.n_layers, c.model.n_q_heads, H, d));
   if (c.model.n_layers > 100000 || d > 4096 || H > 4096)
     throw Error(fmt::format("{}: implausible model shape in metadata", path));
   const int64_t n = c.granularity == Granularity::kLayer ? 1 : H;
@@ -197,8 +217,9 @@ Calibration read_calibration(const std::string& path) {
       for (const auto* rot : {&L.k_rotation, &L.v_rotation}) {
         const double e = orthogonality_error(rot->data() + r * d * d, d);
         if (!(e < 1e-3))
-          throw Error(fmt::format("{}: layer {} {} rotation {} is not orthogonal (max |RᵀR−I| = {:.3g})", path, i,
-                                  rot == &L.k_rotation ? "k" : "v", r, e));
+          throw Error(
+              fmt::format("{}: layer {} {} rotation {} is not orthogonal (max |RᵀR−I| = {:.3g})",
+                          path, i, rot == &L.k_rotation ? "k" : "v", r, e));
       }
       for (const auto* cl : {&L.k_clip, &L.v_clip}) {
         const float v = (*cl)[static_cast<size_t>(r)];
@@ -209,28 +230,36 @@ Calibration read_calibration(const std::string& path) {
   }
   // Tensors for layers beyond n_layers mean the metadata lies.
   if (f.find(fmt::format("layers.{}.k_rotation", c.model.n_layers)))
-    throw Error(fmt::format("{}: has more layers than model.n_layers = {}", path, c.model.n_layers));
+    throw Error(
+        fmt::format("{}: has more layers than model.n_layers = {}", path, c.model.n_layers));
   return c;
 }
 
-void check_calibration_matches(const Calibration& c, const ModelFingerprint& m, const std::string& what) {
+void check_calibration_matches(const Calibration& c, const ModelFingerprint& m,
+                               const std::string& what) {
   auto mismatch = [&](const char* field, const std::string& have, const std::string& want) {
-    return Error(fmt::format("{}: calibration is for a different model: {} is {} in the calibration but {} in the model",
-                             what, field, have, want));
+    return Error(fmt::format(
+        "{}: calibration is for a different model: {} is {} in the calibration but {} in the model",
+        what, field, have, want));
   };
-  if (c.model.n_layers != m.n_layers) throw mismatch("n_layers", std::to_string(c.model.n_layers), std::to_string(m.n_layers));
-  if (c.model.n_q_heads != m.n_q_heads) throw mismatch("n_q_heads", std::to_string(c.model.n_q_heads), std::to_string(m.n_q_heads));
+  if (c.model.n_layers != m.n_layers)
+    throw mismatch("n_layers", std::to_string(c.model.n_layers), std::to_string(m.n_layers));
+  if (c.model.n_q_heads != m.n_q_heads)
+    throw mismatch("n_q_heads", std::to_string(c.model.n_q_heads), std::to_string(m.n_q_heads));
   if (c.model.n_kv_heads != m.n_kv_heads)
     throw mismatch("n_kv_heads", std::to_string(c.model.n_kv_heads), std::to_string(m.n_kv_heads));
-  if (c.model.head_dim != m.head_dim) throw mismatch("head_dim", std::to_string(c.model.head_dim), std::to_string(m.head_dim));
-  if (!c.model.architecture.empty() && !m.architecture.empty() && c.model.architecture != m.architecture)
+  if (c.model.head_dim != m.head_dim)
+    throw mismatch("head_dim", std::to_string(c.model.head_dim), std::to_string(m.head_dim));
+  if (!c.model.architecture.empty() && !m.architecture.empty() &&
+      c.model.architecture != m.architecture)
     throw mismatch("architecture", c.model.architecture, m.architecture);
-  if (!c.model.weights_hash.empty() && !m.weights_hash.empty() && c.model.weights_hash != m.weights_hash)
+  if (!c.model.weights_hash.empty() && !m.weights_hash.empty() &&
+      c.model.weights_hash != m.weights_hash)
     throw mismatch("weights hash", c.model.weights_hash, m.weights_hash);
 }
 
-Calibration data_free_calibration(Composition comp, const ModelFingerprint& model, float k_clip, float v_clip,
-                                  int bits, int group_size, uint64_t seed) {
+Calibration data_free_calibration(Composition comp, const ModelFingerprint& model, float k_clip,
+                                  float v_clip, int bits, int group_size, uint64_t seed) {
   if (composition_uses_data(comp))
     throw Error(fmt::format("composition {} needs calibration data", composition_name(comp)));
   const int d = model.head_dim;

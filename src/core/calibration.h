@@ -92,11 +92,13 @@ Calibration read_calibration(const std::string& path);
 // Throws oscar::Error unless the calibration fits `model`: n_layers, n_q_heads,
 // n_kv_heads and head_dim must be equal; architecture and weights_hash must be
 // equal when both sides know them. `what` names the calibration (its path).
-void check_calibration_matches(const Calibration& c, const ModelFingerprint& model, const std::string& what);
+void check_calibration_matches(const Calibration& c, const ModelFingerprint& model,
+                               const std::string& what);
 
 // A calibration that needs no data: `none` (identity), `hadamard` or `random`.
 // Clip ratios are the given ones for every layer (1.0 = no clipping).
 Calibration data_free_calibration(Composition comp, const ModelFingerprint& model, float k_clip,
-                                  float v_clip, int bits = 2, int group_size = 128, uint64_t seed = 0);
+                                  float v_clip, int bits = 2, int group_size = 128,
+                                  uint64_t seed = 0);
 
 }  // namespace oscar

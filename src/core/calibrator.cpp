@@ -1,13 +1,12 @@
 #include "core/calibrator.h"
 
+#include <fmt/format.h>
 #include <immintrin.h>
 
+#include <Eigen/Dense>
 #include <algorithm>
 #include <cmath>
 #include <random>
-
-#include <Eigen/Dense>
-#include <fmt/format.h>
 
 #include "core/eigen_sym.h"
 #include "core/error.h"
@@ -28,7 +27,7 @@ struct LayerAcc {
   // key-weighted: the K and V rows of every add() call, [T_i][H][d] each
   // (one block per call: no reallocation/copy as the layer grows).
   std::vector<std::vector<float>> kblocks, vblocks;
-  std::vector<float> sample_k, sample_v;              // clip search reservoir: [S][H][d]
+  std::vector<float> sample_k, sample_v;  // clip search reservoir: [S][H][d]
   int64_t sample_filled = 0;
   std::mt19937_64 rng;
   LayerCalibration result;
@@ -36,13 +35,15 @@ struct LayerAcc {
 };
 
 // Converts `rows` rows of `width` floats (row r at src + r*stride) to doubles.
-__attribute__((target("avx512f"))) void gather_rows_avx512(const float* src, int64_t rows, int64_t width,
-                                                            int64_t stride, double* dst) {
+__attribute__((target("avx512f"))) void gather_rows_avx512(const float* src, int64_t rows,
+                                                           int64_t width, int64_t stride,
+                                                           double* dst) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* s = src + r * stride;
     double* o = dst + r * width;
     int64_t c = 0;
-    for (; c + 8 <= width; c += 8) _mm512_storeu_pd(o + c, _mm512_maskz_cvtps_pd(0xFF, _mm256_loadu_ps(s + c)));
+    for (; c + 8 <= width; c += 8)
+      _mm512_storeu_pd(o + c, _mm512_maskz_cvtps_pd(0xFF, _mm256_loadu_ps(s + c)));
     for (; c < width; ++c) o[c] = s[c];
   }
 }
@@ -66,20 +67,26 @@ struct Calibrator::Impl {
   std::vector<std::vector<double>> dbuf;  // per-worker conversion scratch
   bool keep = false;
 
-  Impl(CalibConfig c, int nl, int nq, int nkv, int hd) : cfg(std::move(c)), L(nl), Hq(nq), H(nkv), d(hd) {
+  Impl(CalibConfig c, int nl, int nq, int nkv, int hd)
+      : cfg(std::move(c)), L(nl), Hq(nq), H(nkv), d(hd) {
     if (nl <= 0 || nq <= 0 || nkv <= 0 || hd <= 0 || nq % nkv != 0)
-      throw Error(fmt::format("calibrator: bad shape (layers {}, q heads {}, kv heads {}, head_dim {}); q heads must "
-                              "be a multiple of kv heads",
-                              nl, nq, nkv, hd));
+      throw Error(fmt::format(
+          "calibrator: bad shape (layers {}, q heads {}, kv heads {}, head_dim {}); q heads must "
+          "be a multiple of kv heads",
+          nl, nq, nkv, hd));
     // A group cannot exceed the head: the default 128 becomes d for d = 32/64.
     if (cfg.quant.group_size > hd) cfg.quant.group_size = hd;
     validate_spec(cfg.quant, hd);
-    if (composition_uses_data(cfg.composition) || cfg.composition == Composition::kHadamard) log2_check();
-    if (cfg.clip_search && cfg.clip_grid.empty()) throw Error("calibrator: clip search with an empty grid");
+    if (composition_uses_data(cfg.composition) || cfg.composition == Composition::kHadamard)
+      log2_check();
+    if (cfg.clip_search && cfg.clip_grid.empty())
+      throw Error("calibrator: clip search with an empty grid");
     for (float c : cfg.clip_grid)
-      if (!(c > 0.0f && c <= 1.0f)) throw Error(fmt::format("calibrator: clip ratio {} outside (0, 1]", c));
+      if (!(c > 0.0f && c <= 1.0f))
+        throw Error(fmt::format("calibrator: clip ratio {} outside (0, 1]", c));
     for (float c : {cfg.k_clip, cfg.v_clip})
-      if (!(c > 0.0f && c <= 1.0f)) throw Error(fmt::format("calibrator: clip ratio {} outside (0, 1]", c));
+      if (!(c > 0.0f && c <= 1.0f))
+        throw Error(fmt::format("calibrator: clip ratio {} outside (0, 1]", c));
     g = nq / nkv;
     need_kk = cfg.key_target == KeyTarget::kRaw;
     need_vv = cfg.value_target == ValueTarget::kRaw;
@@ -99,11 +106,13 @@ struct Calibrator::Impl {
 
   void log2_check() const {
     if (d <= 0 || (d & (d - 1)) != 0)
-      throw Error(fmt::format("calibrator: head_dim {} must be a power of two for Hadamard-based rotations", d));
+      throw Error(fmt::format(
+          "calibrator: head_dim {} must be a power of two for Hadamard-based rotations", d));
   }
 
   LayerAcc& layer(int l, const char* op) {
-    if (l < 0 || l >= L) throw Error(fmt::format("calibrator: {}: layer {} out of range [0, {})", op, l, L));
+    if (l < 0 || l >= L)
+      throw Error(fmt::format("calibrator: {}: layer {} out of range [0, {})", op, l, L));
     return layers[static_cast<size_t>(l)];
   }
 
@@ -119,8 +128,8 @@ struct Calibrator::Impl {
       for (int64_t t0 = 0; t0 < T; t0 += kChunkTokens) {
         const int64_t m = std::min(kChunkTokens, T - t0);
         // Token t's `per` rows of head h are contiguous: one (per*d)-wide row.
-        gather_rows(src + (t0 * nheads_src + static_cast<int64_t>(h) * per) * d, m, int64_t(per) * d,
-                    int64_t(nheads_src) * d, buf.data());
+        gather_rows(src + (t0 * nheads_src + static_cast<int64_t>(h) * per) * d, m,
+                    int64_t(per) * d, int64_t(nheads_src) * d, buf.data());
         la::syrk_upper_acc(buf.data(), m * per, d, d, sum.data() + static_cast<size_t>(h) * d * d);
       }
     });
@@ -131,11 +140,13 @@ struct Calibrator::Impl {
     if (a.done) throw Error(fmt::format("calibrator: layer {} was already finished", l));
     if (T < 0) throw Error("calibrator: negative token count");
     if (T == 0) return;
-    if (!q || !k || !v) throw Error(fmt::format("calibrator: layer {}: q, k and v are required", l));
+    if (!q || !k || !v)
+      throw Error(fmt::format("calibrator: layer {}: q, k and v are required", l));
     if (need_oo && !o)
-      throw Error(fmt::format("calibrator: layer {}: the attn-output value target needs the attention output o "
-                              "(use --value-target key-weighted or raw, or provide layers.{{i}}.o)",
-                              l));
+      throw Error(fmt::format(
+          "calibrator: layer {}: the attn-output value target needs the attention output o "
+          "(use --value-target key-weighted or raw, or provide layers.{{i}}.o)",
+          l));
     accumulate(a.sum_qq, q, T, Hq, g);
     if (need_kk) accumulate(a.sum_kk, k, T, H, 1);
     if (need_vv) accumulate(a.sum_vv, v, T, H, 1);
@@ -177,7 +188,8 @@ struct Calibrator::Impl {
     return m;
   }
 
-  std::vector<double> key_weighted(int l, const LayerAcc& a, const std::vector<double>& query) const {
+  std::vector<double> key_weighted(int l, const LayerAcc& a,
+                                   const std::vector<double>& query) const {
     std::vector<double> out(static_cast<size_t>(H) * d * d, 0.0);
     const int64_t row = int64_t(H) * d;
     std::vector<double> dens(static_cast<size_t>(H), 0.0);
@@ -191,36 +203,39 @@ struct Calibrator::Impl {
       Cq.diagonal().array() += eps;
       Eigen::LLT<RowMat> llt(Cq);
       if (llt.info() != Eigen::Success)
-        throw Error(fmt::format("calibrator: layer {} kv head {}: query covariance is not positive semi-definite "
-                                "(non-finite activations?)",
-                                l, h));
+        throw Error(fmt::format(
+            "calibrator: layer {} kv head {}: query covariance is not positive semi-definite "
+            "(non-finite activations?)",
+            l, h));
       const RowMat Lf = llt.matrixL();
       std::vector<double> K(static_cast<size_t>(kChunkTokens * d)), W(K.size()), V(K.size());
       double den = 0.0;
       double* num = out.data() + static_cast<size_t>(h) * d * d;
       for (size_t blk = 0; blk < a.kblocks.size(); ++blk)
-      for (int64_t t0 = 0, Tb = static_cast<int64_t>(a.kblocks[blk].size()) / row; t0 < Tb; t0 += kChunkTokens) {
-        const int64_t m = std::min(kChunkTokens, Tb - t0);
-        gather_rows(a.kblocks[blk].data() + t0 * row + int64_t(h) * d, m, d, row, K.data());
-        gather_rows(a.vblocks[blk].data() + t0 * row + int64_t(h) * d, m, d, row, V.data());
-        la::gemm_lower(K.data(), Lf.data(), W.data(), m, d);
-        for (int64_t t = 0; t < m; ++t) {
-          double w = 0.0;
-          for (int c = 0; c < d; ++c) w += W[t * d + c] * W[t * d + c];
-          den += w;
-          const double s = std::sqrt(w);
-          for (int c = 0; c < d; ++c) V[t * d + c] *= s;
+        for (int64_t t0 = 0, Tb = static_cast<int64_t>(a.kblocks[blk].size()) / row; t0 < Tb;
+             t0 += kChunkTokens) {
+          const int64_t m = std::min(kChunkTokens, Tb - t0);
+          gather_rows(a.kblocks[blk].data() + t0 * row + int64_t(h) * d, m, d, row, K.data());
+          gather_rows(a.vblocks[blk].data() + t0 * row + int64_t(h) * d, m, d, row, V.data());
+          la::gemm_lower(K.data(), Lf.data(), W.data(), m, d);
+          for (int64_t t = 0; t < m; ++t) {
+            double w = 0.0;
+            for (int c = 0; c < d; ++c) w += W[t * d + c] * W[t * d + c];
+            den += w;
+            const double s = std::sqrt(w);
+            for (int c = 0; c < d; ++c) V[t * d + c] *= s;
+          }
+          la::syrk_upper_acc(V.data(), m, d, d, num);
         }
-        la::syrk_upper_acc(V.data(), m, d, d, num);
-      }
       dens[static_cast<size_t>(h)] = den;
     });
     for (int h = 0; h < H; ++h) {
       const double den = dens[static_cast<size_t>(h)];
       if (!(den > 0.0) || !std::isfinite(den))
-        throw Error(fmt::format("calibrator: layer {} kv head {}: key-weighted weights sum to {} (all-zero keys or "
-                                "queries, or non-finite activations)",
-                                l, h, den));
+        throw Error(fmt::format(
+            "calibrator: layer {} kv head {}: key-weighted weights sum to {} (all-zero keys or "
+            "queries, or non-finite activations)",
+            l, h, den));
       double* num = out.data() + static_cast<size_t>(h) * d * d;
       la::symmetrize_from_upper(num, d);
       for (int i = 0; i < d * d; ++i) num[i] /= den;
@@ -231,7 +246,8 @@ struct Calibrator::Impl {
   LayerTargets targets(int l) const {
     if (l < 0 || l >= L) throw Error(fmt::format("calibrator: layer {} out of range", l));
     const LayerAcc& a = layers[static_cast<size_t>(l)];
-    if (a.done) throw Error(fmt::format("calibrator: layer {} is finished; its statistics were freed", l));
+    if (a.done)
+      throw Error(fmt::format("calibrator: layer {} is finished; its statistics were freed", l));
     if (a.tokens == 0) throw Error(fmt::format("calibrator: layer {} has seen no tokens", l));
     LayerTargets t;
     t.n_kv_heads = H;
@@ -241,23 +257,30 @@ struct Calibrator::Impl {
     t.query = mean_of(a.sum_qq, n * g);
     t.key = need_kk ? mean_of(a.sum_kk, n) : t.query;
     switch (cfg.value_target) {
-      case ValueTarget::kAttnOutput: t.value = mean_of(a.sum_oo, n * g); break;
-      case ValueTarget::kRaw: t.value = mean_of(a.sum_vv, n); break;
-      case ValueTarget::kKeyWeighted: t.value = key_weighted(l, a, t.query); break;
+      case ValueTarget::kAttnOutput:
+        t.value = mean_of(a.sum_oo, n * g);
+        break;
+      case ValueTarget::kRaw:
+        t.value = mean_of(a.sum_vv, n);
+        break;
+      case ValueTarget::kKeyWeighted:
+        t.value = key_weighted(l, a, t.query);
+        break;
     }
     return t;
   }
 
   // Picks the clip ratio minimizing Σ over `heads` of the weighted error.
-  float search_clip(const LayerAcc& a, bool keys, const std::vector<double>& R, const std::vector<int>& heads,
-                    const LayerTargets& t) const {
+  float search_clip(const LayerAcc& a, bool keys, const std::vector<double>& R,
+                    const std::vector<int>& heads, const LayerTargets& t) const {
     const int n = static_cast<int>(cfg.clip_grid.size());
     std::vector<ErrorSums> total(static_cast<size_t>(n)), part(static_cast<size_t>(n));
     const int64_t row = int64_t(H) * d;
     for (int h : heads) {
       const float* rows = (keys ? a.sample_k.data() : a.sample_v.data()) + int64_t(h) * d;
       const double* C = keys ? t.q(h) : t.v(h);
-      quant_error_sweep(rows, a.sample_filled, row, d, R.data(), cfg.clip_grid.data(), n, cfg.quant, C, part.data());
+      quant_error_sweep(rows, a.sample_filled, row, d, R.data(), cfg.clip_grid.data(), n, cfg.quant,
+                        C, part.data());
       for (int i = 0; i < n; ++i) total[static_cast<size_t>(i)] += part[static_cast<size_t>(i)];
     }
     int best = 0;
@@ -283,7 +306,8 @@ struct Calibrator::Impl {
     out.v_clip.assign(static_cast<size_t>(n_rot), cfg.v_clip);
     for (int r = 0; r < n_rot; ++r) {
       std::vector<int> heads;
-      if (per_head) heads = {r};
+      if (per_head)
+        heads = {r};
       else
         for (int h = 0; h < H; ++h) heads.push_back(h);
       for (int kv = 0; kv < 2; ++kv) {
@@ -295,18 +319,21 @@ struct Calibrator::Impl {
           for (size_t i = 0; i < dd; ++i) C[i] += src[i];
         }
         for (double& x : C) x /= static_cast<double>(heads.size());
-        const std::string what = fmt::format("layer {} {}{} {} target", l, per_head ? "kv head " : "",
-                                             per_head ? std::to_string(r) : "", keys ? "key" : "value");
+        const std::string what =
+            fmt::format("layer {} {}{} {} target", l, per_head ? "kv head " : "",
+                        per_head ? std::to_string(r) : "", keys ? "key" : "value");
         const SymEig eig = sym_eig(C.data(), d, what.c_str());
-        const uint64_t seed = cfg.seed + 1000003ull * static_cast<uint64_t>(l) + 2ull * static_cast<uint64_t>(r) +
-                              static_cast<uint64_t>(kv);
+        const uint64_t seed = cfg.seed + 1000003ull * static_cast<uint64_t>(l) +
+                              2ull * static_cast<uint64_t>(r) + static_cast<uint64_t>(kv);
         const std::vector<double> R = compose_rotation(cfg.composition, &eig, d, seed);
         float* rot = (keys ? out.k_rotation : out.v_rotation).data() + r * dd;
-        float* ev = (keys ? out.k_eigenvalues : out.v_eigenvalues).data() + static_cast<size_t>(r) * d;
+        float* ev =
+            (keys ? out.k_eigenvalues : out.v_eigenvalues).data() + static_cast<size_t>(r) * d;
         for (size_t i = 0; i < dd; ++i) rot[i] = static_cast<float>(R[i]);
         for (int i = 0; i < d; ++i) ev[i] = static_cast<float>(eig.values[static_cast<size_t>(i)]);
         if (cfg.clip_search && a.sample_filled > 0)
-          (keys ? out.k_clip : out.v_clip)[static_cast<size_t>(r)] = search_clip(a, keys, R, heads, t);
+          (keys ? out.k_clip : out.v_clip)[static_cast<size_t>(r)] =
+              search_clip(a, keys, R, heads, t);
       }
     }
     if (keep) a.kept = std::move(t);
@@ -329,28 +356,46 @@ Calibrator::~Calibrator() = default;
 Calibrator::Calibrator(Calibrator&&) noexcept = default;
 Calibrator& Calibrator::operator=(Calibrator&&) noexcept = default;
 
-void Calibrator::add(int layer, const float* q, const float* k, const float* v, const float* o, int64_t T) {
+void Calibrator::add(int layer, const float* q, const float* k, const float* v, const float* o,
+                     int64_t T) {
   impl_->add(layer, q, k, v, o, T);
 }
-LayerTargets Calibrator::targets(int layer) const { return impl_->targets(layer); }
-void Calibrator::finish_layer(int layer) { impl_->finish_layer(layer); }
-void Calibrator::keep_targets(bool on) { impl_->keep = on; }
+LayerTargets Calibrator::targets(int layer) const {
+  return impl_->targets(layer);
+}
+void Calibrator::finish_layer(int layer) {
+  impl_->finish_layer(layer);
+}
+void Calibrator::keep_targets(bool on) {
+  impl_->keep = on;
+}
 const LayerTargets& Calibrator::kept_targets(int layer) const {
-  if (layer < 0 || layer >= impl_->L || !impl_->layers[static_cast<size_t>(layer)].done || !impl_->keep)
-    throw Error(fmt::format("calibrator: no kept targets for layer {} (keep_targets(true) before finishing it)", layer));
+  if (layer < 0 || layer >= impl_->L || !impl_->layers[static_cast<size_t>(layer)].done ||
+      !impl_->keep)
+    throw Error(fmt::format(
+        "calibrator: no kept targets for layer {} (keep_targets(true) before finishing it)",
+        layer));
   return impl_->layers[static_cast<size_t>(layer)].kept;
 }
-const CalibConfig& Calibrator::config() const { return impl_->cfg; }
-int Calibrator::n_layers() const { return impl_->L; }
-int64_t Calibrator::tokens(int layer) const { return impl_->layer(layer, "tokens").tokens; }
+const CalibConfig& Calibrator::config() const {
+  return impl_->cfg;
+}
+int Calibrator::n_layers() const {
+  return impl_->L;
+}
+int64_t Calibrator::tokens(int layer) const {
+  return impl_->layer(layer, "tokens").tokens;
+}
 
 Calibration Calibrator::finish(ModelFingerprint model) {
   Impl& m = *impl_;
   auto fill = [&](int& field, int value, const char* name) {
-    if (field == 0) field = value;
+    if (field == 0)
+      field = value;
     else if (field != value)
-      throw Error(fmt::format("calibrator: model fingerprint says {} = {} but the activations have {}", name, field,
-                              value));
+      throw Error(
+          fmt::format("calibrator: model fingerprint says {} = {} but the activations have {}",
+                      name, field, value));
   };
   fill(model.n_layers, m.L, "n_layers");
   fill(model.n_q_heads, m.Hq, "n_q_heads");
@@ -359,7 +404,8 @@ Calibration Calibrator::finish(ModelFingerprint model) {
   int64_t tokens = -1;
   for (int l = 0; l < m.L; ++l) {
     const LayerAcc& a = m.layers[static_cast<size_t>(l)];
-    if (!a.done && a.tokens == 0) throw Error(fmt::format("calibrator: layer {} has seen no tokens", l));
+    if (!a.done && a.tokens == 0)
+      throw Error(fmt::format("calibrator: layer {} has seen no tokens", l));
     tokens = tokens < 0 ? a.tokens : std::min(tokens, a.tokens);
   }
   Calibration c;

@@ -48,8 +48,8 @@ struct CalibConfig {
   float k_clip = 0.96f, v_clip = 0.92f;
   bool clip_search = false;
   std::vector<float> clip_grid = {0.80f, 0.84f, 0.88f, 0.90f, 0.92f, 0.94f, 0.96f, 0.98f, 1.0f};
-  int sample_tokens = 256;  // per layer, for the clip search
-  uint64_t seed = 0;        // random composition and reservoir sampling
+  int sample_tokens = 256;      // per layer, for the clip search
+  uint64_t seed = 0;            // random composition and reservoir sampling
   int sink = 64, recent = 256;  // recorded in the file
 };
 

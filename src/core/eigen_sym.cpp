@@ -1,11 +1,11 @@
 #include "core/eigen_sym.h"
 
+#include <fmt/format.h>
+
+#include <Eigen/Dense>
 #include <algorithm>
 #include <cmath>
 #include <numeric>
-
-#include <Eigen/Dense>
-#include <fmt/format.h>
 
 #include "core/error.h"
 
@@ -27,7 +27,8 @@ SymEig sym_eig(const double* C, int d, const char* what) {
     throw Error(fmt::format("{}: matrix is not symmetric (max |C - Cᵀ| = {:.3g})", what, asym));
   const Eigen::MatrixXd S = 0.5 * (A + A.transpose());
   Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd> es(S);
-  if (es.info() != Eigen::Success) throw Error(fmt::format("{}: eigensolver did not converge", what));
+  if (es.info() != Eigen::Success)
+    throw Error(fmt::format("{}: eigensolver did not converge", what));
 
   // Eigen returns ascending order; we reverse to descending.
   SymEig r;
@@ -39,9 +40,11 @@ SymEig sym_eig(const double* C, int d, const char* what) {
     r.values[j] = es.eigenvalues()(src);
     int arg = 0;
     for (int i = 1; i < d; ++i)
-      if (std::fabs(es.eigenvectors()(i, src)) > std::fabs(es.eigenvectors()(arg, src)) + 1e-12) arg = i;
+      if (std::fabs(es.eigenvectors()(i, src)) > std::fabs(es.eigenvectors()(arg, src)) + 1e-12)
+        arg = i;
     const double sign = es.eigenvectors()(arg, src) < 0 ? -1.0 : 1.0;
-    for (int i = 0; i < d; ++i) r.vectors[static_cast<size_t>(i) * d + j] = sign * es.eigenvectors()(i, src);
+    for (int i = 0; i < d; ++i)
+      r.vectors[static_cast<size_t>(i) * d + j] = sign * es.eigenvectors()(i, src);
   }
   return r;
 }

@@ -1,16 +1,18 @@
 #include "core/hadamard.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <numeric>
-
-#include <fmt/format.h>
 
 #include "core/error.h"
 
 namespace oscar {
 
-bool is_pow2(int d) { return d > 0 && (d & (d - 1)) == 0; }
+bool is_pow2(int d) {
+  return d > 0 && (d & (d - 1)) == 0;
+}
 
 int log2_exact(int d) {
   if (!is_pow2(d)) throw Error(fmt::format("hadamard: size {} is not a power of two", d));
@@ -24,7 +26,8 @@ std::vector<double> hadamard_matrix(int d) {
   const double s = 1.0 / std::sqrt(static_cast<double>(d));
   std::vector<double> h(static_cast<size_t>(d) * d);
   for (int i = 0; i < d; ++i)
-    for (int j = 0; j < d; ++j) h[static_cast<size_t>(i) * d + j] = (__builtin_popcount(i & j) & 1) ? -s : s;
+    for (int j = 0; j < d; ++j)
+      h[static_cast<size_t>(i) * d + j] = (__builtin_popcount(i & j) & 1) ? -s : s;
   return h;
 }
 
@@ -44,8 +47,12 @@ void fwht_impl(T* x, int d) {
 }
 }  // namespace
 
-void fwht(float* x, int d) { fwht_impl(x, d); }
-void fwht(double* x, int d) { fwht_impl(x, d); }
+void fwht(float* x, int d) {
+  fwht_impl(x, d);
+}
+void fwht(double* x, int d) {
+  fwht_impl(x, d);
+}
 
 int bit_reverse(int i, int bits) {
   int r = 0;

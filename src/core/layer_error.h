@@ -18,7 +18,7 @@ struct KvErrors {
 
 // k, v: [T][H_kv][d] (original basis). Rotations and clips from L (per head
 // or per layer), quantizer from spec.
-KvErrors layer_kv_errors(const LayerTargets& t, const float* k, const float* v, int64_t T, const LayerCalibration& L,
-                         const QuantSpec& spec);
+KvErrors layer_kv_errors(const LayerTargets& t, const float* k, const float* v, int64_t T,
+                         const LayerCalibration& L, const QuantSpec& spec);
 
 }  // namespace oscar

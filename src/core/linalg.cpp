@@ -23,10 +23,11 @@ bool have_avx512() {
 // C[i][j] += Σ_k A(i,k)·B(k,j) for i in [0,M), j in [0,N) with N % 16 == 0,
 // A(i,k) = A[i*sa_i + k*sa_k], B(k,j) = B[k*ldb + j]. upper: only tiles that
 // reach the diagonal or above (j0 + 16 > i0) are computed.
-__attribute__((target("avx512f,fma"))) void gemm_acc_avx512(const double* A, int64_t sa_i, int64_t sa_k,
-                                                             const double* B, int64_t ldb, double* C, int64_t ldc,
-                                                             int64_t M, int N, int64_t K, bool upper,
-                                                             bool lower_b = false) {
+__attribute__((target("avx512f,fma"))) void gemm_acc_avx512(const double* A, int64_t sa_i,
+                                                            int64_t sa_k, const double* B,
+                                                            int64_t ldb, double* C, int64_t ldc,
+                                                            int64_t M, int N, int64_t K, bool upper,
+                                                            bool lower_b = false) {
   constexpr int64_t KC = 256;
   for (int64_t k0 = 0; k0 < K; k0 += KC) {
     const int64_t kc = std::min(KC, K - k0);
@@ -55,7 +56,8 @@ __attribute__((target("avx512f,fma"))) void gemm_acc_avx512(const double* A, int
 #pragma GCC unroll 8
         for (int r = 0; r < 8; ++r) {
           _mm512_storeu_pd(cp + r * ldc, _mm512_add_pd(_mm512_loadu_pd(cp + r * ldc), c[r][0]));
-          _mm512_storeu_pd(cp + r * ldc + 8, _mm512_add_pd(_mm512_loadu_pd(cp + r * ldc + 8), c[r][1]));
+          _mm512_storeu_pd(cp + r * ldc + 8,
+                           _mm512_add_pd(_mm512_loadu_pd(cp + r * ldc + 8), c[r][1]));
         }
       }
       for (; i0 < M; ++i0) {  // leftover rows (M % 8)
@@ -83,13 +85,14 @@ void syrk_upper_acc(const double* A, int64_t n, int d, int64_t lda, double* C) {
     gemm_acc_avx512(A, 1, lda, A, lda, C, d, d, d, n, /*upper=*/true);
     return;
   }
-  cblas_dsyrk(CblasRowMajor, CblasUpper, CblasTrans, d, static_cast<int>(n), 1.0, A, static_cast<int>(lda), 1.0,
-              C, d);
+  cblas_dsyrk(CblasRowMajor, CblasUpper, CblasTrans, d, static_cast<int>(n), 1.0, A,
+              static_cast<int>(lda), 1.0, C, d);
 }
 
 void symmetrize_from_upper(double* C, int d) {
   for (int i = 0; i < d; ++i)
-    for (int j = 0; j < i; ++j) C[static_cast<int64_t>(i) * d + j] = C[static_cast<int64_t>(j) * d + i];
+    for (int j = 0; j < i; ++j)
+      C[static_cast<int64_t>(i) * d + j] = C[static_cast<int64_t>(j) * d + i];
 }
 
 void gemm(const double* A, const double* B, double* C, int64_t m, int k, int n, bool accumulate) {
@@ -110,12 +113,14 @@ void gemm_lower(const double* A, const double* L, double* C, int64_t m, int d) {
     gemm_acc_avx512(A, d, 1, L, d, C, d, m, d, d, false, /*lower_b=*/true);
     return;
   }
-  cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(m), d, d, 1.0, A, d, L, d, 0.0, C, d);
+  cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(m), d, d, 1.0, A, d, L, d,
+              0.0, C, d);
 }
 
 void gemm_nt(const double* A, const double* B, double* C, int64_t m, int k, int n) {
   if (m <= 0) return;
-  cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), n, k, 1.0, A, k, B, k, 0.0, C, n);
+  cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), n, k, 1.0, A, k, B, k,
+              0.0, C, n);
 }
 
 void gemm_tn(const double* A, const double* B, double* C, int k, int64_t m, int n) {
@@ -124,8 +129,8 @@ void gemm_tn(const double* A, const double* B, double* C, int k, int64_t m, int 
     gemm_acc_avx512(A, 1, m, B, n, C, n, m, n, k, false);
     return;
   }
-  cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(m), n, k, 1.0, A, static_cast<int>(m), B,
-              n, 0.0, C, n);
+  cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(m), n, k, 1.0, A,
+              static_cast<int>(m), B, n, 0.0, C, n);
 }
 
 }  // namespace oscar::la

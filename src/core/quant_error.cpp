@@ -1,10 +1,10 @@
 #include "core/quant_error.h"
 
-#include <algorithm>
-#include <vector>
+#include <fmt/format.h>
 
 #include <Eigen/Dense>
-#include <fmt/format.h>
+#include <algorithm>
+#include <vector>
 
 #include "core/error.h"
 #include "core/linalg.h"

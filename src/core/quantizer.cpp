@@ -1,12 +1,12 @@
 #include "core/quantizer.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <vector>
-
-#include <fmt/format.h>
 
 #include "core/error.h"
 
@@ -84,12 +84,13 @@ void validate_spec(const QuantSpec& spec, int d) {
   if (spec.bits != 2 && spec.bits != 4)
     throw Error(fmt::format("quantizer: bits = {} unsupported (2 or 4)", spec.bits));
   if (spec.group_size != 32 && spec.group_size != 64 && spec.group_size != 128)
-    throw Error(fmt::format("quantizer: group size {} unsupported (32, 64 or 128)", spec.group_size));
+    throw Error(
+        fmt::format("quantizer: group size {} unsupported (32, 64 or 128)", spec.group_size));
   if (spec.scale_dtype != ScaleDtype::kF16 && spec.scale_dtype != ScaleDtype::kF32)
     throw Error("quantizer: unknown scale dtype");
   if (d <= 0 || spec.group_size > d || d % spec.group_size != 0)
-    throw Error(fmt::format("quantizer: row length {} is not a positive multiple of group size {}", d,
-                            spec.group_size));
+    throw Error(fmt::format("quantizer: row length {} is not a positive multiple of group size {}",
+                            d, spec.group_size));
 }
 
 void quantize_row(const float* x, int d, const QuantSpec& spec, uint8_t* codes, void* params) {
@@ -98,7 +99,7 @@ void quantize_row(const float* x, int d, const QuantSpec& spec, uint8_t* codes, 
   const int qmax = (1 << B) - 1;
   const int group_bytes = G * B / 8;
   std::memset(codes, 0, static_cast<size_t>(packed_row_bytes(d, B)));
-  float xs[128];   // one sanitized group
+  float xs[128];    // one sanitized group
   uint8_t cs[128];  // its codes
   for (int g = 0; g < d / G; ++g) {
     const float* xg = x + g * G;
@@ -116,7 +117,8 @@ void quantize_row(const float* x, int d, const QuantSpec& spec, uint8_t* codes, 
     const float lo_all = std::min(std::min(lo[0], lo[1]), std::min(lo[2], lo[3]));
     const float hi_all = std::max(std::max(hi[0], hi[1]), std::max(hi[2], hi[3]));
     const float range = hi_all - lo_all;  // finite: inputs are saturated at 1e30
-    const float s = round_param(std::max(range, kMinRange) / static_cast<float>(qmax), spec.scale_dtype);
+    const float s =
+        round_param(std::max(range, kMinRange) / static_cast<float>(qmax), spec.scale_dtype);
     const float m = round_param(lo_all, spec.scale_dtype);
     if (spec.scale_dtype == ScaleDtype::kF16) {
       auto* p = static_cast<uint16_t*>(params) + 2 * g;
@@ -138,10 +140,12 @@ void quantize_row(const float* x, int d, const QuantSpec& spec, uint8_t* codes, 
     uint8_t* cg = codes + g * group_bytes;
     if (B == 2) {
       for (int j = 0; j < group_bytes; ++j)
-        cg[j] = static_cast<uint8_t>(cs[j] | (cs[j + group_bytes] << 2) | (cs[j + 2 * group_bytes] << 4) |
-                                     (cs[j + 3 * group_bytes] << 6));
+        cg[j] =
+            static_cast<uint8_t>(cs[j] | (cs[j + group_bytes] << 2) |
+                                 (cs[j + 2 * group_bytes] << 4) | (cs[j + 3 * group_bytes] << 6));
     } else {
-      for (int j = 0; j < group_bytes; ++j) cg[j] = static_cast<uint8_t>(cs[j] | (cs[j + group_bytes] << 4));
+      for (int j = 0; j < group_bytes; ++j)
+        cg[j] = static_cast<uint8_t>(cs[j] | (cs[j + group_bytes] << 4));
     }
   }
 }
@@ -180,11 +184,13 @@ void fake_quantize_rows(const float* x, int64_t n, int d, const QuantSpec& spec,
   }
 }
 
-double cache_bits_per_element(int64_t T, int sink, int recent, int bits, int group_size, ScaleDtype sd) {
+double cache_bits_per_element(int64_t T, int sink, int recent, int bits, int group_size,
+                              ScaleDtype sd) {
   if (T <= 0) return 16.0;
   const int64_t window = static_cast<int64_t>(sink) + recent;
   const double hi = static_cast<double>(std::min(T, window)) * 16.0;
-  const double lo = static_cast<double>(std::max<int64_t>(T - window, 0)) * row_bits_per_element(bits, group_size, sd);
+  const double lo = static_cast<double>(std::max<int64_t>(T - window, 0)) *
+                    row_bits_per_element(bits, group_size, sd);
   return (hi + lo) / static_cast<double>(T);
 }
 

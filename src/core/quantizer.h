@@ -60,8 +60,12 @@ struct QuantSpec {
 void validate_spec(const QuantSpec& spec, int d);
 
 // Sizes of one packed row of d channels.
-inline int row_code_bytes(int d, const QuantSpec& s) { return packed_row_bytes(d, s.bits); }
-inline int row_param_count(int d, const QuantSpec& s) { return 2 * (d / s.group_size); }
+inline int row_code_bytes(int d, const QuantSpec& s) {
+  return packed_row_bytes(d, s.bits);
+}
+inline int row_param_count(int d, const QuantSpec& s) {
+  return 2 * (d / s.group_size);
+}
 inline int row_param_bytes(int d, const QuantSpec& s) {
   return row_param_count(d, s) * (s.scale_dtype == ScaleDtype::kF16 ? 2 : 4);
 }

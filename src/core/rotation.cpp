@@ -1,12 +1,12 @@
 #include "core/rotation.h"
 
+#include <fmt/format.h>
+
+#include <Eigen/Dense>
 #include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <random>
-
-#include <Eigen/Dense>
-#include <fmt/format.h>
 
 #include "core/error.h"
 #include "core/hadamard.h"
@@ -17,12 +17,18 @@ using RowMat = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowM
 
 const char* composition_name(Composition c) {
   switch (c) {
-    case Composition::kNone: return "none";
-    case Composition::kHadamard: return "hadamard";
-    case Composition::kRandom: return "random";
-    case Composition::kU: return "U";
-    case Composition::kUH: return "UH";
-    case Composition::kUHP: return "UHP";
+    case Composition::kNone:
+      return "none";
+    case Composition::kHadamard:
+      return "hadamard";
+    case Composition::kRandom:
+      return "random";
+    case Composition::kU:
+      return "U";
+    case Composition::kUH:
+      return "UH";
+    case Composition::kUHP:
+      return "UHP";
   }
   return "?";
 }
@@ -30,14 +36,16 @@ const char* composition_name(Composition c) {
 Composition parse_composition(const std::string& s) {
   std::string k;
   for (char ch : s)
-    if (std::isalnum(static_cast<unsigned char>(ch))) k += static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    if (std::isalnum(static_cast<unsigned char>(ch)))
+      k += static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
   if (k == "none" || k == "identity") return Composition::kNone;
   if (k == "hadamard" || k == "h") return Composition::kHadamard;
   if (k == "random") return Composition::kRandom;
   if (k == "u") return Composition::kU;
   if (k == "uh") return Composition::kUH;
   if (k == "uhp" || k == "oscar") return Composition::kUHP;
-  throw Error(fmt::format("unknown rotation composition '{}' (none, hadamard, random, U, UH, UHP)", s));
+  throw Error(
+      fmt::format("unknown rotation composition '{}' (none, hadamard, random, U, UH, UHP)", s));
 }
 
 bool composition_uses_data(Composition c) {
@@ -46,7 +54,8 @@ bool composition_uses_data(Composition c) {
 
 std::vector<double> matmul(const double* A, const double* B, int d) {
   std::vector<double> out(static_cast<size_t>(d) * d);
-  Eigen::Map<RowMat>(out.data(), d, d) = Eigen::Map<const RowMat>(A, d, d) * Eigen::Map<const RowMat>(B, d, d);
+  Eigen::Map<RowMat>(out.data(), d, d) =
+      Eigen::Map<const RowMat>(A, d, d) * Eigen::Map<const RowMat>(B, d, d);
   return out;
 }
 
@@ -70,17 +79,21 @@ std::vector<double> random_orthogonal(int d, uint64_t seed) {
 std::vector<double> compose_rotation(Composition c, const SymEig* eig, int d, uint64_t seed) {
   if (d <= 0) throw Error("compose_rotation: d must be positive");
   if (composition_uses_data(c) && (!eig || eig->d != d))
-    throw Error(fmt::format("compose_rotation: composition {} needs an eigendecomposition of size {}",
-                            composition_name(c), d));
+    throw Error(
+        fmt::format("compose_rotation: composition {} needs an eigendecomposition of size {}",
+                    composition_name(c), d));
   switch (c) {
     case Composition::kNone: {
       std::vector<double> r(static_cast<size_t>(d) * d, 0.0);
       for (int i = 0; i < d; ++i) r[static_cast<size_t>(i) * d + i] = 1.0;
       return r;
     }
-    case Composition::kHadamard: return hadamard_matrix(d);
-    case Composition::kRandom: return random_orthogonal(d, seed);
-    case Composition::kU: return eig->vectors;
+    case Composition::kHadamard:
+      return hadamard_matrix(d);
+    case Composition::kRandom:
+      return random_orthogonal(d, seed);
+    case Composition::kU:
+      return eig->vectors;
     case Composition::kUH: {
       const auto h = hadamard_matrix(d);
       return matmul(eig->vectors.data(), h.data(), d);
@@ -92,7 +105,8 @@ std::vector<double> compose_rotation(Composition c, const SymEig* eig, int d, ui
       // (U·H)·P = columns of U·H reordered: column j of the result is column perm[j].
       std::vector<double> r(static_cast<size_t>(d) * d);
       for (int i = 0; i < d; ++i)
-        for (int j = 0; j < d; ++j) r[static_cast<size_t>(i) * d + j] = uh[static_cast<size_t>(i) * d + perm[j]];
+        for (int j = 0; j < d; ++j)
+          r[static_cast<size_t>(i) * d + j] = uh[static_cast<size_t>(i) * d + perm[j]];
       return r;
     }
   }
@@ -106,7 +120,8 @@ double ortho_err(const T* R, int d) {
   for (int i = 0; i < d; ++i)
     for (int j = i; j < d; ++j) {
       double s = 0.0;
-      for (int k = 0; k < d; ++k) s += double(R[static_cast<size_t>(k) * d + i]) * double(R[static_cast<size_t>(k) * d + j]);
+      for (int k = 0; k < d; ++k)
+        s += double(R[static_cast<size_t>(k) * d + i]) * double(R[static_cast<size_t>(k) * d + j]);
       if (!std::isfinite(s)) return INFINITY;  // NaN must never look orthogonal
       worst = std::max(worst, std::fabs(s - (i == j ? 1.0 : 0.0)));
     }
@@ -114,7 +129,11 @@ double ortho_err(const T* R, int d) {
 }
 }  // namespace
 
-double orthogonality_error(const double* R, int d) { return ortho_err(R, d); }
-double orthogonality_error(const float* R, int d) { return ortho_err(R, d); }
+double orthogonality_error(const double* R, int d) {
+  return ortho_err(R, d);
+}
+double orthogonality_error(const float* R, int d) {
+  return ortho_err(R, d);
+}
 
 }  // namespace oscar

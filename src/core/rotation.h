@@ -23,7 +23,7 @@ namespace oscar {
 
 enum class Composition { kNone, kHadamard, kRandom, kU, kUH, kUHP };
 
-const char* composition_name(Composition c);       // "none", "hadamard", "random", "U", "UH", "UHP"
+const char* composition_name(Composition c);  // "none", "hadamard", "random", "U", "UH", "UHP"
 Composition parse_composition(const std::string&);  // also accepts "U·H·P", "uhp", ...; throws
 bool composition_uses_data(Composition c);          // U, UH, UHP
 

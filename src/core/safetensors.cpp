@@ -1,6 +1,7 @@
 #include "core/safetensors.h"
 
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <immintrin.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -10,10 +11,8 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <utility>
-
-#include <fmt/format.h>
 #include <nlohmann/json.hpp>
+#include <utility>
 
 #include "core/error.h"
 #include "core/half.h"
@@ -30,9 +29,10 @@ struct DtypeName {
   size_t size;
 };
 constexpr DtypeName kDtypes[] = {
-    {Dtype::F64, "F64", 8}, {Dtype::F32, "F32", 4}, {Dtype::F16, "F16", 2}, {Dtype::BF16, "BF16", 2},
-    {Dtype::I64, "I64", 8}, {Dtype::I32, "I32", 4}, {Dtype::I16, "I16", 2}, {Dtype::I8, "I8", 1},
-    {Dtype::U8, "U8", 1},   {Dtype::BOOL, "BOOL", 1},
+    {Dtype::F64, "F64", 8},   {Dtype::F32, "F32", 4}, {Dtype::F16, "F16", 2},
+    {Dtype::BF16, "BF16", 2}, {Dtype::I64, "I64", 8}, {Dtype::I32, "I32", 4},
+    {Dtype::I16, "I16", 2},   {Dtype::I8, "I8", 1},   {Dtype::U8, "U8", 1},
+    {Dtype::BOOL, "BOOL", 1},
 };
 
 bool dtype_from_name(const std::string& s, Dtype* out) {
@@ -68,15 +68,20 @@ const char* dtype_name(Dtype dt) {
   return "?";
 }
 
-int64_t TensorInfo::numel() const { return checked_numel(shape); }
+int64_t TensorInfo::numel() const {
+  return checked_numel(shape);
+}
 
 namespace {
 // F16C / AVX-512 conversion, 16 values per instruction; chosen at run time
 // (the default build targets x86-64-v2, which has no F16C).
-__attribute__((target("avx512f"))) void f16_to_f32_avx512(const std::byte* src, int64_t n, float* out) {
+__attribute__((target("avx512f"))) void f16_to_f32_avx512(const std::byte* src, int64_t n,
+                                                          float* out) {
   int64_t i = 0;
   for (; i + 16 <= n; i += 16)
-    _mm512_storeu_ps(out + i, _mm512_maskz_cvtph_ps(0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 2 * i))));
+    _mm512_storeu_ps(
+        out + i, _mm512_maskz_cvtph_ps(
+                     0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 2 * i))));
   for (; i < n; ++i) {
     uint16_t h;
     std::memcpy(&h, src + 2 * i, 2);
@@ -135,7 +140,9 @@ void convert_to_f32(Dtype dt, const std::byte* src, int64_t count, float* out) {
 // ---------------------------------------------------------------------------
 // File
 
-File::File(File&& o) noexcept { *this = std::move(o); }
+File::File(File&& o) noexcept {
+  *this = std::move(o);
+}
 
 File& File::operator=(File&& o) noexcept {
   if (this != &o) {
@@ -159,7 +166,7 @@ File File::open(const std::string& path) {
   f.path_ = path;
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw Error(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
-  struct stat sb{};
+  struct stat sb {};
   if (fstat(fd, &sb) != 0) {
     const int e = errno;
     ::close(fd);
@@ -172,13 +179,14 @@ File File::open(const std::string& path) {
   const uint64_t size = static_cast<uint64_t>(sb.st_size);
   if (size < 8) {
     ::close(fd);
-    throw Error(fmt::format("{}: not a safetensors file (only {} bytes, need an 8-byte header length)",
-                            path, size));
+    throw Error(fmt::format(
+        "{}: not a safetensors file (only {} bytes, need an 8-byte header length)", path, size));
   }
   void* m = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
   const int map_errno = errno;
   ::close(fd);
-  if (m == MAP_FAILED) throw Error(fmt::format("{}: mmap failed: {}", path, std::strerror(map_errno)));
+  if (m == MAP_FAILED)
+    throw Error(fmt::format("{}: mmap failed: {}", path, std::strerror(map_errno)));
   f.map_ = m;
   f.size_ = size;
   const auto* base = static_cast<const std::byte*>(m);
@@ -186,8 +194,9 @@ File File::open(const std::string& path) {
   uint64_t n = 0;
   for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(base[i]) << (8 * i);
   if (n > kMaxHeader)
-    throw Error(fmt::format("{}: header length {} exceeds the {} byte limit (not a safetensors file?)",
-                            path, n, kMaxHeader));
+    throw Error(
+        fmt::format("{}: header length {} exceeds the {} byte limit (not a safetensors file?)",
+                    path, n, kMaxHeader));
   if (n > size - 8)
     throw Error(fmt::format("{}: truncated header ({} of {} bytes present)", path, size - 8, n));
   const char* hb = reinterpret_cast<const char*>(base + 8);
@@ -226,20 +235,23 @@ File File::open(const std::string& path) {
     if (!dtype_from_name(dt_it->get<std::string>(), &t.dtype))
       throw bad(fmt::format("unsupported dtype '{}'", dt_it->get<std::string>()));
     for (const auto& s : *sh_it) {
-      if (!s.is_number_integer() || s.get<int64_t>() < 0) throw bad("shape has a non-integer or negative dim");
+      if (!s.is_number_integer() || s.get<int64_t>() < 0)
+        throw bad("shape has a non-integer or negative dim");
       t.shape.push_back(s.get<int64_t>());
     }
     for (const auto& o : *off_it)
       if (!o.is_number_unsigned()) throw bad("data_offsets are not non-negative integers");
     t.begin = (*off_it)[0].get<uint64_t>();
     t.end = (*off_it)[1].get<uint64_t>();
-    if (t.begin > t.end) throw bad(fmt::format("data_offsets [{}, {}] are reversed", t.begin, t.end));
+    if (t.begin > t.end)
+      throw bad(fmt::format("data_offsets [{}, {}] are reversed", t.begin, t.end));
     if (t.end > data_size)
-      throw bad(fmt::format("data [{}, {}) lies beyond the data block ({} bytes; file truncated?)", t.begin,
-                            t.end, data_size));
+      throw bad(fmt::format("data [{}, {}) lies beyond the data block ({} bytes; file truncated?)",
+                            t.begin, t.end, data_size));
     const int64_t numel = checked_numel(t.shape);
     uint64_t want = 0;
-    if (numel < 0 || __builtin_mul_overflow(static_cast<uint64_t>(numel), dtype_size(t.dtype), &want))
+    if (numel < 0 ||
+        __builtin_mul_overflow(static_cast<uint64_t>(numel), dtype_size(t.dtype), &want))
       throw bad("shape overflows");
     if (want != t.end - t.begin)
       throw bad(fmt::format("{} bytes of data but dtype {} x shape needs {}", t.end - t.begin,
@@ -251,7 +263,8 @@ File File::open(const std::string& path) {
   std::sort(order.begin(), order.end(), [](auto* a, auto* b) { return a->begin < b->begin; });
   for (size_t i = 1; i < order.size(); ++i)
     if (order[i]->begin < order[i - 1]->end)
-      throw Error(fmt::format("{}: tensors '{}' and '{}' overlap", path, order[i - 1]->name, order[i]->name));
+      throw Error(fmt::format("{}: tensors '{}' and '{}' overlap", path, order[i - 1]->name,
+                              order[i]->name));
   return f;
 }
 
@@ -278,7 +291,9 @@ std::vector<std::string> File::names() const {
   return out;
 }
 
-const std::byte* File::data(const TensorInfo& t) const { return data_block_ + t.begin; }
+const std::byte* File::data(const TensorInfo& t) const {
+  return data_block_ + t.begin;
+}
 
 std::vector<float> File::read_f32(const std::string& name) const {
   const TensorInfo& t = at(name);
@@ -288,12 +303,13 @@ std::vector<float> File::read_f32(const std::string& name) const {
 }
 
 void File::read_f32_range(const TensorInfo& t, int64_t first, int64_t count, float* out) const {
-  if (t.dtype != Dtype::F32 && t.dtype != Dtype::F16 && t.dtype != Dtype::BF16 && t.dtype != Dtype::F64)
+  if (t.dtype != Dtype::F32 && t.dtype != Dtype::F16 && t.dtype != Dtype::BF16 &&
+      t.dtype != Dtype::F64)
     throw Error(fmt::format("{}: tensor '{}' has dtype {}, expected a float dtype", path_, t.name,
                             dtype_name(t.dtype)));
   if (first < 0 || count < 0 || first + count > t.numel())
-    throw Error(fmt::format("{}: tensor '{}': element range [{}, {}) out of bounds ({} elements)", path_,
-                            t.name, first, first + count, t.numel()));
+    throw Error(fmt::format("{}: tensor '{}': element range [{}, {}) out of bounds ({} elements)",
+                            path_, t.name, first, first + count, t.numel()));
   const std::byte* src = data(t) + first * static_cast<int64_t>(dtype_size(t.dtype));
   // Large reads: populate the page tables of the range in one call instead of
   // one fault per 4 KiB page (cut the system time of a 7 GB dump read ~4x).
@@ -322,8 +338,9 @@ void Writer::add(const std::string& name, Dtype dt, std::vector<int64_t> shape, 
   const int64_t numel = checked_numel(shape);
   if (numel < 0) throw Error(fmt::format("safetensors writer: tensor '{}' has a bad shape", name));
   if (static_cast<uint64_t>(numel) * dtype_size(dt) != nbytes)
-    throw Error(fmt::format("safetensors writer: tensor '{}': {} bytes given, shape x {} needs {}", name,
-                            nbytes, dtype_name(dt), static_cast<uint64_t>(numel) * dtype_size(dt)));
+    throw Error(fmt::format("safetensors writer: tensor '{}': {} bytes given, shape x {} needs {}",
+                            name, nbytes, dtype_name(dt),
+                            static_cast<uint64_t>(numel) * dtype_size(dt)));
   Entry e{name, dt, std::move(shape), std::vector<std::byte>(nbytes)};
   if (nbytes) std::memcpy(e.bytes.data(), bytes, nbytes);
   entries_.push_back(std::move(e));
@@ -335,7 +352,9 @@ void Writer::add_f32(const std::string& name, std::vector<int64_t> shape, const 
   add(name, Dtype::F32, std::move(shape), data, static_cast<size_t>(numel) * 4);
 }
 
-void Writer::set_metadata(const std::string& key, const std::string& value) { metadata_[key] = value; }
+void Writer::set_metadata(const std::string& key, const std::string& value) {
+  metadata_[key] = value;
+}
 
 void Writer::write(const std::string& path) const {
   // Order like the Python library: larger dtypes first, then by name, so every
@@ -363,11 +382,13 @@ void Writer::write(const std::string& path) const {
   if (!fp) throw Error(fmt::format("{}: cannot create: {}", tmp, std::strerror(errno)));
   bool ok = true;
   uint8_t len[8];
-  for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(static_cast<uint64_t>(header.size()) >> (8 * i));
+  for (int i = 0; i < 8; ++i)
+    len[i] = static_cast<uint8_t>(static_cast<uint64_t>(header.size()) >> (8 * i));
   ok = ok && std::fwrite(len, 1, 8, fp) == 8;
   ok = ok && std::fwrite(header.data(), 1, header.size(), fp) == header.size();
   for (const Entry* e : order)
-    ok = ok && (e->bytes.empty() || std::fwrite(e->bytes.data(), 1, e->bytes.size(), fp) == e->bytes.size());
+    ok = ok && (e->bytes.empty() ||
+                std::fwrite(e->bytes.data(), 1, e->bytes.size(), fp) == e->bytes.size());
   ok = (std::fclose(fp) == 0) && ok;
   if (!ok) {
     std::remove(tmp.c_str());
@@ -394,7 +415,8 @@ StreamWriter::StreamWriter(const std::string& path, const std::vector<Decl>& ten
     if (numel < 0 || t.name.empty() || t.name == "__metadata__" || j.contains(t.name))
       throw Error(fmt::format("{}: bad or duplicate tensor declaration '{}'", path, t.name));
     const uint64_t n = static_cast<uint64_t>(numel) * dtype_size(t.dtype);
-    j[t.name] = {{"dtype", dtype_name(t.dtype)}, {"shape", t.shape}, {"data_offsets", {off, off + n}}};
+    j[t.name] = {
+        {"dtype", dtype_name(t.dtype)}, {"shape", t.shape}, {"data_offsets", {off, off + n}}};
     off += n;
   }
   expected_ = off;
@@ -404,8 +426,10 @@ StreamWriter::StreamWriter(const std::string& path, const std::vector<Decl>& ten
   if (!fp) throw Error(fmt::format("{}: cannot create: {}", tmp_, std::strerror(errno)));
   fp_ = fp;
   uint8_t len[8];
-  for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(static_cast<uint64_t>(header.size()) >> (8 * i));
-  if (std::fwrite(len, 1, 8, fp) != 8 || std::fwrite(header.data(), 1, header.size(), fp) != header.size())
+  for (int i = 0; i < 8; ++i)
+    len[i] = static_cast<uint8_t>(static_cast<uint64_t>(header.size()) >> (8 * i));
+  if (std::fwrite(len, 1, 8, fp) != 8 ||
+      std::fwrite(header.data(), 1, header.size(), fp) != header.size())
     throw Error(fmt::format("{}: write failed: {}", tmp_, std::strerror(errno)));
 }
 
@@ -419,7 +443,8 @@ StreamWriter::~StreamWriter() {
 void StreamWriter::append(const void* bytes, size_t n) {
   if (!fp_) throw Error(fmt::format("{}: stream writer already finished", path_));
   if (written_ + n > expected_)
-    throw Error(fmt::format("{}: {} bytes appended beyond the declared {}", path_, written_ + n, expected_));
+    throw Error(fmt::format("{}: {} bytes appended beyond the declared {}", path_, written_ + n,
+                            expected_));
   if (n && std::fwrite(bytes, 1, n, static_cast<FILE*>(fp_)) != n)
     throw Error(fmt::format("{}: write failed: {}", tmp_, std::strerror(errno)));
   written_ += n;

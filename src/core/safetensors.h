@@ -45,10 +45,10 @@ class File {  // move-only; mmap of the whole file
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   // Value of a metadata key or `fallback` when absent.
   std::string meta(const std::string& key, const std::string& fallback = "") const;
-  const TensorInfo* find(const std::string& name) const;  // nullptr if absent
-  const TensorInfo& at(const std::string& name) const;    // throws if absent
-  std::vector<std::string> names() const;                 // sorted
-  const std::byte* data(const TensorInfo&) const;         // pointer into the mapping
+  const TensorInfo* find(const std::string& name) const;       // nullptr if absent
+  const TensorInfo& at(const std::string& name) const;         // throws if absent
+  std::vector<std::string> names() const;                      // sorted
+  const std::byte* data(const TensorInfo&) const;              // pointer into the mapping
   std::vector<float> read_f32(const std::string& name) const;  // converts F64/F32/F16/BF16
   // Converts elements [first, first+count) of a float tensor into out[count].
   void read_f32_range(const TensorInfo& t, int64_t first, int64_t count, float* out) const;
@@ -67,7 +67,8 @@ class File {  // move-only; mmap of the whole file
 
 class Writer {
  public:
-  void add(const std::string& name, Dtype, std::vector<int64_t> shape, const void* bytes, size_t nbytes);
+  void add(const std::string& name, Dtype, std::vector<int64_t> shape, const void* bytes,
+           size_t nbytes);
   void add_f32(const std::string& name, std::vector<int64_t> shape, const float* data);
   void set_metadata(const std::string& key, const std::string& value);
   void write(const std::string& path) const;  // atomic: write tmp file then rename

@@ -1,14 +1,13 @@
 #include "core/synthetic.h"
 
-#include <cmath>
-
+#include <cblas.h>
 #include <fmt/format.h>
+
+#include <cmath>
 
 #include "core/error.h"
 #include "core/half.h"
 #include "core/rotation.h"
-
-#include <cblas.h>
 
 namespace oscar {
 
@@ -30,7 +29,8 @@ struct Rng {
   float normal() {
     const uint64_t r = next();
     float acc = 0.0f;
-    for (int i = 0; i < 4; ++i) acc += static_cast<float>((r >> (16 * i)) & 0xffff) * (1.0f / 65536.0f);
+    for (int i = 0; i < 4; ++i)
+      acc += static_cast<float>((r >> (16 * i)) & 0xffff) * (1.0f / 65536.0f);
     return (acc - 2.0f) * 1.7320508f;  // sqrt(12/4)
   }
 };
@@ -40,17 +40,19 @@ std::vector<float> mixing(const std::vector<double>& B, double decay, int d) {
   std::vector<float> M(static_cast<size_t>(d) * d);
   for (int i = 0; i < d; ++i) {
     const double s = std::sqrt(std::pow(decay, i));
-    for (int j = 0; j < d; ++j) M[static_cast<size_t>(i) * d + j] = static_cast<float>(s * B[static_cast<size_t>(j) * d + i]);
+    for (int j = 0; j < d; ++j)
+      M[static_cast<size_t>(i) * d + j] = static_cast<float>(s * B[static_cast<size_t>(j) * d + i]);
   }
   return M;
 }
 
 // rows [n][row_stride] (head block at offset) = Z[n][d]·M
-void mix_rows(Rng& rng, const std::vector<float>& M, int64_t n, int d, float* out, int64_t row_stride) {
+void mix_rows(Rng& rng, const std::vector<float>& M, int64_t n, int d, float* out,
+              int64_t row_stride) {
   std::vector<float> Z(static_cast<size_t>(n) * d);
   for (auto& z : Z) z = rng.normal();
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(n), d, d, 1.0f, Z.data(), d, M.data(), d,
-              0.0f, out, static_cast<int>(row_stride));
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(n), d, d, 1.0f, Z.data(),
+              d, M.data(), d, 0.0f, out, static_cast<int>(row_stride));
 }
 
 }  // namespace
@@ -65,10 +67,12 @@ SyntheticLayer synthetic_layer(const SyntheticSpec& s, int layer) {
   out.v.resize(static_cast<size_t>(T * H * d));
   Rng rng(s.seed * 7919 + static_cast<uint64_t>(layer) * 104729 + 17);
   for (int h = 0; h < H; ++h) {
-    const uint64_t base = s.seed * 1000003ull + static_cast<uint64_t>(layer) * 1009ull + static_cast<uint64_t>(h) * 31ull;
+    const uint64_t base = s.seed * 1000003ull + static_cast<uint64_t>(layer) * 1009ull +
+                          static_cast<uint64_t>(h) * 31ull;
     const auto B = random_orthogonal(d, base);
     const auto Bv = random_orthogonal(d, base + 7);
-    const auto Mq = mixing(B, s.q_decay, d), Mk = mixing(B, s.k_decay, d), Mv = mixing(Bv, s.v_decay, d);
+    const auto Mq = mixing(B, s.q_decay, d), Mk = mixing(B, s.k_decay, d),
+               Mv = mixing(Bv, s.v_decay, d);
     for (int j = 0; j < g; ++j)
       mix_rows(rng, Mq, T, d, out.q.data() + static_cast<size_t>(h * g + j) * d, int64_t(Hq) * d);
     mix_rows(rng, Mk, T, d, out.k.data() + static_cast<size_t>(h) * d, int64_t(H) * d);
@@ -100,7 +104,8 @@ SyntheticLayer synthetic_layer(const SyntheticSpec& s, int layer) {
           mx = std::max(mx, p[static_cast<size_t>(j)]);
         }
         double sum = 0;
-        for (int64_t j = 0; j <= t; ++j) sum += (p[static_cast<size_t>(j)] = std::exp(p[static_cast<size_t>(j)] - mx));
+        for (int64_t j = 0; j <= t; ++j)
+          sum += (p[static_cast<size_t>(j)] = std::exp(p[static_cast<size_t>(j)] - mx));
         float* orow = out.o.data() + (t * Hq + hq) * d;
         for (int64_t j = 0; j <= t; ++j) {
           const float w = static_cast<float>(p[static_cast<size_t>(j)] / sum);
@@ -113,7 +118,8 @@ SyntheticLayer synthetic_layer(const SyntheticSpec& s, int layer) {
   return out;
 }
 
-void write_synthetic_dump(const std::string& path, const SyntheticSpec& s, st::Dtype dtype, const ProgressFn& progress) {
+void write_synthetic_dump(const std::string& path, const SyntheticSpec& s, st::Dtype dtype,
+                          const ProgressFn& progress) {
   if (dtype != st::Dtype::F16 && dtype != st::Dtype::BF16 && dtype != st::Dtype::F32)
     throw Error("synthetic dump: dtype must be F16, BF16 or F32");
   std::vector<st::StreamWriter::Decl> decls;
@@ -121,10 +127,12 @@ void write_synthetic_dump(const std::string& path, const SyntheticSpec& s, st::D
     decls.push_back({fmt::format("layers.{}.q", l), dtype, {s.tokens, s.n_q_heads, s.head_dim}});
     decls.push_back({fmt::format("layers.{}.k", l), dtype, {s.tokens, s.n_kv_heads, s.head_dim}});
     decls.push_back({fmt::format("layers.{}.v", l), dtype, {s.tokens, s.n_kv_heads, s.head_dim}});
-    if (s.with_o) decls.push_back({fmt::format("layers.{}.o", l), dtype, {s.tokens, s.n_q_heads, s.head_dim}});
+    if (s.with_o)
+      decls.push_back({fmt::format("layers.{}.o", l), dtype, {s.tokens, s.n_q_heads, s.head_dim}});
   }
-  std::map<std::string, std::string> meta = {{"model.architecture", "synthetic"},
-                                             {"calib.text_hash", fmt::format("synthetic-seed-{}", s.seed)}};
+  std::map<std::string, std::string> meta = {
+      {"model.architecture", "synthetic"},
+      {"calib.text_hash", fmt::format("synthetic-seed-{}", s.seed)}};
   st::StreamWriter w(path, decls, meta);
   uint64_t bytes = 0;
   std::vector<uint16_t> half;
@@ -135,7 +143,8 @@ void write_synthetic_dump(const std::string& path, const SyntheticSpec& s, st::D
       return;
     }
     half.resize(x.size());
-    for (size_t i = 0; i < x.size(); ++i) half[i] = dtype == st::Dtype::F16 ? f32_to_f16(x[i]) : f32_to_bf16(x[i]);
+    for (size_t i = 0; i < x.size(); ++i)
+      half[i] = dtype == st::Dtype::F16 ? f32_to_f16(x[i]) : f32_to_bf16(x[i]);
     w.append(half.data(), half.size() * 2);
     bytes += half.size() * 2;
   };

@@ -10,7 +10,9 @@
 //   logits = RMSNorm(x) W_lm^T  (W_lm = embedding when tied)
 //
 // All ops go through a Backend (model/backend.h); this file never touches
-// activation memory directly.
+// activation memory directly. The cache hooks (rotate_*, write) receive the
+// backend's buffers as they are, so a device backend pairs with a cache whose
+// pages live on the same device.
 #pragma once
 
 #include <cstdint>

@@ -1,12 +1,11 @@
 // Calibration file round trip, corrupt/mismatched files, activation dumps.
 #include <gtest/gtest.h>
-
 #include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
-#include <functional>
 #include <fstream>
+#include <functional>
 #include <string>
 
 #include "core/activation_dump.h"
@@ -21,7 +20,8 @@ namespace fs = std::filesystem;
 namespace {
 
 std::string tmp(const std::string& name) {
-  return (fs::temp_directory_path() / ("oscar_test_cal_" + std::to_string(::getpid()) + "_" + name)).string();
+  return (fs::temp_directory_path() / ("oscar_test_cal_" + std::to_string(::getpid()) + "_" + name))
+      .string();
 }
 
 SyntheticSpec spec() {
@@ -89,7 +89,8 @@ TEST(CalibrationFile, RoundTripFromDump) {
       EXPECT_EQ(r.layers[i].n_rot, gran == Granularity::kLayer ? 1 : 2);
     }
     // The accessor serves every head from a per-layer rotation.
-    EXPECT_EQ(r.layers[0].k_rot(1, 64)[0], r.layers[0].k_rotation[(r.layers[0].n_rot - 1) * 64 * 64]);
+    EXPECT_EQ(r.layers[0].k_rot(1, 64)[0],
+              r.layers[0].k_rotation[(r.layers[0].n_rot - 1) * 64 * 64]);
   }
   // Feeding through the dump (f16) equals feeding the fp32 activations
   // rounded to f16 (the reader is a pure converter).
@@ -115,10 +116,12 @@ TEST(CalibrationFile, MismatchIsAClearError) {
   EXPECT_NO_THROW(check_calibration_matches(c, m, "c"));
   auto other = m;
   other.n_kv_heads = 4;
-  EXPECT_NE(error_of([&] { check_calibration_matches(c, other, "c.st"); }).find("n_kv_heads"), std::string::npos);
+  EXPECT_NE(error_of([&] { check_calibration_matches(c, other, "c.st"); }).find("n_kv_heads"),
+            std::string::npos);
   other = m;
   other.weights_hash = "hash-b";
-  EXPECT_NE(error_of([&] { check_calibration_matches(c, other, "c.st"); }).find("weights hash"), std::string::npos);
+  EXPECT_NE(error_of([&] { check_calibration_matches(c, other, "c.st"); }).find("weights hash"),
+            std::string::npos);
   other = m;
   other.weights_hash = "";  // unknown on one side: shapes decide
   EXPECT_NO_THROW(check_calibration_matches(c, other, "c"));
@@ -159,7 +162,8 @@ TEST(CalibrationFile, CorruptFilesAreClearErrors) {
   float x = 1;
   w.add_f32("x", {1}, &x);
   w.write(p);
-  EXPECT_NE(error_of([&] { read_calibration(p); }).find("not an OSCAR calibration"), std::string::npos);
+  EXPECT_NE(error_of([&] { read_calibration(p); }).find("not an OSCAR calibration"),
+            std::string::npos);
   // Garbage.
   { std::ofstream(p) << "hello world, not a file format"; }
   EXPECT_THROW(read_calibration(p), Error);
@@ -182,15 +186,18 @@ TEST(ActivationDump, MalformedDumpsAreClearErrors) {
     if (partial_o) w.add_f32("layers.0.o", {2, 4, 8}, q.data());
     w.add_f32("layers.1.q", {2, 4, 8}, q.data());
     w.add_f32("layers.1.k", {2, 2, 8}, k.data());
-    if (bad_shape) w.add_f32("layers.1.v", {2, 1, 16}, k.data());
-    else w.add_f32("layers.1.v", {2, 2, 8}, k.data());
+    if (bad_shape)
+      w.add_f32("layers.1.v", {2, 1, 16}, k.data());
+    else
+      w.add_f32("layers.1.v", {2, 2, 8}, k.data());
     if (with_gap) w.add_f32("layers.3.q", {2, 4, 8}, q.data());
     w.write(p);
   };
   write(false, false, false, false);
   EXPECT_NO_THROW(ActivationDump::open(p));
   write(true, false, false, false);
-  EXPECT_NE(error_of([&] { ActivationDump::open(p); }).find("layers.2.q is missing"), std::string::npos);
+  EXPECT_NE(error_of([&] { ActivationDump::open(p); }).find("layers.2.q is missing"),
+            std::string::npos);
   write(false, true, false, false);
   EXPECT_NE(error_of([&] { ActivationDump::open(p); }).find("layers.1.v"), std::string::npos);
   write(false, false, true, false);

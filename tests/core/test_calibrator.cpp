@@ -98,7 +98,8 @@ TEST(Calibrator, ChunkedFeedingEqualsOneShot) {
   one.add(0, a.q.data(), a.k.data(), a.v.data(), nullptr, kT);
   for (int t0 = 0; t0 < kT; t0 += 70) {
     const int n = std::min(70, kT - t0);
-    chunked.add(0, a.q.data() + t0 * kHq * kD, a.k.data() + t0 * kH * kD, a.v.data() + t0 * kH * kD, nullptr, n);
+    chunked.add(0, a.q.data() + t0 * kHq * kD, a.k.data() + t0 * kH * kD, a.v.data() + t0 * kH * kD,
+                nullptr, n);
   }
   const auto t1 = one.targets(0), t2 = chunked.targets(0);
   expect_close(t2.value.data(), t1.value, 1e-12, "kw chunked");
@@ -162,12 +163,15 @@ TEST(Calibrator, ClipSearchNeverWorseThanDefaultOnItsSample) {
   const std::vector<double> R(c.layers[0].k_rotation.begin(), c.layers[0].k_rotation.end());
   auto kerr = [&](float clip) {
     ErrorSums e;
-    for (int h = 0; h < kH; ++h) e += quant_error_sums(a.k.data() + h * kD, kT, kH * kD, kD, R.data(), clip, cal.config().quant, t.q(h));
+    for (int h = 0; h < kH; ++h)
+      e += quant_error_sums(a.k.data() + h * kD, kT, kH * kD, kD, R.data(), clip,
+                            cal.config().quant, t.q(h));
     return e.err_w;
   };
   const float chosen = c.layers[0].k_clip[0];
   EXPECT_NE(std::find(cfg.clip_grid.begin(), cfg.clip_grid.end(), chosen), cfg.clip_grid.end());
-  for (float g : cfg.clip_grid) EXPECT_LE(kerr(chosen), kerr(g) * (1 + 1e-9)) << chosen << " vs " << g;
+  for (float g : cfg.clip_grid)
+    EXPECT_LE(kerr(chosen), kerr(g) * (1 + 1e-9)) << chosen << " vs " << g;
 }
 
 TEST(Calibrator, ErrorsAreClear) {

@@ -40,8 +40,8 @@ TEST(Half, F16MidpointsRoundToEven) {
 
 TEST(Half, Bf16) {
   EXPECT_EQ(bf16_to_f32(f32_to_bf16(1.0f)), 1.0f);
-  EXPECT_EQ(f32_to_bf16(1.0f + 1.0f / 256), 0x3f80u);          // tie -> even (down)
-  EXPECT_EQ(f32_to_bf16(1.0f + 3.0f / 256), 0x3f82u);          // tie -> even (up)
+  EXPECT_EQ(f32_to_bf16(1.0f + 1.0f / 256), 0x3f80u);  // tie -> even (down)
+  EXPECT_EQ(f32_to_bf16(1.0f + 3.0f / 256), 0x3f82u);  // tie -> even (up)
   EXPECT_TRUE(std::isnan(bf16_to_f32(f32_to_bf16(std::numeric_limits<float>::quiet_NaN()))));
 }
 

@@ -22,9 +22,11 @@ TEST(Linalg, SyrkAndGemmMatchNaive) {
           for (int64_t r = 0; r < n; ++r) ref[i * d + j] += A[r * d + i] * A[r * d + j];
       la::syrk_upper_acc(A.data(), n, d, d, C.data());
       for (int i = 0; i < d; ++i)
-        for (int j = i; j < d; ++j) ASSERT_NEAR(C[i * d + j], ref[i * d + j], 1e-9 * n) << d << " " << n;
+        for (int j = i; j < d; ++j)
+          ASSERT_NEAR(C[i * d + j], ref[i * d + j], 1e-9 * n) << d << " " << n;
       // gemm: [n][d] x [d][d]
-      std::vector<double> Bm(static_cast<size_t>(d * d)), G(static_cast<size_t>(n * d), 7.0), gref(G.size(), 0.0);
+      std::vector<double> Bm(static_cast<size_t>(d * d)), G(static_cast<size_t>(n * d), 7.0),
+          gref(G.size(), 0.0);
       for (auto& b : Bm) b = nd(rng);
       for (int64_t r = 0; r < n; ++r)
         for (int j = 0; j < d; ++j)
@@ -39,7 +41,8 @@ TEST(Linalg, SyrkAndGemmMatchNaive) {
         for (int j = 0; j < d; ++j)
           for (int k = 0; k < d; ++k) gref[r * d + j] += A[r * d + k] * Bm[k * d + j];
       la::gemm_lower(A.data(), Bm.data(), G.data(), n, d);
-      for (size_t i = 0; i < G.size(); ++i) ASSERT_NEAR(G[i], gref[i], 1e-10 * d) << "lower " << d << " " << n;
+      for (size_t i = 0; i < G.size(); ++i)
+        ASSERT_NEAR(G[i], gref[i], 1e-10 * d) << "lower " << d << " " << n;
     }
   }
 }

@@ -4,12 +4,11 @@
 // diagonal error covariance E, R = U minimizes the surrogate tr(Rᵀ C R E).
 #include <gtest/gtest.h>
 
+#include <Eigen/Dense>
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <vector>
-
-#include <Eigen/Dense>
 
 #include "core/calibrator.h"
 #include "core/eigen_sym.h"
@@ -23,12 +22,14 @@ namespace {
 
 // INT2 logit error (relative MSE of q·k, via E[(q·e)²] = e C_Q eᵀ) of every
 // key of the layer under rotation R and clip ratio c.
-double logit_error(const SyntheticLayer& a, const LayerTargets& t, const std::vector<double>& R, float clip) {
+double logit_error(const SyntheticLayer& a, const LayerTargets& t, const std::vector<double>& R,
+                   float clip) {
   ErrorSums s;
   const int H = t.n_kv_heads, d = t.d;
   const int64_t T = static_cast<int64_t>(a.k.size()) / (H * d);
   for (int h = 0; h < H; ++h)
-    s += quant_error_sums(a.k.data() + h * d, T, int64_t(H) * d, d, R.data(), clip, QuantSpec{}, t.q(h));
+    s += quant_error_sums(a.k.data() + h * d, T, int64_t(H) * d, d, R.data(), clip, QuantSpec{},
+                          t.q(h));
   return s.rel_w();
 }
 
@@ -42,9 +43,9 @@ TEST(PaperClaim, UHPBeatsHadamardBeatsNone) {
     s.n_kv_heads = 1;
     s.head_dim = 128;
     s.tokens = 2048;
-    s.q_decay = 0.85;          // anisotropic queries: top 8 directions hold ~73% of the energy
-    s.k_decay = 0.85;          // keys share the query eigenbasis (aligned, low rank)
-    s.outlier_channels = 2;    // plus two massive fixed key channels
+    s.q_decay = 0.85;        // anisotropic queries: top 8 directions hold ~73% of the energy
+    s.k_decay = 0.85;        // keys share the query eigenbasis (aligned, low rank)
+    s.outlier_channels = 2;  // plus two massive fixed key channels
     s.outlier_offset = 8.0f;
     s.outlier_scale = 3.0f;
     s.seed = seed;
@@ -64,8 +65,9 @@ TEST(PaperClaim, UHPBeatsHadamardBeatsNone) {
     const double e_h = logit_error(a, t, R_h, 0.96f);
     const double e_none = logit_error(a, t, R_i, 0.96f);
     const double e_naive = logit_error(a, t, R_i, 1.0f);  // int2-naive: no rotation, no clip
-    std::printf("seed %llu: INT2 logit rel. error  UHP %.4f  hadamard %.4f  none %.4f  naive %.4f\n",
-                static_cast<unsigned long long>(seed), e_uhp, e_h, e_none, e_naive);
+    std::printf(
+        "seed %llu: INT2 logit rel. error  UHP %.4f  hadamard %.4f  none %.4f  naive %.4f\n",
+        static_cast<unsigned long long>(seed), e_uhp, e_h, e_none, e_naive);
     ASSERT_TRUE(std::isfinite(e_uhp) && std::isfinite(e_h) && std::isfinite(e_none));
     EXPECT_LT(e_uhp, 0.8 * e_h) << "U·H·P must beat hadamard by >20%";
     EXPECT_LT(e_h, 0.6 * e_none) << "hadamard must beat no rotation by >40%";
@@ -107,7 +109,9 @@ TEST(PaperClaim, TheoremA6PlantedCovariance) {
   for (int i = 0; i < d; ++i) best += lam[i] * e[i];
   const double f_u = surrogate(compose_rotation(Composition::kU, &eig, d));
   EXPECT_NEAR(f_u, best, 1e-9 * best);
-  for (auto comp : {Composition::kNone, Composition::kHadamard, Composition::kUH, Composition::kUHP})
+  for (auto comp :
+       {Composition::kNone, Composition::kHadamard, Composition::kUH, Composition::kUHP})
     EXPECT_GT(surrogate(compose_rotation(comp, &eig, d)), f_u * 1.05) << composition_name(comp);
-  for (uint64_t seed = 0; seed < 50; ++seed) EXPECT_GT(surrogate(random_orthogonal(d, 1000 + seed)), f_u);
+  for (uint64_t seed = 0; seed < 50; ++seed)
+    EXPECT_GT(surrogate(random_orthogonal(d, 1000 + seed)), f_u);
 }

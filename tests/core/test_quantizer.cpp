@@ -146,9 +146,11 @@ TEST(Quantizer, RoundTripErrorBoundsPerWidth) {
             const float sc = param(r, s, 2 * g), mn = param(r, s, 2 * g + 1);
             // Every element lies within half a step of its reconstruction, up to
             // the rounding of (scale, min) to the storage dtype.
-            const float slack = sd == ScaleDtype::kF16 ? 2e-3f * (std::fabs(mn) + qmax * sc) : 1e-5f;
+            const float slack =
+                sd == ScaleDtype::kF16 ? 2e-3f * (std::fabs(mn) + qmax * sc) : 1e-5f;
             for (int i = g * G; i < (g + 1) * G; ++i) {
-              ASSERT_LE(std::fabs(x[i] - r.out[i]), 0.5f * sc + slack) << bits << " " << G << " " << i;
+              ASSERT_LE(std::fabs(x[i] - r.out[i]), 0.5f * sc + slack)
+                  << bits << " " << G << " " << i;
               ASSERT_GE(get_code(r.codes.data(), i, G, bits), 0);
             }
           }
@@ -213,7 +215,8 @@ TEST(Quantizer, BitsPerElement) {
   EXPECT_DOUBLE_EQ(row_bits_per_element(4, 32, ScaleDtype::kF16), 5.0);
   // DESIGN §5.4 with S0 = 64, W = 256.
   EXPECT_DOUBLE_EQ(cache_bits_per_element(100, 64, 256, 2, 128), 16.0);
-  EXPECT_DOUBLE_EQ(cache_bits_per_element(4096, 64, 256, 2, 128), (320 * 16.0 + 3776 * 2.25) / 4096);
+  EXPECT_DOUBLE_EQ(cache_bits_per_element(4096, 64, 256, 2, 128),
+                   (320 * 16.0 + 3776 * 2.25) / 4096);
   EXPECT_DOUBLE_EQ(cache_bits_per_element(32768, 64, 256, 2, 32, ScaleDtype::kF16),
                    (320 * 16.0 + 32448 * 3.0) / 32768);
   EXPECT_DOUBLE_EQ(cache_bits_per_element(0, 64, 256, 2, 128), 16.0);

@@ -139,8 +139,8 @@ TEST(Rotation, EveryCompositionIsOrthogonal) {
   for (int d : {64, 128}) {
     const auto C = random_spd(d, 11);
     const SymEig e = sym_eig(C.data(), d);
-    for (auto c : {Composition::kNone, Composition::kHadamard, Composition::kRandom, Composition::kU,
-                   Composition::kUH, Composition::kUHP}) {
+    for (auto c : {Composition::kNone, Composition::kHadamard, Composition::kRandom,
+                   Composition::kU, Composition::kUH, Composition::kUHP}) {
       const auto R = compose_rotation(c, &e, d, 42);
       EXPECT_LT(orthogonality_error(R.data(), d), 1e-10) << composition_name(c) << " d=" << d;
     }

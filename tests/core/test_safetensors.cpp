@@ -19,7 +19,8 @@ namespace fs = std::filesystem;
 namespace {
 
 std::string tmp_path(const std::string& name) {
-  return (fs::temp_directory_path() / ("oscar_test_st_" + std::to_string(::getpid()) + "_" + name)).string();
+  return (fs::temp_directory_path() / ("oscar_test_st_" + std::to_string(::getpid()) + "_" + name))
+      .string();
 }
 
 void write_raw(const std::string& path, const std::string& header, const std::string& data,
@@ -132,7 +133,8 @@ TEST(Safetensors, BrokenFilesAreClearErrors) {
   expect_err("overlap");
   write_raw(p, R"({"__metadata__": {"x": 3}})", "");
   expect_err("not a string");
-  write_raw(p, R"({"a": {"dtype": "F32", "shape": [4611686018427387904, 4], "data_offsets": [0, 8]}})",
+  write_raw(p,
+            R"({"a": {"dtype": "F32", "shape": [4611686018427387904, 4], "data_offsets": [0, 8]}})",
             "12345678");
   expect_err("overflows");
 

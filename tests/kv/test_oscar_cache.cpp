@@ -106,9 +106,9 @@ TEST(OscarCache, MiddleRowsAreTheReferenceQuantizerOnRotatedBf16Rows) {
   for (int i = 0; i < r.mid; i += 7)
     for (int h = 0; h < kH; ++h) {
       const int p = kSink + i;
-      std::copy_n(keys.data() + (size_t(p) * kH + h) * kD, kD, row.data());
-      c->rotate_keys(1, row.data(), 1);  // one row, head 0 uses the same R for every head here
-      for (auto& x : row) x = bf16_to_f32(f32_to_bf16(x));
+      std::vector<float> tok(keys.begin() + size_t(p) * kH * kD, keys.begin() + size_t(p + 1) * kH * kD);
+      c->rotate_keys(1, tok.data(), 1);  // one token, all its heads
+      for (int ch = 0; ch < kD; ++ch) row[ch] = bf16_to_f32(f32_to_bf16(tok[size_t(h) * kD + ch]));
       clip_row(row.data(), kD, 0.96f);
       quantize_row(row.data(), kD, spec, codes.data(), params.data());
       dequantize_row(codes.data(), params.data(), kD, spec, ref.data());

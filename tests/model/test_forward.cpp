@@ -331,3 +331,52 @@ TEST(Linear, OptimizedMatchesReference) {
 
 }  // namespace
 }  // namespace oscar::model
+
+#include "kernels/cpu/attention.h"
+#include "model/ops_attention.h"
+
+namespace oscar::model {
+namespace {
+
+// The scalar fallback attention (head dims the kernels do not take) against
+// the kernels' reference on a head_dim both accept.
+TEST(GenericAttention, MatchesKernelReference) {
+  const int hq = 4, hkv = 2, d = 64;
+  kv::Bf16KvCache cache({1, hkv, d, 16}, 16);
+  std::mt19937 rng(2);
+  std::normal_distribution<float> nd;
+  std::vector<kv::SeqId> seqs;
+  std::vector<int> lens = {1, 16, 37};
+  for (int len : lens) {
+    kv::SeqId s = cache.create();
+    cache.reserve(s, len);
+    std::vector<float> k(size_t(len) * hkv * d), v(k.size());
+    for (float& x : k) x = nd(rng);
+    for (float& x : v) x = nd(rng);
+    cache.write(0, s, 0, k.data(), v.data(), len);
+    cache.commit(s, len);
+    seqs.push_back(s);
+  }
+  kv::KvBatch b;
+  cache.make_batch(seqs, lens, b);
+  const kv::PagedKvView view = b.layer(0);
+  std::vector<float> q(size_t(3) * hq * d), o1(q.size()), o2(q.size());
+  for (float& x : q) x = nd(rng);
+  decode_attention_generic(view, q.data(), hq, 0.125f, o1.data());
+  kernels::cpu::decode_attention_ref(view, q.data(), hq, 0.125f, o2.data(), nullptr);
+  for (size_t i = 0; i < o1.size(); ++i) ASSERT_NEAR(o1[i], o2[i], 1e-5) << i;
+  // Prefill: 5 new tokens after the 37 cached of sequence 2 (the view says 37).
+  const int n = 5;
+  std::vector<float> qn(size_t(n) * hq * d), kn(size_t(n) * hkv * d), vn(kn.size());
+  for (float& x : qn) x = nd(rng);
+  for (float& x : kn) x = nd(rng);
+  for (float& x : vn) x = nd(rng);
+  std::vector<float> p1(qn.size()), p2(qn.size());
+  prefill_attention_generic(view, 2, 37, qn.data(), kn.data(), vn.data(), n, hq, 0.125f, p1.data());
+  kernels::cpu::prefill_attention_ref(view, 2, 37, qn.data(), kn.data(), vn.data(), n, hq, 0.125f,
+                                      p2.data());
+  for (size_t i = 0; i < p1.size(); ++i) ASSERT_NEAR(p1[i], p2[i], 1e-5) << i;
+}
+
+}  // namespace
+}  // namespace oscar::model

@@ -23,7 +23,8 @@ struct Avx2 {
   static constexpr int W = 8;
   using F = __m256;
   struct Table {
-    __m256 s, m;
+    __m256 t;     // INT2: 8-entry permute table m + (i&3)*s
+    __m256 s, m;  // INT4: broadcast scale and min
   };
 
   OSCAR_TGT static inline F zero() { return _mm256_setzero_ps(); }
@@ -51,8 +52,12 @@ struct Avx2 {
     for (; i < n; ++i) dst[i] = oscar::f16_to_f32(src[i]);
   }
 
-  OSCAR_TGT static inline Table make_table(float s, float m, int /*bits*/) {
-    return Table{_mm256_set1_ps(s), _mm256_set1_ps(m)};
+  // Same arithmetic as the reference (m + code*s, no fused multiply-add).
+  OSCAR_TGT static inline Table make_table(float s, float m, int bits) {
+    const __m256 sv = _mm256_set1_ps(s), mv = _mm256_set1_ps(m);
+    if (bits != 2) return Table{mv, sv, mv};
+    const __m256 idx = _mm256_setr_ps(0, 1, 2, 3, 0, 1, 2, 3);
+    return Table{_mm256_add_ps(mv, _mm256_mul_ps(idx, sv)), sv, mv};
   }
 
   // 8 code bytes (bytes per lane run >= 8 always) widened to 8 int32 lanes.
@@ -64,12 +69,20 @@ struct Avx2 {
   // the reference's arithmetic).
   OSCAR_TGT static inline F dequant_x(__m256i x, const int32_t* shift, bool noshift, const Table& tb, int bits) {
     if (!noshift) x = _mm256_srlv_epi32(x, _mm256_load_si256(reinterpret_cast<const __m256i*>(shift)));
+    // INT2: the permute reads the low 3 bits = code + 4*(next code's low bit).
+    if (bits == 2) return _mm256_permutevar8x32_ps(tb.t, x);
     const __m256i c = _mm256_and_si256(x, _mm256_set1_epi32((1 << bits) - 1));
     return _mm256_add_ps(tb.m, _mm256_mul_ps(_mm256_cvtepi32_ps(c), tb.s));
   }
 
+  // out[t] = sum of the 8 lanes of v[t], t < 16: two hadd trees of 8 rows.
   OSCAR_TGT static inline void reduce_rows(const F* v, float* out) {
-    for (int t = 0; t < kBlock; ++t) out[t] = reduce_add(v[t]);
+    for (int r = 0; r < kBlock; r += 8) {
+      const __m256 h01 = _mm256_hadd_ps(v[r + 0], v[r + 1]), h23 = _mm256_hadd_ps(v[r + 2], v[r + 3]);
+      const __m256 h45 = _mm256_hadd_ps(v[r + 4], v[r + 5]), h67 = _mm256_hadd_ps(v[r + 6], v[r + 7]);
+      const __m256 a = _mm256_hadd_ps(h01, h23), b = _mm256_hadd_ps(h45, h67);  // [rows r..r+3 | same] per half
+      _mm256_storeu_ps(out + r, _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31)));
+    }
   }
 
   OSCAR_TGT static inline __m256 exp2_8(__m256 x) {
