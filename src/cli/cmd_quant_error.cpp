@@ -22,7 +22,7 @@ const oscar::cli::Registrar reg(
      [](CLI::App& app) {
        struct Opts {
          std::string dump, calib, value_target;
-         int64_t max_tokens = 4096;
+         int64_t max_tokens = 4096, skip_tokens = 0;
          float base_k_clip = 1.0f, base_v_clip = 1.0f;
          bool json = false, quiet = false;
        };
@@ -31,7 +31,10 @@ const oscar::cli::Registrar reg(
        app.add_option("--calib,-c", o->calib, "Calibration file")->required();
        app.add_option("--max-tokens", o->max_tokens, "Evaluate on the first N tokens (0 = all)")
            ->capture_default_str();
-       app.add_option("--value-target", o->value_target,
+       app.add_option("--skip-tokens", o->skip_tokens,
+                 "Evaluate from token N on (e.g. held out from a calibrate --max-tokens N)")
+      ->capture_default_str();
+  app.add_option("--value-target", o->value_target,
                       "Weight for the value error: attn-output | key-weighted | raw (default: the "
                       "calibration's)");
        app.add_option("--baseline-k-clip", o->base_k_clip,
@@ -50,8 +53,11 @@ const oscar::cli::Registrar reg(
          check_calibration_matches(cal, dump.fingerprint(), o->calib);
          const int L = dump.n_layers(), Hq = dump.n_q_heads(), H = dump.n_kv_heads(),
                    d = dump.head_dim();
-         const int64_t T =
-             o->max_tokens > 0 ? std::min(o->max_tokens, dump.tokens()) : dump.tokens();
+         if (o->skip_tokens < 0 || o->skip_tokens >= dump.tokens())
+           throw Error(fmt::format("--skip-tokens {} leaves none of the {} tokens of {}",
+                                   o->skip_tokens, dump.tokens(), o->dump));
+         const int64_t first = o->skip_tokens, avail = dump.tokens() - first;
+         const int64_t T = o->max_tokens > 0 ? std::min(o->max_tokens, avail) : avail;
          CalibConfig cfg;  // only the targets are used
          cfg.value_target =
              o->value_target.empty() ? cal.value_target : parse_value_target(o->value_target);
@@ -86,10 +92,10 @@ const oscar::cli::Registrar reg(
          std::vector<std::vector<KvErrors>> per_layer(static_cast<size_t>(L));
          uint64_t bytes = 0;
          for (int l = 0; l < L; ++l) {
-           dump.read(l, 'q', 0, T, q.data());
-           dump.read(l, 'k', 0, T, k.data());
-           dump.read(l, 'v', 0, T, v.data());
-           if (need_o) dump.read(l, 'o', 0, T, ob.data());
+           dump.read(l, 'q', first, T, q.data());
+           dump.read(l, 'k', first, T, k.data());
+           dump.read(l, 'v', first, T, v.data());
+           if (need_o) dump.read(l, 'o', first, T, ob.data());
            bytes += static_cast<uint64_t>(T) * d * (Hq + 2 * H + (need_o ? Hq : 0)) * 4;
            Calibrator stats(cfg, 1, Hq, H, d);
            stats.add(0, q.data(), k.data(), v.data(), need_o ? ob.data() : nullptr, T);
@@ -116,6 +122,7 @@ const oscar::cli::Registrar reg(
            j["activations"] = o->dump;
            j["calibration"] = o->calib;
            j["tokens"] = T;
+      j["skip_tokens"] = first;
            j["bits"] = cfg.quant.bits;
            j["group_size"] = cfg.quant.group_size;
            j["value_weight"] = value_target_name(cfg.value_target);
@@ -133,9 +140,10 @@ const oscar::cli::Registrar reg(
            return 0;
          }
          std::printf(
-             "INT%d group %d, %lld tokens, value error weighted by %s; baselines clip K %.2f V "
+             "INT%d group %d, tokens [%lld, %lld), value error weighted by %s; baselines clip K %.2f V "
              "%.2f\n",
-             cfg.quant.bits, cfg.quant.group_size, static_cast<long long>(T),
+             cfg.quant.bits, cfg.quant.group_size, static_cast<long long>(first),
+             static_cast<long long>(first + T),
              value_target_name(cfg.value_target), o->base_k_clip, o->base_v_clip);
          std::printf("relative MSE: columns are %s / none / hadamard\n", methods[0].name.c_str());
          std::printf("%5s | %-26s | %-26s | %-26s | %-26s\n", "layer", "logit (q·k)",

@@ -110,7 +110,52 @@ std::vector<std::string> kv_method_names() {
           "oscar-U", "oscar-UH",  "oscar-UHP",     "oscar-noclip",  "int2-raw-pca"};
 }
 
-KvMethod resolve_kv_method(const std::string& spec_in, const KvMethodOptions& opts) {
+namespace {
+KvMethod resolve_base(const std::string& spec_in, const KvMethodOptions& opts);
+}  // namespace
+
+// Modifiers after '+' (row methods): clipK/V overrides every clip ratio,
+// gN the quantization group (e.g. oscar+clip0.92/0.88, int2-hadamard+g32).
+KvMethod resolve_kv_method(const std::string& spec, const KvMethodOptions& opts) {
+  const size_t plus = spec.find('+');
+  KvMethod m = resolve_base(spec.substr(0, plus), opts);
+  if (plus == std::string::npos) return m;
+  m.label = spec;
+  size_t b = plus + 1;
+  while (b <= spec.size()) {
+    size_t e = spec.find('+', b);
+    if (e == std::string::npos) e = spec.size();
+    const std::string mod = spec.substr(b, e - b);
+    b = e + 1;
+    if (m.kind != KvMethod::Kind::kRow)
+      throw Error(fmt::format("kv method '{}': modifiers apply to row-quantized methods only", spec));
+    char* end = nullptr;
+    if (mod.rfind("clip", 0) == 0) {
+      const float kc = std::strtof(mod.c_str() + 4, &end);
+      float vc = kc;
+      if (*end == '/') vc = std::strtof(end + 1, &end);
+      if (*end != '\0' || !(kc > 0 && kc <= 1) || !(vc > 0 && vc <= 1))
+        throw Error(fmt::format("kv method '{}': '{}' is not clipK/V with ratios in (0, 1]", spec, mod));
+      auto c = std::make_shared<Calibration>(*m.calib);
+      for (LayerCalibration& L : c->layers) {
+        std::fill(L.k_clip.begin(), L.k_clip.end(), kc);
+        std::fill(L.v_clip.begin(), L.v_clip.end(), vc);
+      }
+      m.calib = c;
+    } else if (mod.rfind("g", 0) == 0) {
+      const long g = std::strtol(mod.c_str() + 1, &end, 10);
+      if (*end != '\0' || (g != 32 && g != 64 && g != 128) || (opts.model.head_dim > 0 && g > opts.model.head_dim))
+        throw Error(fmt::format("kv method '{}': group '{}' must be 32, 64 or 128 and <= head_dim", spec, mod));
+      m.group_size = int(g);
+    } else {
+      throw Error(fmt::format("kv method '{}': unknown modifier '{}' (clipK/V, gN)", spec, mod));
+    }
+  }
+  return m;
+}
+
+namespace {
+KvMethod resolve_base(const std::string& spec_in, const KvMethodOptions& opts) {
   std::string name = spec_in, path = opts.calib_path, label = spec_in;
   if (auto eq = spec_in.find('='); eq != std::string::npos) {
     name = spec_in.substr(0, eq);
@@ -169,6 +214,7 @@ KvMethod resolve_kv_method(const std::string& spec_in, const KvMethodOptions& op
   m.calib = std::make_shared<Calibration>(std::move(cc));
   return m;
 }
+}  // namespace
 
 std::vector<KvMethod> resolve_kv_methods(const std::string& list, const KvMethodOptions& opts) {
   std::vector<KvMethod> out;

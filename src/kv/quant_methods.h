@@ -17,6 +17,9 @@
 //   NAME=FILE       any of the calibrated names with its own calibration file
 //                   (value targets, granularity, clip search are file properties);
 //                   the label becomes NAME@<file stem>.
+//   NAME+clipK/V    modifiers of a row method: every clip ratio set to K (keys)
+//   NAME+gN         and V (values); quantization group N (32, 64, 128).
+//                   e.g. oscar+clip0.92/0.88, int2-hadamard+g32
 #pragma once
 
 #include <cstdint>

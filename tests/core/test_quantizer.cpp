@@ -2,7 +2,9 @@
 // error bounds per bit width, constant groups, non-finite input.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -220,4 +222,39 @@ TEST(Quantizer, BitsPerElement) {
   EXPECT_DOUBLE_EQ(cache_bits_per_element(32768, 64, 256, 2, 32, ScaleDtype::kF16),
                    (320 * 16.0 + 32448 * 3.0) / 32768);
   EXPECT_DOUBLE_EQ(cache_bits_per_element(0, 64, 256, 2, 128), 16.0);
+}
+
+// A line-by-line transcription of quant_format.h's rule (code_byte/code_shift,
+// no shortcuts): the optimized reference must produce identical bytes.
+TEST(Quantizer, MatchesNaiveTranscriptionOfTheFormat) {
+  for (int bits : {2, 4})
+    for (int G : {32, 64, 128})
+      for (ScaleDtype sd : {ScaleDtype::kF16, ScaleDtype::kF32}) {
+        const QuantSpec s{bits, G, sd};
+        const int d = 256, qmax = (1 << bits) - 1;
+        for (int row = 0; row < 20; ++row) {
+          auto x = gaussian(d, 500 + row, row % 2 ? 0.01f : 40.0f);
+          if (row == 3) x[7] = x[8];  // ties and constant runs
+          auto r = roundtrip(x, s);
+          std::vector<uint8_t> codes(static_cast<size_t>(row_code_bytes(d, s)), 0);
+          for (int g = 0; g < d / G; ++g) {
+            float lo = x[g * G], hi = x[g * G];
+            for (int i = 0; i < G; ++i)
+              lo = std::min(lo, x[g * G + i]), hi = std::max(hi, x[g * G + i]);
+            float sc = std::max(hi - lo, kMinRange) / qmax, mn = lo;
+            if (sd == ScaleDtype::kF16)
+              sc = f16_to_f32(f32_to_f16(sc)), mn = f16_to_f32(f32_to_f16(mn));
+            ASSERT_EQ(param(r, s, 2 * g), sc);
+            ASSERT_EQ(param(r, s, 2 * g + 1), mn);
+            for (int i = 0; i < G; ++i) {
+              const int c = static_cast<int>(
+                  std::clamp(std::floor((x[g * G + i] - mn) / sc + 0.5f), 0.0f, float(qmax)));
+              const int ch = g * G + i;
+              codes[code_byte(ch, G, bits)] |= static_cast<uint8_t>(c << code_shift(ch, G, bits));
+              ASSERT_EQ(r.out[ch], mn + static_cast<float>(c) * sc);
+            }
+          }
+          ASSERT_EQ(r.codes, codes) << bits << " " << G;
+        }
+      }
 }
