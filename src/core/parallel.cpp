@@ -6,7 +6,7 @@ namespace oscar {
 
 int default_threads() {
   static const int n = [] {
-    if (const char* e = std::getenv("OSCAR_THREADS")) {
+    if (const char* e = std::getenv("OSCAR_NUM_THREADS")) {
       const int v = std::atoi(e);
       if (v > 0) return v;
     }

@@ -1,5 +1,5 @@
 // Minimal fork-join helper for the calibration hot loops (per-head work).
-// Threads: $OSCAR_THREADS if set, else std::thread::hardware_concurrency().
+// Threads: $OSCAR_NUM_THREADS if set, else std::thread::hardware_concurrency().
 #pragma once
 
 #include <algorithm>
