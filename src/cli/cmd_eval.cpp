@@ -73,7 +73,8 @@ struct Opts {
 };
 
 void add_common(CLI::App& app, Opts& o) {
-  app.add_option("-m,--model", o.model, "Model (.gguf or HF directory)")->required();
+  // Not ->required(): the parent's options would then be demanded of the subcommands.
+  app.add_option("-m,--model", o.model, "Model (.gguf or HF directory)");
   app.add_option("--calib", o.calib, "Calibration file for the calibrated methods (oscar, ...)");
   app.add_option("--methods", o.methods,
                  "Comma-separated: bf16, int2-naive, int2-hadamard, int4-hadamard, kivi2, oscar, "
@@ -97,6 +98,7 @@ struct Loaded {
 
 Loaded load(const Opts& o) {
   using namespace oscar;
+  if (o.model.empty()) throw Error("eval: -m MODEL is required");
   if (o.threads > 0) model::set_op_threads(o.threads);
   Loaded L;
   L.w = model::load_model(o.model);

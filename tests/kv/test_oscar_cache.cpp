@@ -198,5 +198,23 @@ TEST(QuantMethods, RegistryAndBits) {
   EXPECT_THROW(make_method_cache(resolve_kv_method("kivi2", o), {kL, kH, kD, kPage}, 256), Error);
 }
 
+TEST(QuantMethods, Modifiers) {
+  KvMethodOptions o;
+  o.model = fp();
+  const KvMethod a = resolve_kv_method("int2-hadamard+clip0.9/0.8+g32", o);
+  EXPECT_EQ(a.label, "int2-hadamard+clip0.9/0.8+g32");
+  EXPECT_EQ(a.group_size, 32);
+  for (const LayerCalibration& L : a.calib->layers) {
+    EXPECT_FLOAT_EQ(L.k_clip_of(0), 0.9f);
+    EXPECT_FLOAT_EQ(L.v_clip_of(1), 0.8f);
+  }
+  // 2 + 2*16/32 = 3 bits in the middle.
+  EXPECT_NEAR(a.bits_per_element(320 + 640, 64, 64), (320 * 16.0 + 640 * 3.0) / 960, 1e-12);
+  EXPECT_THROW(resolve_kv_method("int2-hadamard+clip1.5", o), Error);
+  EXPECT_THROW(resolve_kv_method("int2-hadamard+g128", o), Error);  // > head_dim 64
+  EXPECT_THROW(resolve_kv_method("int2-hadamard+zz", o), Error);
+  EXPECT_THROW(resolve_kv_method("bf16+g32", o), Error);
+}
+
 }  // namespace
 }  // namespace oscar::kv
