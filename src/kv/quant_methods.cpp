@@ -120,7 +120,7 @@ KvMethod resolve_kv_method(const std::string& spec, const KvMethodOptions& opts)
   const size_t plus = spec.find('+');
   KvMethod m = resolve_base(spec.substr(0, plus), opts);
   if (plus == std::string::npos) return m;
-  m.label = spec;
+  m.label += spec.substr(plus);  // e.g. oscar@calib-head+clip0.88/0.84
   size_t b = plus + 1;
   while (b <= spec.size()) {
     size_t e = spec.find('+', b);
