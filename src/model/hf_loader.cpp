@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/json_file.h"
 #include "core/safetensors.h"
 #include "model/loader.h"
 
@@ -22,17 +23,7 @@ using nlohmann::json;
 
 namespace {
 
-json read_json(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  if (!in) throw Error(fmt::format("{}: cannot open", p.string()));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  try {
-    return json::parse(ss.str());
-  } catch (const json::exception& e) {
-    throw Error(fmt::format("{}: invalid JSON: {}", p.string(), e.what()));
-  }
-}
+json read_json(const fs::path& p) { return oscar::read_json_file(p.string()); }
 
 // The shards of a checkpoint, opened once; finds which file holds a tensor.
 class Shards {

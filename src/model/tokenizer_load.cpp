@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/json_file.h"
 #include "model/gguf.h"
 #include "model/tokenizer_impl.h"
 
@@ -23,17 +24,7 @@ void add_unique(std::vector<int>& v, int id) {
   if (id >= 0 && std::find(v.begin(), v.end(), id) == v.end()) v.push_back(id);
 }
 
-json read_json(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  if (!in) throw Error(fmt::format("{}: cannot open", p.string()));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  try {
-    return json::parse(ss.str());
-  } catch (const json::exception& e) {
-    throw Error(fmt::format("{}: invalid JSON: {}", p.string(), e.what()));
-  }
-}
+json read_json(const fs::path& p) { return oscar::read_json_file(p.string()); }
 
 // Escapes a literal for use inside a PCRE2 pattern.
 std::string regex_quote(const std::string& s) { return "\\Q" + s + "\\E"; }

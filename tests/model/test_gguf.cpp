@@ -21,27 +21,16 @@ namespace fs = std::filesystem;
 using oscar::model::gguf::File;
 using oscar::model::gguf::GgmlType;
 
+#include "test_util.h"
+
+using oscar::test::expect_error;
+using oscar::test::tmp_path;
+
 namespace {
 
 const std::string kData = std::string(OSCAR_TEST_DATA_DIR) + "/model/";
 
-std::string tmp_path(const std::string& name) {
-  const fs::path d = fs::temp_directory_path() / ("oscar_test_gguf_" + std::to_string(::getpid()));
-  fs::create_directories(d);
-  return (d / name).string();
-}
 
-// Expects `f` to throw oscar::Error whose message contains every needle.
-template <typename F>
-void expect_error(F&& f, std::vector<std::string> needles) {
-  try {
-    f();
-    ADD_FAILURE() << "no error thrown; expected one mentioning " << needles[0];
-  } catch (const oscar::Error& e) {
-    const std::string m = e.what();
-    for (const auto& n : needles) EXPECT_NE(m.find(n), std::string::npos) << "message: " << m;
-  }
-}
 
 // ---- per-element reference of the block layouts ---------------------------
 float h(const uint8_t* p) { return oscar::f16_to_f32(uint16_t(p[0] | (p[1] << 8))); }

@@ -21,27 +21,17 @@
 namespace fs = std::filesystem;
 using namespace oscar::model;
 
+#include "test_util.h"
+
+using oscar::test::expect_error;
+using oscar::test::tmp_path;
+
 namespace {
 
 const std::string kModels = std::string(OSCAR_TEST_DATA_DIR) + "/model/";
 const std::string kDefaultGguf = std::string(OSCAR_SOURCE_DIR) + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
 
-std::string tmp_path(const std::string& name) {
-  const fs::path d = fs::temp_directory_path() / ("oscar_test_gguf_model_" + std::to_string(::getpid()));
-  fs::create_directories(d);
-  return (d / name).string();
-}
 
-template <typename F>
-void expect_error(F&& f, std::vector<std::string> needles) {
-  try {
-    f();
-    ADD_FAILURE() << "no error thrown; expected one mentioning " << needles[0];
-  } catch (const oscar::Error& e) {
-    const std::string m = e.what();
-    for (const auto& n : needles) EXPECT_NE(m.find(n), std::string::npos) << "message: " << m;
-  }
-}
 
 // llama.cpp's permute(): HF rows [h][2][d/2] -> GGUF rows [h][d/2][2].
 std::vector<float> permute_rows(const std::vector<float>& w, int64_t rows, int64_t cols, int heads) {

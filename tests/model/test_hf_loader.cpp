@@ -18,20 +18,15 @@
 namespace fs = std::filesystem;
 using namespace oscar::model;
 
+#include "test_util.h"
+
+using oscar::test::expect_error;
+using oscar::test::tmp_path;
+
 namespace {
 
 const std::string kModels = std::string(OSCAR_TEST_DATA_DIR) + "/model/";
 
-template <typename F>
-void expect_error(F&& f, std::vector<std::string> needles) {
-  try {
-    f();
-    ADD_FAILURE() << "no error thrown; expected one mentioning " << needles[0];
-  } catch (const oscar::Error& e) {
-    const std::string m = e.what();
-    for (const auto& n : needles) EXPECT_NE(m.find(n), std::string::npos) << "message: " << m;
-  }
-}
 
 // A fresh copy of a tiny model to break.
 std::string copy_model(const std::string& name, const std::string& tag) {

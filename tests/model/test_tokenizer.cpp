@@ -20,6 +20,11 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 using oscar::model::Tokenizer;
 
+#include "test_util.h"
+
+using oscar::test::expect_error;
+using oscar::test::tmp_path;
+
 namespace {
 
 const std::string kModels = std::string(OSCAR_TEST_DATA_DIR) + "/model/";
@@ -37,22 +42,7 @@ const json& golden() {
   return j;
 }
 
-std::string tmp_path(const std::string& name) {
-  const fs::path d = fs::temp_directory_path() / ("oscar_test_tok_" + std::to_string(::getpid()));
-  fs::create_directories(d);
-  return (d / name).string();
-}
 
-template <typename F>
-void expect_error(F&& f, std::vector<std::string> needles) {
-  try {
-    f();
-    ADD_FAILURE() << "no error thrown; expected one mentioning " << needles[0];
-  } catch (const oscar::Error& e) {
-    const std::string m = e.what();
-    for (const auto& n : needles) EXPECT_NE(m.find(n), std::string::npos) << "message: " << m;
-  }
-}
 
 void check_golden(const Tokenizer& tok, const std::string& key) {
   const json& texts = golden().at("texts");
