@@ -12,7 +12,7 @@ TOKENS=${TOKENS:-16384}
 CTX=${CTX:-2048}
 METHODS=${METHODS:-int2-naive,int2-hadamard,kivi2,oscar}
 OSCAR=$BUILD_DIR/oscar
-[[ -x $OSCAR ]] || bash scripts/build.sh
+BUILD_DIR=$BUILD_DIR bash scripts/build.sh >/dev/null  # incremental; installs what is missing
 [[ -f $MODEL ]] || bash scripts/fetch_model.sh
 bash scripts/fetch_text.sh
 mkdir -p out
