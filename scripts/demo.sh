@@ -10,9 +10,9 @@ BUILD_DIR=${BUILD_DIR:-build}
 MODEL=${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
 TOKENS=${TOKENS:-16384}
 CTX=${CTX:-2048}
-METHODS=${METHODS:-int2-naive,int2-hadamard,kivi2,oscar}
+METHODS=${METHODS:-int2-naive,int2-hadamard,kivi2,oscar,oscar+clip0.88/0.84}
 OSCAR=$BUILD_DIR/oscar
-BUILD_DIR=$BUILD_DIR bash scripts/build.sh >/dev/null  # incremental; installs what is missing
+BUILD_DIR=$BUILD_DIR bash scripts/build.sh  # incremental; installs what is missing
 [[ -f $MODEL ]] || bash scripts/fetch_model.sh
 bash scripts/fetch_text.sh
 mkdir -p out
@@ -27,6 +27,11 @@ if python3 -c 'import matplotlib' 2>/dev/null; then
   python3 scripts/plot_eval.py out/eval.json -o out/eval.png
 fi
 
-echo "== 3. generate with the OSCAR INT2 KV cache"
-"$OSCAR" generate -m "$MODEL" --kv oscar --calib out/calib.safetensors --chat \
-  -p "Explain in a few sentences why a 2-bit KV cache needs a good rotation." -n 96
+echo "== 3. generate from a long prompt (~1300 tokens: the middle of the cache is INT2), BF16 vs OSCAR (the answers are compared in docs/accuracy.md)"
+head -c 5000 data/haystack.txt > out/doc.txt
+Q="According to the text above, why does Python use indentation for grouping statements?"
+# oscar = paper clips 0.96/0.92; +clip0.88/0.84 = the best clips measured on this model (docs/accuracy.md)
+for kv in bf16 oscar oscar+clip0.88/0.84; do
+  echo "-- --kv $kv"
+  "$OSCAR" generate -m "$MODEL" --kv "$kv" --calib out/calib.safetensors --chat -f out/doc.txt -p "$Q" -n 64
+done

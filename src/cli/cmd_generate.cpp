@@ -3,6 +3,8 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <memory>
 #include <string>
 
@@ -24,6 +26,7 @@ namespace {
 struct Opts {
   std::string model = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
   std::string prompt;
+  std::string prompt_file;  // -f: a document placed before the -p text
   std::string system;
   int n = 128;
   float temp = 0.0f, top_p = 1.0f, repeat_penalty = 1.0f;
@@ -55,7 +58,9 @@ const oscar::cli::Registrar reg({"generate", "Generate text from a prompt (CPU)"
   auto o = std::make_shared<Opts>();
   app.add_option("-m,--model", o->model, "GGUF file or Hugging Face directory")
       ->capture_default_str();
-  app.add_option("-p,--prompt", o->prompt, "Prompt text")->required();
+  app.add_option("-p,--prompt", o->prompt, "Prompt text (after the -f document, if any)");
+  app.add_option("-f,--file", o->prompt_file,
+                 "Read a document from this file and put it before the -p text (long prompts)");
   app.add_option("-n,--n-predict", o->n, "Tokens to generate")->capture_default_str();
   app.add_option("--temp", o->temp, "Temperature (0 = greedy)")->capture_default_str();
   app.add_option("--top-k", o->top_k, "Top-k (0 = off)")->capture_default_str();
@@ -80,6 +85,14 @@ const oscar::cli::Registrar reg({"generate", "Generate text from a prompt (CPU)"
   return [o]() -> int {
     using namespace oscar;
     if (o->n < 0) throw Error("-n must be >= 0");
+    if (!o->prompt_file.empty()) {
+      std::ifstream in(o->prompt_file, std::ios::binary);
+      if (!in) throw Error(o->prompt_file + ": cannot open prompt file");
+      std::stringstream ss;
+      ss << in.rdbuf();
+      o->prompt = ss.str() + (o->prompt.empty() ? "" : "\n\n" + o->prompt);
+    }
+    if (o->prompt.empty()) throw Error("give a prompt with -p and/or -f");
     if (!std::filesystem::exists(o->model))
       throw Error(o->model + ": no such model (scripts/fetch_model.sh fetches the default)");
     const auto t0 = std::chrono::steady_clock::now();
