@@ -97,4 +97,20 @@ class Backend {
                                  int num_q_heads, float sm_scale, float* o) = 0;
 };
 
+// The weights of one decoder layer as a backend holds them. QKV and gate+up are
+// fused so one pass over x serves several products (and GEMV tasks are bigger).
+struct PreparedLayer {
+  WeightPtr attn_norm;  // [hidden]
+  WeightPtr wqkv;       // [(Hq + 2 Hkv) * d][hidden], bias for Qwen2
+  WeightPtr q_norm;     // [d] (Qwen3) or null
+  WeightPtr k_norm;     // [d] (Qwen3) or null
+  WeightPtr wo;         // [hidden][Hq * d]
+  WeightPtr ffn_norm;   // [hidden]
+  WeightPtr w_gate_up;  // [2 * inter][hidden]: gate rows then up rows
+  WeightPtr w_down;     // [hidden][inter]
+};
+
+// Prepares one layer's weights on `be` (shapes must already be checked).
+PreparedLayer prepare_layer(Backend& be, const ModelConfig& c, const LayerWeights& lw);
+
 }  // namespace oscar::model

@@ -12,9 +12,7 @@
 
 namespace oscar::model {
 
-struct DenseForward::Layer {
-  WeightPtr attn_norm, wqkv, q_norm, k_norm, wo, ffn_norm, w_gate_up, w_down;
-};
+struct DenseForward::Layer : PreparedLayer {};
 
 DenseForward::DenseForward(const ModelWeights& w, Backend& be) : be_(be), cfg_(w.cfg) {
   const ModelConfig& c = cfg_;
@@ -25,20 +23,7 @@ DenseForward::DenseForward(const ModelWeights& w, Backend& be) : be_(be), cfg_(w
   out_norm_ = be_.prepare_vector(w.out_norm);
   lm_head_ = be_.prepare_linear({c.tied_embeddings ? &w.tok_embd : &w.lm_head}, {});
   for (const LayerWeights& lw : w.layers) {
-    Layer L;
-    L.attn_norm = be_.prepare_vector(lw.attn_norm);
-    if (c.qkv_bias)
-      L.wqkv = be_.prepare_linear({&lw.wq, &lw.wk, &lw.wv}, {&lw.bq, &lw.bk, &lw.bv});
-    else
-      L.wqkv = be_.prepare_linear({&lw.wq, &lw.wk, &lw.wv}, {});
-    if (c.qk_norm) {
-      L.q_norm = be_.prepare_vector(lw.q_norm);
-      L.k_norm = be_.prepare_vector(lw.k_norm);
-    }
-    L.wo = be_.prepare_linear({&lw.wo}, {});
-    L.ffn_norm = be_.prepare_vector(lw.ffn_norm);
-    L.w_gate_up = be_.prepare_linear({&lw.w_gate, &lw.w_up}, {});
-    L.w_down = be_.prepare_linear({&lw.w_down}, {});
+    Layer L{prepare_layer(be_, c, lw)};
     layers_.push_back(std::move(L));
   }
   inv_freq_ = rope_inv_freq(c);

@@ -11,16 +11,7 @@
 
 namespace oscar::model {
 
-struct Model::Layer {
-  WeightPtr attn_norm;  // [hidden]
-  WeightPtr wqkv;       // [(Hq + 2 Hkv) * d][hidden], bias for Qwen2
-  WeightPtr q_norm;     // [d] (Qwen3) or null
-  WeightPtr k_norm;     // [d] (Qwen3) or null
-  WeightPtr wo;         // [hidden][Hq * d]
-  WeightPtr ffn_norm;   // [hidden]
-  WeightPtr w_gate_up;  // [2 * inter][hidden]: gate rows then up rows
-  WeightPtr w_down;     // [hidden][inter]
-};
+struct Model::Layer : PreparedLayer {};
 
 namespace {
 
@@ -91,21 +82,7 @@ Model::Model(const ModelWeights& w, Backend& backend) : be_(backend), cfg_(w.cfg
       expect_shape(lw.q_norm, {c.head_dim}, nm("q_norm"));
       expect_shape(lw.k_norm, {c.head_dim}, nm("k_norm"));
     }
-    Layer L;
-    L.attn_norm = be_.prepare_vector(lw.attn_norm);
-    // Fused QKV and gate+up: one pass over x per product, and bigger GEMV tasks.
-    if (c.qkv_bias)
-      L.wqkv = be_.prepare_linear({&lw.wq, &lw.wk, &lw.wv}, {&lw.bq, &lw.bk, &lw.bv});
-    else
-      L.wqkv = be_.prepare_linear({&lw.wq, &lw.wk, &lw.wv}, {});
-    if (c.qk_norm) {
-      L.q_norm = be_.prepare_vector(lw.q_norm);
-      L.k_norm = be_.prepare_vector(lw.k_norm);
-    }
-    L.wo = be_.prepare_linear({&lw.wo}, {});
-    L.ffn_norm = be_.prepare_vector(lw.ffn_norm);
-    L.w_gate_up = be_.prepare_linear({&lw.w_gate, &lw.w_up}, {});
-    L.w_down = be_.prepare_linear({&lw.w_down}, {});
+    Layer L{prepare_layer(be_, c, lw)};
     step_bytes_ += L.attn_norm->bytes + L.wqkv->bytes + L.wo->bytes + L.ffn_norm->bytes +
                    L.w_gate_up->bytes + L.w_down->bytes +
                    (c.qk_norm ? L.q_norm->bytes + L.k_norm->bytes : 0);
