@@ -16,12 +16,11 @@
 #include "core/safetensors.h"
 #include "model/gguf.h"
 #include "test_gguf_writer.h"
+#include "test_util.h"
 
 namespace fs = std::filesystem;
 using oscar::model::gguf::File;
 using oscar::model::gguf::GgmlType;
-
-#include "test_util.h"
 
 using oscar::test::expect_error;
 using oscar::test::tmp_path;

@@ -17,11 +17,10 @@
 #include "model/gguf.h"
 #include "model/loader.h"
 #include "test_gguf_writer.h"
+#include "test_util.h"
 
 namespace fs = std::filesystem;
 using namespace oscar::model;
-
-#include "test_util.h"
 
 using oscar::test::expect_error;
 using oscar::test::tmp_path;

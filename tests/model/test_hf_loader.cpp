@@ -14,11 +14,10 @@
 #include "core/error.h"
 #include "core/safetensors.h"
 #include "model/loader.h"
+#include "test_util.h"
 
 namespace fs = std::filesystem;
 using namespace oscar::model;
-
-#include "test_util.h"
 
 using oscar::test::expect_error;
 using oscar::test::tmp_path;

@@ -15,12 +15,11 @@
 #include "core/error.h"
 #include "model/tokenizer.h"
 #include "test_gguf_writer.h"
+#include "test_util.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
 using oscar::model::Tokenizer;
-
-#include "test_util.h"
 
 using oscar::test::expect_error;
 using oscar::test::tmp_path;
