@@ -4,7 +4,7 @@
 # benchmark (INT2 vs our BF16 kernel) and FlashInfer's BF16 paged decode on the
 # same shapes, then one table (bench/cuda/report.py). Logs go to $OUT.
 #
-#   bash scripts/gpu_run.sh [quick|full|tests|bench]
+#   bash scripts/gpu_run.sh [quick|full|tests|bench|tune]
 #
 # Needs in the working tree (ignored, carried by the device tool):
 #   .deps/googletest (copy of /usr/src/googletest), .deps/include/fmt (copy of
@@ -51,6 +51,26 @@ fi
 [[ $MODE == tests ]] && exit $status
 
 [[ -n $FI_WARM ]] && { wait $FI_WARM; tail -8 "$OUT/warm.log"; }
+if [[ $MODE == tune ]]; then
+  # Kernel-tuning run (no FlashInfer): the quick table (int2 / bf16 / int2v7 in
+  # the same run), batch 1 x 128K and the PDL A/B, and a variant build with the
+  # int8-key loop compiled for 5 CTAs per SM (OSCAR_INT8K_MIN_BLOCKS=5).
+  (cmake -S tests/cuda/gpu_build -B build-gpu5 -G Ninja -DCMAKE_BUILD_TYPE=Release \
+     -DCMAKE_CUDA_FLAGS="-DOSCAR_INT8K_MIN_BLOCKS=5 -DOSCAR_CUDA_MIN_INSTANCES" > "$OUT/build5.log" 2>&1 \
+     && ninja -C build-gpu5 -j8 bench_decode >> "$OUT/build5.log" 2>&1) &
+  B5=$!
+  ./build-gpu/bench_decode --quick 2>&1 | tee "$OUT/bench.log"
+  for ob in 1,131072 8,131072 64,65536; do ./build-gpu/bench_decode --only $ob 2>&1 | grep -E "^(int2|bf16)"; done | tee -a "$OUT/bench.log"
+  echo "-- no PDL"; for ob in 1,4096 1,131072 32,32768; do ./build-gpu/bench_decode --only $ob --pdl 0 2>&1 | grep -E "^int2 "; done | tee -a "$OUT/bench.log"
+  wait $B5; grep -E "spill|registers" "$OUT/build5.log" | grep -B1 -A0 "spill" | head -4
+  echo "-- int8k loop at 5 CTAs/SM"; for ob in 1,131072 32,32768 64,65536; do ./build-gpu5/bench_decode --only $ob 2>&1 | grep -E "^int2 "; done | tee -a "$OUT/bench.log"
+  if [[ ${NCU:-0} == 1 ]] && command -v ncu > /dev/null; then
+    timeout 200 ncu --clock-control none -k regex:"decode_split|merge" -c 6 --section SpeedOfLight \
+      ./build-gpu/bench_decode --only 1,131072 --iters 1 > "$OUT/ncu-b1.txt" 2>&1
+    grep -E "decode_split|merge_kernel|Duration" "$OUT/ncu-b1.txt" | head -24
+  fi
+  exit $status
+fi
 Q=""; [[ $MODE == quick ]] && Q=--quick
 ./build-gpu/bench_decode $Q --csv "$OUT/ours.csv" 2>&1 | tee "$OUT/bench.log"
 COPY=$(grep -oP 'copy_gbs=\K[0-9.]+' "$OUT/bench.log")

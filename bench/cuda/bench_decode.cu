@@ -7,7 +7,10 @@
 // BF16 window, rotated) and the page demotion (one page per sequence every
 // `page` steps) against the decode step.
 //
-//   bench_decode [--quick] [--csv FILE] [--iters N] [--only BATCH,CTX]
+//   bench_decode [--quick] [--csv FILE] [--iters N] [--only BATCH,CTX] [--pdl 0|1]
+// Rows: int2 = the default INT2 kernel (int8-key loop, v10), bf16 = our BF16
+// baseline, int2v7 = the previous INT2 loop (fp16 tensor cores for K, v7) in
+// the same run.
 // L2 is flushed (256 MB memset) before every timed launch; median of N.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -194,12 +197,13 @@ int main(int argc, char** argv) {
   bool quick = false;
   int iters = 15;
   const char* csv_path = nullptr;
-  int only_b = 0, only_ctx = 0;
+  int only_b = 0, only_ctx = 0, pdl = 1;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--only") && i + 1 < argc) std::sscanf(argv[++i], "%d,%d", &only_b, &only_ctx);
     if (!std::strcmp(argv[i], "--quick")) quick = true;
     else if (!std::strcmp(argv[i], "--csv") && i + 1 < argc) csv_path = argv[++i];
     else if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--pdl") && i + 1 < argc) pdl = std::atoi(argv[++i]);
   }
   cudaDeviceProp prop;
   OSCAR_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
@@ -251,17 +255,16 @@ int main(int argc, char** argv) {
   for (int batch : batches)
     for (int ctx : ctxs) {
       double t_by_kind[3] = {0, 0, 0};
-      // 0: INT2 three-region (default), 1: BF16 baseline, 2: INT2 with a plan of
-      // 8 CTAs per SM instead of 4 (split-size check; docs/cuda-notes.md)
+      // 0: INT2 three-region (default), 1: BF16 baseline, 2: INT2 with the v7
+      // loop (fp16 tensor cores for K; docs/cuda-notes.md)
       for (int kind = 0; kind < 3; ++kind) {
         const bool int2 = kind != 1;
-        const char* name = kind == 0 ? "int2" : kind == 1 ? "bf16" : "int2c8";
+        const char* name = kind == 0 ? "int2" : kind == 1 ? "bf16" : "int2v7";
         const double bf16_gb = double(batch) * ctx * kHkv * kD * 4 / 1e9;
         if (!int2 && bf16_gb > 60) continue;
         BenchCache cache(int2, batch, ctx, rng);
         DecodePlan plan = plan_decode(batch, cache.h_len[0].data(), cache.h_len[1].data(),
-                                      cache.h_len[2].data(), kHkv, prop.multiProcessorCount, 0,
-                                      kind == 2 ? 8 : 4);
+                                      cache.h_len[2].data(), kHkv, prop.multiProcessorCount);
         OSCAR_CUDA_CHECK(upload_plan(plan, ws, nullptr));
         DecodeParams p;
         p.kv = cache.view;
@@ -270,6 +273,8 @@ int main(int argc, char** argv) {
         p.sm_scale = 1.0f / std::sqrt(float(kD));
         p.o = o;
         p.lse = lse;
+        p.pdl = pdl;
+        p.variant = kind == 2 ? 2 : 0;
         const std::string err = check_decode(p, plan, ws);
         if (!err.empty()) {
           std::printf("skip: %s\n", err.c_str());
@@ -318,7 +323,7 @@ int main(int argc, char** argv) {
                        write_us, demote_us);
       }
       if (t_by_kind[0] > 0 && t_by_kind[1] > 0)
-        std::printf("       speedup int2 vs our bf16: %.2fx (8-CTA plan: %.2fx)\n", t_by_kind[1] / t_by_kind[0],
+        std::printf("       speedup int2 vs our bf16: %.2fx (v7 loop: %.2fx)\n", t_by_kind[1] / t_by_kind[0],
                     t_by_kind[2] > 0 ? t_by_kind[1] / t_by_kind[2] : 0.0);
     }
   // Host planning cost (per step, per plan; a plan serves all layers).

@@ -3,8 +3,9 @@
 // (attention on packed data vs the reference on the same dequantized data).
 //
 // Tolerances (relative L2 over all outputs; measured values are printed):
-//  * INT2 middle only: the query is rounded to fp16 and p*scale to fp16 for the
-//    tensor cores -> 3e-3.
+//  * INT2 middle only: the query is rounded to fp16 (int8-key loop: to a 16-bit
+//    integer, |dq| <= max|q| / 65024) and p*scale to fp16 for the tensor
+//    cores -> 3e-3.
 //  * with BF16 windows: query and p are rounded to bf16 (as in FlashInfer) -> 1e-2.
 //  * lse: absolute 2e-2 (natural log).
 // Outputs are poisoned with NaN before every run; NaN or inf never passes.
@@ -43,7 +44,7 @@ struct Result {
   double err_o, err_lse;
 };
 
-Result run_case(const Case& c, uint32_t seed, bool bf16_kernel = false, int variant = 0) {
+Result run_case(const Case& c, uint32_t seed, bool bf16_kernel = false, int variant = 0, int pdl = 1) {
   const float k_scale = 1.5f;  // peaky softmax: logits with std ~1.5*|q|
   HostCache cache(c.seqs, c.hkv, c.d, c.page, c.group, seed, k_scale);
   const int hq = c.hkv * c.gqa, batch = cache.batch;
@@ -70,6 +71,7 @@ Result run_case(const Case& c, uint32_t seed, bool bf16_kernel = false, int vari
   p.o = d_o.ptr;
   p.lse = d_lse.ptr;
   p.variant = variant;
+  p.pdl = pdl;
   EXPECT_EQ(check_decode(p, plan, ws), "");
   OSCAR_CUDA_CHECK(upload_plan(plan, ws, nullptr));
   OSCAR_CUDA_CHECK(bf16_kernel ? decode_attention_bf16(p, plan, ws, nullptr)
@@ -87,8 +89,9 @@ Result run_case(const Case& c, uint32_t seed, bool bf16_kernel = false, int vari
     const double e = std::isfinite(lse[i]) ? std::fabs(double(lse[i]) - lse_ref[i]) : INFINITY;
     r.err_lse = std::max(r.err_lse, e);
   }
-  std::printf("  [%s] d=%d G=%d gqa=%d hkv=%d page=%d chunks=%d (quant %d): rel_l2(o)=%.2e max|dlse|=%.2e\n",
-              c.name, c.d, c.group, c.gqa, c.hkv, c.page, plan.num_chunks, plan.num_quant_chunks,
+  std::printf("  [%s] d=%d G=%d gqa=%d hkv=%d page=%d variant=%d pdl=%d chunks=%d (quant %d): "
+              "rel_l2(o)=%.2e max|dlse|=%.2e\n",
+              c.name, c.d, c.group, c.gqa, c.hkv, c.page, variant, pdl, plan.num_chunks, plan.num_quant_chunks,
               r.err_o, r.err_lse);
   return r;
 }
@@ -99,8 +102,8 @@ double tol_for(const Case& c) {
   return any_bf16 ? 1e-2 : 3e-3;
 }
 
-void expect_ok(const Case& c, uint32_t seed, bool bf16_kernel = false, int variant = 0) {
-  const Result r = run_case(c, seed, bf16_kernel, variant);
+void expect_ok(const Case& c, uint32_t seed, bool bf16_kernel = false, int variant = 0, int pdl = 1) {
+  const Result r = run_case(c, seed, bf16_kernel, variant, pdl);
   EXPECT_LE(r.err_o, tol_for(c)) << c.name;  // NaN compares false -> fails
   EXPECT_LE(r.err_lse, 2e-2) << c.name;
 }
@@ -128,6 +131,24 @@ TEST(CudaDecode, PrefetchLoopVariant) {
   if (!test::have_gpu()) GTEST_SKIP() << "no GPU";
   expect_ok({128, 128, 4, 8, 64, mixed_seqs(64), 0, "variant 1"}, 21, false, 1);
   expect_ok({128, 128, 4, 2, 16, mixed_seqs(16), 3, "variant 1 small chunks"}, 22, false, 1);
+}
+
+// The d128/G128 loop shapes side by side: 2 = fp16 tensor cores for K and V
+// (v7), 3 = int8 tensor cores for K (v10, the default for GQA <= 4; GQA 8
+// falls back to 2). Every GQA the int8 loop serves, middle-only (tight
+// tolerance) and mixed; plain launches (pdl 0) as well as PDL.
+TEST(CudaDecode, LoopVariantsD128) {
+  if (!test::have_gpu()) GTEST_SKIP() << "no GPU";
+  uint32_t seed = 300;
+  for (int variant : {2, 3}) {
+    for (int gqa : {1, 2, 3, 4, 8}) {
+      const std::string name = "variant " + std::to_string(variant) + " gqa " + std::to_string(gqa);
+      expect_ok({128, 128, gqa, 2, 64, {{0, 2001, 0}, {0, 16, 0}, {0, 1, 0}, {0, 64 * 9, 0}}, 0, name.c_str()},
+                ++seed, false, variant);
+      expect_ok({128, 128, gqa, 2, 16, mixed_seqs(16), 2, name.c_str()}, ++seed, false, variant);
+    }
+    expect_ok({128, 128, 4, 8, 64, mixed_seqs(64), 0, "no pdl"}, ++seed, false, variant, /*pdl=*/0);
+  }
 }
 
 TEST(CudaDecode, MiddleOnly) {

@@ -30,6 +30,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <type_traits>
 
 #include "core/half.h"
 #include "kernels/cuda/cuda_check.h"
@@ -481,6 +482,176 @@ __device__ __forceinline__ void compute_quant_tiles(WarpState<D, D / G>& st, con
 }
 
 // ---------------------------------------------------------------------------
+// Int8-key loop (kernel variant 2, docs/cuda-notes.md v10): head_dim 128,
+// group 128, GQA <= 4. Keys go through m16n8k32 u8 x s8 tensor cores: a code
+// word shifted by 2s and masked with 0x03030303 is one A register (four
+// codes of consecutive virtual channels), so K needs no fp16 conversion. The
+// query is rounded to a 16-bit integer qi (|qi| <= 127*256) and split into a
+// high and a low signed byte (qi = 256 hi + lo); the N = 8 columns of the MMA
+// are (head 0 hi, head 0 lo, head 1 hi, ..., head 3 lo), so the GQA-4 padding
+// columns of the fp16 path now carry the low bytes and 4 MMAs cover the 16x128
+// tile. 256 C[2r] + C[2r+1] = sum_j c_j qi_j exactly (int32), so the only
+// new error is the rounding of q to 16 bits (|dq| <= amax / 65024 per channel).
+// Each lane then owns ONE head (r) for tokens g and g+8: the softmax works on
+// 2 values per lane instead of 4 (half of which were padding). For P.V the
+// lane's (token g, token g+8) pair of head r is transposed with one movmatrix;
+// after it lane (2h+e, r') holds tokens 2r'+8e, 2r'+8e+1 of head h, which is
+// B column 2h+e restricted to token half e (the other half is zero): output
+// columns 2h and 2h+1 are the two halves of head h, added at the end.
+constexpr float kQ16 = 32512.0f;  // 127 * 256: hi in [-127, 127], lo in [-128, 127]
+
+struct Int8Query {
+  uint32_t qb[4][2];  // shift s: B fragments (4 x s8) of column g (head g/2, hi if g even else lo)
+  float f;            // head r: sm_scale * log2(e) * amax / kQ16
+  float qsum;         // head r: sum_j qi_j (an integer, exact in fp32)
+};
+
+template <int D>
+struct WarpState1 {
+  float o[D / 16][4];  // O^T accumulators: rows (channels) g, g+8; cols 2r, 2r+1 = head r, token halves
+  float sp[4];         // sum_t fp16(p s) (all-ones A operand), cols as o
+  float pm;            // sum_t p m of head r (this lane's tokens)
+  float m;             // running max of head r (log2 domain)
+  float l;             // this lane's partial row sum of head r
+};
+
+template <int D>
+__device__ __forceinline__ void state_init(WarpState1<D>& st) {
+#pragma unroll
+  for (int i = 0; i < D / 16; ++i) st.o[i][0] = st.o[i][1] = st.o[i][2] = st.o[i][3] = 0.0f;
+  st.sp[0] = st.sp[1] = st.sp[2] = st.sp[3] = 0.0f;
+  st.pm = 0.0f;
+  st.m = -INFINITY;
+  st.l = 0.0f;
+}
+
+// qhead: the query row of head h*gqa + g/2 (ok: that head exists).
+__device__ __forceinline__ void load_int8_query(Int8Query& Q, const float* qhead, bool ok,
+                                                float sm_scale_log2, int g, int r) {
+  float v[4][8];
+  float amax = 0.0f;
+#pragma unroll
+  for (int s = 0; s < 4; ++s)
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      v[s][i] = ok ? __ldg(qhead + 8 * r + i + 32 * s) : 0.0f;
+      amax = fmaxf(amax, fabsf(v[s][i]));
+    }
+  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+  const float inv = amax > 0.0f ? kQ16 / amax : 0.0f;
+  int part = 0;
+#pragma unroll
+  for (int s = 0; s < 4; ++s)
+#pragma unroll
+    for (int w = 0; w < 2; ++w) {
+      uint32_t word = 0;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const int qi = __float2int_rn(v[s][4 * w + k] * inv);
+        const int hi = (qi + 128) >> 8;  // floor((qi + 128) / 256)
+        const int lo = qi - (hi << 8);
+        word |= (static_cast<uint32_t>((g & 1) ? lo : hi) & 0xffu) << (8 * k);
+        part += qi;
+      }
+      Q.qb[s][w] = word;
+    }
+  part += __shfl_xor_sync(0xffffffffu, part, 1);
+  part += __shfl_xor_sync(0xffffffffu, part, 2);
+  const float f = amax / kQ16 * sm_scale_log2;
+  // Lane (g, r) holds head g/2's values; it needs head r's: lane 4 * (2r).
+  Q.qsum = static_cast<float>(__shfl_sync(0xffffffffu, part, 8 * r));
+  Q.f = __shfl_sync(0xffffffffu, f, 8 * r);
+}
+
+// Logits of one tile for head r, tokens g and g+8 (log2 domain, masked -inf),
+// and the value params of those tokens (zero for padding slots).
+__device__ __forceinline__ void int8k_logits(const QuantTile<128, 128>& T, const Int8Query& Q, int g,
+                                             float (&s)[2], float (&vs)[2], float (&vm)[2]) {
+  int acc[4] = {0, 0, 0, 0};
+#pragma unroll
+  for (int sh = 0; sh < 4; ++sh) {
+    constexpr uint32_t m = 0x03030303u;
+    mma_u8s8(acc, (T.kw[0][0][0] >> (2 * sh)) & m, (T.kw[1][0][0] >> (2 * sh)) & m,
+             (T.kw[0][0][1] >> (2 * sh)) & m, (T.kw[1][0][1] >> (2 * sh)) & m, Q.qb[sh][0], Q.qb[sh][1]);
+  }
+#pragma unroll
+  for (int tt = 0; tt < 2; ++tt) {
+    const bool ok = g + 8 * tt < T.valid;
+    const float dot = static_cast<float>(acc[2 * tt] * 256 + acc[2 * tt + 1]);
+    const float ks = half_lo(T.kp[tt][0]), km = half_hi(T.kp[tt][0]);
+    s[tt] = ok ? Q.f * (ks * dot + km * Q.qsum) : -INFINITY;
+    vs[tt] = ok ? half_lo(T.vp[tt][0]) : 0.0f;
+    vm[tt] = ok ? half_hi(T.vp[tt][0]) : 0.0f;
+  }
+}
+
+template <int D, int N>
+__device__ __forceinline__ void softmax_step1(WarpState1<D>& st, float (&s)[N][2]) {
+  float mx = fmaxf(s[0][0], s[0][1]);
+#pragma unroll
+  for (int u = 1; u < N; ++u) mx = fmaxf(mx, fmaxf(s[u][0], s[u][1]));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+  const float mn = fmaxf(st.m, mx);
+  if (__any_sync(0xffffffffu, mn > st.m)) {
+    const float sc = mn > st.m ? fast_exp2(st.m - mn) : 1.0f;
+#pragma unroll
+    for (int i = 0; i < D / 16; ++i) {
+      st.o[i][0] *= sc;
+      st.o[i][1] *= sc;
+      st.o[i][2] *= sc;
+      st.o[i][3] *= sc;
+    }
+    st.sp[0] *= sc;
+    st.sp[1] *= sc;
+    st.sp[2] *= sc;
+    st.sp[3] *= sc;
+    st.pm *= sc;
+    st.l *= sc;
+    st.m = mn;
+  }
+  const float b = st.m == -INFINITY ? 0.0f : st.m;
+#pragma unroll
+  for (int u = 0; u < N; ++u) {
+    s[u][0] = fast_exp2(s[u][0] - b);
+    s[u][1] = fast_exp2(s[u][1] - b);
+    st.l += s[u][0] + s[u][1];
+  }
+}
+
+__device__ __forceinline__ void int8k_pv(WarpState1<128>& st, const QuantTile<128, 128>& T,
+                                         const float (&p)[2], const float (&vs)[2], const float (&vm)[2],
+                                         int g) {
+  st.pm += p[0] * vm[0] + p[1] * vm[1];
+  const uint32_t y = transpose8x8(pack_half2(p[0] * vs[0], p[1] * vs[1]));
+  const bool e = g & 1;
+  const uint32_t b0 = e ? 0u : y, b1 = e ? y : 0u;
+  constexpr uint32_t kOnes = 0x3C003C00u;
+  mma_f16(st.sp, kOnes, kOnes, kOnes, kOnes, b0, b1);
+#pragma unroll
+  for (int xi = 0; xi < 2; ++xi) {
+    const uint32_t sel = xi ? 0x7632u : 0x5410u;
+    const CodeWord x0(prmt(T.vw[0][0], T.vw[1][0], sel)), x1(prmt(T.vw[2][0], T.vw[3][0], sel));
+#pragma unroll
+    for (int sh = 0; sh < 4; ++sh)
+      mma_f16(st.o[xi * 4 + sh], x0.lo(sh), x0.hi(sh), x1.lo(sh), x1.hi(sh), b0, b1);
+  }
+}
+
+template <int N>
+__device__ __forceinline__ void compute_int8k_tiles(WarpState1<128>& st, const QuantTile<128, 128> (&T)[N],
+                                                    const Int8Query& Q, int g) {
+  float s[N][2], vs[N][2], vm[N][2];
+#pragma unroll
+  for (int u = 0; u < N; ++u) int8k_logits(T[u], Q, g, s[u], vs[u], vm[u]);
+  softmax_step1(st, s);
+#pragma unroll
+  for (int u = 0; u < N; ++u) int8k_pv(st, T[u], s[u], vs[u], vm[u], g);
+}
+
+// ---------------------------------------------------------------------------
 // BF16 tiles (sink and recent windows, and the BF16-only baseline).
 template <int D>
 struct Bf16Tile {
@@ -584,9 +755,11 @@ __device__ __forceinline__ void compute_bf16_tile(WarpState<D, NG>& st, const Bf
 // The split kernel. kQuant: this launch handles middle (INT2) chunks; else
 // BF16 chunks (sink / recent).
 // kVariant (INT2 loop shape; docs/cuda-notes.md): 0 = four tiles per step
-// staged through a per-warp two-stage cp.async ring in shared memory (the
-// default for head_dim 128 / group 128); 1 = two tiles per step, the next
-// step's tiles prefetched into registers (used for the other shapes).
+// staged through a per-warp two-stage cp.async ring in shared memory, fp16
+// tensor cores for K and V; 1 = two tiles per step, the next step's tiles
+// prefetched into registers (used for the other shapes); 2 = the ring of 0
+// with int8 tensor cores for K (head_dim 128, group 128, GQA <= 4: the
+// default there).
 constexpr int kRingStages = 2, kRingTiles = 4;
 // Bytes of one INT2 tile image: K and V codes [16][D/4], K and V params [16][D/G][2] fp16.
 __host__ __device__ constexpr int quant_tile_bytes(int D, int G) { return 8 * D + 128 * (D / G); }
@@ -619,19 +792,29 @@ __device__ __forceinline__ void issue_tile_copies(uint8_t* dst, const kv::PagedK
 }
 
 
+// Resident CTAs per SM the int8-key loop is compiled for (register cap
+// 65536 / (128 threads * N)); a build-time knob for tuning.
+#ifndef OSCAR_INT8K_MIN_BLOCKS
+#define OSCAR_INT8K_MIN_BLOCKS 4
+#endif
 template <int D, int G, bool kQuant, int kVariant = 0>
-__global__ void __launch_bounds__(kThreads, (D <= 128 && G == 128) ? 4 : 1)
+__global__ void __launch_bounds__(kThreads, kVariant == 2                    ? OSCAR_INT8K_MIN_BLOCKS
+                                            : (D <= 128 && G == 128) ? 4
+                                                                     : 1)
     decode_split_kernel(const KernelArgs a) {
   constexpr int NG = kQuant ? D / G : 1;
   constexpr int kSoBytes = kWarps * kMaxGqa * D * 4;
   constexpr int kRingBytes =
-      kQuant && kVariant == 0 ? kWarps * kRingStages * kRingTiles * quant_tile_bytes(D, G) : 0;
+      kQuant && kVariant != 1 ? kWarps * kRingStages * kRingTiles * quant_tile_bytes(D, G) : 0;
   // The warps' cp.async rings and, after the loop, the per-warp outputs.
   __shared__ __align__(16) uint8_t smem[kSoBytes > kRingBytes ? kSoBytes : kRingBytes];
   float(*s_o)[kMaxGqa][D] = reinterpret_cast<float(*)[kMaxGqa][D]>(smem);
   __shared__ float s_m[kWarps][kMaxGqa];
   __shared__ float s_l[kWarps][kMaxGqa];
 
+  // The next launch of the step (window chunks, then the merge) may start as
+  // soon as every CTA of this one is running; it waits for us where it must.
+  pdl_launch_dependents();
   const int chunk = a.order[blockIdx.x];
   const int h = blockIdx.y;
   const int4 c = a.chunks[chunk];
@@ -643,15 +826,23 @@ __global__ void __launch_bounds__(kThreads, (D <= 128 && G == 128) ? 4 : 1)
   const float* qrow = a.q + (int64_t(b) * a.num_q_heads + hq) * D;
   const bool head_ok = g < a.gqa;
 
-  WarpState<D, NG> st;
+  static_assert(kVariant != 2 || (D == 128 && G == 128 && kQuant), "int8-key loop: d 128, group 128 only");
+  std::conditional_t<kVariant == 2, WarpState1<D>, WarpState<D, NG>> st;
   state_init(st);
 
   if constexpr (kQuant) {
     const kv::RegionTable& R = kv.mid;
     const int32_t* pages = R.indices + R.indptr[b];
     const int len = R.len[b];
-    QuantQuery<D, G> Q;
-    load_quant_query(Q, qrow, head_ok, a.sm_scale_log2, g, r);
+    [[maybe_unused]] QuantQuery<D, G> Q;
+    [[maybe_unused]] Int8Query Q8;
+    if constexpr (kVariant == 2) {
+      const int hb = g >> 1;  // the head whose B column this lane holds
+      load_int8_query(Q8, a.q + (int64_t(b) * a.num_q_heads + h * a.gqa + hb) * D, hb < a.gqa,
+                      a.sm_scale_log2, g, r);
+    } else {
+      load_quant_query(Q, qrow, head_ok, a.sm_scale_log2, g, r);
+    }
     constexpr int TPI = kVariant == 1 ? kQuantTilesPerIter : 4, kStep = kWarps * TPI;
     const FastDiv& tpp = a.tiles_per_page;
     // Warp w takes tile groups w, w + kWarps, ... of TPI consecutive tiles.
@@ -716,7 +907,10 @@ __global__ void __launch_bounds__(kThreads, (D <= 128 && G == 128) ? 4 : 1)
                                      reinterpret_cast<const uint32_t*>(ti + 32 * RB + 64 * (D / G)), g, r);
           cur[u].valid = t + u <= tlast ? min(kTileTokens, len - (t + u) * kTileTokens) : 0;
         }
-        compute_quant_tiles(st, cur, Q, g);
+        if constexpr (kVariant == 2)
+          compute_int8k_tiles(st, cur, Q8, g);
+        else
+          compute_quant_tiles(st, cur, Q, g);
         __syncwarp();  // every lane has read this stage before it is refilled
       }
       cp_async_wait<0>();
@@ -736,6 +930,27 @@ __global__ void __launch_bounds__(kThreads, (D <= 128 && G == 128) ? 4 : 1)
 
   // s_o overlaps the other warps' rings: wait until every warp is done.
   __syncthreads();
+  if constexpr (kVariant == 2) {
+    // One head (r) per lane: reduce over the 8 lanes of each column quad.
+#pragma unroll
+    for (int o = 4; o <= 16; o <<= 1) {
+      st.l += __shfl_xor_sync(0xffffffffu, st.l, o);
+      st.pm += __shfl_xor_sync(0xffffffffu, st.pm, o);
+    }
+    const float sp0 = st.sp[0] + st.sp[1];  // both token halves (all rows of the ones-MMA agree)
+#pragma unroll
+    for (int i = 0; i < D / 16; ++i)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int rp = g + 8 * hf;
+        const float ov = st.o[i][2 * hf] + st.o[i][2 * hf + 1];
+        s_o[warp][r][vq_channel(G, 0, i, rp)] = (ov - sp0) * v_code_factor<G>(i, hf) + st.pm;
+      }
+    if (g == 0) {
+      s_m[warp][r] = st.m;
+      s_l[warp][r] = st.l;
+    }
+  } else {
   // --- finish this warp: reduce row sums (and min terms) over the 8 lanes of a column
 #pragma unroll
   for (int k = 0; k < 2; ++k) {
@@ -772,6 +987,7 @@ __global__ void __launch_bounds__(kThreads, (D <= 128 && G == 128) ? 4 : 1)
     s_l[warp][2 * r] = st.l[0];
     s_l[warp][2 * r + 1] = st.l[1];
   }
+  }  // kVariant != 2
   __syncthreads();
 
   // --- merge the warps; write this chunk's partial (normalized o, log2 lse)
@@ -793,29 +1009,89 @@ __global__ void __launch_bounds__(kThreads, (D <= 128 && G == 128) ? 4 : 1)
     a.partial_o[row * D + ch] = L > 0.0f ? O / L : 0.0f;
     if (ch == 0) a.partial_lse[row] = L > 0.0f ? M + log2f(L) : -INFINITY;
   }
+  // A window launch that started early (programmatic dependent of the middle
+  // launch) completes only after the middle launch has: the merge, which
+  // waits for this grid, then sees both. A no-op for a plain launch.
+  if constexpr (!kQuant) pdl_wait();
 }
 
-// Merges the chunks of each sequence: grid (batch, Hq), D threads.
+// Merges the chunks of each sequence: grid (batch, Hq), kMergeWarps warps.
+// A sequence at batch 1 has hundreds of chunks and the merge is latency-bound:
+// warp w takes chunks w, w + kMergeWarps, ..., four at a time with all their
+// loads in flight, each lane D/32 channels; the warps combine in shared
+// memory. Launched as a programmatic dependent of the split kernels: waits
+// for them before reading.
+constexpr int kMergeWarps = 8;
 template <int D>
-__global__ void __launch_bounds__(256) merge_kernel(const int32_t* seq_chunk_ptr,
-                                                   const float* partial_o, const float* partial_lse,
-                                                   int num_q_heads, float* o, float* lse) {
-  const int b = blockIdx.x, hq = blockIdx.y, ch = threadIdx.x;
+__global__ void __launch_bounds__(32 * kMergeWarps) merge_kernel(const int32_t* seq_chunk_ptr,
+                                                                const float* partial_o,
+                                                                const float* partial_lse,
+                                                                int num_q_heads, float* o, float* lse) {
+  constexpr int V = D / 32, U = 4;
+  __shared__ float s_red[kMergeWarps];
+  __shared__ float s_l[kMergeWarps];
+  __shared__ float s_o[kMergeWarps][D];
+  pdl_wait();
+  const int b = blockIdx.x, hq = blockIdx.y, tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
   const int c0 = seq_chunk_ptr[b], c1 = seq_chunk_ptr[b + 1];
   float M = -INFINITY;
-  for (int c = c0; c < c1; ++c) M = fmaxf(M, partial_lse[int64_t(c) * num_q_heads + hq]);
-  float L = 0.0f, O = 0.0f;
+  for (int c = c0 + tid; c < c1; c += 32 * kMergeWarps)
+    M = fmaxf(M, partial_lse[int64_t(c) * num_q_heads + hq]);
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, off));
+  if (lane == 0) s_red[wid] = M;
+  __syncthreads();
+  M = s_red[0];
+#pragma unroll
+  for (int w = 1; w < kMergeWarps; ++w) M = fmaxf(M, s_red[w]);
+  float acc[V], L = 0.0f;
+#pragma unroll
+  for (int v = 0; v < V; ++v) acc[v] = 0.0f;
   if (M != -INFINITY) {
-    for (int c = c0; c < c1; ++c) {
-      const int64_t row = int64_t(c) * num_q_heads + hq;
-      const float w = exp2f(partial_lse[row] - M);
-      L += w;
-      O += w * partial_o[row * D + ch];
+    for (int c = c0 + wid; c < c1; c += U * kMergeWarps) {
+      float wt[U], x[U][V];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int cu = c + u * kMergeWarps;
+        const int64_t row = int64_t(cu < c1 ? cu : c) * num_q_heads + hq;
+        wt[u] = cu < c1 ? partial_lse[row] : -INFINITY;
+        const float* po = partial_o + row * D + lane * V;
+        if constexpr (V % 4 == 0) {
+#pragma unroll
+          for (int v = 0; v < V; v += 4) {
+            const float4 t = *reinterpret_cast<const float4*>(po + v);
+            x[u][v] = t.x, x[u][v + 1] = t.y, x[u][v + 2] = t.z, x[u][v + 3] = t.w;
+          }
+        } else {
+          static_assert(V == 2, "head_dim 64, 128 or 256");
+          const float2 t = *reinterpret_cast<const float2*>(po);
+          x[u][0] = t.x, x[u][1] = t.y;
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const float w = exp2f(wt[u] - M);  // -inf (no chunk) -> 0
+        L += w;
+#pragma unroll
+        for (int v = 0; v < V; ++v) acc[v] += w * x[u][v];
+      }
     }
   }
+#pragma unroll
+  for (int v = 0; v < V; ++v) s_o[wid][lane * V + v] = acc[v];
+  if (lane == 0) s_l[wid] = L;
+  __syncthreads();
+  float Lt = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kMergeWarps; ++w) Lt += s_l[w];
   const int64_t orow = int64_t(b) * num_q_heads + hq;
-  o[orow * D + ch] = L > 0.0f ? O / L : 0.0f;
-  if (lse && ch == 0) lse[orow] = L > 0.0f ? (M + log2f(L)) * 0.6931471805599453f : -INFINITY;
+  for (int ch = tid; ch < D; ch += 32 * kMergeWarps) {
+    float O = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kMergeWarps; ++w) O += s_o[w][ch];
+    o[orow * D + ch] = Lt > 0.0f ? O / Lt : 0.0f;
+  }
+  if (lse && tid == 0) lse[orow] = Lt > 0.0f ? (M + log2f(Lt)) * 0.6931471805599453f : -INFINITY;
 }
 
 // Rotation of query rows: one block per row, D threads.
@@ -888,17 +1164,37 @@ bool group_supported(int d, int gs) {
 #endif
 }
 
+// Launch with optional programmatic stream serialization (PDL): the kernel
+// may begin while the previous one of the stream is still running; it calls
+// pdl_wait() before it needs that kernel's results.
+template <typename... KArgs, typename... Args>
+cudaError_t launch_kernel(void (*kernel)(KArgs...), dim3 grid, dim3 block, bool pdl,
+                          cudaStream_t stream, Args&&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
 template <int D, int G>
-void launch_quant(dim3 grid, const KernelArgs& a, int variant, cudaStream_t stream) {
-  // Both loop shapes exist for head_dim 128 / group 128 (the benchmark
-  // shape; `variant` picks); the others use the register-prefetch loop.
+cudaError_t launch_quant(dim3 grid, const KernelArgs& a, int variant, cudaStream_t stream) {
+  // head_dim 128 / group 128 (the benchmark shape) has three loop shapes
+  // (`variant` picks, docs/cuda-notes.md); the others use the
+  // register-prefetch loop.
   if constexpr (D == 128 && G == 128) {
-    if (variant != 1) {
-      decode_split_kernel<D, G, true, 0><<<grid, kThreads, 0, stream>>>(a);
-      return;
-    }
+    if ((variant == 0 || variant == 3) && a.gqa <= 4)
+      return launch_kernel(decode_split_kernel<D, G, true, 2>, grid, dim3(kThreads), false, stream, a);
+    if (variant != 1)
+      return launch_kernel(decode_split_kernel<D, G, true, 0>, grid, dim3(kThreads), false, stream, a);
   }
-  decode_split_kernel<D, G, true, 1><<<grid, kThreads, 0, stream>>>(a);
+  return launch_kernel(decode_split_kernel<D, G, true, 1>, grid, dim3(kThreads), false, stream, a);
 }
 
 cudaError_t launch(const DecodeParams& p, const DecodePlan& plan, const DecodeWorkspace& ws,
@@ -919,22 +1215,29 @@ cudaError_t launch(const DecodeParams& p, const DecodePlan& plan, const DecodeWo
   const int32_t* order = ws.chunks + 4 * int64_t(ws.capacity);
   const int nq = plan.num_quant_chunks, nb = plan.num_chunks - plan.num_quant_chunks;
   bool launched = false;
+  const bool pdl = p.pdl != 0;
   OSCAR_DISPATCH_HEAD_DIM(p.kv.head_dim, D, {
     if (nq > 0) {
       OSCAR_DISPATCH_GROUP(p.kv.group_size, D, G, {
         a.order = order;
-        launch_quant<D, G>(dim3(nq, p.kv.num_kv_heads), a, p.variant, stream);
+        OSCAR_CUDA_RETURN_IF_ERROR((launch_quant<D, G>(dim3(nq, p.kv.num_kv_heads), a, p.variant, stream)));
         launched = true;
       });
       if (!launched) return cudaErrorInvalidValue;
     }
     if (nb > 0) {
       a.order = order + nq;
-      decode_split_kernel<D, 128, false><<<dim3(nb, p.kv.num_kv_heads), kThreads, 0, stream>>>(a);
+      // The window chunks do not read the middle's results: with PDL they
+      // run in the middle launch's tail instead of after it.
+      OSCAR_CUDA_RETURN_IF_ERROR((launch_kernel(decode_split_kernel<D, 128, false>,
+                                                dim3(nb, p.kv.num_kv_heads), dim3(kThreads),
+                                                pdl && nq > 0, stream, a)));
     }
-    OSCAR_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-    merge_kernel<D><<<dim3(p.kv.batch, p.num_q_heads), D, 0, stream>>>(
-        ws.seq_chunk_ptr, ws.partial_o, ws.partial_lse, p.num_q_heads, p.o, p.lse);
+    OSCAR_CUDA_RETURN_IF_ERROR((launch_kernel(merge_kernel<D>, dim3(p.kv.batch, p.num_q_heads), dim3(32 * kMergeWarps), pdl,
+                                              stream, static_cast<const int32_t*>(ws.seq_chunk_ptr),
+                                              static_cast<const float*>(ws.partial_o),
+                                              static_cast<const float*>(ws.partial_lse), p.num_q_heads,
+                                              p.o, p.lse)));
     return cudaGetLastError();
   });
   return cudaErrorInvalidValue;

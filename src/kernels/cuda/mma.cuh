@@ -31,6 +31,35 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+// Integer tensor-core product, m16n8k32: A unsigned bytes (row), B signed bytes
+// (col), s32 accumulators. Fragment layout (4 bytes per register, the lowest
+// k in the lowest byte):
+//   A: a0 = (row g, k 4r..4r+3)   a1 = (row g+8, k 4r..4r+3)
+//      a2 = (row g, k 16+4r..+3)  a3 = (row g+8, k 16+4r..+3)
+//   B: b0 = (k 4r..4r+3, col g)   b1 = (k 16+4r..+3, col g)
+//   C: as m16n8k16.
+__device__ __forceinline__ void mma_u8s8(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                         uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Programmatic dependent launch (sm_90): let the next kernel of the stream
+// start launching / wait until the previous one has completed and its
+// writes are visible. No-ops when the launch did not ask for it.
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 // Transposes an 8x8 matrix of 16-bit values held in C/A-fragment layout
 // (lane holds row g, cols 2r..2r+1) so that the lane holds row g of the
 // transpose: turns the S^T accumulator (tokens x heads) into the B operand
