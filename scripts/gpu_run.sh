@@ -30,6 +30,14 @@ if [[ $MODE != tests && $FI == 1 ]] && ls .whl/*.whl > /dev/null 2>&1; then
   FI_WARM=$!
 fi
 
+# AB_FLAGS="-DKNOB=..." builds a second, head_dim-128-only bench with those
+# CUDA flags next to the main build and times it on three shapes at the end.
+if [[ -n ${AB_FLAGS:-} ]]; then
+  (cmake -S tests/cuda/gpu_build -B build-gpu-ab -G Ninja -DCMAKE_BUILD_TYPE=Release \
+     -DCMAKE_CUDA_FLAGS="$AB_FLAGS -DOSCAR_CUDA_MIN_INSTANCES" > "$OUT/build-ab.log" 2>&1 \
+     && ninja -C build-gpu-ab -j4 bench_decode >> "$OUT/build-ab.log" 2>&1) &
+  AB_PID=$!
+fi
 t0=$(date +%s)
 cmake -S tests/cuda/gpu_build -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release > "$OUT/build.log" 2>&1 \
   && ninja -C build-gpu -j12 >> "$OUT/build.log" 2>&1
@@ -53,21 +61,23 @@ fi
 [[ -n $FI_WARM ]] && { wait $FI_WARM; tail -8 "$OUT/warm.log"; }
 if [[ $MODE == tune ]]; then
   # Kernel-tuning run (no FlashInfer): the quick table (int2 / bf16 / int2v7 in
-  # the same run), batch 1 x 128K and the PDL A/B, and a variant build with the
-  # int8-key loop compiled for 5 CTAs per SM (OSCAR_INT8K_MIN_BLOCKS=5).
-  (cmake -S tests/cuda/gpu_build -B build-gpu5 -G Ninja -DCMAKE_BUILD_TYPE=Release \
-     -DCMAKE_CUDA_FLAGS="-DOSCAR_INT8K_MIN_BLOCKS=5 -DOSCAR_CUDA_MIN_INSTANCES" > "$OUT/build5.log" 2>&1 \
-     && ninja -C build-gpu5 -j8 bench_decode >> "$OUT/build5.log" 2>&1) &
-  B5=$!
+  # the same run), larger shapes, the PDL A/B; NCU=1 adds per-kernel durations
+  # at batch 1 and a full profile of the INT2 split kernel at 32 x 32K.
+  if command -v cuobjdump > /dev/null; then
+    obj=$(find build-gpu -name 'decode_attention.cu.o' | head -1)
+    cuobjdump -sass "$obj" > "$OUT/sass.txt" 2>&1
+    python3 bench/cuda/sass_hist.py decode_split_kernelILi128ELi128ELb1ELi2 < "$OUT/sass.txt" | head -40
+  fi
   ./build-gpu/bench_decode --quick 2>&1 | tee "$OUT/bench.log"
   for ob in 1,131072 8,131072 64,65536; do ./build-gpu/bench_decode --only $ob 2>&1 | grep -E "^(int2|bf16)"; done | tee -a "$OUT/bench.log"
   echo "-- no PDL"; for ob in 1,4096 1,131072 32,32768; do ./build-gpu/bench_decode --only $ob --pdl 0 2>&1 | grep -E "^int2 "; done | tee -a "$OUT/bench.log"
-  wait $B5; grep -E "spill|registers" "$OUT/build5.log" | grep -B1 -A0 "spill" | head -4
-  echo "-- int8k loop at 5 CTAs/SM"; for ob in 1,131072 32,32768 64,65536; do ./build-gpu5/bench_decode --only $ob 2>&1 | grep -E "^int2 "; done | tee -a "$OUT/bench.log"
   if [[ ${NCU:-0} == 1 ]] && command -v ncu > /dev/null; then
-    timeout 200 ncu --clock-control none -k regex:"decode_split|merge" -c 6 --section SpeedOfLight \
+    timeout 120 ncu --clock-control none -k regex:"decode_split|merge" -c 3 --section SpeedOfLight \
       ./build-gpu/bench_decode --only 1,131072 --iters 1 > "$OUT/ncu-b1.txt" 2>&1
-    grep -E "decode_split|merge_kernel|Duration" "$OUT/ncu-b1.txt" | head -24
+    grep -E "decode_split|merge_kernel|Duration" "$OUT/ncu-b1.txt" | head -12
+    timeout 200 ncu --clock-control none -k regex:decode_split -c 1 --set full \
+      ./build-gpu/bench_decode --only 32,32768 --iters 1 > "$OUT/ncu-full.txt" 2>&1
+    grep -E "Duration|Throughput|Registers|Achieved Occupancy|Issue Slots|Eligible|Executed Ipc|Stall|Pipe|pipe|Warp Cycles" "$OUT/ncu-full.txt" | head -60
   fi
   exit $status
 fi
@@ -84,6 +94,14 @@ if [[ ${NCU:-0} == 1 ]] && command -v ncu > /dev/null; then
     --metrics smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_wait_per_issue_active.ratio,smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_mio_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_lg_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio,smsp__average_warps_issue_stalled_not_selected_per_issue_active.ratio,smsp__average_warps_issue_stalled_selected_per_issue_active.ratio,smsp__average_warps_issue_stalled_dispatch_stall_per_issue_active.ratio,smsp__average_warps_issue_stalled_no_instruction_per_issue_active.ratio,smsp__average_warps_issue_stalled_tex_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_branch_resolving_per_issue_active.ratio,smsp__average_warps_issue_stalled_imc_miss_per_issue_active.ratio \
     ./build-gpu/bench_decode --only 32,32768 --iters 1 > "$OUT/ncu.txt" 2>&1
   grep -E "Duration|Throughput|Registers|Achieved Occupancy|Theoretical Occupancy|Issue Slots|Eligible|No Eligible|Stall|Warp Cycles|L1/TEX Hit|L2 Hit|Mem Busy|Max Bandwidth|Executed Ipc|stalled" "$OUT/ncu.txt" | head -60
+fi
+if [[ -n ${AB_FLAGS:-} ]]; then
+  wait $AB_PID
+  echo "-- A/B build ($AB_FLAGS) vs main build, int2 rows"
+  for ob in 1,131072 32,32768 64,65536; do
+    ./build-gpu-ab/bench_decode --only $ob 2>&1 | grep -E "^int2 " | sed 's/^/ab   /'
+    ./build-gpu/bench_decode --only $ob 2>&1 | grep -E "^int2 " | sed 's/^/main /'
+  done | tee "$OUT/ab.log"
 fi
 echo; cat "$OUT/table.md"
 exit $status

@@ -502,8 +502,8 @@ constexpr float kQ16 = 32512.0f;  // 127 * 256: hi in [-127, 127], lo in [-128, 
 
 struct Int8Query {
   uint32_t qb[4][2];  // shift s: B fragments (4 x s8) of column g (head g/2, hi if g even else lo)
-  float f;            // head r: sm_scale * log2(e) * amax / kQ16
-  float qsum;         // head r: sum_j qi_j (an integer, exact in fp32)
+  float f;            // head r: sm_scale * log2(e) * amax / kQ16 / 64
+  float qsum;         // head r: 64 sum_j qi_j (an integer, exact in fp32)
 };
 
 template <int D>
@@ -558,26 +558,34 @@ __device__ __forceinline__ void load_int8_query(Int8Query& Q, const float* qhead
     }
   part += __shfl_xor_sync(0xffffffffu, part, 1);
   part += __shfl_xor_sync(0xffffffffu, part, 2);
-  const float f = amax / kQ16 * sm_scale_log2;
+  const float f = amax / kQ16 * sm_scale_log2 * (1.0f / 64.0f);  // 1/64: codes unpacked as 64 c
   // Lane (g, r) holds head g/2's values; it needs head r's: lane 4 * (2r).
-  Q.qsum = static_cast<float>(__shfl_sync(0xffffffffu, part, 8 * r));
+  Q.qsum = 64.0f * static_cast<float>(__shfl_sync(0xffffffffu, part, 8 * r));  // x64 like the codes
   Q.f = __shfl_sync(0xffffffffu, f, 8 * r);
 }
 
 // Logits of one tile for head r, tokens g and g+8 (log2 domain, masked -inf),
-// and the value params of those tokens (zero for padding slots).
+// and the value params of those tokens (zero for padding slots). kMasked =
+// false: the caller knows every token of the tile is valid (no selects).
+template <bool kMasked>
 __device__ __forceinline__ void int8k_logits(const QuantTile<128, 128>& T, const Int8Query& Q, int g,
                                              float (&s)[2], float (&vs)[2], float (&vm)[2]) {
+  // Codes are taken at bits 6-7 of each byte: (w << (6 - 2 sh)) & 0xC0C0C0C0
+  // is 64 c per byte, a left shift (IMAD.SHL, on the FMA pipe) and one LOP3 on
+  // the integer pipe, which the V unpacking already keeps busy (ncu, v10).
+  // The factor 64 is folded into Q.f. |acc| <= 64 * 3 * 128 * 128, so
+  // 256 acc_hi + acc_lo < 2^30: exact in int32.
   int acc[4] = {0, 0, 0, 0};
 #pragma unroll
   for (int sh = 0; sh < 4; ++sh) {
-    constexpr uint32_t m = 0x03030303u;
-    mma_u8s8(acc, (T.kw[0][0][0] >> (2 * sh)) & m, (T.kw[1][0][0] >> (2 * sh)) & m,
-             (T.kw[0][0][1] >> (2 * sh)) & m, (T.kw[1][0][1] >> (2 * sh)) & m, Q.qb[sh][0], Q.qb[sh][1]);
+    constexpr uint32_t m = 0xC0C0C0C0u;
+    const int l = 6 - 2 * sh;
+    mma_u8s8(acc, (T.kw[0][0][0] << l) & m, (T.kw[1][0][0] << l) & m, (T.kw[0][0][1] << l) & m,
+             (T.kw[1][0][1] << l) & m, Q.qb[sh][0], Q.qb[sh][1]);
   }
 #pragma unroll
   for (int tt = 0; tt < 2; ++tt) {
-    const bool ok = g + 8 * tt < T.valid;
+    const bool ok = !kMasked || g + 8 * tt < T.valid;
     const float dot = static_cast<float>(acc[2 * tt] * 256 + acc[2 * tt + 1]);
     const float ks = half_lo(T.kp[tt][0]), km = half_hi(T.kp[tt][0]);
     s[tt] = ok ? Q.f * (ks * dot + km * Q.qsum) : -INFINITY;
@@ -640,12 +648,15 @@ __device__ __forceinline__ void int8k_pv(WarpState1<128>& st, const QuantTile<12
   }
 }
 
-template <int N>
+#ifndef OSCAR_INT8K_FASTPATH
+#define OSCAR_INT8K_FASTPATH 1  // unmasked code for steps of full tiles (build-time A/B knob)
+#endif
+template <int N, bool kMasked>
 __device__ __forceinline__ void compute_int8k_tiles(WarpState1<128>& st, const QuantTile<128, 128> (&T)[N],
                                                     const Int8Query& Q, int g) {
   float s[N][2], vs[N][2], vm[N][2];
 #pragma unroll
-  for (int u = 0; u < N; ++u) int8k_logits(T[u], Q, g, s[u], vs[u], vm[u]);
+  for (int u = 0; u < N; ++u) int8k_logits<kMasked>(T[u], Q, g, s[u], vs[u], vm[u]);
   softmax_step1(st, s);
 #pragma unroll
   for (int u = 0; u < N; ++u) int8k_pv(st, T[u], s[u], vs[u], vm[u], g);
@@ -907,9 +918,17 @@ __global__ void __launch_bounds__(kThreads, kVariant == 2                    ? O
                                      reinterpret_cast<const uint32_t*>(ti + 32 * RB + 64 * (D / G)), g, r);
           cur[u].valid = t + u <= tlast ? min(kTileTokens, len - (t + u) * kTileTokens) : 0;
         }
-        if constexpr (kVariant == 2)
-          compute_int8k_tiles(st, cur, Q8, g);
-        else
+        if constexpr (kVariant == 2) {
+          // Steps whose tiles are all full (all but the last of a chunk) skip
+          // the masking selects; `valid` is the same in every lane.
+          bool full = OSCAR_INT8K_FASTPATH != 0;
+#pragma unroll
+          for (int u = 0; u < TPI; ++u) full = full && cur[u].valid == kTileTokens;
+          if (full)
+            compute_int8k_tiles<TPI, false>(st, cur, Q8, g);
+          else
+            compute_int8k_tiles<TPI, true>(st, cur, Q8, g);
+        } else
           compute_quant_tiles(st, cur, Q, g);
         __syncwarp();  // every lane has read this stage before it is refilled
       }
