@@ -98,7 +98,7 @@ fi
 if [[ -n ${AB_FLAGS:-} ]]; then
   wait $AB_PID
   echo "-- A/B build ($AB_FLAGS) vs main build, int2 rows"
-  for ob in 1,131072 32,32768 64,65536; do
+  for ob in 1,131072 8,131072 32,32768 64,65536; do
     ./build-gpu-ab/bench_decode --only $ob 2>&1 | grep -E "^int2 " | sed 's/^/ab   /'
     ./build-gpu/bench_decode --only $ob 2>&1 | grep -E "^int2 " | sed 's/^/main /'
   done | tee "$OUT/ab.log"

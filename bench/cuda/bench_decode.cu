@@ -264,7 +264,8 @@ int main(int argc, char** argv) {
         if (!int2 && bf16_gb > 60) continue;
         BenchCache cache(int2, batch, ctx, rng);
         DecodePlan plan = plan_decode(batch, cache.h_len[0].data(), cache.h_len[1].data(),
-                                      cache.h_len[2].data(), kHkv, prop.multiProcessorCount);
+                                      cache.h_len[2].data(), kHkv, prop.multiProcessorCount, 0,
+                                      kind == 2 ? 4 : 0);  // the v7 loop keeps 4 CTAs per SM
         OSCAR_CUDA_CHECK(upload_plan(plan, ws, nullptr));
         DecodeParams p;
         p.kv = cache.view;

@@ -52,6 +52,8 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr int kQuantTilesPerIter = 2;
 // A BF16 tile moves ~7x the bytes of an INT2 tile (16 vs 2.25 bits).
 constexpr int kBf16TileCost = 7;
+// Bytes of one INT2 tile image: K and V codes [16][D/4], K and V params [16][D/G][2] fp16.
+__host__ __device__ constexpr int quant_tile_bytes(int D, int G) { return 8 * D + 128 * (D / G); }
 
 // ---------------------------------------------------------------------------
 // Virtual-channel maps: which real channel sits at position kpos (0..15) of
@@ -651,6 +653,9 @@ __device__ __forceinline__ void int8k_pv(WarpState1<128>& st, const QuantTile<12
 #ifndef OSCAR_INT8K_FASTPATH
 #define OSCAR_INT8K_FASTPATH 1  // unmasked code for steps of full tiles (build-time A/B knob)
 #endif
+#ifndef OSCAR_INT8K_LAZY
+#define OSCAR_INT8K_LAZY 0  // fragments loaded from the ring just before use (build-time A/B knob, v11)
+#endif
 template <int N, bool kMasked>
 __device__ __forceinline__ void compute_int8k_tiles(WarpState1<128>& st, const QuantTile<128, 128> (&T)[N],
                                                     const Int8Query& Q, int g) {
@@ -660,6 +665,45 @@ __device__ __forceinline__ void compute_int8k_tiles(WarpState1<128>& st, const Q
   softmax_step1(st, s);
 #pragma unroll
   for (int u = 0; u < N; ++u) int8k_pv(st, T[u], s[u], vs[u], vm[u], g);
+}
+
+// The same step read straight from the shared-memory ring, each fragment
+// loaded just before its use (K codes and params for the logits, V codes for
+// P.V) instead of all four tiles' fragments up front: fewer live registers
+// (OSCAR_INT8K_LAZY, a build-time A/B knob with OSCAR_INT8K_MIN_BLOCKS).
+template <int N, bool kMasked>
+__device__ __forceinline__ void compute_int8k_ring(WarpState1<128>& st, const uint8_t* img, const int (&valid)[N],
+                                                   const Int8Query& Q, int g, int r) {
+  constexpr int RB = 32, TB = quant_tile_bytes(128, 128);
+  float s[N][2], vs[N][2], vm[N][2];
+#pragma unroll
+  for (int u = 0; u < N; ++u) {
+    const uint8_t* ti = img + u * TB;
+    QuantTile<128, 128> T;
+    const uint8_t* kc = ti + (g * RB + 8 * r);
+    const uint32_t* kp = reinterpret_cast<const uint32_t*>(ti + 32 * RB) + g;
+    const uint32_t* vp = reinterpret_cast<const uint32_t*>(ti + 32 * RB + 64) + g;
+#pragma unroll
+    for (int tt = 0; tt < 2; ++tt) {
+      const uint2 w = *reinterpret_cast<const uint2*>(kc + 8 * tt * RB);
+      T.kw[tt][0][0] = w.x;
+      T.kw[tt][0][1] = w.y;
+      T.kp[tt][0] = kp[8 * tt];
+      T.vp[tt][0] = vp[8 * tt];
+    }
+    T.valid = valid[u];
+    int8k_logits<kMasked>(T, Q, g, s[u], vs[u], vm[u]);
+  }
+  softmax_step1(st, s);
+#pragma unroll
+  for (int u = 0; u < N; ++u) {
+    const uint8_t* vc = img + u * TB + 16 * RB + (2 * r * RB + 4 * g);
+    QuantTile<128, 128> T;
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+      T.vw[k][0] = *reinterpret_cast<const uint32_t*>(vc + ((k & 1) + 8 * (k >> 1)) * RB);
+    int8k_pv(st, T, s[u], vs[u], vm[u], g);
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -772,8 +816,6 @@ __device__ __forceinline__ void compute_bf16_tile(WarpState<D, NG>& st, const Bf
 // with int8 tensor cores for K (head_dim 128, group 128, GQA <= 4: the
 // default there).
 constexpr int kRingStages = 2, kRingTiles = 4;
-// Bytes of one INT2 tile image: K and V codes [16][D/4], K and V params [16][D/G][2] fp16.
-__host__ __device__ constexpr int quant_tile_bytes(int D, int G) { return 8 * D + 128 * (D / G); }
 
 // Issues the cp.async copies of TPI tiles (tiles past tlast: the last tile again).
 template <int D, int G, int TPI>
@@ -806,7 +848,7 @@ __device__ __forceinline__ void issue_tile_copies(uint8_t* dst, const kv::PagedK
 // Resident CTAs per SM the int8-key loop is compiled for (register cap
 // 65536 / (128 threads * N)); a build-time knob for tuning.
 #ifndef OSCAR_INT8K_MIN_BLOCKS
-#define OSCAR_INT8K_MIN_BLOCKS 4
+#define OSCAR_INT8K_MIN_BLOCKS 4  // 5 with OSCAR_INT8K_LAZY=1 fits in 96 registers but ran slower (v11)
 #endif
 template <int D, int G, bool kQuant, int kVariant = 0>
 __global__ void __launch_bounds__(kThreads, kVariant == 2                    ? OSCAR_INT8K_MIN_BLOCKS
@@ -911,6 +953,22 @@ __global__ void __launch_bounds__(kThreads, kVariant == 2                    ? O
         cp_async_wait<1>();
         __syncwarp();
         const uint8_t* img = ring + (j % kRingStages) * TPI * TB;
+#if OSCAR_INT8K_LAZY
+        if constexpr (kVariant == 2) {
+          int valid[TPI];
+          bool full = OSCAR_INT8K_FASTPATH != 0;
+#pragma unroll
+          for (int u = 0; u < TPI; ++u) {
+            valid[u] = t + u <= tlast ? min(kTileTokens, len - (t + u) * kTileTokens) : 0;
+            full = full && valid[u] == kTileTokens;
+          }
+          if (full)
+            compute_int8k_ring<TPI, false>(st, img, valid, Q8, g, r);
+          else
+            compute_int8k_ring<TPI, true>(st, img, valid, Q8, g, r);
+        } else
+#endif
+        {
 #pragma unroll
         for (int u = 0; u < TPI; ++u) {
           const uint8_t* ti = img + u * TB;
@@ -930,6 +988,7 @@ __global__ void __launch_bounds__(kThreads, kVariant == 2                    ? O
             compute_int8k_tiles<TPI, true>(st, cur, Q8, g);
         } else
           compute_quant_tiles(st, cur, Q, g);
+        }
         __syncwarp();  // every lane has read this stage before it is refilled
       }
       cp_async_wait<0>();
@@ -1280,11 +1339,13 @@ DecodePlan plan_decode(int batch, const int32_t* sink_len, const int32_t* mid_le
   if (tiles_per_chunk > 0) {
     plan.tiles_per_chunk_quant = plan.tiles_per_chunk_bf16 = tiles_per_chunk;
   } else {
-    // Aim for ~ctas_per_sm CTAs per SM over the whole launch (default 4: one
+    // Aim for ~ctas_per_sm CTAs per SM over the whole launch (default: the
+    // resident CTAs of the default INT2 loop, OSCAR_INT8K_MIN_BLOCKS: one
     // wave of the 4 resident CTAs), in units of INT2-tile cost; never split
     // below one tile group per warp, so that small work is not drowned in
     // partials.
     const int64_t work = (quant_tiles + kBf16TileCost * bf16_tiles) * std::max(num_kv_heads, 1);
+    if (ctas_per_sm <= 0) ctas_per_sm = OSCAR_INT8K_MIN_BLOCKS;
     const int64_t target = int64_t(std::max(num_sms, 1)) * std::max(ctas_per_sm, 1);
     const int64_t per_cta = std::max<int64_t>(1, (work + target - 1) / target);
     const int qmin = kWarps * 4;  // whole steps of either loop variant

@@ -70,10 +70,11 @@ struct DecodePlan {
 // Builds the plan from HOST copies of the region lengths ([batch] each).
 // num_sms: the device's multiprocessor count. tiles_per_chunk > 0 forces a
 // chunk size (tests use it to exercise the merge); 0 picks one so that the
-// whole step makes about ctas_per_sm CTAs per SM (4 are resident at once).
+// whole step makes about ctas_per_sm CTAs per SM (0: as many as the default
+// INT2 loop keeps resident, one wave).
 DecodePlan plan_decode(int batch, const int32_t* sink_len, const int32_t* mid_len,
                        const int32_t* recent_len, int num_kv_heads, int num_sms,
-                       int tiles_per_chunk = 0, int ctas_per_sm = 4);
+                       int tiles_per_chunk = 0, int ctas_per_sm = 0);
 
 // Device buffers the decode kernels use; the caller owns them (kv/ or the
 // engine allocates once, sized for the largest plan).
