@@ -148,6 +148,10 @@ TEST(CudaDecode, LoopVariantsD128) {
       expect_ok({128, 128, gqa, 2, 16, mixed_seqs(16), 2, name.c_str()}, ++seed, false, variant);
     }
     expect_ok({128, 128, 4, 8, 64, mixed_seqs(64), 0, "no pdl"}, ++seed, false, variant, /*pdl=*/0);
+    // Page 64 with chunks of 3 tiles (groups straddle pages: per-tile page
+    // lookups) and of 8 tiles (page-aligned groups: one lookup per group).
+    expect_ok({128, 128, 4, 2, 64, mixed_seqs(64), 3, "page 64, 3-tile chunks"}, ++seed, false, variant);
+    expect_ok({128, 128, 4, 2, 64, mixed_seqs(64), 8, "page 64, 8-tile chunks"}, ++seed, false, variant);
   }
 }
 
