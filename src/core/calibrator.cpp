@@ -19,6 +19,7 @@ namespace oscar {
 namespace {
 
 constexpr int64_t kChunkTokens = 1024;
+constexpr int64_t kTaskTokens = 512;  // tokens per accumulate() task
 
 struct LayerAcc {
   int64_t tokens = 0;
@@ -65,6 +66,7 @@ struct Calibrator::Impl {
   bool need_kk, need_vv, need_oo, need_kw;
   std::vector<LayerAcc> layers;
   std::vector<std::vector<double>> dbuf;  // per-worker conversion scratch
+  std::vector<double> partial;            // per-task sums of accumulate()
   bool keep = false;
 
   Impl(CalibConfig c, int nl, int nq, int nkv, int hd)
@@ -118,21 +120,30 @@ struct Calibrator::Impl {
 
   // sum[h] += Σ rows of head h: src is [T][nheads_src][d] where head h owns the
   // `per` consecutive source heads [h*per, (h+1)*per).
+  // Tasks are (head, span of kTaskTokens tokens), so 2 threads stay busy with 3
+  // heads; each task sums into its own fp64 partial, and the partials are added
+  // to `sum` in task order (the result does not depend on the thread count).
   void accumulate(std::vector<double>& sum, const float* src, int64_t T, int nheads_src, int per) {
-    const int64_t rows_per_chunk = kChunkTokens * per;
+    const int64_t spans = (T + kTaskTokens - 1) / kTaskTokens;
+    const int64_t dd = int64_t(d) * d;
+    const int tasks = static_cast<int>(H * spans);
     dbuf.resize(static_cast<size_t>(std::max(1, default_threads())));
-    // Heads are independent: one worker per head, each with its own scratch.
-    parallel_for(H, [&](int h, int w) {
+    partial.assign(static_cast<size_t>(tasks * dd), 0.0);
+    parallel_for(tasks, [&](int task, int w) {
+      const int h = static_cast<int>(task / spans);
+      const int64_t s0 = (task % spans) * kTaskTokens, s1 = std::min(T, s0 + kTaskTokens);
       std::vector<double>& buf = dbuf[static_cast<size_t>(w)];
-      buf.resize(static_cast<size_t>(rows_per_chunk * d));
-      for (int64_t t0 = 0; t0 < T; t0 += kChunkTokens) {
-        const int64_t m = std::min(kChunkTokens, T - t0);
-        // Token t's `per` rows of head h are contiguous: one (per*d)-wide row.
-        gather_rows(src + (t0 * nheads_src + static_cast<int64_t>(h) * per) * d, m,
-                    int64_t(per) * d, int64_t(nheads_src) * d, buf.data());
-        la::syrk_upper_acc(buf.data(), m * per, d, d, sum.data() + static_cast<size_t>(h) * d * d);
-      }
+      buf.resize(static_cast<size_t>(kTaskTokens * per * d));
+      // Token t's `per` rows of head h are contiguous: one (per*d)-wide row.
+      gather_rows(src + (s0 * nheads_src + static_cast<int64_t>(h) * per) * d, s1 - s0,
+                  int64_t(per) * d, int64_t(nheads_src) * d, buf.data());
+      la::syrk_upper_acc(buf.data(), (s1 - s0) * per, d, d, partial.data() + task * dd);
     });
+    for (int task = 0; task < tasks; ++task) {
+      double* dst = sum.data() + static_cast<size_t>(task / spans) * dd;
+      const double* p = partial.data() + task * dd;
+      for (int64_t i = 0; i < dd; ++i) dst[i] += p[i];
+    }
   }
 
   void add(int l, const float* q, const float* k, const float* v, const float* o, int64_t T) {
@@ -192,12 +203,12 @@ struct Calibrator::Impl {
                                    const std::vector<double>& query) const {
     std::vector<double> out(static_cast<size_t>(H) * d * d, 0.0);
     const int64_t row = int64_t(H) * d;
-    std::vector<double> dens(static_cast<size_t>(H), 0.0);
-    parallel_for(H, [&](int h, int) {
-      // w_t = k C_Q kᵀ = ‖k L‖² with C_Q + εI = L Lᵀ (Cholesky): a triangular
-      // product, half the flops of k·C_Q. ε = 1e-12·tr/d keeps a singular C_Q
-      // factorizable and moves w by a relative ~1e-12.
-      using RowMat = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+    // w_t = k C_Q kᵀ = ‖k L‖² with C_Q + εI = L Lᵀ (Cholesky): a triangular
+    // product, half the flops of k·C_Q. ε = 1e-12·tr/d keeps a singular C_Q
+    // factorizable and moves w by a relative ~1e-12.
+    using RowMat = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+    std::vector<RowMat> Lf(static_cast<size_t>(H));
+    for (int h = 0; h < H; ++h) {
       RowMat Cq = Eigen::Map<const RowMat>(query.data() + static_cast<size_t>(h) * d * d, d, d);
       const double eps = 1e-12 * std::max(Cq.trace() / d, 1e-300);
       Cq.diagonal().array() += eps;
@@ -207,28 +218,46 @@ struct Calibrator::Impl {
             "calibrator: layer {} kv head {}: query covariance is not positive semi-definite "
             "(non-finite activations?)",
             l, h));
-      const RowMat Lf = llt.matrixL();
+      Lf[static_cast<size_t>(h)] = llt.matrixL();
+    }
+    // Tasks (head, add() block): each sums into its own numerator / denominator,
+    // added per head in block order (independent of the thread count).
+    const int nb = static_cast<int>(a.kblocks.size());
+    const int64_t dd = int64_t(d) * d;
+    std::vector<double> nums(static_cast<size_t>(int64_t(H) * nb * dd), 0.0),
+        dens_t(static_cast<size_t>(H) * nb, 0.0);
+    parallel_for(H * nb, [&](int task, int) {
+      const int h = task / nb, blk = task % nb;
       std::vector<double> K(static_cast<size_t>(kChunkTokens * d)), W(K.size()), V(K.size());
       double den = 0.0;
-      double* num = out.data() + static_cast<size_t>(h) * d * d;
-      for (size_t blk = 0; blk < a.kblocks.size(); ++blk)
-        for (int64_t t0 = 0, Tb = static_cast<int64_t>(a.kblocks[blk].size()) / row; t0 < Tb;
-             t0 += kChunkTokens) {
-          const int64_t m = std::min(kChunkTokens, Tb - t0);
-          gather_rows(a.kblocks[blk].data() + t0 * row + int64_t(h) * d, m, d, row, K.data());
-          gather_rows(a.vblocks[blk].data() + t0 * row + int64_t(h) * d, m, d, row, V.data());
-          la::gemm_lower(K.data(), Lf.data(), W.data(), m, d);
-          for (int64_t t = 0; t < m; ++t) {
-            double w = 0.0;
-            for (int c = 0; c < d; ++c) w += W[t * d + c] * W[t * d + c];
-            den += w;
-            const double s = std::sqrt(w);
-            for (int c = 0; c < d; ++c) V[t * d + c] *= s;
-          }
-          la::syrk_upper_acc(V.data(), m, d, d, num);
+      double* num = nums.data() + task * dd;
+      const int64_t Tb = static_cast<int64_t>(a.kblocks[static_cast<size_t>(blk)].size()) / row;
+      for (int64_t t0 = 0; t0 < Tb; t0 += kChunkTokens) {
+        const int64_t m = std::min(kChunkTokens, Tb - t0);
+        gather_rows(a.kblocks[static_cast<size_t>(blk)].data() + t0 * row + int64_t(h) * d, m, d,
+                    row, K.data());
+        gather_rows(a.vblocks[static_cast<size_t>(blk)].data() + t0 * row + int64_t(h) * d, m, d,
+                    row, V.data());
+        la::gemm_lower(K.data(), Lf[static_cast<size_t>(h)].data(), W.data(), m, d);
+        for (int64_t t = 0; t < m; ++t) {
+          double w = 0.0;
+          for (int c = 0; c < d; ++c) w += W[t * d + c] * W[t * d + c];
+          den += w;
+          const double s = std::sqrt(w);
+          for (int c = 0; c < d; ++c) V[t * d + c] *= s;
         }
-      dens[static_cast<size_t>(h)] = den;
+        la::syrk_upper_acc(V.data(), m, d, d, num);
+      }
+      dens_t[static_cast<size_t>(task)] = den;
     });
+    std::vector<double> dens(static_cast<size_t>(H), 0.0);
+    for (int task = 0; task < H * nb; ++task) {
+      const int h = task / nb;
+      dens[static_cast<size_t>(h)] += dens_t[static_cast<size_t>(task)];
+      double* num = out.data() + static_cast<size_t>(h) * dd;
+      const double* p = nums.data() + task * dd;
+      for (int64_t i = 0; i < dd; ++i) num[i] += p[i];
+    }
     for (int h = 0; h < H; ++h) {
       const double den = dens[static_cast<size_t>(h)];
       if (!(den > 0.0) || !std::isfinite(den))

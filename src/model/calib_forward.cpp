@@ -1,13 +1,16 @@
 #include "model/calib_forward.h"
 
-#include <cblas.h>
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
+#include <memory>
 
 #include "core/error.h"
+#include "model/ops_gemm.h"
+#include "model/ops_threads.h"
 #include "model/rope.h"
 
 namespace oscar::model {
@@ -96,37 +99,57 @@ void DenseForward::logits(const float* hidden, int n, std::vector<float>& out) {
   be_.to_host(y->data(), out.data(), out.size());
 }
 
+void DenseForward::project_attention(int layer, const float* o, int n, std::vector<float>& y) {
+  if (layer < 0 || layer >= cfg_.n_layers || n < 0)
+    throw Error(fmt::format("dense forward: project_attention(layer {}, {} rows) out of range", layer, n));
+  const int H = cfg_.hidden;
+  const size_t Dq = size_t(cfg_.n_heads) * cfg_.head_dim;
+  y.resize(size_t(n) * H);
+  if (n == 0) return;
+  BufferPtr x = be_.alloc(size_t(n) * Dq), out = be_.alloc(size_t(n) * H);
+  be_.from_host(o, x->data(), size_t(n) * Dq);
+  be_.linear(*layers_[layer].wo, x->data(), n, out->data());
+  be_.to_host(out->data(), y.data(), y.size());
+}
+
 void dense_causal_attention(const float* q, const float* k, const float* v, int T, int Hq,
                             int Hkv, int d, float* o) {
   const int group = Hq / Hkv;
-  const int ldq = Hq * d, ldk = Hkv * d;
-  const float scale = 1.0f / std::sqrt(float(d));
-  constexpr int kBlock = 256;  // query rows per block: S is [kBlock][t1]
-  std::vector<float> S(size_t(kBlock) * T);
-  for (int g = 0; g < Hq; ++g) {
-    const int h = g / group;
-    for (int t0 = 0; t0 < T; t0 += kBlock) {
-      const int t1 = std::min(T, t0 + kBlock), n = t1 - t0;
-      // S = Q_blk K[0:t1]^T * scale   [n][t1]
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, t1, d, scale,
-                  q + size_t(t0) * ldq + size_t(g) * d, ldq, k + size_t(h) * d, ldk, 0.0f,
-                  S.data(), t1);
-      for (int i = 0; i < n; ++i) {
-        float* s = S.data() + size_t(i) * t1;
-        const int len = t0 + i + 1;  // causal: keys 0..t
-        float mx = -std::numeric_limits<float>::infinity();
-        for (int j = 0; j < len; ++j) mx = std::max(mx, s[j]);
-        double sum = 0;
-        for (int j = 0; j < len; ++j) sum += (s[j] = std::exp(s[j] - mx));
-        const float inv = float(1.0 / sum);
-        for (int j = 0; j < len; ++j) s[j] *= inv;
-        for (int j = len; j < t1; ++j) s[j] = 0.0f;
-      }
-      // O_blk = P V[0:t1]   [n][d]
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, d, t1, 1.0f, S.data(), t1,
-                  v + size_t(h) * d, ldk, 0.0f, o + size_t(t0) * ldq + size_t(g) * d, ldq);
-    }
+  const int64_t ldq = int64_t(Hq) * d, ldk = int64_t(Hkv) * d;
+  // Scores in base 2: s = q·k · scale · log2(e), so the softmax is 2^(s - max).
+  const float alpha = float(1.4426950408889634 / std::sqrt(double(d)));
+  // Keys and values of each KV head packed once for every query block and head.
+  std::unique_ptr<PackedB[]> kp(new PackedB[size_t(Hkv)]), vp(new PackedB[size_t(Hkv)]);
+  for (int h = 0; h < Hkv; ++h) {
+    kp[size_t(h)].pack(k + int64_t(h) * d, ldk, /*b_nk=*/true, T, d);
+    vp[size_t(h)].pack(v + int64_t(h) * d, ldk, /*b_nk=*/false, d, T);
   }
+  // Tasks (query block, head), the longest blocks first, pulled by the op
+  // threads. Block b's queries see keys [0, t1) only (causal): S is [n][t1].
+  constexpr int kBlock = 112;  // query rows per task: 8 GEMM row tiles
+  const int nblk = (T + kBlock - 1) / kBlock;
+  const int64_t ntask = int64_t(nblk) * Hq;
+  std::atomic<int64_t> next{0};
+  parallel_for(op_threads(), 1, [&](int64_t, int64_t) {
+    thread_local std::vector<float> S;
+    thread_local std::vector<float> inv;
+    for (int64_t task; (task = next.fetch_add(1)) < ntask;) {
+      const int b = nblk - 1 - int(task / Hq), g = int(task % Hq), h = g / group;
+      const int t0 = b * kBlock, t1 = std::min(T, t0 + kBlock), n = t1 - t0;
+      const int64_t lds = (t1 + 15) / 16 * 16 + 16;  // rows not 4 KiB apart
+      S.resize(size_t(n) * lds);
+      gemm_packed(n, t1, d, q + int64_t(t0) * ldq + int64_t(g) * d, ldq, kp[size_t(h)], S.data(),
+                  lds, alpha);
+      // Unnormalized weights 2^(s - max); each output row is divided by its Σ.
+      inv.resize(size_t(n));
+      for (int i = 0; i < n; ++i)
+        inv[size_t(i)] = float(1.0 / exp2_row(S.data() + i * lds, t0 + i + 1, t1));
+      float* ob = o + int64_t(t0) * ldq + int64_t(g) * d;
+      gemm_packed(n, d, t1, S.data(), lds, vp[size_t(h)], ob, ldq);
+      for (int i = 0; i < n; ++i)
+        for (int c = 0; c < d; ++c) ob[i * ldq + c] *= inv[size_t(i)];
+    }
+  });
 }
 
 }  // namespace oscar::model

@@ -55,6 +55,11 @@ class DenseForward {
   //   hidden [n][hidden] -> logits [n][vocab]
   void logits(const float* hidden, int n, std::vector<float>& logits);
 
+  // The attention block's output (o_proj) of one layer for n rows of
+  // attention outputs: o [n][Hq*d] -> y [n][hidden] = o W_o^T (the accuracy
+  // evaluation's "error after o_proj" view; callable from inside a hook).
+  void project_attention(int layer, const float* o, int n, std::vector<float>& y);
+
  private:
   struct Layer;
   Backend& be_;
@@ -64,7 +69,7 @@ class DenseForward {
   std::vector<float> inv_freq_;
 };
 
-// Exact causal attention, fp32 with BLAS, query rows in blocks:
+// Exact causal attention, fp32 (the blocked GEMM of ops_gemm.h), query rows in blocks:
 //   q [T][Hq][d], k, v [T][Hkv][d] -> o [T][Hq][d];  o_t = softmax(q_t K[0..t]^T * scale) V.
 void dense_causal_attention(const float* q, const float* k, const float* v, int T, int Hq,
                             int Hkv, int d, float* o);

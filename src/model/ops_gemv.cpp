@@ -1,6 +1,5 @@
 #include "model/ops_gemv.h"
 
-#include <cblas.h>
 #include <immintrin.h>
 
 // GCC 12's avx512fintrin.h trips -Wmaybe-uninitialized inside its own
@@ -13,6 +12,7 @@
 #include <vector>
 
 #include "core/half.h"
+#include "model/ops_gemm.h"
 #include "model/ops_threads.h"
 
 namespace oscar::model {
@@ -96,11 +96,7 @@ __attribute__((target("avx512f,avx512bw,fma"))) void rows_avx512(const W* w, int
   }
 }
 
-// --- AVX-512 GEMM for many token rows (prefill): register tiles of 4 weight
-// rows x 4 token rows (16 accumulators, 8 loads per 16 FMAs), token chunks of
-// 64 so the chunk of x stays in L2 while the thread's weight rows stream by.
-// OpenBLAS is not used here: Debian's build picks its SSE3 "Prescott" kernels
-// on this CPU unless OPENBLAS_CORETYPE is set (measured 3x slower).
+// Register tile of R weight rows x NT token rows for the decode GEMV.
 template <int R, int NT, typename W>
 __attribute__((target("avx512f,avx512bw,fma"))) void tile_avx512(const W* w, int64_t in,
                                                                   const float* x, float* s) {
@@ -122,34 +118,6 @@ __attribute__((target("avx512f,avx512bw,fma"))) void tile_avx512(const W* w, int
       for (int64_t cc = c; cc < in; ++cc) v += load_w(w + i * in, cc) * x[t * in + cc];
       s[i * NT + t] = v;
     }
-}
-
-template <typename W>
-__attribute__((target("avx512f,avx512bw,fma"))) void gemm_avx512(const W* w, int64_t out,
-                                                                  int64_t in, const float* bias,
-                                                                  const float* x, int n, float* y,
-                                                                  int64_t r0, int64_t r1) {
-  constexpr int kChunk = 64;
-  float s[16];
-  for (int tc = 0; tc < n; tc += kChunk) {
-    const int te = std::min(n, tc + kChunk);
-    int64_t r = r0;
-    for (; r + 4 <= r1; r += 4) {
-      const W* wr = w + r * in;
-      int t = tc;
-      for (; t + 4 <= te; t += 4) {
-        tile_avx512<4, 4>(wr, in, x + int64_t(t) * in, s);
-        for (int i = 0; i < 4; ++i)
-          for (int j = 0; j < 4; ++j)
-            y[int64_t(t + j) * out + r + i] = s[i * 4 + j] + (bias ? bias[r + i] : 0.f);
-      }
-      for (; t < te; ++t) {
-        tile_avx512<4, 1>(wr, in, x + int64_t(t) * in, s);
-        for (int i = 0; i < 4; ++i) y[int64_t(t) * out + r + i] = s[i] + (bias ? bias[r + i] : 0.f);
-      }
-    }
-    if (r < r1) rows_avx512(w, out, in, bias, x + int64_t(tc) * in, te - tc, y + int64_t(tc) * out, r, r1);
-  }
 }
 
 // --- AVX2: 8 channels per step.
@@ -242,19 +210,6 @@ void gemv(const W* w, int64_t out, int64_t in, const float* bias, const float* x
   });
 }
 
-void add_bias(const float* bias, int64_t out, int n, float* y) {
-  if (!bias) return;
-  for (int t = 0; t < n; ++t)
-    for (int64_t r = 0; r < out; ++r) y[int64_t(t) * out + r] += bias[r];
-}
-
-template <typename W>
-void gemm(const W* w, int64_t out, int64_t in, const float* bias, const float* x, int n, float* y) {
-  parallel_for(out, 16, [&](int64_t r0, int64_t r1) {
-    gemm_avx512(w, out, in, bias, x, n, y, r0, r1);
-  });
-}
-
 }  // namespace
 
 const char* gemv_isa() {
@@ -268,33 +223,13 @@ const char* gemv_isa() {
 void linear_f32(const float* w, int64_t out, int64_t in, const float* bias, const float* x, int n,
                 float* y) {
   if (n < kGemmMinRows) return gemv(w, out, in, bias, x, n, y);
-  if (g_isa == Isa::kAvx512) return gemm(w, out, in, bias, x, n, y);
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, static_cast<int>(out),
-              static_cast<int>(in), 1.0f, x, static_cast<int>(in), w, static_cast<int>(in), 0.0f, y,
-              static_cast<int>(out));
-  add_bias(bias, out, n, y);
+  gemm_f32(n, out, in, x, in, w, in, /*b_nk=*/true, y, out, 1.0f, bias);
 }
 
 void linear_bf16(const uint16_t* w, int64_t out, int64_t in, const float* bias, const float* x,
                  int n, float* y) {
   if (n < kGemmMinRows) return gemv(w, out, in, bias, x, n, y);
-  if (g_isa == Isa::kAvx512) return gemm(w, out, in, bias, x, n, y);
-  // Widen a tile of rows to f32 and hand it to sgemm; the widening is O(out*in)
-  // per call, amortized over the n rows of the product.
-  const int64_t tile = std::max<int64_t>(64, (1 << 20) / std::max<int64_t>(in, 1));
-  thread_local std::vector<float> wf;
-  wf.resize(size_t(std::min(tile, out) * in));
-  for (int64_t r0 = 0; r0 < out; r0 += tile) {
-    const int64_t rows = std::min(tile, out - r0);
-    float* dst = wf.data();  // not `wf` inside the lambda: it is thread_local
-    parallel_for(rows * in, 4096, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) dst[i] = bf16_to_f32(w[r0 * in + i]);
-    });
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, static_cast<int>(rows),
-                static_cast<int>(in), 1.0f, x, static_cast<int>(in), wf.data(),
-                static_cast<int>(in), 0.0f, y + r0, static_cast<int>(out));
-  }
-  add_bias(bias, out, n, y);
+  gemm_bf16w(n, out, in, x, in, w, in, y, out, bias);
 }
 
 void linear_f32_ref(const float* w, int64_t out, int64_t in, const float* bias, const float* x,

@@ -5,15 +5,15 @@
 //
 // W is f32 or bf16 (raw bits). fp32 accumulation always. Small n runs our own
 // multithreaded GEMV (each weight row is streamed once for all n rows: decode is
-// memory-bound); large n goes to OpenBLAS sgemm (bf16 weights are widened to f32
-// tile by tile, so the bf16 copy is the only one kept).
+// memory-bound); large n goes to the blocked GEMM of ops_gemm.h (bf16 weights
+// are widened to f32 while packing, so the bf16 copy is the only one kept).
 #pragma once
 
 #include <cstdint>
 
 namespace oscar::model {
 
-// Token rows from which linear_* switch to sgemm.
+// Token rows from which linear_* switch to the blocked GEMM.
 inline constexpr int kGemmMinRows = 16;
 
 void linear_f32(const float* w, int64_t out, int64_t in, const float* bias, const float* x, int n,

@@ -137,8 +137,16 @@ TEST(OscarSim, QuantizationChangesTheLogits) {
       const double e = std::fabs(h0[size_t(t) * H + c] - h1[size_t(t) * H + c]);
       (t < kSink + kRecent + kPage ? early : late) = std::max(t < kSink + kRecent + kPage ? early : late, e);
     }
-  EXPECT_LT(early, 1e-5);  // nothing is quantized before the first demotion (fp noise only)
+  // Nothing is quantized before the first demotion: the two runs differ only
+  // by fp32 noise there (the BF16 run uses the blocked dense attention, the
+  // quantized one the simulation's own, so summation orders differ), while
+  // the 2-bit middle changes the later states by orders of magnitude more.
+  double scale = 0;
+  for (float x : h0) scale = std::max(scale, double(std::fabs(x)));
+  std::printf("  max|h| %.3g, max|dh| before the first demotion %.3g, after %.3g\n", scale, early, late);
+  EXPECT_LT(early, 5e-5 * std::max(scale, 1.0));  // measured 7.5e-6 relative
   EXPECT_GT(late, 1e-4);
+  EXPECT_GT(late, 100 * early);
 }
 
 TEST(OscarCalib, WrongModelIsAClearError) {
