@@ -8,7 +8,7 @@
 // enough independent "layers" that the working set is >= --ws-mb (default
 // 640 MB), as a real decode step walks every layer's cache once.
 //
-// Usage: bench_cpu_attention [--threads N] [--ws-mb MB] [--ctx 4096,8192,...] [--quick]
+// Usage: bench_cpu_attention [--threads N] [--ws-mb MB] [--ctx 4096,8192,...] [--quick] [--decode-only]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -186,11 +186,13 @@ int main(int argc, char** argv) {
   double ws_mb = 640;
   double min_seconds = 1.0;
   std::vector<int> ctxs = {4096, 8192, 16384, 32768};
+  bool decode_only = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--threads" && i + 1 < argc) threads = std::atoi(argv[++i]);
     else if (a == "--ws-mb" && i + 1 < argc) ws_mb = std::atof(argv[++i]);
     else if (a == "--quick") min_seconds = 0.3;
+    else if (a == "--decode-only") decode_only = true;
     else if (a == "--ctx" && i + 1 < argc) {
       ctxs.clear();
       std::string list = argv[++i];
@@ -200,7 +202,7 @@ int main(int argc, char** argv) {
         p = q == std::string::npos ? list.size() : q + 1;
       }
     } else {
-      std::fprintf(stderr, "usage: %s [--threads N] [--ws-mb MB] [--ctx 4096,8192] [--quick]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--threads N] [--ws-mb MB] [--ctx 4096,8192] [--quick] [--decode-only]\n", argv[0]);
       return 2;
     }
   }
@@ -236,6 +238,8 @@ int main(int argc, char** argv) {
         std::fflush(stdout);
       }
     }
+
+  if (decode_only) return 0;
 
   // Prefill: one chunk of n new tokens after `cached` tokens held in the INT2
   // layout; work = 4 * n * (cached + (n+1)/2) * d * Hq flops (QK and PV).

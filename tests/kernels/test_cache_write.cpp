@@ -14,6 +14,7 @@
 #include "core/half.h"
 #include "core/quantizer.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/attention_impl.h"
 #include "kernels/cpu/cache_write.h"
 #include "test_cache.h"
 
@@ -224,7 +225,11 @@ TEST(WriteThenAttend, DecodeMatchesDenseAttentionOnFakeQuantizedRows) {
   auto q = random_vec(rng, size_t(hq) * d, 1.5f);
   std::vector<float> o(q.size(), NAN), lse(hq, NAN);
   const float sm = 1.0f / std::sqrt(float(d));
+  // Exact (float) kernel tier: the default avx512vnni kernel has its own,
+  // bounded tier, tested in test_attention.cpp.
+  if (!detail::active_kernels().exact) detail::force_kernels(detail::avx512_kernels());
   decode_attention(p.view, q.data(), hq, sm, o.data(), lse.data());
+  detail::force_kernels(nullptr);
   std::vector<double> ref(d);
   for (int g = 0; g < hq; ++g) {
     const double l = test::dense_attention(q.data() + size_t(g) * d, Kd.data(), Vd.data(), T, H, g / (hq / H), d, sm,

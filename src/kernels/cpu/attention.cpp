@@ -106,7 +106,11 @@ const RowKernels& select_kernels() {
   static const RowKernels* k = [] {
     const char* env = std::getenv("OSCAR_CPU_ISA");
     const std::string cap = env ? env : "";
+    const char* prec = std::getenv("OSCAR_CPU_ATTN");
+    const bool exact = prec && std::string(prec) == "exact";
 #if defined(__x86_64__) && defined(__GNUC__)
+    if (!exact && cap.empty() && detail::avx512_vnni_kernels() && detail::cpu_supports(*detail::avx512_vnni_kernels()))
+      return detail::avx512_vnni_kernels();
     if (cap != "avx2" && cap != "scalar" && detail::avx512_kernels() &&
         __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl"))
@@ -137,9 +141,11 @@ bool cpu_supports(const RowKernels& k) {
   if (n == "scalar") return true;
 #if defined(__x86_64__) && defined(__GNUC__)
   if (n == "avx2") return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  if (n == "avx512")
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+  if (n == "avx512") return avx512;
+  if (n == "avx512vnni")
+    return avx512 && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vbmi");
 #endif
   return false;
 }
@@ -253,7 +259,9 @@ void decode_attention(const kv::PagedKvView& kv, const float* q, int num_q_heads
     }
   });
 
-  // Log-sum-exp merge of the partials of each (sequence, query head).
+  // Log-sum-exp merge of the partials of each (sequence, query head). Serial:
+  // a second parallel_for costs more (thread wake-up) than it saves.
+  std::vector<double> acc(d);
   for (int b = 0; b < kv.batch; ++b)
     for (int h = 0; h < hkv; ++h) {
       const int64_t u = int64_t(b) * hkv + h;
@@ -269,7 +277,7 @@ void decode_attention(const kv::PagedKvView& kv, const float* q, int num_q_heads
         float mmax = kNegInf;
         for (int64_t e = e0; e < e1; ++e) mmax = std::max(mmax, scratch[size_t(e * per_item + g)]);
         double L = 0.0;
-        std::vector<double> acc(d, 0.0);
+        std::fill(acc.begin(), acc.end(), 0.0);
         for (int64_t e = e0; e < e1; ++e) {
           const float* st = scratch.data() + e * per_item;
           const double w = std::exp2(double(st[g]) - double(mmax));

@@ -44,7 +44,13 @@ void prefill_attention(const kv::PagedKvView& kv, int b, int cached_len, const f
                        float sm_scale, float* o);
 
 // Which code path decode_attention / prefill_attention take on this CPU:
-// "avx512", "avx2" or "scalar". OSCAR_CPU_ISA=avx2|scalar (environment) caps it.
+// "avx512vnni", "avx512", "avx2" or "scalar". OSCAR_CPU_ISA=avx512|avx2|scalar
+// (environment) caps it. "avx512vnni" (default where the CPU has AVX512_VNNI and
+// AVX512_VBMI) runs the INT2 middle with integer dot products: the query
+// quantized per group and the value weights per span of <= 128 rows, each to two
+// int8 digits (16 / 15 bits), a bounded extra error (docs/cpu-kernels.md,
+// "approximate tier"); OSCAR_CPU_ATTN=exact selects the float kernels (error
+// tier: f32 rounding only). INT4 rows always use the float kernels.
 const char* attention_isa();
 
 // Threads used by the optimized kernels: OSCAR_NUM_THREADS (environment) or

@@ -53,11 +53,25 @@ struct RowKernels {
   const char* name;
   void (*region)(const RegionRows&, QuerySet&);
   void (*dense_t)(const DenseTRows&, int d, QuerySet&);
+  // true: float kernels, kernel error tier vs the reference (f32 rounding
+  // only). false: the INT2 middle uses integer dot products with a quantized
+  // query and quantized value weights (attention_vnni.cpp), a separate,
+  // bounded error tier.
+  bool exact = true;
+  // Approximate tier only: the query of each group is rounded to multiples of
+  // max|q| / query_range, and the value weights w_t = p_t * s_t of a span of
+  // at most weight_span consecutive middle rows to multiples of
+  // max w / weight_range (tests derive the tolerance from these).
+  float query_range = 0.0f, weight_range = 0.0f;
+  int weight_span = 0;
 };
 
 const RowKernels& scalar_kernels();
 const RowKernels* avx2_kernels();    // nullptr when not compiled in
 const RowKernels* avx512_kernels();  // nullptr when not compiled in
+// AVX-512 + VNNI + VBMI integer-dot-product kernel for INT2 middle rows
+// (approximate tier, exact = false); other rows go to avx512_kernels().
+const RowKernels* avx512_vnni_kernels();  // nullptr when not compiled in
 
 // The kernel set decode_attention / prefill_attention use now.
 const RowKernels& active_kernels();

@@ -1,6 +1,7 @@
 #include "kernels/cpu/parallel.h"
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <exception>
@@ -44,16 +45,17 @@ class Pool {
       fn_ = &fn;
       n_ = n;
       next_.store(0);
-      pending_ = static_cast<int>(workers_.size());
+      pending_.store(static_cast<int>(workers_.size()));
       error_ = nullptr;
-      ++generation_;
+      generation_.fetch_add(1);
     }
     cv_.notify_all();
     t_inside = true;
     work();
     t_inside = false;
+    spin_until([&] { return pending_.load() == 0; });
     std::unique_lock<std::mutex> lk(mu_);
-    done_cv_.wait(lk, [&] { return pending_ == 0; });
+    done_cv_.wait(lk, [&] { return pending_.load() == 0; });
     fn_ = nullptr;
     if (error_) std::rethrow_exception(error_);
   }
@@ -67,6 +69,20 @@ class Pool {
     if (n <= 0) n = static_cast<int>(std::thread::hardware_concurrency());
     threads_ = n > 0 ? n : 1;
     start_workers();
+  }
+
+  // Poll pred() for up to kSpinMicros, yielding the core between polls (as the
+  // model's pool in model/ops_threads.cpp does), then the caller blocks on its
+  // condition variable.
+  template <class Pred>
+  static void spin_until(const Pred& pred) {
+    constexpr int kSpinMicros = 30;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0;; ++i) {
+      if (pred()) return;
+      std::this_thread::yield();
+      if ((i & 7) == 7 && std::chrono::steady_clock::now() - t0 > std::chrono::microseconds(kSpinMicros)) return;
+    }
   }
 
   void work() {
@@ -87,15 +103,20 @@ class Pool {
     t_inside = true;
     uint64_t seen = 0;
     for (;;) {
+      // Back-to-back regions (one per layer in a decode step): spin briefly
+      // before sleeping, a futex wake-up costs tens of µs on a VM.
+      spin_until([&] { return generation_.load() != seen; });
       {
         std::unique_lock<std::mutex> lk(mu_);
-        cv_.wait(lk, [&] { return stop_ || generation_ != seen; });
+        cv_.wait(lk, [&] { return stop_ || generation_.load() != seen; });
         if (stop_) return;
-        seen = generation_;
+        seen = generation_.load();
       }
       work();
-      std::lock_guard<std::mutex> lk(mu_);
-      if (--pending_ == 0) done_cv_.notify_one();
+      if (pending_.fetch_sub(1) == 1) {
+        std::lock_guard<std::mutex> lk(mu_);
+        done_cv_.notify_one();
+      }
     }
   }
 
@@ -121,8 +142,8 @@ class Pool {
   const std::function<void(int64_t)>* fn_ = nullptr;
   int64_t n_ = 0;
   std::atomic<int64_t> next_{0};
-  int pending_ = 0;
-  uint64_t generation_ = 0;
+  std::atomic<int> pending_{0};
+  std::atomic<uint64_t> generation_{0};
   bool stop_ = false;
   std::exception_ptr error_;
 };
