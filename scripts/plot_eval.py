@@ -1,18 +1,30 @@
 #!/usr/bin/env python3
-"""Plots an `oscar eval --json` file: KL(p_bf16 || p_quant), perplexity change
-and attention-output error by context length, one line per method.
+"""Plots `oscar eval --json` files: KL(p_bf16 || p_quant), perplexity change vs
+BF16, and the attention errors before (o err) and after o_proj (proj err) by
+context length, one line per method. Several files (e.g. one per context) are
+merged; a method's label `NAME=path/FILE.safetensors...` is shown as
+`NAME@FILE...` (the label newer builds print), so runs of different dates line up.
 
     python3 scripts/plot_eval.py eval.json -o eval.png
+    python3 scripts/plot_eval.py docs/accuracy-2k.json docs/accuracy-4k.json docs/accuracy-8k.json \\
+        --methods int2-hadamard,kivi2,oscar -o docs/accuracy.png
 """
 import argparse
 import json
+import math
+import re
 import sys
+
+
+def norm_label(m):
+    return re.sub(r"=(?:[^=+,]*/)?([^/=+,]+?)\.safetensors", r"@\1", m)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("json", help="output of oscar eval --json")
+    ap.add_argument("json", nargs="+", help="output(s) of oscar eval --json")
     ap.add_argument("-o", "--output", default="eval.png", help="PNG to write")
+    ap.add_argument("--methods", default="", help="comma-separated labels to plot (default: all)")
     a = ap.parse_args()
     try:
         import matplotlib
@@ -20,36 +32,59 @@ def main():
         import matplotlib.pyplot as plt
     except ImportError:
         sys.exit("plot_eval.py: matplotlib is not installed (pip install matplotlib)")
-    with open(a.json) as f:
-        rows = json.load(f)["results"]
+    rows = []
+    for path in a.json:
+        with open(path) as f:
+            for r in json.load(f)["results"]:
+                r = dict(r)
+                r["method"] = norm_label(r["method"])
+                rows.append(r)
     ref = {r["ctx"]: r["ppl"] for r in rows if r["method"].startswith("bf16")}
+    keep = [m.strip() for m in a.methods.split(",") if m.strip()]
     methods = []
     for r in rows:
-        if r["method"] not in methods and not r["method"].startswith("bf16"):
-            methods.append(r["method"])
-    panels = [("kl", "KL(p_bf16 || p_quant) [nats]", True),
+        m = r["method"]
+        if m not in methods and not m.startswith("bf16") and (not keep or m in keep):
+            methods.append(m)
+    if keep:
+        methods.sort(key=keep.index)
+    if not methods:
+        sys.exit("plot_eval.py: no method to plot")
+    panels = [("kl", "KL(p_bf16 || p_quant) [nats/token]", True),
               ("dppl", "perplexity vs BF16 [%]", False),
-              ("o_err", "attention-output rel. MSE", True)]
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4))
+              ("o_err", "attention output rel. MSE (before o_proj)", True),
+              ("proj_err", "attention block rel. MSE (after o_proj)", True)]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 4.2))
     for ax, (key, title, logy) in zip(axes, panels):
         for m in methods:
-            pts = sorted((r["ctx"], r) for r in rows if r["method"] == m)
-            xs = [c for c, _ in pts]
-            if key == "dppl":
-                ys = [100.0 * (r["ppl"] / ref[c] - 1.0) if c in ref else float("nan") for c, r in pts]
-            else:
-                ys = [r[key] for _, r in pts]
-            bpe = pts[-1][1]["bpe"] if pts else 0
-            ax.plot(xs, ys, marker="o", label=f"{m} ({bpe:.2f} b/e)")
+            pts = {}
+            for r in rows:  # the last file wins for a repeated (method, ctx)
+                if r["method"] == m:
+                    pts[r["ctx"]] = r
+            pts = sorted(pts.items())
+            xs, ys = [], []
+            for c, r in pts:
+                if key == "dppl":
+                    y = 100.0 * (r["ppl"] / ref[c] - 1.0) if c in ref else float("nan")
+                else:
+                    y = r.get(key, float("nan"))
+                if not math.isnan(y):
+                    xs.append(c)
+                    ys.append(y)
+            if xs:
+                ax.plot(xs, ys, marker="o", label=m)
         ax.set_xscale("log", base=2)
+        ctxs = sorted({r["ctx"] for r in rows})
+        ax.set_xticks(ctxs, [f"{c // 1024}K" if c % 1024 == 0 else str(c) for c in ctxs])
+        ax.minorticks_off()
         if logy:
             ax.set_yscale("log")
         ax.set_xlabel("context length [tokens]")
-        ax.set_title(title)
+        ax.set_title(title, fontsize=10)
         ax.grid(True, alpha=0.3)
-    axes[0].legend(fontsize=8)
+    axes[0].legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(a.output, dpi=120)
+    fig.savefig(a.output, dpi=110)
     print(f"wrote {a.output}")
 
 

@@ -172,9 +172,11 @@ const oscar::cli::Registrar reg({"eval", "Accuracy of KV cache methods vs BF16 (
       std::printf("%s", engine::format_passkey(r).c_str());
       if (!pk->json.empty()) {
         nlohmann::json j = nlohmann::json::array();
-        for (auto& x : r)
+        for (auto& x : r) {
+          const engine::Interval ci = engine::wilson_interval(x.correct, x.trials);
           j.push_back({{"method", x.method}, {"ctx", x.ctx}, {"depth", x.depth}, {"trials", x.trials},
-                       {"correct", x.correct}});
+                       {"correct", x.correct}, {"hits", x.hits}, {"ci95", {ci.lo, ci.hi}}});
+        }
         write_file(pk->json, nlohmann::json{{"passkey", j}}.dump(2));
       }
       return 0;

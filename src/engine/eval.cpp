@@ -14,6 +14,7 @@
 #include "kernels/cpu/cache_write.h"
 #include "model/backend_cpu.h"
 #include "model/fold_rotation.h"
+#include "model/ops_threads.h"
 
 namespace oscar::engine {
 
@@ -60,9 +61,9 @@ void quantize_rows(const kv::KvMethod& m, const float* hi, int T, int H, int d, 
 
 class SimHook : public model::DenseHooks {
  public:
-  SimHook(const kv::KvMethod& m, const model::ModelConfig& c, int page_size, int score_from,
+  SimHook(model::DenseForward& fwd, const kv::KvMethod& m, int page_size, int score_from,
           LocalErrorSums* sums)
-      : m_(m), c_(c), page_(page_size), score_from_(score_from), sums_(sums) {}
+      : fwd_(fwd), m_(m), c_(fwd.config()), page_(page_size), score_from_(score_from), sums_(sums) {}
 
   void on_qkv(int layer, float* q, float* k, float* v, int T) override {
     if (m_.kind != kv::KvMethod::Kind::kRow || m_.calib->composition == Composition::kNone) return;
@@ -83,6 +84,7 @@ class SimHook : public model::DenseHooks {
                  float* o) override;
 
  private:
+  model::DenseForward& fwd_;
   const kv::KvMethod& m_;
   const model::ModelConfig& c_;
   int page_, score_from_;
@@ -122,9 +124,18 @@ bool SimHook::attention(int layer, const float* q, const float* k, const float* 
   const int ldq = Hq * d, ldk = Hkv * d;
   const float scale = 1.0f / std::sqrt(float(d));
   constexpr int kBlock = 128;
+  // BF16 attention outputs of the scored rows, all heads: [T][Hq][d] (rows
+  // before score_from stay 0), for o_err and, after o_proj, proj_err.
+  const bool any_scored = sums_ && score_from_ < T;
+  std::vector<float> Oref(any_scored ? size_t(T) * ldq : 0, 0.0f);
+  // Query heads in parallel (op threads); each chunk of heads accumulates its
+  // own sums, merged in head order (deterministic for a fixed thread count).
+  std::vector<LocalErrorSums> part(Hq);
+  model::parallel_for(Hq, 1, [&](int64_t gb, int64_t ge) {
   std::vector<float> Shi(size_t(kBlock) * T), Slo(size_t(kBlock) * T), Ph(size_t(kBlock) * T),
-      B(size_t(kBlock) * T), Oh(size_t(kBlock) * d);
-  for (int g = 0; g < Hq; ++g) {
+      B(size_t(kBlock) * T);
+  LocalErrorSums& acc = part[size_t(gb)];
+  for (int g = int(gb); g < int(ge); ++g) {
     const int h = g / group;
     for (int t0 = 0; t0 < T; t0 += kBlock) {
       const int t1 = std::min(T, t0 + kBlock), n = t1 - t0;
@@ -165,10 +176,10 @@ bool SimHook::attention(int layer, const float* q, const float* k, const float* 
             const double lp = ph[j] - lse_hi, lq = shi[j] - lse_mix;
             kl += std::exp(lp) * (lp - lq);
           }
-          sums_->logit_num += ln;
-          sums_->logit_den += ld;
-          sums_->attn_kl += std::max(0.0, kl);
-          sums_->attn_rows += 1;
+          acc.logit_num += ln;
+          acc.logit_den += ld;
+          acc.attn_kl += std::max(0.0, kl);
+          acc.attn_rows += 1;
           for (int j = 0; j < len; ++j) ph[j] = float(std::exp(ph[j] - lse_hi));
           for (int j = len; j < t1; ++j) ph[j] = 0.0f;
         }
@@ -187,15 +198,38 @@ bool SimHook::attention(int layer, const float* q, const float* k, const float* 
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, d, L, 1.0f, B.data(), L,
                     vlo.data() + size_t(h) * d, ldk, 1.0f, ob, ldq);
       if (metrics) {
+        float* oh = Oref.data() + size_t(t0) * ldq + size_t(g) * d;
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, d, t1, 1.0f, Ph.data(), t1,
-                    vhi.data() + size_t(h) * d, ldk, 0.0f, Oh.data(), d);
+                    vhi.data() + size_t(h) * d, ldk, 0.0f, oh, ldq);
         for (int i = std::max(0, score_from_ - t0); i < n; ++i)
           for (int c = 0; c < d; ++c) {
-            const double ref = Oh[size_t(i) * d + c], e = ob[size_t(i) * ldq + c] - ref;
-            sums_->o_num += e * e;
-            sums_->o_den += ref * ref;
+            const double ref = oh[size_t(i) * ldq + c], e = ob[size_t(i) * ldq + c] - ref;
+            acc.o_num += e * e;
+            acc.o_den += ref * ref;
           }
       }
+    }
+  }
+  });
+  if (sums_)
+    for (const LocalErrorSums& p : part) {
+      sums_->logit_num += p.logit_num;
+      sums_->logit_den += p.logit_den;
+      sums_->attn_kl += p.attn_kl;
+      sums_->attn_rows += p.attn_rows;
+      sums_->o_num += p.o_num;
+      sums_->o_den += p.o_den;
+    }
+  if (any_scored) {
+    // The attention block's output after o_proj, quantized vs BF16 attention.
+    const int n = T - score_from_;
+    std::vector<float> yq, yr;
+    fwd_.project_attention(layer, o + size_t(score_from_) * ldq, n, yq);
+    fwd_.project_attention(layer, Oref.data() + size_t(score_from_) * ldq, n, yr);
+    for (size_t i = 0; i < yq.size(); ++i) {
+      const double e = double(yq[i]) - yr[i];
+      sums_->proj_num += e * e;
+      sums_->proj_den += double(yr[i]) * yr[i];
     }
   }
   return true;
@@ -218,7 +252,7 @@ LoRange quantized_range(const kv::KvMethod& m, int t, int page_size) {
 
 void simulate(model::DenseForward& fwd, const kv::KvMethod& m, std::span<const int32_t> tokens,
               int page_size, int score_from, std::vector<float>& hidden, LocalErrorSums* sums) {
-  SimHook hook(m, fwd.config(), page_size, score_from, sums);
+  SimHook hook(fwd, m, page_size, score_from, sums);
   fwd.run(tokens, &hook, &hidden);
 }
 
@@ -370,6 +404,7 @@ std::vector<EvalResult> evaluate(const model::ModelWeights& w,
       e.logit_err = rel(L.logit_num, L.logit_den);
       e.attn_kl = L.attn_rows ? L.attn_kl / double(L.attn_rows) : 0.0;
       e.o_err = rel(L.o_num, L.o_den);
+      e.proj_err = rel(L.proj_num, L.proj_den);
       e.hidden_err = rel(hn[mi][ci], hd[mi][ci]);
       out.push_back(e);
     }
@@ -378,9 +413,9 @@ std::vector<EvalResult> evaluate(const model::ModelWeights& w,
 }
 
 std::string format_table(const std::vector<EvalResult>& rs) {
-  std::string s = fmt::format("{:<22} {:>6} {:>6} {:>9} {:>8} {:>8} {:>7} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}\n",
+  std::string s = fmt::format("{:<22} {:>6} {:>6} {:>9} {:>8} {:>8} {:>7} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}\n",
                               "method", "ctx", "bpe", "ppl", "dppl%", "KL", "top1", "K err", "V err",
-                              "logit err", "attn KL", "o err", "hidden err");
+                              "logit err", "attn KL", "o err", "proj err", "hidden err");
   double ref_ppl = 0;
   int ref_ctx = -1;
   for (const EvalResult& r : rs) {
@@ -391,9 +426,9 @@ std::string format_table(const std::vector<EvalResult>& rs) {
         if (q.ctx == r.ctx && (q.method == "bf16" || q.method == "bf16 (reference)")) ref_ppl = q.ppl;
     }
     const double dp = ref_ppl > 0 ? 100.0 * (r.ppl / ref_ppl - 1.0) : 0.0;
-    s += fmt::format("{:<22} {:>6} {:>6.3f} {:>9.4f} {:>+8.2f} {:>8.5f} {:>7.4f} {:>9.3e} {:>9.3e} {:>9.3e} {:>9.3e} {:>9.3e} {:>9.3e}\n",
+    s += fmt::format("{:<22} {:>6} {:>6.3f} {:>9.4f} {:>+8.2f} {:>8.5f} {:>7.4f} {:>9.3e} {:>9.3e} {:>9.3e} {:>9.3e} {:>9.3e} {:>9.3e} {:>9.3e}\n",
                      r.method, r.ctx, r.bpe, r.ppl, dp, r.kl, r.top1, r.k_err, r.v_err, r.logit_err,
-                     r.attn_kl, r.o_err, r.hidden_err);
+                     r.attn_kl, r.o_err, r.proj_err, r.hidden_err);
   }
   return s;
 }
@@ -406,7 +441,7 @@ std::string to_json(const std::vector<EvalResult>& rs, const std::string& extra)
                             {"positions", r.positions}, {"bpe", r.bpe}, {"ppl", r.ppl},
                             {"nll", r.nll}, {"kl", r.kl}, {"top1", r.top1}, {"k_err", r.k_err},
                             {"v_err", r.v_err}, {"logit_err", r.logit_err},
-                            {"attn_kl", r.attn_kl}, {"o_err", r.o_err},
+                            {"attn_kl", r.attn_kl}, {"o_err", r.o_err}, {"proj_err", r.proj_err},
                             {"hidden_err", r.hidden_err}});
   if (!extra.empty()) {
     auto e = nlohmann::json::parse(extra);

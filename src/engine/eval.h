@@ -16,7 +16,10 @@
 //   logit_err        relative MSE of the attention logits, attn_kl the mean
 //                    KL(softmax_bf16 || softmax_quant) per (query, head)
 //   o_err            relative MSE of the attention output (before o_proj)
-//   (these three "local" errors compare, at each layer, the quantized attention
+//   proj_err         relative MSE of the attention block's output after o_proj,
+//                    W_o·o_quant vs W_o·o_bf16 (basis-free: the folded W_o of a
+//                    value rotation maps the rotated o to the same vector)
+//   (these four "local" errors compare, at each layer, the quantized attention
 //    with BF16 attention on the same, already perturbed, inputs)
 //   hidden_err       relative MSE of the final hidden state (propagated error)
 //   ppl, kl, top1    perplexity, mean KL(p_bf16 || p_quant) of next-token
@@ -56,7 +59,8 @@ struct EvalResult {
   int ctx = 0, windows = 0;
   int64_t positions = 0;  // scored next-token predictions
   double bpe = 0, ppl = 0, nll = 0, kl = 0, top1 = 0;
-  double k_err = 0, v_err = 0, logit_err = 0, attn_kl = 0, o_err = 0, hidden_err = 0;
+  double k_err = 0, v_err = 0, logit_err = 0, attn_kl = 0, o_err = 0, proj_err = 0,
+         hidden_err = 0;
 };
 
 using EvalProgress = std::function<void(const std::string& msg)>;
@@ -76,6 +80,7 @@ std::vector<EvalResult> evaluate(const model::ModelWeights& w,
 struct LocalErrorSums {
   double k_num = 0, k_den = 0, v_num = 0, v_den = 0;
   double logit_num = 0, logit_den = 0, o_num = 0, o_den = 0;
+  double proj_num = 0, proj_den = 0;  // after o_proj, over all layers and scored rows
   double attn_kl = 0;
   int64_t attn_rows = 0;
 };

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <random>
 
@@ -104,8 +105,10 @@ std::vector<PasskeyResult> run_passkey(const model::ModelWeights& w, const model
       r.method = km.label;
       r.ctx = c.ctx;
       r.depth = c.depth;
+      const bool ok = text.find(c.key) != std::string::npos;
       r.trials += 1;
-      r.correct += text.find(c.key) != std::string::npos;
+      r.correct += ok;
+      r.hits.push_back(ok);
     }
     for (auto& [k, r] : agg) out.push_back(r);
   }
@@ -160,23 +163,57 @@ std::vector<AgreementResult> run_agreement(const model::ModelWeights& w,
   return out;
 }
 
+Interval wilson_interval(int k, int n, double z) {
+  if (k < 0 || n < 0 || k > n || !(z > 0))
+    throw Error(fmt::format("wilson_interval: {} successes of {} trials (z {})", k, n, z));
+  if (n == 0) return {0.0, 1.0};
+  const double p = double(k) / n, z2 = z * z, den = 1.0 + z2 / n;
+  const double c = (p + z2 / (2.0 * n)) / den;
+  const double h = z * std::sqrt(p * (1.0 - p) / n + z2 / (4.0 * n * n)) / den;
+  return {std::max(0.0, c - h), std::min(1.0, c + h)};
+}
+
 std::string format_passkey(const std::vector<PasskeyResult>& rs) {
   std::string s = fmt::format("{:<22} {:>6} {:>6} {:>8}\n", "method", "ctx", "depth", "correct");
   for (const PasskeyResult& r : rs)
     s += fmt::format("{:<22} {:>6} {:>6.2f} {:>4}/{:<3}\n", r.method, r.ctx, r.depth, r.correct, r.trials);
-  // Per method and context: accuracy over depths.
-  s += fmt::format("\n{:<22} {:>6} {:>9}\n", "method", "ctx", "accuracy");
-  std::map<std::pair<std::string, int>, std::pair<int, int>> acc;
+  // Per method and context: accuracy over depths with a 95 % Wilson interval,
+  // and, when bf16 ran on the same prompts, the paired view: of the prompts
+  // BF16 solves, how many the method solves too (and how many BF16 misses it solves).
+  struct Acc {
+    int correct = 0, trials = 0;
+    std::vector<uint8_t> hits;  // over depths, in order
+  };
+  std::map<std::pair<std::string, int>, Acc> acc;
   std::vector<std::pair<std::string, int>> order;
   for (const PasskeyResult& r : rs) {
     auto key = std::make_pair(r.method, r.ctx);
     if (!acc.count(key)) order.push_back(key);
-    acc[key].first += r.correct;
-    acc[key].second += r.trials;
+    Acc& a = acc[key];
+    a.correct += r.correct;
+    a.trials += r.trials;
+    a.hits.insert(a.hits.end(), r.hits.begin(), r.hits.end());
   }
-  for (auto& k : order)
-    s += fmt::format("{:<22} {:>6} {:>8.1f}%\n", k.first, k.second,
-                     100.0 * acc[k].first / std::max(1, acc[k].second));
+  s += fmt::format("\n{:<22} {:>6} {:>9} {:>17} {:>16} {:>14}\n", "method", "ctx", "accuracy",
+                   "95% CI (Wilson)", "of bf16's solved", "bf16 missed");
+  for (auto& k : order) {
+    const Acc& a = acc[k];
+    const Interval ci = wilson_interval(a.correct, a.trials);
+    std::string paired = "-", extra = "-";
+    auto ref = acc.find({"bf16", k.second});
+    if (ref != acc.end() && ref->second.hits.size() == a.hits.size() && !a.hits.empty()) {
+      int both = 0, ref_ok = 0, only = 0;
+      for (size_t i = 0; i < a.hits.size(); ++i) {
+        ref_ok += ref->second.hits[i];
+        both += ref->second.hits[i] && a.hits[i];
+        only += !ref->second.hits[i] && a.hits[i];
+      }
+      paired = fmt::format("{}/{}", both, ref_ok);
+      extra = fmt::format("+{}", only);
+    }
+    s += fmt::format("{:<22} {:>6} {:>5}/{:<3} {:>6.1f}-{:<5.1f}%  {:>16} {:>14}\n", k.first, k.second,
+                     a.correct, a.trials, 100.0 * ci.lo, 100.0 * ci.hi, paired, extra);
+  }
   return s;
 }
 

@@ -4,6 +4,7 @@
 // (DESIGN §6.2 item 6). kivi2 has no real cache and is skipped here.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -30,7 +31,15 @@ struct PasskeyResult {
   int ctx = 0;
   double depth = 0;
   int trials = 0, correct = 0;
+  std::vector<uint8_t> hits;  // per trial (same prompts, same order, for every method)
 };
+
+// Wilson score interval of a binomial proportion k/n (z = 1.96: 95 %).
+// n = 0 gives [0, 1]; throws oscar::Error for k < 0, k > n or z <= 0.
+struct Interval {
+  double lo = 0, hi = 1;
+};
+Interval wilson_interval(int k, int n, double z = 1.96);
 
 // The passkey prompt of about `ctx` tokens: instructions, filler from
 // `haystack_tokens` (starting at `offset`), the needle at `depth`, the question.
