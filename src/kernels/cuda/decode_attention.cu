@@ -23,6 +23,10 @@
 // Because a dot product is invariant under a permutation of channels, the
 // query is gathered in the order in which the packed bytes unpack ("virtual
 // channels"); the output is scattered back to real channels at the end.
+//
+// For head_dim 128 / group 128 / GQA <= 4 (the default loop since v10) the
+// keys instead go through int8 tensor cores with the query as 16-bit hi/lo
+// bytes in the N columns (see "Int8-key loop" below); values stay on fp16.
 #include "kernels/cuda/decode_attention.h"
 
 #include <cuda_runtime.h>
