@@ -18,6 +18,7 @@
 
 #include "core/error.h"
 #include "core/half.h"
+#include "core/simd_exp.h"
 #include "kernels/cpu/attention.h"
 #include "model/ops_attention.h"
 #include "model/ops_gemv.h"
@@ -79,16 +80,7 @@ const bool g_avx512 = [] {
 OSCAR_AVX512_FN inline __m512 exp16(__m512 x) {
   __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
   t = _mm512_min_ps(_mm512_max_ps(t, _mm512_set1_ps(-126.0f)), _mm512_set1_ps(127.0f));
-  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(t, n);
-  __m512 p = _mm512_set1_ps(1.5403530393381606e-4f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076284772e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108664821580e-2f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650695910071e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718055994531e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(p, n);
+  return simd::exp2_clamped_avx512(t);
 }
 
 // out[t][j] = silu(gu[t][j]) * gu[t][inter + j] for rows [t0, t1).

@@ -20,6 +20,7 @@
 
 #include "core/error.h"
 #include "core/half.h"
+#include "core/simd_exp.h"
 #include "model/ops_threads.h"
 
 #define OSCAR_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,fma")))
@@ -340,17 +341,7 @@ void gemm_empty_k(int64_t M, int64_t N, float* C, int64_t ldc, const float* bias
 // coefficients of e^(f ln2), relative error < 3e-8 on the interval), times 2^n.
 OSCAR_AVX512 inline __m512 exp2_neg(__m512 x) {
   const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-126.0f), _CMP_GE_OQ);
-  const __m512 xc = _mm512_max_ps(x, _mm512_set1_ps(-126.0f));
-  const __m512 n = _mm512_roundscale_ps(xc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(xc, n);
-  __m512 p = _mm512_set1_ps(1.5403530393381606e-4f);  // ln2^6/720
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-3f));  // ln2^5/120
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076284772e-3f));  // ln2^4/24
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108664821580e-2f));  // ln2^3/6
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650695910071e-1f));  // ln2^2/2
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718055994531e-1f));  // ln2
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-  return _mm512_maskz_scalef_ps(keep, p, n);
+  return _mm512_maskz_mov_ps(keep, simd::exp2_clamped_avx512(_mm512_max_ps(x, _mm512_set1_ps(-126.0f))));
 }
 
 // p[i] = 2^(p[i] - mx) on the lanes of m; their sum added to s0/s1 in fp64.

@@ -18,6 +18,7 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
+#include "core/simd_exp.h"
 
 #define OSCAR_TGT __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")))
 
@@ -100,17 +101,8 @@ struct Avx512 {
   // p[t] = 2^(s[t] - m) for 16 values (-inf -> 0, NaN stays NaN); returns the sum.
   OSCAR_TGT static inline float exp2_block(const float* s, float m, float* p) {
     const __m512 x = _mm512_sub_ps(_mm512_loadu_ps(s), _mm512_set1_ps(m));
-    const __m512 xc = _mm512_max_ps(_mm512_set1_ps(-127.0f), x);  // NaN in x stays NaN
-    const __m512 n = _mm512_roundscale_ps(xc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m512 f = _mm512_sub_ps(xc, n);  // [-0.5, 0.5]
-    __m512 r = _mm512_set1_ps(1.540353039e-4f);
-    r = _mm512_fmadd_ps(r, f, _mm512_set1_ps(1.333355815e-3f));
-    r = _mm512_fmadd_ps(r, f, _mm512_set1_ps(9.618129108e-3f));
-    r = _mm512_fmadd_ps(r, f, _mm512_set1_ps(5.550410866e-2f));
-    r = _mm512_fmadd_ps(r, f, _mm512_set1_ps(2.402265070e-1f));
-    r = _mm512_fmadd_ps(r, f, _mm512_set1_ps(6.931471806e-1f));
-    r = _mm512_fmadd_ps(r, f, _mm512_set1_ps(1.0f));
-    r = _mm512_scalef_ps(r, n);
+    // NaN in x stays NaN through the clamp and the polynomial
+    __m512 r = simd::exp2_clamped_avx512(_mm512_max_ps(_mm512_set1_ps(-127.0f), x));
     r = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-std::numeric_limits<float>::infinity()), _CMP_NEQ_UQ), r);
     _mm512_storeu_ps(p, r);
     return _mm512_reduce_add_ps(r);

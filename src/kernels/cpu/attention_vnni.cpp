@@ -46,6 +46,7 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
+#include "core/simd_exp.h"
 
 #define OSCAR_TGT \
   __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c")))
@@ -140,17 +141,7 @@ alignas(64) constexpr QuadIdx kQuadIdx = make_quad_idx();
 // float AVX-512 kernel.
 OSCAR_TGT static inline __m512 exp2_16(__m512 s, float m) {
   const __m512 x = _mm512_sub_ps(s, _mm512_set1_ps(m));
-  const __m512 xc = _mm512_max_ps(_mm512_set1_ps(-127.0f), x);
-  const __m512 n = _mm512_roundscale_ps(xc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(xc, n);
-  __m512 r = _mm512_set1_ps(1.540353039e-4f);
-  r = _mm512_fmadd_ps(r, f, _mm512_set1_ps(1.333355815e-3f));
-  r = _mm512_fmadd_ps(r, f, _mm512_set1_ps(9.618129108e-3f));
-  r = _mm512_fmadd_ps(r, f, _mm512_set1_ps(5.550410866e-2f));
-  r = _mm512_fmadd_ps(r, f, _mm512_set1_ps(2.402265070e-1f));
-  r = _mm512_fmadd_ps(r, f, _mm512_set1_ps(6.931471806e-1f));
-  r = _mm512_fmadd_ps(r, f, _mm512_set1_ps(1.0f));
-  r = _mm512_scalef_ps(r, n);
+  const __m512 r = simd::exp2_clamped_avx512(_mm512_max_ps(_mm512_set1_ps(-127.0f), x));
   return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(kNegInf), _CMP_NEQ_UQ), r);
 }
 

@@ -657,9 +657,6 @@ __device__ __forceinline__ void int8k_pv(WarpState1<128>& st, const QuantTile<12
 #ifndef OSCAR_INT8K_FASTPATH
 #define OSCAR_INT8K_FASTPATH 1  // unmasked code for steps of full tiles (build-time A/B knob)
 #endif
-#ifndef OSCAR_INT8K_LAZY
-#define OSCAR_INT8K_LAZY 0  // fragments loaded from the ring just before use (build-time A/B knob, v11)
-#endif
 template <int N, bool kMasked>
 __device__ __forceinline__ void compute_int8k_tiles(WarpState1<128>& st, const QuantTile<128, 128> (&T)[N],
                                                     const Int8Query& Q, int g) {
@@ -669,45 +666,6 @@ __device__ __forceinline__ void compute_int8k_tiles(WarpState1<128>& st, const Q
   softmax_step1(st, s);
 #pragma unroll
   for (int u = 0; u < N; ++u) int8k_pv(st, T[u], s[u], vs[u], vm[u], g);
-}
-
-// The same step read straight from the shared-memory ring, each fragment
-// loaded just before its use (K codes and params for the logits, V codes for
-// P.V) instead of all four tiles' fragments up front: fewer live registers
-// (OSCAR_INT8K_LAZY, a build-time A/B knob with OSCAR_INT8K_MIN_BLOCKS).
-template <int N, bool kMasked>
-__device__ __forceinline__ void compute_int8k_ring(WarpState1<128>& st, const uint8_t* img, const int (&valid)[N],
-                                                   const Int8Query& Q, int g, int r) {
-  constexpr int RB = 32, TB = quant_tile_bytes(128, 128);
-  float s[N][2], vs[N][2], vm[N][2];
-#pragma unroll
-  for (int u = 0; u < N; ++u) {
-    const uint8_t* ti = img + u * TB;
-    QuantTile<128, 128> T;
-    const uint8_t* kc = ti + (g * RB + 8 * r);
-    const uint32_t* kp = reinterpret_cast<const uint32_t*>(ti + 32 * RB) + g;
-    const uint32_t* vp = reinterpret_cast<const uint32_t*>(ti + 32 * RB + 64) + g;
-#pragma unroll
-    for (int tt = 0; tt < 2; ++tt) {
-      const uint2 w = *reinterpret_cast<const uint2*>(kc + 8 * tt * RB);
-      T.kw[tt][0][0] = w.x;
-      T.kw[tt][0][1] = w.y;
-      T.kp[tt][0] = kp[8 * tt];
-      T.vp[tt][0] = vp[8 * tt];
-    }
-    T.valid = valid[u];
-    int8k_logits<kMasked>(T, Q, g, s[u], vs[u], vm[u]);
-  }
-  softmax_step1(st, s);
-#pragma unroll
-  for (int u = 0; u < N; ++u) {
-    const uint8_t* vc = img + u * TB + 16 * RB + (2 * r * RB + 4 * g);
-    QuantTile<128, 128> T;
-#pragma unroll
-    for (int k = 0; k < 4; ++k)
-      T.vw[k][0] = *reinterpret_cast<const uint32_t*>(vc + ((k & 1) + 8 * (k >> 1)) * RB);
-    int8k_pv(st, T, s[u], vs[u], vm[u], g);
-  }
 }
 
 // ---------------------------------------------------------------------------
@@ -852,7 +810,7 @@ __device__ __forceinline__ void issue_tile_copies(uint8_t* dst, const kv::PagedK
 // Resident CTAs per SM the int8-key loop is compiled for (register cap
 // 65536 / (128 threads * N)); a build-time knob for tuning.
 #ifndef OSCAR_INT8K_MIN_BLOCKS
-#define OSCAR_INT8K_MIN_BLOCKS 4  // 5 with OSCAR_INT8K_LAZY=1 fits in 96 registers but ran slower (v11)
+#define OSCAR_INT8K_MIN_BLOCKS 4  // 5 spills 88 bytes; with lazy fragment loads (v11) it fits but ran slower
 #endif
 template <int D, int G, bool kQuant, int kVariant = 0>
 __global__ void __launch_bounds__(kThreads, kVariant == 2                    ? OSCAR_INT8K_MIN_BLOCKS
@@ -957,22 +915,6 @@ __global__ void __launch_bounds__(kThreads, kVariant == 2                    ? O
         cp_async_wait<1>();
         __syncwarp();
         const uint8_t* img = ring + (j % kRingStages) * TPI * TB;
-#if OSCAR_INT8K_LAZY
-        if constexpr (kVariant == 2) {
-          int valid[TPI];
-          bool full = OSCAR_INT8K_FASTPATH != 0;
-#pragma unroll
-          for (int u = 0; u < TPI; ++u) {
-            valid[u] = t + u <= tlast ? min(kTileTokens, len - (t + u) * kTileTokens) : 0;
-            full = full && valid[u] == kTileTokens;
-          }
-          if (full)
-            compute_int8k_ring<TPI, false>(st, img, valid, Q8, g, r);
-          else
-            compute_int8k_ring<TPI, true>(st, img, valid, Q8, g, r);
-        } else
-#endif
-        {
 #pragma unroll
         for (int u = 0; u < TPI; ++u) {
           const uint8_t* ti = img + u * TB;
@@ -992,7 +934,6 @@ __global__ void __launch_bounds__(kThreads, kVariant == 2                    ? O
             compute_int8k_tiles<TPI, true>(st, cur, Q8, g);
         } else
           compute_quant_tiles(st, cur, Q, g);
-        }
         __syncwarp();  // every lane has read this stage before it is refilled
       }
       cp_async_wait<0>();
