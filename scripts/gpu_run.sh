@@ -67,6 +67,7 @@ if [[ $MODE == tune ]]; then
     obj=$(find build-gpu -name 'decode_attention.cu.o' | head -1)
     cuobjdump -sass "$obj" > "$OUT/sass.txt" 2>&1
     python3 bench/cuda/sass_hist.py decode_split_kernelILi128ELi128ELb1ELi2 < "$OUT/sass.txt" | head -40
+    python3 bench/cuda/sass_hist.py decode_split_kernelILi128ELi128ELb1ELi3 < "$OUT/sass.txt" | head -40
   fi
   ./build-gpu/bench_decode --quick 2>&1 | tee "$OUT/bench.log"
   for ob in 1,131072 8,131072 64,65536; do ./build-gpu/bench_decode --only $ob 2>&1 | grep -E "^(int2|bf16)"; done | tee -a "$OUT/bench.log"

@@ -250,16 +250,17 @@ int main(int argc, char** argv) {
   fill_f32<<<64, 256>>>(rot, size_t(kD) * kD, 12, 0.15f);
   DecodeWorkspace ws = alloc_decode_workspace(1 << 16, 64, kHq, kD);
 
-  std::printf("\n%-6s %5s %7s %10s %9s %8s %7s %9s %7s %9s %10s\n", "kern", "batch", "ctx", "time_us",
+  std::printf("\n%-7s %5s %7s %10s %9s %8s %7s %9s %7s %9s %10s\n", "kern", "batch", "ctx", "time_us",
               "MB", "GB/s", "%copy", "floor_us", "chunks", "write_us", "demote/st");
   for (int batch : batches)
     for (int ctx : ctxs) {
-      double t_by_kind[3] = {0, 0, 0};
+      double t_by_kind[4] = {0, 0, 0, 0};
       // 0: INT2 three-region (default), 1: BF16 baseline, 2: INT2 with the v7
-      // loop (fp16 tensor cores for K; docs/cuda-notes.md)
-      for (int kind = 0; kind < 3; ++kind) {
+      // loop (fp16 tensor cores for K and V), 3: INT2 with the v13 loop (int8
+      // tensor cores for K and V); docs/cuda-notes.md
+      for (int kind = 0; kind < 4; ++kind) {
         const bool int2 = kind != 1;
-        const char* name = kind == 0 ? "int2" : kind == 1 ? "bf16" : "int2v7";
+        const char* name = kind == 0 ? "int2" : kind == 1 ? "bf16" : kind == 2 ? "int2v7" : "int2v13";
         const double bf16_gb = double(batch) * ctx * kHkv * kD * 4 / 1e9;
         if (!int2 && bf16_gb > 60) continue;
         BenchCache cache(int2, batch, ctx, rng);
@@ -275,7 +276,7 @@ int main(int argc, char** argv) {
         p.o = o;
         p.lse = lse;
         p.pdl = pdl;
-        p.variant = kind == 2 ? 2 : 0;
+        p.variant = kind == 2 ? 2 : kind == 3 ? 4 : 0;
         const std::string err = check_decode(p, plan, ws);
         if (!err.empty()) {
           std::printf("skip: %s\n", err.c_str());
@@ -315,7 +316,7 @@ int main(int argc, char** argv) {
           cudaFree(dq);
         }
         const double gbs = bytes / (ms * 1e-3) / 1e9;
-        std::printf("%-6s %5d %7d %10.1f %9.1f %8.0f %6.1f%% %9.1f %7d %9.1f %10.2f\n", name,
+        std::printf("%-7s %5d %7d %10.1f %9.1f %8.0f %6.1f%% %9.1f %7d %9.1f %10.2f\n", name,
                     batch, ctx, ms * 1e3, bytes / 1e6, gbs, 100.0 * gbs / copy_gbs, bytes / copy_gbs / 1e3,
                     plan.num_chunks, write_us, demote_us);
         if (csv)
@@ -324,8 +325,9 @@ int main(int argc, char** argv) {
                        write_us, demote_us);
       }
       if (t_by_kind[0] > 0 && t_by_kind[1] > 0)
-        std::printf("       speedup int2 vs our bf16: %.2fx (v7 loop: %.2fx)\n", t_by_kind[1] / t_by_kind[0],
-                    t_by_kind[2] > 0 ? t_by_kind[1] / t_by_kind[2] : 0.0);
+        std::printf("       speedup int2 vs our bf16: %.2fx (v7 loop: %.2fx, v13 loop: %.2fx)\n",
+                    t_by_kind[1] / t_by_kind[0], t_by_kind[2] > 0 ? t_by_kind[1] / t_by_kind[2] : 0.0,
+                    t_by_kind[3] > 0 ? t_by_kind[1] / t_by_kind[3] : 0.0);
     }
   // Host planning cost (per step, per plan; a plan serves all layers).
   {

@@ -140,7 +140,7 @@ TEST(CudaDecode, PrefetchLoopVariant) {
 TEST(CudaDecode, LoopVariantsD128) {
   if (!test::have_gpu()) GTEST_SKIP() << "no GPU";
   uint32_t seed = 300;
-  for (int variant : {2, 3}) {
+  for (int variant : {2, 3, 4}) {
     for (int gqa : {1, 2, 3, 4, 8}) {
       const std::string name = "variant " + std::to_string(variant) + " gqa " + std::to_string(gqa);
       expect_ok({128, 128, gqa, 2, 64, {{0, 2001, 0}, {0, 16, 0}, {0, 1, 0}, {0, 64 * 9, 0}}, 0, name.c_str()},

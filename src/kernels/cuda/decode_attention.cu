@@ -669,6 +669,155 @@ __device__ __forceinline__ void compute_int8k_tiles(WarpState1<128>& st, const Q
 }
 
 // ---------------------------------------------------------------------------
+// Int8 K and V loop (kernel variant 3, docs/cuda-notes.md v13): keys as in the
+// int8-key loop above; values through m16n8k32 u8 x u8 tensor cores too:
+//   O^T[channel][head hi|lo] += V^T[channel][32 tokens] . P'^T[32 tokens][head hi|lo]
+// A (codes): the lane already holds the 4-byte words (16 codes each) of tokens
+// 2r, 2r+1, 2r+8, 2r+9 at row byte 4g. Byte gathers (8 PRMT per tile) make
+// word k = byte k of the four tokens, and word_k & (3 << 2s per byte) is one A
+// register: those four tokens' codes of channel 4g + k + 32s (G = 128 packing),
+// times 4^s, undone at the end. One MMA's K dimension is a PAIR of tiles: slots
+// 4r..4r+3 are tokens 2r, 2r+1, 2r+8, 2r+9 of the first, slots 16+4r.. of the
+// second.
+// B (weights): P' = p s (s: the token's value scale) rounded to 16 bits
+// against the step's bound S = (largest p of the step) * (largest s), as a
+// high and a low byte in the N columns (head 0 hi, head 0 lo, ..., head 3 lo).
+// The lane's (token g, token g+8) pair of head r goes through one movmatrix
+// (lane (2h+e, r) then holds tokens 2r+8e, 2r+8e+1 of head h), one shuffle
+// with the lane holding the other token half, and one PRMT that takes the hi
+// (e = 0) or lo (e = 1) bytes in slot order.
+// The int32 accumulators start each step at 2^23's float bit pattern: a sum
+// 0 <= x < 2^23 (here <= 255 * 192 * 64 = 3.1e6) read back as a float is
+// exactly 2^23 + x, so a step folds into the fp32 output with two FADD and two
+// FFMA per value: o += S / 65280 * (256 hi + lo). The integer sums are exact;
+// the only new error is rounding p s to 16 bits of the step's bound, and the
+// min term sum p m stays in fp32 (no all-ones MMA: codes carry no offset).
+constexpr float kPQ = 65280.0f;       // 255 * 256: hi and lo bytes both <= 255
+constexpr int kAccBias = 0x4B000000;  // 2^23 as float bits
+constexpr float kAccBiasF = 8388608.0f;
+
+template <int D>
+struct WarpState2 {
+  float o[D / 16][2];  // O^T of head r, MMA m: channels of rows g, g+8 (times 4^s)
+  float pm;            // sum_t p m of head r (this lane's tokens)
+  float m;             // running max of head r (log2 domain)
+  float l;             // this lane's partial row sum of head r
+};
+
+template <int D>
+__device__ __forceinline__ void state_init(WarpState2<D>& st) {
+#pragma unroll
+  for (int i = 0; i < D / 16; ++i) st.o[i][0] = st.o[i][1] = 0.0f;
+  st.pm = 0.0f;
+  st.m = -INFINITY;
+  st.l = 0.0f;
+}
+
+// softmax_step1 for WarpState2; returns 2^(step max - base), the largest p of
+// the step for head r (0 if the step has no finite logit).
+template <int D, int N>
+__device__ __forceinline__ float softmax_step2(WarpState2<D>& st, float (&s)[N][2]) {
+  float mx = fmaxf(s[0][0], s[0][1]);
+#pragma unroll
+  for (int u = 1; u < N; ++u) mx = fmaxf(mx, fmaxf(s[u][0], s[u][1]));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+  const float mn = fmaxf(st.m, mx);
+  if (__any_sync(0xffffffffu, mn > st.m)) {
+    const float sc = mn > st.m ? fast_exp2(st.m - mn) : 1.0f;
+#pragma unroll
+    for (int i = 0; i < D / 16; ++i) {
+      st.o[i][0] *= sc;
+      st.o[i][1] *= sc;
+    }
+    st.pm *= sc;
+    st.l *= sc;
+    st.m = mn;
+  }
+  const float b = st.m == -INFINITY ? 0.0f : st.m;
+#pragma unroll
+  for (int u = 0; u < N; ++u) {
+    s[u][0] = fast_exp2(s[u][0] - b);
+    s[u][1] = fast_exp2(s[u][1] - b);
+    st.l += s[u][0] + s[u][1];
+  }
+  return fast_exp2(mx - b);
+}
+
+// x[k] = byte k of w[0..3] (tokens 2r, 2r+1, 2r+8, 2r+9), in token order.
+__device__ __forceinline__ void gather_token_bytes(const QuantTile<128, 128>& T, uint32_t (&x)[4]) {
+  const uint32_t a = prmt(T.vw[0][0], T.vw[1][0], 0x5140u), b = prmt(T.vw[2][0], T.vw[3][0], 0x5140u);
+  const uint32_t c = prmt(T.vw[0][0], T.vw[1][0], 0x7362u), d = prmt(T.vw[2][0], T.vw[3][0], 0x7362u);
+  x[0] = prmt(a, b, 0x5410u);
+  x[1] = prmt(a, b, 0x7632u);
+  x[2] = prmt(c, d, 0x5410u);
+  x[3] = prmt(c, d, 0x7632u);
+}
+
+// Channel of output o[m][i] in lane row g (G = 128 packing: byte j, shift s
+// holds channel j + 32 s), and its code factor 4^s.
+__host__ __device__ constexpr int v8_shift(int m, int i) { return 2 * (m & 1) + i; }
+__host__ __device__ constexpr int v8_channel(int g, int m, int i) { return 4 * g + (m >> 1) + 32 * v8_shift(m, i); }
+
+template <int N, bool kMasked>
+__device__ __forceinline__ void compute_int8kv_tiles(WarpState2<128>& st, const QuantTile<128, 128> (&T)[N],
+                                                     const Int8Query& Q, int g) {
+  static_assert(N % 2 == 0, "tiles pair up in the MMA's K dimension");
+  float s[N][2], vs[N][2], vm[N][2];
+#pragma unroll
+  for (int u = 0; u < N; ++u) int8k_logits<kMasked>(T[u], Q, g, s[u], vs[u], vm[u]);
+  const float pmax = softmax_step2(st, s);
+  // The value scales are the same for every head: the bound over the step's
+  // tokens is a reduction over the 8 lanes of a column quad (padding slots: 0).
+  float vmax = 0.0f;
+#pragma unroll
+  for (int u = 0; u < N; ++u) vmax = fmaxf(vmax, fmaxf(vs[u][0], vs[u][1]));
+  vmax = fmaxf(vmax, __shfl_xor_sync(0xffffffffu, vmax, 4));
+  vmax = fmaxf(vmax, __shfl_xor_sync(0xffffffffu, vmax, 8));
+  vmax = fmaxf(vmax, __shfl_xor_sync(0xffffffffu, vmax, 16));
+  const float S = pmax * vmax;
+  const float inv = S > 0.0f ? kPQ / S : 0.0f;
+  const uint32_t bsel = (g & 1) ? 0x2064u : 0x7531u;  // lo bytes (e = 1) / hi bytes (e = 0)
+  uint32_t bf[N];
+#pragma unroll
+  for (int u = 0; u < N; ++u) {
+    st.pm += s[u][0] * vm[u][0] + s[u][1] * vm[u][1];
+    // Round to an integer by adding 2^23: the low 16 bits are the weight.
+    const float f0 = fmaf(s[u][0] * vs[u][0], inv, kAccBiasF);
+    const float f1 = fmaf(s[u][1] * vs[u][1], inv, kAccBiasF);
+    const uint32_t y = transpose8x8(prmt(__float_as_uint(f0), __float_as_uint(f1), 0x5410u));
+    bf[u] = prmt(y, __shfl_xor_sync(0xffffffffu, y, 4), bsel);
+  }
+  const int kBias[4] = {kAccBias, kAccBias, kAccBias, kAccBias};
+  int acc[8][4];
+#pragma unroll
+  for (int v = 0; v < N / 2; ++v) {
+    uint32_t x0[4], x1[4];
+    gather_token_bytes(T[2 * v], x0);
+    gather_token_bytes(T[2 * v + 1], x1);
+#pragma unroll
+    for (int m = 0; m < 8; ++m) {
+      const int k = m >> 1;
+      const uint32_t m0 = 0x03030303u << (2 * v8_shift(m, 0)), m1 = 0x03030303u << (2 * v8_shift(m, 1));
+      if (v == 0)
+        mma_u8u8(acc[m], x0[k] & m0, x0[k] & m1, x1[k] & m0, x1[k] & m1, bf[0], bf[1], kBias);
+      else
+        mma_u8u8(acc[m], x0[k] & m0, x0[k] & m1, x1[k] & m0, x1[k] & m1, bf[2 * v], bf[2 * v + 1], acc[m]);
+    }
+  }
+  const float f1 = S * (1.0f / kPQ), f256 = 256.0f * f1;
+#pragma unroll
+  for (int m = 0; m < 8; ++m)
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const float hi = __int_as_float(acc[m][2 * i]) - kAccBiasF;
+      const float lo = __int_as_float(acc[m][2 * i + 1]) - kAccBiasF;
+      st.o[m][i] = fmaf(hi, f256, fmaf(lo, f1, st.o[m][i]));
+    }
+}
+
+// ---------------------------------------------------------------------------
 // BF16 tiles (sink and recent windows, and the BF16-only baseline).
 template <int D>
 struct Bf16Tile {
@@ -776,7 +925,7 @@ __device__ __forceinline__ void compute_bf16_tile(WarpState<D, NG>& st, const Bf
 // tensor cores for K and V; 1 = two tiles per step, the next step's tiles
 // prefetched into registers (used for the other shapes); 2 = the ring of 0
 // with int8 tensor cores for K (head_dim 128, group 128, GQA <= 4: the
-// default there).
+// default there); 3 = the ring with int8 tensor cores for K and V (v13).
 constexpr int kRingStages = 2, kRingTiles = 4;
 
 // Issues the cp.async copies of TPI tiles (tiles past tlast: the last tile again).
@@ -813,7 +962,7 @@ __device__ __forceinline__ void issue_tile_copies(uint8_t* dst, const kv::PagedK
 #define OSCAR_INT8K_MIN_BLOCKS 4  // 5 spills 88 bytes; with lazy fragment loads (v11) it fits but ran slower
 #endif
 template <int D, int G, bool kQuant, int kVariant = 0>
-__global__ void __launch_bounds__(kThreads, kVariant == 2                    ? OSCAR_INT8K_MIN_BLOCKS
+__global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? OSCAR_INT8K_MIN_BLOCKS
                                             : (D <= 128 && G == 128) ? 4
                                                                      : 1)
     decode_split_kernel(const KernelArgs a) {
@@ -841,8 +990,10 @@ __global__ void __launch_bounds__(kThreads, kVariant == 2                    ? O
   const float* qrow = a.q + (int64_t(b) * a.num_q_heads + hq) * D;
   const bool head_ok = g < a.gqa;
 
-  static_assert(kVariant != 2 || (D == 128 && G == 128 && kQuant), "int8-key loop: d 128, group 128 only");
-  std::conditional_t<kVariant == 2, WarpState1<D>, WarpState<D, NG>> st;
+  static_assert(kVariant < 2 || (D == 128 && G == 128 && kQuant), "int8 loops: d 128, group 128 only");
+  std::conditional_t<kVariant == 3, WarpState2<D>,
+                     std::conditional_t<kVariant == 2, WarpState1<D>, WarpState<D, NG>>>
+      st;
   state_init(st);
 
   if constexpr (kQuant) {
@@ -851,7 +1002,7 @@ __global__ void __launch_bounds__(kThreads, kVariant == 2                    ? O
     const int len = R.len[b];
     [[maybe_unused]] QuantQuery<D, G> Q;
     [[maybe_unused]] Int8Query Q8;
-    if constexpr (kVariant == 2) {
+    if constexpr (kVariant >= 2) {
       const int hb = g >> 1;  // the head whose B column this lane holds
       load_int8_query(Q8, a.q + (int64_t(b) * a.num_q_heads + h * a.gqa + hb) * D, hb < a.gqa,
                       a.sm_scale_log2, g, r);
@@ -922,16 +1073,23 @@ __global__ void __launch_bounds__(kThreads, kVariant == 2                    ? O
                                      reinterpret_cast<const uint32_t*>(ti + 32 * RB + 64 * (D / G)), g, r);
           cur[u].valid = t + u <= tlast ? min(kTileTokens, len - (t + u) * kTileTokens) : 0;
         }
-        if constexpr (kVariant == 2) {
+        if constexpr (kVariant >= 2) {
           // Steps whose tiles are all full (all but the last of a chunk) skip
           // the masking selects; `valid` is the same in every lane.
           bool full = OSCAR_INT8K_FASTPATH != 0;
 #pragma unroll
           for (int u = 0; u < TPI; ++u) full = full && cur[u].valid == kTileTokens;
-          if (full)
-            compute_int8k_tiles<TPI, false>(st, cur, Q8, g);
-          else
-            compute_int8k_tiles<TPI, true>(st, cur, Q8, g);
+          if constexpr (kVariant == 3) {
+            if (full)
+              compute_int8kv_tiles<TPI, false>(st, cur, Q8, g);
+            else
+              compute_int8kv_tiles<TPI, true>(st, cur, Q8, g);
+          } else {
+            if (full)
+              compute_int8k_tiles<TPI, false>(st, cur, Q8, g);
+            else
+              compute_int8k_tiles<TPI, true>(st, cur, Q8, g);
+          }
         } else
           compute_quant_tiles(st, cur, Q, g);
         __syncwarp();  // every lane has read this stage before it is refilled
@@ -953,7 +1111,23 @@ __global__ void __launch_bounds__(kThreads, kVariant == 2                    ? O
 
   // s_o overlaps the other warps' rings: wait until every warp is done.
   __syncthreads();
-  if constexpr (kVariant == 2) {
+  if constexpr (kVariant == 3) {
+    // One head (r) per lane, as variant 2.
+#pragma unroll
+    for (int o = 4; o <= 16; o <<= 1) {
+      st.l += __shfl_xor_sync(0xffffffffu, st.l, o);
+      st.pm += __shfl_xor_sync(0xffffffffu, st.pm, o);
+    }
+#pragma unroll
+    for (int m = 0; m < D / 16; ++m)
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+        s_o[warp][r][v8_channel(g, m, i)] = st.o[m][i] * (1.0f / float(1 << (2 * v8_shift(m, i)))) + st.pm;
+    if (g == 0) {
+      s_m[warp][r] = st.m;
+      s_l[warp][r] = st.l;
+    }
+  } else if constexpr (kVariant == 2) {
     // One head (r) per lane: reduce over the 8 lanes of each column quad.
 #pragma unroll
     for (int o = 4; o <= 16; o <<= 1) {
@@ -1212,6 +1386,8 @@ cudaError_t launch_quant(dim3 grid, const KernelArgs& a, int variant, cudaStream
   // (`variant` picks, docs/cuda-notes.md); the others use the
   // register-prefetch loop.
   if constexpr (D == 128 && G == 128) {
+    if (variant == 4 && a.gqa <= 4)
+      return launch_kernel(decode_split_kernel<D, G, true, 3>, grid, dim3(kThreads), false, stream, a);
     if ((variant == 0 || variant == 3) && a.gqa <= 4)
       return launch_kernel(decode_split_kernel<D, G, true, 2>, grid, dim3(kThreads), false, stream, a);
     if (variant != 1)

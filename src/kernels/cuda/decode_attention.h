@@ -46,7 +46,8 @@ struct DecodeParams {
                              // 0 = default (= 3 where it applies, else 2), 1 = 2 tiles/step +
                              // register prefetch, 2 = 4 tiles/step cp.async ring, fp16 tensor
                              // cores for K and V (v7), 3 = the ring with int8 tensor cores for
-                             // K (v10; GQA <= 4, else 2)
+                             // K (v10; GQA <= 4, else 2), 4 = the ring with int8 tensor cores
+                             // for K and V (v13; GQA <= 4, else 2)
   int pdl = 1;               // launch the window and merge kernels as programmatic dependents
                              // (overlap with the middle launch's tail); 0 = plain launches
 };
