@@ -26,13 +26,13 @@ for r in fi:
 keys = sorted({(int(r["batch"]), int(r["ctx"])) for r in ours})
 print(f"Copy bandwidth measured in the same run: {copy_gbs:.0f} GB/s. Times per layer (one decode step of "
       "attention for 32 q heads / 8 KV heads, d=128); x36 for a Qwen3-8B step.\n")
-print("| batch | ctx | INT2 us | INT2 GB/s | INT2 % copy | INT2 floor us | INT2 v7 loop us | INT2 v13 loop us | our BF16 us | BF16 % copy "
+print("| batch | ctx | INT2 us | INT2 GB/s | INT2 % copy | INT2 floor us | INT2 v7 loop us | INT2 v10 loop us | our BF16 us | BF16 % copy "
       "| baseline | baseline us | INT2 vs our BF16 | INT2 vs baseline | write+demote % |")
 print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 for b, c in keys:
     i2, bf, f = idx.get(("int2", b, c)), idx.get(("bf16", b, c)), idx.get(("fi", b, c))
     v7 = idx.get(("int2v7", b, c))
-    v13 = idx.get(("int2v13", b, c))
+    v10 = idx.get(("int2v10", b, c))
     t_i2 = float(i2["time_us"]) if i2 else None
     t_bf = float(bf["time_us"]) if bf else None
     t_fi = float(f["time_us"]) if f else None
@@ -44,7 +44,7 @@ for b, c in keys:
     print("| %d | %dK | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
         b, c // 1024, fmt(t_i2), fmt(float(i2["gbs"]) if i2 else None, "%.0f"),
         fmt(float(i2["pct_copy"]) if i2 else None), fmt(float(i2["floor_us"]) if i2 else None),
-        fmt(float(v7["time_us"]) if v7 else None), fmt(float(v13["time_us"]) if v13 else None), fmt(t_bf), fmt(float(bf["pct_copy"]) if bf else None),
+        fmt(float(v7["time_us"]) if v7 else None), fmt(float(v10["time_us"]) if v10 else None), fmt(t_bf), fmt(float(bf["pct_copy"]) if bf else None),
         f["kernel"] if f else "-", fmt(t_fi),
         fmt(t_bf / t_i2 if t_bf and t_i2 else None, "%.2fx"),
         fmt(t_fi / t_i2 if t_fi and t_i2 else None, "%.2fx"), wd or "-"))

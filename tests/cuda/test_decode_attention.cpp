@@ -193,6 +193,45 @@ TEST(CudaDecode, Bf16OnlyBaseline) {
   expect_ok({128, 128, 8, 1, 16, {{333, 0, 0}}, 2, "bf16 baseline gqa8"}, 8, true);
 }
 
+// The split schedule (host code): every region covered once, in order, by
+// chunks of its own sequence; the middle of a sequence in chunks of one size
+// (whole 16-tile steps) with a last chunk short by less than 16 tiles per
+// chunk (not a remainder of arbitrary size), so that a wave's CTAs end together.
+TEST(CudaDecode, PlanSplitsRegionsEvenly) {
+  std::mt19937 rng(11);
+  for (int batch : {1, 8, 32, 64}) {
+    std::vector<int32_t> s(batch), m(batch), r(batch);
+    for (int b = 0; b < batch; ++b) {
+      s[b] = std::min<int>(64, rng() % 100);
+      m[b] = b % 5 == 0 ? 0 : int(rng() % 40000);
+      r[b] = 256 + int(rng() % 64);
+    }
+    const DecodePlan plan = plan_decode(batch, s.data(), m.data(), r.data(), 8, 132, 0);
+    ASSERT_EQ(int(plan.seq_chunk_ptr.size()), batch + 1);
+    for (int b = 0; b < batch; ++b) {
+      int next[3] = {0, 0, 0};
+      std::vector<int> mid_sizes;
+      for (int c = plan.seq_chunk_ptr[b]; c < plan.seq_chunk_ptr[b + 1]; ++c) {
+        const int* ch = &plan.chunks[4 * c];
+        ASSERT_EQ(ch[0], b);
+        const int reg = ch[1];
+        EXPECT_EQ(ch[2], next[reg]) << "batch " << batch << " seq " << b << " region " << reg;
+        EXPECT_GT(ch[3], ch[2]);
+        next[reg] = ch[3];
+        if (reg == 1) mid_sizes.push_back(ch[3] - ch[2]);
+      }
+      const int len[3] = {s[b], m[b], r[b]};
+      for (int reg = 0; reg < 3; ++reg) EXPECT_EQ(next[reg], (len[reg] + 15) / 16);
+      const int n = int(mid_sizes.size());
+      for (int i = 0; i + 1 < n; ++i) {
+        EXPECT_EQ(mid_sizes[i], mid_sizes[0]) << "batch " << batch << " seq " << b;
+        EXPECT_EQ(mid_sizes[i] % 16, 0);
+      }
+      if (n > 1) EXPECT_GT(mid_sizes[n - 1], mid_sizes[0] - 16 * n) << "batch " << batch << " seq " << b;
+    }
+  }
+}
+
 TEST(CudaDecode, RejectsUnsupportedShapes) {
   if (!test::have_gpu()) GTEST_SKIP() << "no GPU";
   HostCache cache({{16, 32, 16}}, 1, 128, 16, 128, 5);

@@ -24,9 +24,10 @@
 // query is gathered in the order in which the packed bytes unpack ("virtual
 // channels"); the output is scattered back to real channels at the end.
 //
-// For head_dim 128 / group 128 / GQA <= 4 (the default loop since v10) the
-// keys instead go through int8 tensor cores with the query as 16-bit hi/lo
-// bytes in the N columns (see "Int8-key loop" below); values stay on fp16.
+// For head_dim 128 / group 128 / GQA <= 4 the keys instead go through int8
+// tensor cores with the query as 16-bit hi/lo bytes in the N columns (see
+// "Int8-key loop" below), and since v13 (the default there) the values too,
+// with P s as 16-bit hi/lo bytes (see "Int8 K and V loop").
 #include "kernels/cuda/decode_attention.h"
 
 #include <cuda_runtime.h>
@@ -236,7 +237,13 @@ struct QuantTile {
 
 // The lane's fragments of one tile from its four arrays (global memory or a
 // shared-memory copy of the same bytes): K/V codes [16 tokens][D/4] bytes and
-// K/V params [16 tokens][D/G] (scale, min) words.
+// K/V params [16 tokens][D/G] (scale, min) words. In the shared-memory copy
+// the V code rows are swizzled (ring_v_row): the lanes of one V load read
+// rows 2r + dt, r = 0..3, which with 32-byte rows would put r = 0 and r = 2
+// (and 1 and 3) on the same 8 banks; swapping rows 4k+4 <-> 4k+5 and 4k+6 <->
+// 4k+7 spreads them over all 32 (ncu on v13: 26% of shared wavefronts were
+// bank conflicts).
+__host__ __device__ constexpr int ring_v_row(int row) { return row ^ ((row >> 2) & 1); }
 template <bool kShared, typename T>
 __device__ __forceinline__ T ld(const T* p) {
   if constexpr (kShared)
@@ -253,7 +260,11 @@ __device__ __forceinline__ void load_quant_fragments(QuantTile<D, G>& T, const u
   constexpr int KB = G == 128 ? 8 : G == 64 ? 4 : 2;  // K code bytes per lane and group
   constexpr int VB = G / 32;                          // V code bytes per lane and group
   const uint8_t* kc = kc0 + (g * RB + KB * r);
-  const uint8_t* vc = vc0 + (2 * r * RB + VB * g);
+  // Rows of tokens 2r + dt, dt = 0, 1 (+8): in shared memory row 2r + (dt ^ (r >> 1)).
+  // (Global memory: one base, so that every offset below is an immediate.)
+  const int sw = r >> 1;
+  const uint8_t* vc_even = vc0 + ((2 * r + (kShared ? sw : 0)) * RB + VB * g);
+  const uint8_t* vc_odd = kShared ? vc0 + ((2 * r + 1 - sw) * RB + VB * g) : vc_even + RB;
   const uint32_t* kp = kp0 + g * NG;
   const uint32_t* vp = vp0 + g * NG;
 #pragma unroll
@@ -277,10 +288,10 @@ __device__ __forceinline__ void load_quant_fragments(QuantTile<D, G>& T, const u
   }
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
-    const int dt = (k & 1) + 8 * (k >> 1);  // tokens 2r, 2r+1, 2r+8, 2r+9
+    // tokens 2r, 2r+1, 2r+8, 2r+9
 #pragma unroll
     for (int gm = 0; gm < NG; ++gm) {
-      const uint8_t* p = vc + (dt * RB + gm * (G / 4));
+      const uint8_t* p = ((k & 1) ? vc_odd : vc_even) + (8 * (k >> 1) * RB + gm * (G / 4));
       if constexpr (G == 128)
         T.vw[k][gm] = ld<kShared>(reinterpret_cast<const uint32_t*>(p));
       else if constexpr (G == 64)
@@ -924,34 +935,68 @@ __device__ __forceinline__ void compute_bf16_tile(WarpState<D, NG>& st, const Bf
 // staged through a per-warp two-stage cp.async ring in shared memory, fp16
 // tensor cores for K and V; 1 = two tiles per step, the next step's tiles
 // prefetched into registers (used for the other shapes); 2 = the ring of 0
-// with int8 tensor cores for K (head_dim 128, group 128, GQA <= 4: the
-// default there); 3 = the ring with int8 tensor cores for K and V (v13).
+// with int8 tensor cores for K (v10, head_dim 128, group 128, GQA <= 4);
+// 3 = the ring with int8 tensor cores for K and V (v13: the default where
+// it applies).
 constexpr int kRingStages = 2, kRingTiles = 4;
 
-// Issues the cp.async copies of TPI tiles (tiles past tlast: the last tile again).
-template <int D, int G, int TPI>
-__device__ __forceinline__ void issue_tile_copies(uint8_t* dst, const kv::PagedKvView& kv,
-                                                  const int32_t (&pg)[TPI], const FastDiv& tpp,
-                                                  int len, int h, int tg, int tlast, int lane) {
-  constexpr int NG = D / G, RB = D / 4, TB = quant_tile_bytes(D, G);
+// A tile's page id and (kSlot) first slot, looked up one step before its
+// copies are issued: one division per tile.
+struct TileRef {
+  int32_t page;
+  uint32_t slot0;
+};
+template <bool kSlot>
+__device__ __forceinline__ TileRef tile_ref(const int32_t* pages, const FastDiv& tpp, int t) {
+  const uint32_t q = tpp.div(static_cast<uint32_t>(t));
+  return {__ldg(pages + q), kSlot ? (static_cast<uint32_t>(t) - q * tpp.d) * kTileTokens : 0u};
+}
+
+// The lane's share of one tile image (head_dim 128: 32 chunks of 16 bytes
+// per code array, one per lane; params: 4 chunks each for K and V), with the
+// lane-dependent parts of the addresses computed once per kernel.
+struct RingLane {
+  const uint8_t* kc;  // K codes + the lane's chunk
+  const uint8_t* vc;  // V codes + the lane's chunk
+  const uint8_t* pp;  // K or V params + the lane's chunk (lanes < 8)
+  uint32_t dv, dp;    // shared-memory offsets of the V chunk (swizzled rows) and params chunk
+};
+template <int D, int G>
+__device__ __forceinline__ RingLane ring_lane(const kv::PagedKvView& kv, int lane) {
+  static_assert(D == 128 && G == 128, "the cp.async ring serves head_dim 128, group 128");
+  constexpr int RB = D / 4;
+  RingLane L;
+  L.kc = kv.quant.k_codes + 16 * lane;
+  L.vc = kv.quant.v_codes + 16 * lane;
+  const int row = 16 * lane / RB, col = 16 * lane % RB;
+  L.dv = 16 * RB + ring_v_row(row) * RB + col;
+  const bool v = lane >= 4;  // params: 64 bytes each for K (lanes 0-3) and V (4-7)
+  const int c = v ? lane - 4 : lane;
+  L.pp = reinterpret_cast<const uint8_t*>(v ? kv.quant.v_params : kv.quant.k_params) + 16 * c;
+  L.dp = 32 * RB + (v ? 64 : 0) + 16 * c;
+  return L;
+}
+
+// Issues the cp.async copies of TPI tiles tg.. (tiles past tlast: the last
+// tile again). kSlot: ref[] carries the slots, else they are recomputed.
+template <int D, int G, int TPI, bool kSlot>
+__device__ __forceinline__ void issue_tile_copies(uint8_t* dst, const kv::PagedKvView& kv, const RingLane& L,
+                                                  const TileRef (&ref)[TPI], const FastDiv& tpp, int tg,
+                                                  int tlast, int h, int lane) {
+  constexpr int RB = D / 4, TB = quant_tile_bytes(D, G);
 #pragma unroll
   for (int u = 0; u < TPI; ++u) {
-    const int tu = min(tg + u, tlast);
-    const uint64_t row0 = tile_loc(pg[u], tpp, len, kv.page_size, kv.num_kv_heads, h, tu).row0;
+    uint32_t slot0 = ref[u].slot0;
+    const RingLane& P = kSlot ? L : ring_lane<D, G>(kv, lane);
+    if constexpr (!kSlot) {
+      const uint32_t tu = static_cast<uint32_t>(min(tg + u, tlast));
+      slot0 = (tu - tpp.div(tu) * tpp.d) * kTileTokens;
+    }
+    const uint32_t row0 = (static_cast<uint32_t>(ref[u].page) * kv.num_kv_heads + h) * kv.page_size + slot0;
     uint8_t* d = dst + u * TB;
-    const uint8_t* ks = kv.quant.k_codes + row0 * RB;
-    const uint8_t* vs = kv.quant.v_codes + row0 * RB;
-#pragma unroll
-    for (int c = lane; c < RB; c += 32) {  // 16 * RB bytes = RB chunks of 16
-      cp_async16(d + 16 * c, ks + 16 * c);
-      cp_async16(d + 16 * RB + 16 * c, vs + 16 * c);
-    }
-    if (lane < 8 * NG) {  // params: 64 NG bytes each for K (lanes < 4NG) and V
-      const bool v = lane >= 4 * NG;
-      const int c = v ? lane - 4 * NG : lane;
-      const uint8_t* ps = reinterpret_cast<const uint8_t*>(v ? kv.quant.v_params : kv.quant.k_params) + row0 * NG * 4;
-      cp_async16(d + 32 * RB + (v ? 64 * NG : 0) + 16 * c, ps + 16 * c);
-    }
+    cp_async16(d + 16 * lane, P.kc + uint64_t(row0) * RB);
+    cp_async16(d + P.dv, P.vc + uint64_t(row0) * RB);
+    if (lane < 8) cp_async16(d + P.dp, P.pp + uint64_t(row0) * 4);
   }
 }
 
@@ -1048,21 +1093,27 @@ __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? O
       constexpr int TB = quant_tile_bytes(D, G), RB = D / 4;
       uint8_t* ring = smem + warp * (kRingStages * TPI * TB);
       const int ngroups = t < t1 ? (t1 - t + kStep - 1) / kStep : 0;
+      // The int8 loops keep the lane's copy pointers and each tile's slot in
+      // registers; the fp16 loop (variant 0) has none to spare (it would
+      // spill) and recomputes them per tile.
+      RingLane L{};
+      if constexpr (kVariant != 0) L = ring_lane<D, G>(kv, lane);
+      TileRef ref[TPI];
 #pragma unroll
-      for (int u = 0; u < TPI; ++u) pg[u] = page_of(pages, tpp, min(t + u, tlast));
-      if (ngroups > 0) issue_tile_copies<D, G, TPI>(ring, kv, pg, tpp, len, h, t, tlast, lane);
+      for (int u = 0; u < TPI; ++u) ref[u] = tile_ref<kVariant != 0>(pages, tpp, min(t + u, tlast));
+      if (ngroups > 0) issue_tile_copies<D, G, TPI, kVariant != 0>(ring, kv, L, ref, tpp, t, tlast, h, lane);
       cp_async_commit();
 #pragma unroll
-      for (int u = 0; u < TPI; ++u) pg[u] = page_of(pages, tpp, min(t + kStep + u, tlast));
+      for (int u = 0; u < TPI; ++u) ref[u] = tile_ref<kVariant != 0>(pages, tpp, min(t + kStep + u, tlast));
       for (int j = 0; j < ngroups; ++j, t += kStep) {
         // Refill the other stage with group j+1 (its page ids were fetched
         // one step ago), then fetch group j+2's page ids.
         if (j + 1 < ngroups)
-          issue_tile_copies<D, G, TPI>(ring + ((j + 1) % kRingStages) * TPI * TB, kv, pg, tpp, len, h,
-                                       t + kStep, tlast, lane);
+          issue_tile_copies<D, G, TPI, kVariant != 0>(ring + ((j + 1) % kRingStages) * TPI * TB, kv, L, ref, tpp,
+                                                      t + kStep, tlast, h, lane);
         cp_async_commit();
 #pragma unroll
-        for (int u = 0; u < TPI; ++u) pg[u] = page_of(pages, tpp, min(t + 2 * kStep + u, tlast));
+        for (int u = 0; u < TPI; ++u) ref[u] = tile_ref<kVariant != 0>(pages, tpp, min(t + 2 * kStep + u, tlast));
         cp_async_wait<1>();
         __syncwarp();
         const uint8_t* img = ring + (j % kRingStages) * TPI * TB;
@@ -1386,9 +1437,9 @@ cudaError_t launch_quant(dim3 grid, const KernelArgs& a, int variant, cudaStream
   // (`variant` picks, docs/cuda-notes.md); the others use the
   // register-prefetch loop.
   if constexpr (D == 128 && G == 128) {
-    if (variant == 4 && a.gqa <= 4)
+    if ((variant == 0 || variant == 4) && a.gqa <= 4)
       return launch_kernel(decode_split_kernel<D, G, true, 3>, grid, dim3(kThreads), false, stream, a);
-    if ((variant == 0 || variant == 3) && a.gqa <= 4)
+    if (variant == 3 && a.gqa <= 4)
       return launch_kernel(decode_split_kernel<D, G, true, 2>, grid, dim3(kThreads), false, stream, a);
     if (variant != 1)
       return launch_kernel(decode_split_kernel<D, G, true, 0>, grid, dim3(kThreads), false, stream, a);
@@ -1452,6 +1503,7 @@ DecodePlan plan_decode(int batch, const int32_t* sink_len, const int32_t* mid_le
                        int tiles_per_chunk, int ctas_per_sm) {
   DecodePlan plan;
   plan.batch = batch;
+  const int qmin = kWarps * 4;  // whole steps of either INT2 loop variant
   int64_t quant_tiles = 0, bf16_tiles = 0;
   for (int b = 0; b < batch; ++b) {
     quant_tiles += ceil_div(mid_len[b], kTileTokens);
@@ -1469,7 +1521,6 @@ DecodePlan plan_decode(int batch, const int32_t* sink_len, const int32_t* mid_le
     if (ctas_per_sm <= 0) ctas_per_sm = OSCAR_INT8K_MIN_BLOCKS;
     const int64_t target = int64_t(std::max(num_sms, 1)) * std::max(ctas_per_sm, 1);
     const int64_t per_cta = std::max<int64_t>(1, (work + target - 1) / target);
-    const int qmin = kWarps * 4;  // whole steps of either loop variant
     plan.tiles_per_chunk_quant =
         static_cast<int>(std::clamp<int64_t>((per_cta + qmin - 1) / qmin * qmin, qmin, 1 << 20));
     plan.tiles_per_chunk_bf16 = static_cast<int>(std::clamp<int64_t>(
@@ -1477,7 +1528,16 @@ DecodePlan plan_decode(int batch, const int32_t* sink_len, const int32_t* mid_le
   }
   std::vector<int32_t> quant_ids, bf16_ids;
   plan.seq_chunk_ptr.push_back(0);
+  // A region of n tiles becomes ceil(n / per) chunks of equal size (rounded
+  // up to whole steps of the INT2 loop), so that no chunk is a short
+  // remainder: CTAs of one wave then end together (at 32 x 32K the split was
+  // 1056 + 972 tiles; it is 1024 + 1004 now).
   auto add = [&](int b, int region, int ntiles, int per) {
+    if (ntiles > 0 && tiles_per_chunk <= 0) {
+      const int n = ceil_div(ntiles, per);
+      const int unit = region == 1 ? qmin : kWarps;
+      per = ceil_div(ceil_div(ntiles, n), unit) * unit;
+    }
     for (int t = 0; t < ntiles; t += per) {
       const int id = static_cast<int>(plan.chunks.size() / 4);
       plan.chunks.insert(plan.chunks.end(), {b, region, t, std::min(ntiles, t + per)});

@@ -43,7 +43,7 @@ struct DecodeParams {
   float* o = nullptr;        // [batch][Hq][d] f32 device, R_V basis
   float* lse = nullptr;      // [batch][Hq] f32 device (natural log) or nullptr
   int variant = 0;           // INT2 loop shape for d=128/G=128 (benchmarking; docs/cuda-notes.md):
-                             // 0 = default (= 3 where it applies, else 2), 1 = 2 tiles/step +
+                             // 0 = default (= 4 where it applies, else 2), 1 = 2 tiles/step +
                              // register prefetch, 2 = 4 tiles/step cp.async ring, fp16 tensor
                              // cores for K and V (v7), 3 = the ring with int8 tensor cores for
                              // K (v10; GQA <= 4, else 2), 4 = the ring with int8 tensor cores
