@@ -38,7 +38,11 @@ for b, c in keys:
     t_fi = float(f["time_us"]) if f else None
     wd = ""
     if i2:
-        wd = "%.2f" % (100.0 * (float(i2["write_us"]) + float(i2["demote_us_per_step"])) / t_i2)
+        # The write's cost inside a step (decode with DecodeParams::write, minus
+        # the decode alone) when measured; else the write launch by itself.
+        w = float(i2.get("write_in_step_us") or i2["write_us"])
+        wd = "%.2f (%.1f + %.2f us)" % (100.0 * (w + float(i2["demote_us_per_step"])) / t_i2, w,
+                                         float(i2["demote_us_per_step"]))
     def fmt(x, spec="%.1f"):
         return spec % x if x is not None else "-"
     print("| %d | %dK | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (

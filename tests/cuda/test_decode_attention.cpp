@@ -17,6 +17,7 @@
 #include "cuda_test_util.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/cache_write.h"
+#include "kernels/cuda/cache_write.h"
 #include "kernels/cuda/decode_attention.h"
 
 namespace oscar::kernels::cuda {
@@ -229,6 +230,73 @@ TEST(CudaDecode, PlanSplitsRegionsEvenly) {
       }
       if (n > 1) EXPECT_GT(mid_sizes[n - 1], mid_sizes[0] - 16 * n) << "batch " << batch << " seq " << b;
     }
+  }
+}
+
+// The step as served: decode with this step's write in its launch sequence
+// (DecodeParams::write: the write runs in the middle launch's tail, the
+// window tiles holding the new rows wait for it). The new rows are NaN on the
+// device until the write lands, so reading one early cannot pass; the
+// reference sees the written values.
+TEST(CudaDecode, StepWriteSeesTheNewRows) {
+  if (!test::have_gpu()) GTEST_SKIP() << "no GPU";
+  const int hkv = 2, d = 128, page = 64, gqa = 4, hq = hkv * gqa;
+  for (uint32_t seed : {61u, 62u, 63u}) {
+    std::vector<SeqLens> seqs;
+    for (int b = 0; b < 24; ++b) seqs.push_back({64, 1500 + 97 * b, 1 + (37 * b) % 300});
+    seqs.push_back({17, 0, 0});  // the new token is the sink's last
+    HostCache cache(seqs, hkv, d, page, 128, seed, 1.5f);
+    const int batch = cache.batch;
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::vector<int32_t> pages(batch), slots(batch);
+    std::vector<float> k(size_t(batch) * hkv * d), v(k.size()), q(size_t(batch) * hq * d);
+    for (auto& x : k) x = 1.5f * nd(rng);
+    for (auto& x : v) x = nd(rng);
+    for (auto& x : q) x = nd(rng);
+    std::vector<uint16_t> dev_k = cache.bf16_k, dev_v = cache.bf16_v;
+    for (int b = 0; b < batch; ++b) {
+      const int reg = cache.len[2][b] > 0 ? 2 : 0, n = cache.len[reg][b];
+      pages[b] = cache.indices[reg][cache.indptr[reg][b] + (n - 1) / page];
+      slots[b] = (n - 1) % page;
+      for (int h = 0; h < hkv; ++h) {
+        const size_t row = (size_t(pages[b]) * hkv + h) * page + slots[b];
+        for (int c = 0; c < d; ++c) {
+          cache.bf16_k[row * d + c] = f32_to_bf16(k[(size_t(b) * hkv + h) * d + c]);
+          cache.bf16_v[row * d + c] = f32_to_bf16(v[(size_t(b) * hkv + h) * d + c]);
+          dev_k[row * d + c] = dev_v[row * d + c] = 0x7fc0;  // NaN until written
+        }
+      }
+    }
+    cache.d_bf16_k.upload(dev_k);
+    cache.d_bf16_v.upload(dev_v);
+    const float sm_scale = 1.0f / std::sqrt(float(d));
+    std::vector<float> o_ref(q.size()), lse_ref(size_t(batch) * hq);
+    cpu::decode_attention_ref(cache.host_view, q.data(), hq, sm_scale, o_ref.data(), lse_ref.data());
+
+    DecodePlan plan = plan_decode(batch, cache.len[0].data(), cache.len[1].data(), cache.len[2].data(), hkv,
+                                  num_sms(), 0);
+    DecodeWorkspace ws = alloc_decode_workspace(std::max(plan.num_chunks, 1), batch, hq, d);
+    DeviceBuffer<float> d_q(q), d_k(k), d_v(v), d_o(q.size()), d_lse(lse_ref.size());
+    DeviceBuffer<int32_t> d_pages(pages), d_slots(slots);
+    d_o.poison();
+    DecodeParams p;
+    p.kv = cache.dev_view;
+    p.q = d_q.ptr;
+    p.num_q_heads = hq;
+    p.sm_scale = sm_scale;
+    p.o = d_o.ptr;
+    p.lse = d_lse.ptr;
+    p.write = StepWrite{batch, d_pages.ptr, d_slots.ptr, d_k.ptr, d_v.ptr, {}};
+    EXPECT_EQ(check_decode(p, plan, ws), "");
+    OSCAR_CUDA_CHECK(upload_plan(plan, ws, nullptr));
+    OSCAR_CUDA_CHECK(decode_attention(p, plan, ws, nullptr));
+    OSCAR_CUDA_CHECK(cudaDeviceSynchronize());
+    const double err = test::rel_l2(d_o.download(), o_ref);  // +inf if any NaN
+    std::printf("  [step write seed %u] chunks=%d (quant %d): rel_l2(o)=%.2e\n", seed, plan.num_chunks,
+                plan.num_quant_chunks, err);
+    EXPECT_LE(err, 1e-2);
+    free_decode_workspace(ws);
   }
 }
 

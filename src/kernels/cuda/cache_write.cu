@@ -7,6 +7,7 @@
 
 #include "core/half.h"
 #include "core/quant_format.h"
+#include "kernels/cuda/mma.cuh"
 
 namespace oscar::kernels::cuda {
 
@@ -146,6 +147,9 @@ struct WriteArgs {
 // meet in shared memory, and warp 0 clips, quantizes and packs.
 template <int D, bool kQuant>
 __global__ void __launch_bounds__(32 * kRowsPerBlock) write_kernel(const WriteArgs a) {
+  // In a decode step (decode_attention.h, StepWrite) the window launch may
+  // start now: it reads these rows only after this grid has completed.
+  detail::pdl_launch_dependents();
   __shared__ float xs[D];
   __shared__ float part[kRowsPerBlock][D];
   __shared__ uint32_t words[D / 16];
@@ -214,6 +218,9 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock) write_kernel(const WriteAr
 #pragma unroll
     for (int k = 0; k < D / 32; ++k) dst[lane + 32 * k] = f32_to_bf16(y[k]);
   }
+  // Launched as a programmatic dependent (write_bf16_tokens_dependent): the
+  // grid completes only after the previous launch has. No-op otherwise.
+  detail::pdl_wait();
 }
 
 struct DemoteArgs {
@@ -262,18 +269,25 @@ unsigned blocks_for(int64_t rows) {
 }
 
 template <bool kQuant>
-cudaError_t launch_write(const WriteArgs& a, cudaStream_t stream) {
+cudaError_t launch_write(const WriteArgs& a, cudaStream_t stream, bool programmatic = false) {
   const int64_t rows = int64_t(a.n) * a.kv.num_kv_heads * 2;
   if (rows == 0) return cudaSuccess;
   if (rows > 0x7fffffff) return cudaErrorInvalidValue;
-  const dim3 grid(static_cast<unsigned>(rows)), block(32 * kRowsPerBlock);
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(rows));
+  cfg.blockDim = dim3(32 * kRowsPerBlock);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = programmatic ? 1 : 0;
   switch (a.kv.head_dim) {
-    case 64: write_kernel<64, kQuant><<<grid, block, 0, stream>>>(a); break;
-    case 128: write_kernel<128, kQuant><<<grid, block, 0, stream>>>(a); break;
-    case 256: write_kernel<256, kQuant><<<grid, block, 0, stream>>>(a); break;
+    case 64: return cudaLaunchKernelEx(&cfg, write_kernel<64, kQuant>, a);
+    case 128: return cudaLaunchKernelEx(&cfg, write_kernel<128, kQuant>, a);
+    case 256: return cudaLaunchKernelEx(&cfg, write_kernel<256, kQuant>, a);
     default: return cudaErrorInvalidValue;
   }
-  return cudaGetLastError();
 }
 
 bool rotation_ok(const kv::PagedKvView& kv, const WriteRotation& rot) {
@@ -297,14 +311,20 @@ cudaError_t write_quant_tokens(const kv::PagedKvView& kv, int n, const int32_t* 
   return launch_write<true>(a, stream);
 }
 
-cudaError_t write_bf16_tokens(const kv::PagedKvView& kv, int n, const int32_t* pages,
-                              const int32_t* slots, const float* k, const float* v,
-                              WriteRotation rot, cudaStream_t stream) {
+cudaError_t write_bf16_tokens_dependent(const kv::PagedKvView& kv, int n, const int32_t* pages,
+                                        const int32_t* slots, const float* k, const float* v,
+                                        WriteRotation rot, bool programmatic, cudaStream_t stream) {
   if (!format_ok(kv) || n < 0 || !rotation_ok(kv, rot)) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
   if (!pages || !slots || !k || !v || !kv.bf16.k || !kv.bf16.v) return cudaErrorInvalidValue;
   WriteArgs a{kv, n, pages, slots, k, v, rot, 0, 0};
-  return launch_write<false>(a, stream);
+  return launch_write<false>(a, stream, programmatic);
+}
+
+cudaError_t write_bf16_tokens(const kv::PagedKvView& kv, int n, const int32_t* pages,
+                              const int32_t* slots, const float* k, const float* v,
+                              WriteRotation rot, cudaStream_t stream) {
+  return write_bf16_tokens_dependent(kv, n, pages, slots, k, v, rot, false, stream);
 }
 
 cudaError_t demote_pages(const kv::PagedKvView& kv, int num_pages, const int32_t* bf16_pages,

@@ -48,6 +48,15 @@ cudaError_t write_bf16_tokens(const kv::PagedKvView& kv, int n, const int32_t* p
                               const int32_t* slots, const float* k, const float* v,
                               WriteRotation rot, cudaStream_t stream);
 
+// As write_bf16_tokens; with `programmatic`, launched as a programmatic
+// dependent of the previous launch on the stream: it may run concurrently
+// with that launch (which must neither read nor write what it touches) and
+// its grid completes only after that launch's. decode_attention uses it for
+// DecodeParams::write.
+cudaError_t write_bf16_tokens_dependent(const kv::PagedKvView& kv, int n, const int32_t* pages,
+                                        const int32_t* slots, const float* k, const float* v,
+                                        WriteRotation rot, bool programmatic, cudaStream_t stream);
+
 // Demotes BF16 pages bf16_pages[i] -> quantized pages quant_pages[i] (all KV
 // heads, K and V, slots [0, num_tokens); num_tokens < 0 means full pages).
 //   bf16_pages, quant_pages: [num_pages] int32 device arrays

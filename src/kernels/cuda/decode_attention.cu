@@ -116,6 +116,7 @@ struct KernelArgs {
   const int32_t* order;    // chunk ids for this launch (blockIdx.x indexes it)
   float* partial_o;        // [num_chunks][Hq][D]
   float* partial_lse;      // [num_chunks][Hq], log2 domain
+  int step_write;          // the launch sequence writes new rows (DecodeParams::write)
 };
 
 // Per-warp online-softmax state for the lane's two head columns 2r, 2r+1.
@@ -1153,8 +1154,13 @@ __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? O
     const int len = R.len[b];
     Bf16Query<D> Q;
     load_bf16_query(Q, qrow, head_ok, a.sm_scale_log2, g, r);
+    // With a step write (the launch before this one, still running), the
+    // last tile of a region may hold a new row: wait for the write there
+    // (its grid completes after the middle launch's).
+    const int wait_tile = a.step_write && t1 * kTileTokens >= len ? t1 - 1 : -1;
     for (int t = t0 + warp; t < t1; t += kWarps) {
       Bf16Tile<D> T;
+      if (t == wait_tile) pdl_wait();
       load_bf16_tile(T, kv, pages, a.tiles_per_page, len, h, t, g, r);
       compute_bf16_tile(st, T, Q, g);
     }
@@ -1258,8 +1264,9 @@ __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? O
     if (ch == 0) a.partial_lse[row] = L > 0.0f ? M + log2f(L) : -INFINITY;
   }
   // A window launch that started early (programmatic dependent of the middle
-  // launch) completes only after the middle launch has: the merge, which
-  // waits for this grid, then sees both. A no-op for a plain launch.
+  // launch or the step write) completes only after that launch has: the
+  // merge, which waits for this grid, then sees all. A no-op for a plain
+  // launch.
   if constexpr (!kQuant) pdl_wait();
 }
 
@@ -1433,18 +1440,19 @@ cudaError_t launch_kernel(void (*kernel)(KArgs...), dim3 grid, dim3 block, bool 
 
 template <int D, int G>
 cudaError_t launch_quant(dim3 grid, const KernelArgs& a, int variant, cudaStream_t stream) {
+  constexpr bool pdl = false;  // reads q: after whatever produced it
   // head_dim 128 / group 128 (the benchmark shape) has three loop shapes
   // (`variant` picks, docs/cuda-notes.md); the others use the
   // register-prefetch loop.
   if constexpr (D == 128 && G == 128) {
     if ((variant == 0 || variant == 4) && a.gqa <= 4)
-      return launch_kernel(decode_split_kernel<D, G, true, 3>, grid, dim3(kThreads), false, stream, a);
+      return launch_kernel(decode_split_kernel<D, G, true, 3>, grid, dim3(kThreads), pdl, stream, a);
     if (variant == 3 && a.gqa <= 4)
-      return launch_kernel(decode_split_kernel<D, G, true, 2>, grid, dim3(kThreads), false, stream, a);
+      return launch_kernel(decode_split_kernel<D, G, true, 2>, grid, dim3(kThreads), pdl, stream, a);
     if (variant != 1)
-      return launch_kernel(decode_split_kernel<D, G, true, 0>, grid, dim3(kThreads), false, stream, a);
+      return launch_kernel(decode_split_kernel<D, G, true, 0>, grid, dim3(kThreads), pdl, stream, a);
   }
-  return launch_kernel(decode_split_kernel<D, G, true, 1>, grid, dim3(kThreads), false, stream, a);
+  return launch_kernel(decode_split_kernel<D, G, true, 1>, grid, dim3(kThreads), pdl, stream, a);
 }
 
 cudaError_t launch(const DecodeParams& p, const DecodePlan& plan, const DecodeWorkspace& ws,
@@ -1462,6 +1470,7 @@ cudaError_t launch(const DecodeParams& p, const DecodePlan& plan, const DecodeWo
   a.chunks = reinterpret_cast<const int4*>(ws.chunks);
   a.partial_o = ws.partial_o;
   a.partial_lse = ws.partial_lse;
+  a.step_write = p.write.n > 0;
   const int32_t* order = ws.chunks + 4 * int64_t(ws.capacity);
   const int nq = plan.num_quant_chunks, nb = plan.num_chunks - plan.num_quant_chunks;
   bool launched = false;
@@ -1475,13 +1484,21 @@ cudaError_t launch(const DecodeParams& p, const DecodePlan& plan, const DecodeWo
       });
       if (!launched) return cudaErrorInvalidValue;
     }
+    if (a.step_write) {
+      // This step's new rows, between the middle launch (a programmatic
+      // dependent of it: runs in its tail; touches nothing it reads) and the
+      // window launch, whose tiles holding the rows wait for it.
+      OSCAR_CUDA_RETURN_IF_ERROR(write_bf16_tokens_dependent(p.kv, p.write.n, p.write.pages, p.write.slots,
+                                                             p.write.k, p.write.v, p.write.rot,
+                                                             pdl && nq > 0, stream));
+    }
     if (nb > 0) {
       a.order = order + nq;
       // The window chunks do not read the middle's results: with PDL they
       // run in the middle launch's tail instead of after it.
       OSCAR_CUDA_RETURN_IF_ERROR((launch_kernel(decode_split_kernel<D, 128, false>,
                                                 dim3(nb, p.kv.num_kv_heads), dim3(kThreads),
-                                                pdl && nq > 0, stream, a)));
+                                                pdl && (nq > 0 || a.step_write), stream, a)));
     }
     OSCAR_CUDA_RETURN_IF_ERROR((launch_kernel(merge_kernel<D>, dim3(p.kv.batch, p.num_q_heads), dim3(32 * kMergeWarps), pdl,
                                               stream, static_cast<const int32_t*>(ws.seq_chunk_ptr),
@@ -1637,6 +1654,14 @@ std::string check_decode(const DecodeParams& p, const DecodePlan& plan, const De
   if (reinterpret_cast<uintptr_t>(kv.quant.k_codes) % 16 || reinterpret_cast<uintptr_t>(kv.bf16.k) % 16 ||
       reinterpret_cast<uintptr_t>(kv.bf16.v) % 16 || reinterpret_cast<uintptr_t>(kv.quant.v_codes) % 16)
     return who + "pools must be 16-byte aligned";
+  if (p.write.n < 0) return who + "write.n < 0";
+  if (p.write.n > 0) {
+    if (!p.write.pages || !p.write.slots || !p.write.k || !p.write.v || !kv.bf16.k || !kv.bf16.v)
+      return who + "write: null pages, slots, k, v or BF16 pool";
+    if (reinterpret_cast<uintptr_t>(p.write.rot.k) % 16 || reinterpret_cast<uintptr_t>(p.write.rot.v) % 16 ||
+        ((p.write.rot.k || p.write.rot.v) && p.write.rot.r_heads != 1 && p.write.rot.r_heads != kv.num_kv_heads))
+      return who + "write: rotation must be 16-byte aligned with r_heads 1 or num_kv_heads";
+  }
   return "";
 }
 

@@ -28,9 +28,25 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cuda/cache_write.h"
 #include "kv/kv_view.h"
 
 namespace oscar::kernels::cuda {
+
+// This step's new rows, written into the BF16 windows by the decode launch
+// sequence itself (rotate keys, round to BF16; write_bf16_tokens): between
+// the middle launch (which reads no BF16 row) and the window launch, so that
+// the write runs in the middle launch's tail instead of before it. Each new
+// row must be the newest token of its sequence (the last slot of its last
+// non-empty window region); the window tile holding it waits for the write.
+struct StepWrite {
+  int n = 0;                       // rows; 0 = no write
+  const int32_t* pages = nullptr;  // [n] BF16 page of each row (device)
+  const int32_t* slots = nullptr;  // [n] slot in that page
+  const float* k = nullptr;        // [n][Hkv][d] f32 post-RoPE keys, not yet rotated
+  const float* v = nullptr;        // [n][Hkv][d] f32 values (already in the R_V basis)
+  WriteRotation rot;               // R_K (and optionally R_V), as write_bf16_tokens
+};
 
 // Tokens per tile: the M dimension of one m16n8k16 tensor-core product.
 inline constexpr int kTileTokens = 16;
@@ -50,6 +66,7 @@ struct DecodeParams {
                              // for K and V (v13; GQA <= 4, else 2)
   int pdl = 1;               // launch the window and merge kernels as programmatic dependents
                              // (overlap with the middle launch's tail); 0 = plain launches
+  StepWrite write;           // optional: this step's new rows (see StepWrite)
 };
 
 // Host-side split-KV schedule. chunks[i] = {b, region, first tile, end tile}
