@@ -231,6 +231,20 @@ TEST(CudaDecode, PlanSplitsRegionsEvenly) {
       if (n > 1) EXPECT_GT(mid_sizes[n - 1], mid_sizes[0] - 16 * n) << "batch " << batch << " seq " << b;
     }
   }
+  // Equal sequences: the middle fills one wave of 4 CTAs per SM (132 SMs,
+  // 8 KV heads) without spilling into a second one, and at least 90% of it
+  // (batch >= 8; at batch 1 x 32K chunks of one 16-tile step per warp are the
+  // floor: 43 chunks, 344 CTAs).
+  for (int batch : {8, 32, 64})
+    for (int ctx : {32768, 131072}) {
+      std::vector<int32_t> s(batch, 64), m(batch, ctx - 320), r(batch, 256);
+      const DecodePlan plan = plan_decode(batch, s.data(), m.data(), r.data(), 8, 132, 0);
+      const int ctas = plan.num_quant_chunks * 8;
+      if (batch * 8 <= 528) {
+        EXPECT_LE(ctas, 528) << batch << " x " << ctx;
+        EXPECT_GE(ctas, 475) << batch << " x " << ctx;
+      }
+    }
 }
 
 // The step as served: decode with this step's write in its launch sequence

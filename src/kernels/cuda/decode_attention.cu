@@ -1526,6 +1526,7 @@ DecodePlan plan_decode(int batch, const int32_t* sink_len, const int32_t* mid_le
     quant_tiles += ceil_div(mid_len[b], kTileTokens);
     bf16_tiles += ceil_div(sink_len[b], kTileTokens) + ceil_div(recent_len[b], kTileTokens);
   }
+  int64_t per_cta = 0, target = 0;  // the automatic split's share of work per CTA, CTAs per wave
   if (tiles_per_chunk > 0) {
     plan.tiles_per_chunk_quant = plan.tiles_per_chunk_bf16 = tiles_per_chunk;
   } else {
@@ -1536,8 +1537,8 @@ DecodePlan plan_decode(int batch, const int32_t* sink_len, const int32_t* mid_le
     // partials.
     const int64_t work = (quant_tiles + kBf16TileCost * bf16_tiles) * std::max(num_kv_heads, 1);
     if (ctas_per_sm <= 0) ctas_per_sm = OSCAR_INT8K_MIN_BLOCKS;
-    const int64_t target = int64_t(std::max(num_sms, 1)) * std::max(ctas_per_sm, 1);
-    const int64_t per_cta = std::max<int64_t>(1, (work + target - 1) / target);
+    target = int64_t(std::max(num_sms, 1)) * std::max(ctas_per_sm, 1);
+    per_cta = std::max<int64_t>(1, (work + target - 1) / target);
     plan.tiles_per_chunk_quant =
         static_cast<int>(std::clamp<int64_t>((per_cta + qmin - 1) / qmin * qmin, qmin, 1 << 20));
     plan.tiles_per_chunk_bf16 = static_cast<int>(std::clamp<int64_t>(
@@ -1548,10 +1549,20 @@ DecodePlan plan_decode(int batch, const int32_t* sink_len, const int32_t* mid_le
   // A region of n tiles becomes ceil(n / per) chunks of equal size (rounded
   // up to whole steps of the INT2 loop), so that no chunk is a short
   // remainder: CTAs of one wave then end together (at 32 x 32K the split was
-  // 1056 + 972 tiles; it is 1024 + 1004 now).
+  // 1056 + 972 tiles; it is 1024 + 1004 now). Middle regions: if rounding the
+  // chunk counts up would need more CTAs than one wave holds (8 x 128K: 9
+  // chunks of 908 tiles per sequence = 576 CTAs for 528 slots, a second wave
+  // of 48), they are rounded down instead (8 chunks, 512 CTAs).
+  bool mid_round_down = false;
+  if (tiles_per_chunk <= 0) {
+    int64_t ctas = 0;
+    for (int b = 0; b < batch; ++b) ctas += ceil_div(ceil_div(mid_len[b], kTileTokens), per_cta);
+    mid_round_down = ctas * std::max(num_kv_heads, 1) > target;
+  }
   auto add = [&](int b, int region, int ntiles, int per) {
     if (ntiles > 0 && tiles_per_chunk <= 0) {
-      const int n = ceil_div(ntiles, per);
+      const int n = region == 1 && mid_round_down ? std::max<int>(1, static_cast<int>(ntiles / per_cta))
+                                                  : ceil_div(ntiles, per);
       const int unit = region == 1 ? qmin : kWarps;
       per = ceil_div(ceil_div(ntiles, n), unit) * unit;
     }
