@@ -939,7 +939,24 @@ __device__ __forceinline__ void compute_bf16_tile(WarpState<D, NG>& st, const Bf
 // with int8 tensor cores for K (v10, head_dim 128, group 128, GQA <= 4);
 // 3 = the ring with int8 tensor cores for K and V (v13: the default where
 // it applies).
-constexpr int kRingStages = 2, kRingTiles = 4;
+constexpr int kRingTiles = 4;
+// Stages of the per-warp ring (groups of kRingTiles tiles; stages - 1 groups
+// in flight while one is computed). The int8 K/V loop (variant 3) can take
+// OSCAR_INT8KV_STAGES (a build-time knob; 3 stages need 55 KB of dynamic
+// shared memory per CTA, 4 CTAs still fit an H200 SM).
+#ifndef OSCAR_INT8KV_STAGES
+#define OSCAR_INT8KV_STAGES 2
+#endif
+template <int kVariant>
+__host__ __device__ constexpr int ring_stages() { return kVariant == 3 ? OSCAR_INT8KV_STAGES : 2; }
+// Shared memory of a split kernel: the warps' rings, then (reused) the
+// per-warp outputs.
+template <int D, int G, bool kQuant, int kVariant>
+__host__ __device__ constexpr int split_smem_bytes() {
+  constexpr int so = kWarps * kMaxGqa * D * 4;
+  constexpr int ring = kQuant && kVariant != 1 ? kWarps * ring_stages<kVariant>() * kRingTiles * quant_tile_bytes(D, G) : 0;
+  return so > ring ? so : ring;
+}
 
 // A tile's page id and (kSlot) first slot, looked up one step before its
 // copies are issued: one division per tile.
@@ -1013,11 +1030,9 @@ __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? O
                                                                      : 1)
     decode_split_kernel(const KernelArgs a) {
   constexpr int NG = kQuant ? D / G : 1;
-  constexpr int kSoBytes = kWarps * kMaxGqa * D * 4;
-  constexpr int kRingBytes =
-      kQuant && kVariant != 1 ? kWarps * kRingStages * kRingTiles * quant_tile_bytes(D, G) : 0;
+  constexpr int kRingStages = ring_stages<kVariant>();
   // The warps' cp.async rings and, after the loop, the per-warp outputs.
-  __shared__ __align__(16) uint8_t smem[kSoBytes > kRingBytes ? kSoBytes : kRingBytes];
+  extern __shared__ __align__(16) uint8_t smem[];  // split_smem_bytes (dynamic: may exceed 48 KB)
   float(*s_o)[kMaxGqa][D] = reinterpret_cast<float(*)[kMaxGqa][D]>(smem);
   __shared__ float s_m[kWarps][kMaxGqa];
   __shared__ float s_l[kWarps][kMaxGqa];
@@ -1099,23 +1114,31 @@ __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? O
       // spill) and recomputes them per tile.
       RingLane L{};
       if constexpr (kVariant != 0) L = ring_lane<D, G>(kv, lane);
+      constexpr int S = kRingStages;
       TileRef ref[TPI];
+      // Prologue: groups 0 .. S-2 in flight (one commit group each, empty
+      // past the end), then the page ids of group S-1.
 #pragma unroll
-      for (int u = 0; u < TPI; ++u) ref[u] = tile_ref<kVariant != 0>(pages, tpp, min(t + u, tlast));
-      if (ngroups > 0) issue_tile_copies<D, G, TPI, kVariant != 0>(ring, kv, L, ref, tpp, t, tlast, h, lane);
-      cp_async_commit();
+      for (int sg = 0; sg < S - 1; ++sg) {
 #pragma unroll
-      for (int u = 0; u < TPI; ++u) ref[u] = tile_ref<kVariant != 0>(pages, tpp, min(t + kStep + u, tlast));
+        for (int u = 0; u < TPI; ++u) ref[u] = tile_ref<kVariant != 0>(pages, tpp, min(t + sg * kStep + u, tlast));
+        if (sg < ngroups)
+          issue_tile_copies<D, G, TPI, kVariant != 0>(ring + sg * TPI * TB, kv, L, ref, tpp, t + sg * kStep, tlast,
+                                                      h, lane);
+        cp_async_commit();
+      }
+#pragma unroll
+      for (int u = 0; u < TPI; ++u) ref[u] = tile_ref<kVariant != 0>(pages, tpp, min(t + (S - 1) * kStep + u, tlast));
       for (int j = 0; j < ngroups; ++j, t += kStep) {
-        // Refill the other stage with group j+1 (its page ids were fetched
-        // one step ago), then fetch group j+2's page ids.
-        if (j + 1 < ngroups)
-          issue_tile_copies<D, G, TPI, kVariant != 0>(ring + ((j + 1) % kRingStages) * TPI * TB, kv, L, ref, tpp,
-                                                      t + kStep, tlast, h, lane);
+        // Refill the stage freed one step ago with group j+S-1 (its page ids
+        // were fetched one step ago), then fetch group j+S's page ids.
+        if (j + S - 1 < ngroups)
+          issue_tile_copies<D, G, TPI, kVariant != 0>(ring + ((j + S - 1) % S) * TPI * TB, kv, L, ref, tpp,
+                                                      t + (S - 1) * kStep, tlast, h, lane);
         cp_async_commit();
 #pragma unroll
-        for (int u = 0; u < TPI; ++u) ref[u] = tile_ref<kVariant != 0>(pages, tpp, min(t + 2 * kStep + u, tlast));
-        cp_async_wait<1>();
+        for (int u = 0; u < TPI; ++u) ref[u] = tile_ref<kVariant != 0>(pages, tpp, min(t + S * kStep + u, tlast));
+        cp_async_wait<S - 1>();
         __syncwarp();
         const uint8_t* img = ring + (j % kRingStages) * TPI * TB;
 #pragma unroll
@@ -1421,14 +1444,25 @@ bool group_supported(int d, int gs) {
 
 // Launch with optional programmatic stream serialization (PDL): the kernel
 // may begin while the previous one of the stream is still running; it calls
-// pdl_wait() before it needs that kernel's results.
+// pdl_wait() before it needs that kernel's results. smem: dynamic shared
+// memory bytes (above 48 KB the kernel's limit is raised on first use).
 template <typename... KArgs, typename... Args>
-cudaError_t launch_kernel(void (*kernel)(KArgs...), dim3 grid, dim3 block, bool pdl,
-                          cudaStream_t stream, Args&&... args) {
+cudaError_t launch_kernel_smem(void (*kernel)(KArgs...), dim3 grid, dim3 block, int smem, bool pdl,
+                               cudaStream_t stream, Args&&... args) {
+  if (smem > 48 * 1024) {
+    static const cudaError_t raised = [&] {
+      cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                 cudaSharedmemCarveoutMaxShared);
+      return e;
+    }();
+    if (raised != cudaSuccess) return raised;
+  }
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
-  cfg.dynamicSmemBytes = 0;
+  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
   cfg.stream = stream;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -1436,6 +1470,19 @@ cudaError_t launch_kernel(void (*kernel)(KArgs...), dim3 grid, dim3 block, bool 
   cfg.attrs = attr;
   cfg.numAttrs = pdl ? 1 : 0;
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
+template <typename... KArgs, typename... Args>
+cudaError_t launch_kernel(void (*kernel)(KArgs...), dim3 grid, dim3 block, bool pdl,
+                          cudaStream_t stream, Args&&... args) {
+  return launch_kernel_smem(kernel, grid, block, 0, pdl, stream, std::forward<Args>(args)...);
+}
+
+// A split kernel with its dynamic shared memory.
+template <int D, int G, bool kQuant, int kVariant>
+cudaError_t launch_split(dim3 grid, bool pdl, cudaStream_t stream, const KernelArgs& a) {
+  return launch_kernel_smem(decode_split_kernel<D, G, kQuant, kVariant>, grid, dim3(kThreads),
+                            split_smem_bytes<D, G, kQuant, kVariant>(), pdl, stream, a);
 }
 
 template <int D, int G>
@@ -1446,13 +1493,13 @@ cudaError_t launch_quant(dim3 grid, const KernelArgs& a, int variant, cudaStream
   // register-prefetch loop.
   if constexpr (D == 128 && G == 128) {
     if ((variant == 0 || variant == 4) && a.gqa <= 4)
-      return launch_kernel(decode_split_kernel<D, G, true, 3>, grid, dim3(kThreads), pdl, stream, a);
+      return launch_split<D, G, true, 3>(grid, pdl, stream, a);
     if (variant == 3 && a.gqa <= 4)
-      return launch_kernel(decode_split_kernel<D, G, true, 2>, grid, dim3(kThreads), pdl, stream, a);
+      return launch_split<D, G, true, 2>(grid, pdl, stream, a);
     if (variant != 1)
-      return launch_kernel(decode_split_kernel<D, G, true, 0>, grid, dim3(kThreads), pdl, stream, a);
+      return launch_split<D, G, true, 0>(grid, pdl, stream, a);
   }
-  return launch_kernel(decode_split_kernel<D, G, true, 1>, grid, dim3(kThreads), pdl, stream, a);
+  return launch_split<D, G, true, 1>(grid, pdl, stream, a);
 }
 
 cudaError_t launch(const DecodeParams& p, const DecodePlan& plan, const DecodeWorkspace& ws,
@@ -1496,9 +1543,8 @@ cudaError_t launch(const DecodeParams& p, const DecodePlan& plan, const DecodeWo
       a.order = order + nq;
       // The window chunks do not read the middle's results: with PDL they
       // run in the middle launch's tail instead of after it.
-      OSCAR_CUDA_RETURN_IF_ERROR((launch_kernel(decode_split_kernel<D, 128, false>,
-                                                dim3(nb, p.kv.num_kv_heads), dim3(kThreads),
-                                                pdl && (nq > 0 || a.step_write), stream, a)));
+      OSCAR_CUDA_RETURN_IF_ERROR((launch_split<D, 128, false, 0>(dim3(nb, p.kv.num_kv_heads),
+                                                                 pdl && (nq > 0 || a.step_write), stream, a)));
     }
     OSCAR_CUDA_RETURN_IF_ERROR((launch_kernel(merge_kernel<D>, dim3(p.kv.batch, p.num_q_heads), dim3(32 * kMergeWarps), pdl,
                                               stream, static_cast<const int32_t*>(ws.seq_chunk_ptr),
