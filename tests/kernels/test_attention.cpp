@@ -2,7 +2,8 @@
 // dequantized cache, and every optimized ISA path against the reference
 // (kernel error tier: the kernel on packed data vs the reference on the
 // dequantized data). Outputs are NaN-poisoned before every run; a NaN never
-// passes (every comparison is written so NaN fails it).
+// passes (every comparison is written so NaN fails it). The same for the
+// per-channel key format of kivi2 (KeyAxis::kChannel, "PerChannelKeys" tests).
 #include <gtest/gtest.h>
 
 #include <cmath>

@@ -1,7 +1,9 @@
 // The OSCAR cache (kv/oscar_cache.h): region bookkeeping, page-granular
 // demotion (window in [W, W + page)), stored rows equal to the reference
 // quantizer on the rotated BF16 rows, fork/release page accounting, bits per
-// element, and the method registry (kv/quant_methods.h).
+// element, and the method registry (kv/quant_methods.h); kivi2 (per-channel
+// keys): demotion equals quantizing each key channel's 32-token span
+// directly, clear errors for bad pages / clipped keys, bytes and bits counted.
 #include <gtest/gtest.h>
 
 #include <cmath>
