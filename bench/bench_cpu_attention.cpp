@@ -8,7 +8,11 @@
 // enough independent "layers" that the working set is >= --ws-mb (default
 // 640 MB), as a real decode step walks every layer's cache once.
 //
-// Usage: bench_cpu_attention [--threads N] [--ws-mb MB] [--ctx 4096,8192,...] [--quick] [--decode-only]
+// --kivi adds a kivi2 row per decode configuration: no sink, recent 128..191
+// BF16, INT2 middle with values in groups of 32 and keys per channel over
+// 32-token spans (kv_view.h KeyAxis::kChannel; always the float kernels).
+//
+// Usage: bench_cpu_attention [--threads N] [--ws-mb MB] [--ctx 4096,8192,...] [--quick] [--decode-only] [--kivi]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -97,10 +101,13 @@ struct LayerCaches {
 };
 
 // int2 == false: all T tokens in BF16 (one "sink" region). int2 == true:
-// sink 64 + INT2 middle + recent 256..319 BF16, the OSCAR layout.
-void build(LayerCaches& c, const Shape& s, int T, bool int2, int layers, int page) {
-  const int sink = int2 ? std::min(T, 64) : T;
-  const int recent = int2 ? std::min(T - sink, 256 + (T % page)) : 0;
+// sink 64 + INT2 middle + recent 256..319 BF16, the OSCAR layout; kivi:
+// no sink, recent 128..191, group 32, per-channel keys.
+void build(LayerCaches& c, const Shape& s0, int T, bool int2, int layers, int page, bool kivi = false) {
+  Shape s = s0;
+  if (kivi) s.group = 32;
+  const int sink = kivi ? 0 : int2 ? std::min(T, 64) : T;
+  const int recent = int2 ? std::min(T - sink, (kivi ? 128 : 256) + (T % page)) : 0;
   const int mid = T - sink - recent;
   auto pages = [&](int n) { return (n + page - 1) / page; };
   const int bpl = pages(sink) + pages(recent), qpl = pages(mid);  // pages per layer
@@ -117,6 +124,7 @@ void build(LayerCaches& c, const Shape& s, int T, bool int2, int layers, int pag
   c.kp.resize(size_t(qpl) * layers * s.hkv * page * ng * 2);
   for (size_t i = 0; i < c.kp.size(); ++i) c.kp[i] = oscar::f32_to_f16(i % 2 ? -1.0f - 0.001f * (i % 97) : 0.5f + 0.001f * (i % 89));
   c.vp = c.kp;
+  if (kivi) c.kp.resize(size_t(qpl) * layers * s.hkv * (page / oscar::kv::kKeySpan) * s.d * 2);  // same fill
   for (int r = 0; r < 3; ++r) {
     c.idx[r].assign(layers, {});
     c.indptr[r] = {0, 0};
@@ -144,6 +152,7 @@ void build(LayerCaches& c, const Shape& s, int T, bool int2, int layers, int pag
     v.page_size = page;
     v.bits = 2;
     v.group_size = s.group;
+    v.key_axis = kivi ? oscar::kv::KeyAxis::kChannel : oscar::kv::KeyAxis::kToken;
     v.bf16 = {c.bk.data(), c.bv.data()};
     v.quant = {c.kcodes.data(), c.vcodes.data(), c.kp.data(), c.vp.data()};
     v.sink = {c.indptr[0].data(), c.idx[0][l].data(), c.len[0].data()};
@@ -152,6 +161,8 @@ void build(LayerCaches& c, const Shape& s, int T, bool int2, int layers, int pag
   }
   const double bf16_rows = double(sink + recent) * s.hkv, q_rows = double(mid) * s.hkv;
   c.bytes_per_call = 2 * (bf16_rows * s.d * 2 + q_rows * (cb + ng * 2 * 2));  // K and V
+  if (kivi)  // K params: d (scale, min) pairs per 32 rows instead of ng per row
+    c.bytes_per_call += q_rows * (double(s.d) * 4 / oscar::kv::kKeySpan - ng * 4);
   c.working_set = c.bytes_per_call * layers;
 }
 
@@ -186,13 +197,14 @@ int main(int argc, char** argv) {
   double ws_mb = 640;
   double min_seconds = 1.0;
   std::vector<int> ctxs = {4096, 8192, 16384, 32768};
-  bool decode_only = false;
+  bool decode_only = false, with_kivi = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--threads" && i + 1 < argc) threads = std::atoi(argv[++i]);
     else if (a == "--ws-mb" && i + 1 < argc) ws_mb = std::atof(argv[++i]);
     else if (a == "--quick") min_seconds = 0.3;
     else if (a == "--decode-only") decode_only = true;
+    else if (a == "--kivi") with_kivi = true;
     else if (a == "--ctx" && i + 1 < argc) {
       ctxs.clear();
       std::string list = argv[++i];
@@ -202,7 +214,7 @@ int main(int argc, char** argv) {
         p = q == std::string::npos ? list.size() : q + 1;
       }
     } else {
-      std::fprintf(stderr, "usage: %s [--threads N] [--ws-mb MB] [--ctx 4096,8192] [--quick] [--decode-only]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--threads N] [--ws-mb MB] [--ctx 4096,8192] [--quick] [--decode-only] [--kivi]\n", argv[0]);
       return 2;
     }
   }
@@ -219,21 +231,22 @@ int main(int argc, char** argv) {
   for (const Shape& s : shapes)
     for (int T : ctxs) {
       double bf16_us = 0;
-      for (bool int2 : {false, true}) {
+      for (int kind = 0; kind < (with_kivi ? 3 : 2); ++kind) {
+        const bool int2 = kind > 0, kivi = kind == 2;
         // Layers: enough for the working set, at least 2, at most 4096.
         LayerCaches probe;
-        build(probe, s, T, int2, 1, page);
+        build(probe, s, T, int2, 1, page, kivi);
         const int layers = int(std::clamp(std::ceil(ws_mb * 1e6 / probe.bytes_per_call), 2.0, 4096.0));
         probe = LayerCaches{};
         LayerCaches c;
-        build(c, s, T, int2, layers, page);
+        build(c, s, T, int2, layers, page, kivi);
         const Result r = time_decode(c, s, min_seconds);
         if (!int2) bf16_us = r.us_per_call;
         char speed[32] = "1.00x";
         if (int2) std::snprintf(speed, sizeof speed, "%.2fx", bf16_us / r.us_per_call);
         // floor: the call's bytes moved at the measured copy bandwidth.
         std::printf("%-14s %6d %-5s %6d %9.0f %10.3f %11.1f %11.1f %8.1f %6.1f%% %8s\n", s.name, T,
-                    int2 ? "int2" : "bf16", layers, c.working_set / 1e6, c.bytes_per_call / 1e6,
+                    kivi ? "kivi2" : int2 ? "int2" : "bf16", layers, c.working_set / 1e6, c.bytes_per_call / 1e6,
                     c.bytes_per_call / (copy_gbs * 1e9) * 1e6, r.us_per_call, r.gbs, 100.0 * r.gbs / copy_gbs, speed);
         std::fflush(stdout);
       }

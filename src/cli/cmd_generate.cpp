@@ -72,7 +72,7 @@ const oscar::cli::Registrar reg({"generate", "Generate text from a prompt (CPU)"
   app.add_flag("--ignore-eos", o->ignore_eos, "Do not stop at the model's end-of-sequence tokens");
   app.add_flag("--chat", o->chat, "Wrap the prompt in the model's (ChatML) chat template");
   app.add_option("--system", o->system, "System message for --chat");
-  app.add_option("--kv", o->kv, "KV cache method: bf16, int2-naive, int2-hadamard, int4-hadamard, oscar, ...")
+  app.add_option("--kv", o->kv, "KV cache method: bf16, int2-naive, int2-hadamard, int4-hadamard, kivi2, oscar, ...")
       ->capture_default_str();
   app.add_option("--calib", o->calib, "Calibration file for --kv oscar (oscar calibrate)");
   app.add_option("--page-size", o->page_size, "KV page size in tokens")->capture_default_str();

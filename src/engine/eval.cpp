@@ -37,9 +37,12 @@ void quantize_rows(const kv::KvMethod& m, const float* hi, int T, int H, int d, 
       fake_quantize_rows(lo, int64_t(T) * H, d, spec, lo);
       return;
     }
-    // Keys per channel over blocks of 32 tokens (complete blocks only).
+    // Keys per channel over spans of 32 tokens, aligned like the cache's
+    // pages (the middle starts at m.sink and is made of whole pages, whose
+    // size is a multiple of 32): complete spans only, since only those can be
+    // in a query's quantized range (quantized_range).
     float col[kKiviGroup];
-    for (int b = 0; b + kKiviGroup <= T; b += kKiviGroup)
+    for (int b = m.sink; b + kKiviGroup <= T; b += kKiviGroup)
       for (int h = 0; h < H; ++h)
         for (int c = 0; c < d; ++c) {
           for (int i = 0; i < kKiviGroup; ++i) col[i] = hi[(size_t(b + i) * H + h) * d + c];
@@ -241,11 +244,11 @@ double rel(double num, double den) { return den > 0 ? num / den : 0.0; }
 
 LoRange quantized_range(const kv::KvMethod& m, int t, int page_size) {
   // The cache after committing tokens 0..t-1 (query t is the pending token).
+  // Page-granular demotion, kivi2 included (kv/oscar_cache.h).
   if (m.kind == kv::KvMethod::Kind::kBf16) return {};
-  if (m.kind == kv::KvMethod::Kind::kKivi) {
-    const int q = std::max(0, (t - m.recent) / kKiviGroup * kKiviGroup);
-    return {0, q};
-  }
+  if (m.kind == kv::KvMethod::Kind::kKivi && page_size % kKiviGroup != 0)
+    throw Error(fmt::format("eval: {} needs a page size that is a multiple of {} (got {})", m.label,
+                            kKiviGroup, page_size));
   const int mid = std::max(0, (t - m.sink - m.recent) / page_size) * page_size;
   return {m.sink, m.sink + mid};
 }

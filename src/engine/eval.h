@@ -4,10 +4,12 @@
 // and query t sees
 //   the dequantized rows for the positions its cache would hold quantized
 //   (page-granular: [S0, S0 + mid(t)) with mid(t) = page * floor((t - S0 - W) / page),
-//    the cache's state after committing tokens 0..t-1; kivi2: its own rule),
+//    the cache's state after committing tokens 0..t-1; kivi2 too, with S0 = 0,
+//    W = 128 and its keys quantized per channel over 32-token spans of the pages),
 //   BF16-rounded rows everywhere else,
 // which is exactly what the real token-by-token decode path over
-// kv::OscarKvCache computes (tests/engine/test_oscar_sim.cpp checks it).
+// kv::OscarKvCache computes (tests/engine/test_oscar_sim.cpp checks it, for
+// kivi2 too).
 //
 // Metrics, on the scored positions (queries that attend to quantized history:
 // t >= S0 + W + page by default), against the BF16 cache:

@@ -93,7 +93,6 @@ std::vector<PasskeyResult> run_passkey(const model::ModelWeights& w, const model
       }
   std::vector<PasskeyResult> out;
   for (const kv::KvMethod& km : methods) {
-    if (km.kind == kv::KvMethod::Kind::kKivi) continue;
     Engine e(w, km, opts.weights);
     std::map<std::pair<int, double>, PasskeyResult> agg;
     for (size_t i = 0; i < cases.size(); ++i) {
@@ -136,7 +135,7 @@ std::vector<AgreementResult> run_agreement(const model::ModelWeights& w,
     }
   std::vector<AgreementResult> out;
   for (const kv::KvMethod& km : methods) {
-    if (km.kind == kv::KvMethod::Kind::kKivi || km.kind == kv::KvMethod::Kind::kBf16) continue;
+    if (km.kind == kv::KvMethod::Kind::kBf16) continue;
     Engine e(w, km, opts.weights);
     for (int ctx : ctxs) {
       AgreementResult r;

@@ -1,7 +1,7 @@
 // Long-context checks through the REAL engine (Model::forward over the paged
 // cache of each method, chunked prefill + token-by-token decode, so demotion
 // runs): passkey retrieval and greedy generation agreement with BF16
-// (DESIGN §6.2 item 6). kivi2 has no real cache and is skipped here.
+// (DESIGN §6.2 item 6). Every method runs through its real cache (kivi2 too).
 #pragma once
 
 #include <cstdint>

@@ -23,12 +23,28 @@
 // Quantized page layout (HND), rows in the format of core/quant_format.h:
 //   codes:  [page][h][slot][head_dim * bits / 8]   bytes
 //   params: [page][h][slot][head_dim / group_size][2]  fp16 bits (scale, min)
-// K and V have separate arrays of identical layout.
+// K and V have separate arrays of identical layout, except for the key params
+// when key_axis == KeyAxis::kChannel (KIVI's per-channel keys):
+//   k_params: [page][h][slot / kKeySpan][head_dim][2]  fp16 bits (scale, min)
+// i.e. one (scale, min) per channel per span of kKeySpan = 32 consecutive slots
+// of a page (spans never cross pages: page_size must be a multiple of 32).
+// The key of slot t, channel c is then  min[span][c] + code * scale[span][c];
+// its codes are packed per row exactly as per-token rows (group_size gives
+// the packing groups, quant_format.h), only the params differ. Values are
+// always per-token rows. The CPU kernels (reference and optimized) read both
+// axes; the CUDA kernels read kToken only.
 #pragma once
 
 #include <cstdint>
 
 namespace oscar::kv {
+
+// How the keys of the quantized pool are grouped for their (scale, min).
+enum class KeyAxis : int32_t {
+  kToken = 0,    // per token (row), groups of group_size channels (OSCAR, int2/int4 methods)
+  kChannel = 1,  // per channel, groups of kKeySpan consecutive tokens of a page (KIVI)
+};
+inline constexpr int kKeySpan = 32;
 
 struct RegionTable {
   const int32_t* indptr = nullptr;   // [batch + 1]
@@ -69,6 +85,21 @@ struct PagedKvView {
     return (int64_t(page) * num_kv_heads + h) * page_size + slot;
   }
   int total_len(int b) const { return sink.len[b] + mid.len[b] + recent.len[b]; }
+
+  // Declared last so that positional initializers of the fields above stay valid.
+  KeyAxis key_axis = KeyAxis::kToken;
+
+  // fp16 elements of key params per (page, KV head), for either axis.
+  int64_t key_params_per_page_head() const {
+    return key_axis == KeyAxis::kChannel ? int64_t(page_size / kKeySpan) * head_dim * 2
+                                         : int64_t(page_size) * row_groups() * 2;
+  }
+  // kChannel: offset (fp16 elements) into quant.k_params of the [head_dim][2]
+  // (scale, min) pairs of the span holding `slot`.
+  int64_t key_span_params_offset(int32_t page, int h, int slot) const {
+    return ((int64_t(page) * num_kv_heads + h) * (page_size / kKeySpan) + slot / kKeySpan) *
+           int64_t(head_dim) * 2;
+  }
 };
 
 }  // namespace oscar::kv

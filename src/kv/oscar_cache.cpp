@@ -42,6 +42,13 @@ OscarKvCache::OscarKvCache(const KvCacheShape& shape, std::shared_ptr<const Cali
   group_ = std::min(opts_.group_size, d);
   QuantSpec spec{opts_.bits, group_, ScaleDtype::kF16};
   validate_spec(spec, d);
+  const bool kchan = opts_.key_axis == KeyAxis::kChannel;
+  if (opts_.key_axis != KeyAxis::kToken && !kchan)
+    throw Error(fmt::format("{} kv cache: unknown key axis {}", opts_.label, int(opts_.key_axis)));
+  if (kchan && ps % kKeySpan != 0)
+    throw Error(fmt::format("{} kv cache: per-channel keys are quantized over spans of {} tokens, so "
+                            "the page size must be a multiple of {} (got {})",
+                            opts_.label, kKeySpan, kKeySpan, ps));
   identity_ = calib_->composition == Composition::kNone;
   for (const LayerCalibration& lc : calib_->layers) {
     if (lc.n_rot != 1 && lc.n_rot != shape_.num_kv_heads)
@@ -50,19 +57,31 @@ OscarKvCache::OscarKvCache(const KvCacheShape& shape, std::shared_ptr<const Cali
     for (int h = 1; h < shape_.num_kv_heads; ++h)
       if (lc.k_clip_of(h) != lc.k_clip_of(0) || lc.v_clip_of(h) != lc.v_clip_of(0))
         uniform_clip_ = false;
+    if (kchan)
+      for (int h = 0; h < shape_.num_kv_heads; ++h)
+        if (lc.k_clip_of(h) < 1.0f)
+          throw Error(fmt::format("{} kv cache: per-channel keys are not clipped, but the calibration "
+                                  "has key clip ratio {}",
+                                  opts_.label, lc.k_clip_of(h)));
   }
+  if (kchan && !uniform_clip_)
+    throw Error(fmt::format("{} kv cache: per-channel keys with per-head clip ratios are not supported",
+                            opts_.label));
 
   const size_t bf = size_t(bf16_pool_.num_pages()) * size_t(bf16_page_elems());
   const size_t rows = size_t(quant_pool_.num_pages()) * shape_.num_kv_heads * ps;
   const size_t code_bytes = rows * packed_row_bytes(d, opts_.bits);
   const size_t params = rows * size_t(d / group_) * 2;
+  const size_t kparams = kchan ? size_t(quant_pool_.num_pages()) * shape_.num_kv_heads *
+                                     size_t(ps / kKeySpan) * d * 2
+                               : params;
   for (int l = 0; l < shape_.n_layers; ++l) {
     // Left uninitialized: untouched pages cost no physical memory.
     k_.emplace_back(new uint16_t[bf]);
     v_.emplace_back(new uint16_t[bf]);
     kc_.emplace_back(new uint8_t[code_bytes]);
     vc_.emplace_back(new uint8_t[code_bytes]);
-    kp_.emplace_back(new uint16_t[params]);
+    kp_.emplace_back(new uint16_t[kparams]);
     vp_.emplace_back(new uint16_t[params]);
     bf16_pools_.push_back({k_.back().get(), v_.back().get()});
     quant_pools_.push_back({kc_.back().get(), vc_.back().get(), kp_.back().get(), vp_.back().get()});
@@ -211,6 +230,7 @@ PagedKvView OscarKvCache::layer_view(int layer) const {
   v.page_size = shape_.page_size;
   v.bits = opts_.bits;
   v.group_size = group_;
+  v.key_axis = opts_.key_axis;
   v.bf16 = bf16_pools_[layer];
   v.quant = quant_pools_[layer];
   return v;
@@ -273,9 +293,15 @@ double OscarKvCache::bits_per_element(SeqId seq) const {
   const Regions r = regions(seq);
   const int T = r.sink + r.mid + r.recent;
   if (T == 0) return 16.0;
-  return ((r.sink + r.recent) * 16.0 +
-          r.mid * row_bits_per_element(opts_.bits, group_, ScaleDtype::kF16)) /
-         T;
+  return ((r.sink + r.recent) * 16.0 + r.mid * middle_bits_per_element()) / T;
+}
+
+double OscarKvCache::middle_bits_per_element() const {
+  const double v = row_bits_per_element(opts_.bits, group_, ScaleDtype::kF16);
+  const double k = opts_.key_axis == KeyAxis::kChannel
+                       ? row_bits_per_element(opts_.bits, kKeySpan, ScaleDtype::kF16)
+                       : v;
+  return 0.5 * (k + v);
 }
 
 void OscarKvCache::make_batch(std::span<const SeqId> seqs, std::span<const int> lens,
@@ -351,8 +377,13 @@ void OscarKvCache::rotate_queries(int layer, float* q, int n, int n_q_heads) con
 int64_t OscarKvCache::bytes_in_use() const {
   const int d = shape_.head_dim;
   const int64_t bf = int64_t(bf16_pool_.num_used()) * bf16_page_elems() * 2 * 2;
-  const int64_t qrow = packed_row_bytes(d, opts_.bits) + (d / group_) * 2 * 2;
-  const int64_t q = int64_t(quant_pool_.num_used()) * shape_.num_kv_heads * shape_.page_size * qrow * 2;
+  // Per quantized page and head: K and V codes, V params, K params (per row
+  // groups, or per channel per span of kKeySpan slots).
+  const int ps = shape_.page_size;
+  const int64_t vparams = int64_t(ps) * (d / group_) * 2 * 2;
+  const int64_t kparams = opts_.key_axis == KeyAxis::kChannel ? int64_t(ps / kKeySpan) * d * 2 * 2 : vparams;
+  const int64_t qpage = 2 * int64_t(ps) * packed_row_bytes(d, opts_.bits) + vparams + kparams;
+  const int64_t q = int64_t(quant_pool_.num_used()) * shape_.num_kv_heads * qpage;
   return (bf + q) * shape_.n_layers;
 }
 

@@ -15,7 +15,11 @@
 // same slot in every layer's arrays. Full pages are shared on fork.
 //
 // The rotations and clip ratios come from a Calibration (core/calibration.h):
-// an OSCAR file, or a data-free one (identity for int2-naive, Hadamard).
+// an OSCAR file, or a data-free one (identity for int2-naive, kivi2, Hadamard).
+//
+// kivi2 is this cache with sink 0, recent 128, identity rotation, no clip,
+// values in groups of 32 and key_axis = kChannel: demotion quantizes each key
+// channel over each 32-token span of the demoted page (kv_view.h).
 #pragma once
 
 #include <memory>
@@ -33,7 +37,11 @@ struct OscarCacheOptions {
   int sink = 64;                // S0: BF16 tokens at the start
   int recent = 256;             // W: BF16 tokens at the end (window in [W, W + page))
   int bits = 2;                 // 2 or 4
-  int group_size = 128;         // clamped to head_dim
+  int group_size = 128;         // clamped to head_dim (values; keys too when per token)
+  // Keys per token (row groups of group_size) or, for KIVI, per channel over
+  // spans of kKeySpan = 32 tokens (kv_view.h): then page_size must be a
+  // multiple of 32, and keys are not clipped (key clip ratios must be >= 1).
+  KeyAxis key_axis = KeyAxis::kToken;
   int32_t bf16_pages = 0;       // per layer; 0 = enough for max_tokens
   int32_t quant_pages = 0;
   int64_t max_tokens = 32768;   // page budget when the page counts are 0
@@ -67,8 +75,11 @@ class OscarKvCache : public KvCache {
   };
   Regions regions(SeqId seq) const;
   // True bits per cached element of the sequence (DESIGN §5.4): BF16 rows at
-  // 16, quantized rows at bits + 2*16/group.
+  // 16, quantized rows at bits + 2*16/group (keys per channel: bits + 2*16/32,
+  // one fp16 pair per channel per 32 tokens), K and V averaged.
   double bits_per_element(SeqId seq) const;
+  // Bits per element of a quantized (middle) token, K and V averaged.
+  double middle_bits_per_element() const;
   const OscarCacheOptions& options() const { return opts_; }
   int group_size() const { return group_; }
 
@@ -95,7 +106,7 @@ class OscarKvCache : public KvCache {
   PagePool bf16_pool_, quant_pool_;
   std::vector<std::unique_ptr<uint16_t[]>> k_, v_;       // [L][pages * page elems] bf16
   std::vector<std::unique_ptr<uint8_t[]>> kc_, vc_;      // [L][pages * Hkv * ps * row bytes]
-  std::vector<std::unique_ptr<uint16_t[]>> kp_, vp_;     // [L][pages * Hkv * ps * groups * 2]
+  std::vector<std::unique_ptr<uint16_t[]>> kp_, vp_;     // [L][pages * Hkv * (ps * groups | ps/32 * d) * 2]
   std::vector<Bf16PagePool> bf16_pools_;
   std::vector<QuantPagePool> quant_pools_;
   std::unordered_map<SeqId, Seq> seqs_;

@@ -16,6 +16,7 @@ namespace oscar::kv {
 namespace {
 
 constexpr int kKiviGroup = 32, kKiviResidual = 128;
+static_assert(kKiviGroup == kKeySpan, "kivi2's key span is the cache's per-channel span");
 
 // U from one rotation R composed as `from` (row-major [d][d]); eigenvalues
 // [d] in U's column order (descending as stored).
@@ -95,14 +96,13 @@ bool KvMethod::folds_values() const {
 double KvMethod::bits_per_element(int64_t T, int head_dim, int page_size) const {
   if (T <= 0 || kind == Kind::kBf16) return 16.0;
   const int G = std::min(group_size, head_dim);
-  if (kind == Kind::kKivi) {
-    const int64_t q = std::max<int64_t>(0, (T - kKiviResidual) / kKiviGroup * kKiviGroup);
-    // keys: per channel (scale, min) per 32 tokens; values: per 32 channels.
-    const double qb = 2.0 + 2.0 * 16.0 / kKiviGroup;
-    return (q * qb + (T - q) * 16.0) / double(T);
-  }
+  // Page-granular demotion for every quantized method (kivi2 included): the
+  // middle holds the whole pages of [sink, T - recent).
   const int64_t mid = std::max<int64_t>(0, (T - sink - recent) / page_size * page_size);
-  return (mid * row_bits_per_element(bits, G, ScaleDtype::kF16) + (T - mid) * 16.0) / double(T);
+  const double v = row_bits_per_element(bits, G, ScaleDtype::kF16);
+  // kivi2 keys: 2-bit codes + one fp16 (scale, min) per channel per 32 tokens.
+  const double k = kind == Kind::kKivi ? row_bits_per_element(bits, kv::kKeySpan, ScaleDtype::kF16) : v;
+  return (mid * 0.5 * (k + v) + (T - mid) * 16.0) / double(T);
 }
 
 std::vector<std::string> kv_method_names() {
@@ -179,10 +179,15 @@ KvMethod resolve_base(const std::string& spec_in, const KvMethodOptions& opts) {
   if (name == "int2-hadamard") return data_free(Composition::kHadamard, 0.96f, 0.92f, 2), m;
   if (name == "int4-hadamard") return data_free(Composition::kHadamard, 1.0f, 1.0f, 4), m;
   if (name == "kivi2") {
+    // The OSCAR cache with per-channel keys (kv_view.h KeyAxis::kChannel), no
+    // sink, a BF16 residual of 128, no rotation, no clipping, values in groups of 32.
     m.kind = KvMethod::Kind::kKivi;
+    m.bits = 2;
     m.group_size = kKiviGroup;
     m.sink = 0;
     m.recent = kKiviResidual;
+    m.calib = std::make_shared<Calibration>(
+        data_free_calibration(Composition::kNone, fp, 1.0f, 1.0f, 2, std::min(kKiviGroup, fp.head_dim)));
     return m;
   }
   const bool calibrated = name == "oscar" || name == "oscar-U" || name == "oscar-UH" ||
@@ -242,11 +247,13 @@ std::unique_ptr<KvCache> make_method_cache(const KvMethod& m, const KvCacheShape
     o.max_tokens = tokens;
     return make_kv_cache(shape, o);
   }
-  if (m.kind == KvMethod::Kind::kKivi)
-    throw Error(fmt::format("kv method {}: per-channel key groups over tokens do not fit the "
-                            "per-row page format; it exists in `oscar eval` simulation only",
-                            m.label));
+  if (m.kind == KvMethod::Kind::kKivi && shape.page_size % kKeySpan != 0)
+    throw Error(fmt::format("kv method {}: keys are quantized per channel over spans of {} tokens, "
+                            "so the page size must be a multiple of {} (got {})",
+                            m.label, kKeySpan, kKeySpan, shape.page_size));
+  if (!m.calib) throw Error(fmt::format("kv method {}: no calibration", m.label));
   OscarCacheOptions o;
+  if (m.kind == KvMethod::Kind::kKivi) o.key_axis = KeyAxis::kChannel;
   o.label = m.label;
   o.sink = m.sink;
   o.recent = m.recent;

@@ -1,14 +1,20 @@
 // The KV cache methods of DESIGN §6.1, selected by name, all through the same
-// cache code (kv/oscar_cache.h) except bf16 (kv/bf16_cache.h) and kivi2 (whose
-// per-channel key groups span tokens, which the per-row page format cannot
-// hold: it exists in the evaluation's prefill simulation only).
+// cache code (kv/oscar_cache.h) except bf16 (kv/bf16_cache.h). kivi2 is the
+// OSCAR cache with per-channel keys (kv_view.h KeyAxis::kChannel): the engine
+// decodes from it token by token like the others, and the evaluation's
+// prefill simulation (engine/eval.h) follows the same page-granular rule.
 //
 //   bf16            every token BF16
 //   int2-naive      no rotation, no clipping, same windows
 //   int2-hadamard   R = H for keys and values (QuaRot-style), clips 0.96 / 0.92
 //   int4-hadamard   as int2-hadamard at 4 bits, no clipping (4-bit reference)
-//   kivi2           KIVI-2: keys per channel over groups of 32 tokens, values per
-//                   token in groups of 32 channels, FP16 residual of 128, no sink
+//   kivi2           KIVI-2: keys per channel over groups of 32 tokens (2-bit
+//                   codes, fp16 scale/min per channel per 32-token span), values
+//                   per token in groups of 32 channels (fp16 scale/min), a BF16
+//                   residual window of the newest 128..128+page-1 tokens, no
+//                   sink, no rotation, no clipping. Demotion is page-granular
+//                   like the others (page size a multiple of 32); the middle
+//                   costs 3 bits per element (K: 2 + 32/32, V: 2 + 32/32).
 //   oscar           the calibration file as it is (normally U·H·P)
 //   oscar-U, oscar-UH, oscar-UHP   ablations: the same eigenvectors composed
 //                   differently (derived from the file's rotation and eigenvalues)
@@ -36,14 +42,15 @@ struct KvMethod {
   enum class Kind { kBf16, kRow, kKivi };
   std::string label;
   Kind kind = Kind::kBf16;
-  std::shared_ptr<const Calibration> calib;  // kRow: rotations and clips per layer
+  std::shared_ptr<const Calibration> calib;  // kRow, kKivi (identity): rotations and clips per layer
   int bits = 2;
   int group_size = 128;  // channels per (scale, min) group (clamped to head_dim)
   int sink = 64, recent = 256;
   // kRow with a non-identity value rotation: W_v / W_o must be folded.
   bool folds_values() const;
   // DESIGN §5.4 for a sequence of T tokens under page-granular demotion
-  // (the middle holds whole pages; kivi2: its own rule).
+  // (the middle holds the whole pages of [sink, T - recent); every byte
+  // counted: codes, params, BF16 windows; kivi2's keys have per-channel params).
   double bits_per_element(int64_t T, int head_dim, int page_size) const;
 };
 
@@ -62,7 +69,8 @@ KvMethod resolve_kv_method(const std::string& spec, const KvMethodOptions& opts)
 std::vector<KvMethod> resolve_kv_methods(const std::string& list, const KvMethodOptions& opts);
 std::vector<std::string> kv_method_names();
 
-// A cache for a method (not kivi2: throws). max_tokens: page budget.
+// A cache for a method. max_tokens: page budget. Throws oscar::Error for
+// kivi2 with a page size that is not a multiple of 32.
 std::unique_ptr<KvCache> make_method_cache(const KvMethod& m, const KvCacheShape& shape,
                                            int64_t max_tokens);
 

@@ -56,23 +56,23 @@ kv::KvMethod row_method(std::shared_ptr<const Calibration> c) {
 }
 
 // Logits of every position: simulation (rows [T][V]) and real decode.
-void compare(const model::ModelWeights& w0, const kv::KvMethod& m) {
+void compare(const model::ModelWeights& w0, const kv::KvMethod& m, int page = kPage, int T = kT) {
   model::ModelWeights w = w0;
   if (m.folds_values()) model::fold_value_rotation(w, *m.calib);
   auto be = model::make_cpu_backend({model::WeightDtype::kF32, 1});
-  const auto tokens = random_tokens(kT, w.cfg.vocab_size, 11);
+  const auto tokens = random_tokens(T, w.cfg.vocab_size, 11);
 
   model::DenseForward fwd(w, *be);
   std::vector<float> hidden, sim;
   engine::LocalErrorSums sums;
-  engine::simulate(fwd, m, tokens, kPage, kSink + kRecent + kPage, hidden, &sums);
-  fwd.logits(hidden.data(), kT, sim);
+  engine::simulate(fwd, m, tokens, page, m.sink + m.recent + page, hidden, &sums);
+  fwd.logits(hidden.data(), T, sim);
 
   model::Model model(w, *be);
-  auto cache = kv::make_method_cache(m, model.cache_shape(kPage), 1024);
+  auto cache = kv::make_method_cache(m, model.cache_shape(page), 1024);
   const kv::SeqId s = cache->create();
   std::vector<float> real, lg;
-  for (int t = 0; t < kT; ++t) {
+  for (int t = 0; t < T; ++t) {
     model::SeqStep st{s, std::span<const int32_t>(tokens.data() + t, 1), false};
     model.forward(std::span<const model::SeqStep>(&st, 1), *cache, lg);
     real.insert(real.end(), lg.begin(), lg.end());
@@ -89,7 +89,7 @@ void compare(const model::ModelWeights& w0, const kv::KvMethod& m) {
   EXPECT_LT(max_diff, 2e-3 * max_abs) << m.label << ": max |sim - real| " << max_diff
                                       << " of max |logit| " << max_abs;
   // The quantized middle really was used (else the test proves nothing).
-  if (m.kind == kv::KvMethod::Kind::kRow) {
+  if (m.kind != kv::KvMethod::Kind::kBf16) {
     EXPECT_GT(sums.k_num, 0.0);
     EXPECT_GT(sums.o_num, 0.0);
     auto* oc = dynamic_cast<kv::OscarKvCache*>(cache.get());
@@ -116,6 +116,61 @@ TEST(OscarSim, MatchesDecodeWithoutRotationAndBf16) {
   compare(w, naive);
   kv::KvMethod bf16;
   compare(w, bf16);
+}
+
+// kivi2 (per-channel keys over 32-token spans, values per token in groups of
+// 32, no sink, no rotation): the simulation's page-granular rule and its
+// per-channel fake quantization must be what the real cache decodes from.
+TEST(OscarSim, MatchesDecodeKivi2) {
+  const auto w = model::random_weights(model::tiny_config(model::Arch::kLlama), 6);
+  kv::KvMethodOptions o;
+  o.model = model::model_fingerprint(w);
+  kv::KvMethod kivi = kv::resolve_kv_method("kivi2", o);
+  ASSERT_EQ(kivi.kind, kv::KvMethod::Kind::kKivi);
+  // The real setting (W = 128), pages of 64: middle up to 128 tokens at T = 300.
+  compare(w, kivi, 64, 300);
+  // A shorter residual and pages of 32, so many demotions happen in 150 steps;
+  // and a page of 16 is a clear error in both paths.
+  kivi.recent = 32;
+  compare(w, kivi, 32, kT);
+  auto be = model::make_cpu_backend({model::WeightDtype::kF32, 1});
+  model::Model model(w, *be);
+  EXPECT_THROW(kv::make_method_cache(kivi, model.cache_shape(16), 1024), Error);
+  EXPECT_THROW(engine::quantized_range(kivi, 100, 16), Error);
+}
+
+TEST(OscarSim, Kivi2QuantizationChangesTheLogits) {
+  // Guard: kivi2's simulation is not BF16 past its first demotion, and its
+  // keys really are per channel (differ from per-token rows of group 32).
+  const auto w = model::random_weights(model::tiny_config(model::Arch::kLlama), 6);
+  auto be = model::make_cpu_backend({model::WeightDtype::kF32, 1});
+  const auto tokens = random_tokens(kT, w.cfg.vocab_size, 11);
+  model::DenseForward fwd(w, *be);
+  kv::KvMethodOptions o;
+  o.model = model::model_fingerprint(w);
+  kv::KvMethod kivi = kv::resolve_kv_method("kivi2", o);
+  kivi.recent = 32;
+  kv::KvMethod rows = row_method(std::make_shared<Calibration>(data_free_calibration(
+      Composition::kNone, model::model_fingerprint(w), 1.0f, 1.0f, 2, 32)));
+  rows.group_size = 32;
+  rows.sink = 0;
+  rows.recent = 32;
+  kv::KvMethod bf16;
+  std::vector<float> h0, h1, h2;
+  engine::LocalErrorSums sk, sr;
+  engine::simulate(fwd, bf16, tokens, 32, 0, h0, nullptr);
+  engine::simulate(fwd, kivi, tokens, 32, 64, h1, &sk);
+  engine::simulate(fwd, rows, tokens, 32, 64, h2, &sr);
+  double d01 = 0, d12 = 0;
+  for (size_t i = 0; i < h0.size(); ++i) {
+    d01 = std::max(d01, double(std::fabs(h0[i] - h1[i])));
+    d12 = std::max(d12, double(std::fabs(h1[i] - h2[i])));
+  }
+  EXPECT_GT(d01, 1e-4);
+  EXPECT_GT(d12, 1e-4);
+  EXPECT_GT(sk.k_num, 0.0);
+  EXPECT_GT(sr.k_num, 0.0);
+  std::printf("  kivi2 vs bf16 max|dh| %.3g, kivi2 vs per-token keys (g32) %.3g\n", d01, d12);
 }
 
 TEST(OscarSim, QuantizationChangesTheLogits) {

@@ -21,6 +21,11 @@ namespace oscar::test {
 
 struct CacheSpec {
   int hkv = 2, d = 128, page = 16, bits = 2, group = 128;
+  // Keys of the middle per channel over spans of 32 slots (kv_view.h,
+  // KeyAxis::kChannel; page must be a multiple of 32). The rows of a span
+  // past the region's end are filled too (their params cover them); spans
+  // wholly past it keep NaN params.
+  bool key_channel = false;
   std::vector<int> sink, mid, recent;  // per sequence (sizes define the batch)
 };
 
@@ -66,8 +71,8 @@ inline TestCache make_cache(const CacheSpec& spec, std::mt19937& rng) {
   tc.vc.resize(tc.kc.size());
   for (auto& c : tc.kc) c = uint8_t(rng());
   for (auto& c : tc.vc) c = uint8_t(rng());
-  tc.kp.assign(size_t(nq) * H * P * ng * 2, kF16NaN);
-  tc.vp.assign(tc.kp.size(), kF16NaN);
+  tc.vp.assign(size_t(nq) * H * P * ng * 2, kF16NaN);
+  tc.kp.assign(spec.key_channel ? size_t(nq) * H * (P / kv::kKeySpan) * d * 2 : tc.vp.size(), kF16NaN);
   std::vector<int32_t> bfree(nb), qfree(nq);
   for (int i = 0; i < nb; ++i) bfree[i] = i;
   for (int i = 0; i < nq; ++i) qfree[i] = i;
@@ -82,6 +87,7 @@ inline TestCache make_cache(const CacheSpec& spec, std::mt19937& rng) {
   v.page_size = P;
   v.bits = spec.bits;
   v.group_size = spec.group;
+  v.key_axis = spec.key_channel ? kv::KeyAxis::kChannel : kv::KeyAxis::kToken;
   tc.K.resize(B);
   tc.V.resize(B);
   const std::vector<int>* lens[3] = {&spec.sink, &spec.mid, &spec.recent};
@@ -103,7 +109,9 @@ inline TestCache make_cache(const CacheSpec& spec, std::mt19937& rng) {
           for (int kvsel = 0; kvsel < 2; ++kvsel) {
             random_row(rng, d, row.data());
             float* dense = (kvsel ? tc.V[b] : tc.K[b]).data() + (size_t(pos) * H + h) * d;
-            if (r == 1) {
+            if (r == 1 && kvsel == 0 && spec.key_channel) {
+              std::copy(row.begin(), row.end(), dense);  // quantized per span below
+            } else if (r == 1) {
               const int64_t qr = (int64_t(page) * H + h) * P + slot;
               uint8_t* codes = (kvsel ? tc.vc : tc.kc).data() + qr * cb;
               uint16_t* params = (kvsel ? tc.vp : tc.kp).data() + qr * ng * 2;
@@ -117,6 +125,40 @@ inline TestCache make_cache(const CacheSpec& spec, std::mt19937& rng) {
               }
             }
           }
+      }
+      if (r == 1 && spec.key_channel && len > 0) {
+        // Per-channel keys: each span of 32 slots of each page, column by
+        // column through the reference quantizer (quantize_row, group 32).
+        const int S = kv::kKeySpan, mid0 = pos - len;
+        const QuantSpec cs{spec.bits, S, ScaleDtype::kF16};
+        std::vector<float> col(S), deqc(S);
+        std::vector<uint8_t> cc(size_t(S * spec.bits / 8));
+        for (int s0 = 0; s0 < len; s0 += S) {
+          const int32_t page = tc.idx[r][tc.indptr[r][b] + s0 / P];
+          const int slot0 = s0 % P;
+          for (int h = 0; h < H; ++h) {
+            std::vector<float> rows(size_t(S) * d);
+            for (int i = 0; i < S; ++i) {
+              if (s0 + i < len)
+                std::copy_n(tc.K[b].data() + (size_t(mid0 + s0 + i) * H + h) * d, d, rows.data() + size_t(i) * d);
+              else
+                random_row(rng, d, rows.data() + size_t(i) * d);
+            }
+            uint16_t* par = tc.kp.data() + ((int64_t(page) * H + h) * (P / S) + slot0 / S) * d * 2;
+            uint8_t* codes0 = tc.kc.data() + ((int64_t(page) * H + h) * P + slot0) * cb;
+            std::fill(codes0, codes0 + size_t(S) * cb, uint8_t(0));
+            for (int c = 0; c < d; ++c) {
+              for (int i = 0; i < S; ++i) col[i] = rows[size_t(i) * d + c];
+              quantize_row(col.data(), S, cs, cc.data(), par + 2 * c);
+              dequantize_row(cc.data(), par + 2 * c, S, cs, deqc.data());
+              for (int i = 0; i < S; ++i) {
+                codes0[size_t(i) * cb + code_byte(c, spec.group, spec.bits)] |=
+                    uint8_t(get_code(cc.data(), i, S, spec.bits) << code_shift(c, spec.group, spec.bits));
+                if (s0 + i < len) tc.K[b][(size_t(mid0 + s0 + i) * H + h) * d + c] = deqc[i];
+              }
+            }
+          }
+        }
       }
     }
   }

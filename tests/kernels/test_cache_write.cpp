@@ -28,13 +28,14 @@ struct Pools {
   std::vector<uint16_t> bk, bv, kp, vp;
   std::vector<uint8_t> kc, vc;
   kv::PagedKvView view;
-  Pools(int hkv, int d, int page, int bits, int group, int nb, int nq) {
+  Pools(int hkv, int d, int page, int bits, int group, int nb, int nq, bool key_channel = false) {
     bk.assign(size_t(nb) * hkv * page * d, test::kBf16NaN);
     bv = bk;
     kc.assign(size_t(nq) * hkv * page * d * bits / 8, 0xA5);
     vc = kc;
-    kp.assign(size_t(nq) * hkv * page * (d / group) * 2, test::kF16NaN);
-    vp = kp;
+    vp.assign(size_t(nq) * hkv * page * (d / group) * 2, test::kF16NaN);
+    kp.assign(key_channel ? size_t(nq) * hkv * (page / kv::kKeySpan) * d * 2 : vp.size(), test::kF16NaN);
+    view.key_axis = key_channel ? kv::KeyAxis::kChannel : kv::KeyAxis::kToken;
     view.num_kv_heads = hkv;
     view.head_dim = d;
     view.page_size = page;
@@ -170,6 +171,98 @@ TEST(Demotion, EqualsDirectQuantizationOfTheSameRows) {
       ASSERT_EQ(ref.vc, direct.vc);
       ASSERT_EQ(ref.vp, direct.vp);
     }
+}
+
+TEST(Demotion, PerChannelKeysEqualQuantizingEachSpanDirectly) {
+  // KIVI keys (KeyAxis::kChannel): demoting a BF16 page must give, for each
+  // KV head, 32-slot span and channel, exactly the codes and fp16 (scale,
+  // min) of the reference quantizer run on that channel's 32 BF16 values
+  // (what the evaluation's simulation does with fake_quantize_rows), packed
+  // into the rows in the usual format; values stay per-token rows. The fast
+  // kernel must be bit-exact with the reference, non-finite inputs included.
+  std::mt19937 rng(14);
+  int checked = 0;
+  for (int bits : {2, 4})
+    for (int page : {32, 64, 128})
+      for (int d : {64, 128}) {
+        const int H = 3, group = (d == 128 && bits == 4) ? 64 : 32;
+        Pools p(H, d, page, bits, group, 2, 3, true), ref(H, d, page, bits, group, 2, 3, true),
+            rows(H, d, page, bits, group, 2, 3, false);
+        std::vector<float> k(size_t(page) * H * d), v(k.size());
+        for (size_t r = 0; r < size_t(page) * H; ++r) {
+          test::random_row(rng, d, k.data() + r * d);
+          test::random_row(rng, d, v.data() + r * d);
+        }
+        // A few non-finite keys (quantized as 0, like quantize_row does).
+        k[5] = NAN;
+        k[size_t(3) * d + 7] = INFINITY;
+        k[size_t(page) * d + 1] = -INFINITY;
+        std::vector<int32_t> pages(page, 1), slots(page);
+        for (int s = 0; s < page; ++s) slots[s] = s;
+        write_bf16_tokens(p.view, page, pages.data(), slots.data(), k.data(), v.data());
+        ref.bk = p.bk;
+        ref.bv = p.bv;
+        const ClipRatios clip{1.0f, 0.92f};
+        demote_page(p.view, 1, 2, clip);
+        demote_page_ref(ref.view, 1, 2, clip);
+        ASSERT_EQ(p.kc, ref.kc) << "bits=" << bits << " page=" << page << " d=" << d;
+        ASSERT_EQ(p.kp, ref.kp);
+        ASSERT_EQ(p.vc, ref.vc);
+        ASSERT_EQ(p.vp, ref.vp);
+        // Values: the per-token rows of write_quant_tokens on the BF16-rounded rows.
+        for (auto& x : v) x = bf16_to_f32(f32_to_bf16(x));
+        std::vector<int32_t> qpages(page, 2);
+        write_quant_tokens_ref(rows.view, page, qpages.data(), slots.data(), k.data(), v.data(), clip);
+        ASSERT_EQ(p.vc, rows.vc);
+        ASSERT_EQ(p.vp, rows.vp);
+        // Keys: span by span, channel by channel.
+        const QuantSpec cs{bits, kv::kKeySpan, ScaleDtype::kF16};
+        std::vector<float> col(kv::kKeySpan), want(kv::kKeySpan);
+        std::vector<uint8_t> cc(kv::kKeySpan);
+        uint16_t par[2];
+        for (int h = 0; h < H; ++h)
+          for (int s0 = 0; s0 < page; s0 += kv::kKeySpan) {
+            const uint16_t* sp = p.kp.data() + p.view.key_span_params_offset(2, h, s0);
+            for (int c = 0; c < d; ++c) {
+              for (int i = 0; i < kv::kKeySpan; ++i)
+                col[i] = bf16_to_f32(p.bk[size_t(p.view.bf16_row_offset(1, h, s0 + i)) + c]);
+              quantize_row(col.data(), kv::kKeySpan, cs, cc.data(), par);
+              fake_quantize_rows(col.data(), 1, kv::kKeySpan, cs, want.data());
+              ASSERT_EQ(sp[2 * c], par[0]) << "h=" << h << " s0=" << s0 << " c=" << c;
+              ASSERT_EQ(sp[2 * c + 1], par[1]);
+              for (int i = 0; i < kv::kKeySpan; ++i) {
+                const uint8_t* rc = p.kc.data() + p.view.quant_row_index(2, h, s0 + i) * p.view.row_code_bytes();
+                const int code = get_code(rc, c, group, bits);
+                ASSERT_EQ(code, get_code(cc.data(), i, kv::kKeySpan, bits)) << "h=" << h << " slot=" << s0 + i << " c=" << c;
+                // The simulation's dequantized value, bit for bit.
+                ASSERT_EQ(f16_to_f32(sp[2 * c + 1]) + float(code) * f16_to_f32(sp[2 * c]), want[i]);
+                ++checked;
+              }
+            }
+          }
+      }
+  EXPECT_GT(checked, 100000);
+}
+
+TEST(Demotion, PerChannelKeysRejectBadInput) {
+  Pools p(2, 64, 64, 2, 32, 2, 2, true);
+  std::vector<float> k(size_t(64) * 2 * 64, 0.5f), v(k.size(), 0.25f);
+  std::vector<int32_t> pages(64, 1), slots(64);
+  for (int s = 0; s < 64; ++s) slots[s] = s;
+  write_bf16_tokens(p.view, 64, pages.data(), slots.data(), k.data(), v.data());
+  EXPECT_NO_THROW(demote_page(p.view, 1, 0, {1.0f, 0.92f}));
+  EXPECT_NO_THROW(demote_page_ref(p.view, 1, 0, {1.0f, 1.0f}, 32));
+  // Partial span, key clipping, token-wise quantized writes, page not a multiple of 32.
+  EXPECT_THROW(demote_page(p.view, 1, 1, {1.0f, 1.0f}, 48), Error);
+  EXPECT_THROW(demote_page_ref(p.view, 1, 1, {1.0f, 1.0f}, 40), Error);
+  EXPECT_THROW(demote_page(p.view, 1, 1, {0.96f, 1.0f}), Error);
+  EXPECT_THROW(demote_page_ref(p.view, 1, 1, {0.96f, 1.0f}), Error);
+  EXPECT_THROW(write_quant_tokens(p.view, 1, pages.data(), slots.data(), k.data(), v.data(), {}), Error);
+  EXPECT_THROW(write_quant_tokens_ref(p.view, 1, pages.data(), slots.data(), k.data(), v.data(), {}), Error);
+  kv::PagedKvView bad = p.view;
+  bad.page_size = 48;
+  EXPECT_THROW(demote_page(bad, 1, 1, {1.0f, 1.0f}, 32), Error);
+  EXPECT_THROW(demote_page_ref(bad, 1, 1, {1.0f, 1.0f}, 32), Error);
 }
 
 TEST(WriteThenAttend, DecodeMatchesDenseAttentionOnFakeQuantizedRows) {

@@ -1,7 +1,9 @@
 // The OSCAR cache (kv/oscar_cache.h): region bookkeeping, page-granular
 // demotion (window in [W, W + page)), stored rows equal to the reference
 // quantizer on the rotated BF16 rows, fork/release page accounting, bits per
-// element, and the method registry (kv/quant_methods.h).
+// element, and the method registry (kv/quant_methods.h); kivi2 (per-channel
+// keys): demotion equals quantizing each key channel's 32-token span
+// directly, clear errors for bad pages / clipped keys, bytes and bits counted.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -195,7 +197,153 @@ TEST(QuantMethods, RegistryAndBits) {
   const int64_t T = 64 + 256 + 64 * 10;
   EXPECT_NEAR(h.bits_per_element(T, 64, 64), ((64 + 256) * 16.0 + 640 * 2.5) / T, 1e-12);
   EXPECT_EQ(resolve_kv_method("bf16", o).bits_per_element(T, 64, 64), 16.0);
-  EXPECT_THROW(make_method_cache(resolve_kv_method("kivi2", o), {kL, kH, kD, kPage}, 256), Error);
+  // kivi2: its middle is 3 bits per element (K: 2 + 32/32 per channel per 32
+  // tokens, V: 2 + 32/32 per 32 channels), page-granular, no sink, W = 128.
+  const KvMethod kivi = resolve_kv_method("kivi2", o);
+  EXPECT_EQ(kivi.sink, 0);
+  EXPECT_EQ(kivi.recent, 128);
+  EXPECT_EQ(kivi.group_size, 32);
+  EXPECT_FALSE(kivi.folds_values());
+  EXPECT_NEAR(kivi.bits_per_element(2048, 64, 64), (1920 * 3.0 + 128 * 16.0) / 2048, 1e-12);
+  EXPECT_NEAR(kivi.bits_per_element(2047, 64, 64), (1856 * 3.0 + 191 * 16.0) / 2047, 1e-12);
+  EXPECT_EQ(kivi.bits_per_element(100, 64, 64), 16.0);
+  // A real cache now; pages must be multiples of the 32-token key span.
+  EXPECT_THROW(make_method_cache(kivi, {kL, kH, kD, kPage}, 256), Error);
+  EXPECT_THROW(make_method_cache(kivi, {kL, kH, kD, 48}, 256), Error);
+  auto c = make_method_cache(kivi, {kL, kH, kD, 64}, 512);
+  EXPECT_EQ(c->method(), "kivi2");
+}
+
+// kivi2 through the OSCAR cache with per-channel keys.
+std::unique_ptr<OscarKvCache> make_kivi(int page, int recent = 64) {
+  auto c = std::make_shared<Calibration>(data_free_calibration(Composition::kNone, fp(), 1.0f, 1.0f, 2, 32));
+  OscarCacheOptions o;
+  o.label = "kivi2";
+  o.sink = 0;
+  o.recent = recent;
+  o.group_size = 32;
+  o.key_axis = KeyAxis::kChannel;
+  o.max_tokens = 1024;
+  return std::make_unique<OscarKvCache>(KvCacheShape{kL, kH, kD, page}, c, o);
+}
+
+TEST(KiviCache, DemotionQuantizesEachKeyChannelOverItsSpan) {
+  // Decode token by token (and small chunks) so demotion runs at commit; the
+  // stored keys of every middle page must be the reference quantizer on each
+  // channel's 32 BF16-rounded values (bit for bit, codes and fp16 params),
+  // the values the per-token rows of group 32.
+  for (int page : {32, 64}) {
+    auto c = make_kivi(page);
+    std::mt19937 rng(7);
+    const SeqId s = c->create();
+    std::vector<float> keys, vals;
+    while (c->length(s) < 300) {
+      std::normal_distribution<float> nd;
+      const int n = c->length(s) % 5 == 0 ? 3 : 1;
+      std::vector<float> k(size_t(n) * kH * kD), v(k.size());
+      for (auto& x : k) x = nd(rng) * 2.0f;
+      for (auto& x : v) x = nd(rng);
+      c->reserve(s, n);
+      for (int l = 0; l < kL; ++l) c->write(l, s, c->length(s), k.data(), v.data(), n);
+      c->commit(s, n);
+      keys.insert(keys.end(), k.begin(), k.end());
+      vals.insert(vals.end(), v.begin(), v.end());
+      const auto r = c->regions(s);
+      ASSERT_EQ(r.sink, 0);
+      ASSERT_EQ(r.mid % page, 0);
+      if (r.mid > 0) {
+        ASSERT_TRUE(r.recent >= 64 && r.recent < 64 + page) << r.recent;
+      }
+      const double want = (r.recent * 16.0 + r.mid * 3.0) / c->length(s);
+      ASSERT_NEAR(c->bits_per_element(s), want, 1e-12);
+    }
+    const auto r = c->regions(s);
+    ASSERT_GE(r.mid, 192);
+    KvBatch b;
+    const std::vector<SeqId> seqs{s};
+    const std::vector<int> lens{c->length(s)};
+    c->make_batch(seqs, lens, b);
+    const QuantSpec cs{2, 32, ScaleDtype::kF16}, vs{2, 32, ScaleDtype::kF16};
+    std::vector<float> col(32), vrow(kD), vref(kD), vdeq(kD);
+    std::vector<uint8_t> cc(8), vcodes(kD / 4);
+    uint16_t par[2];
+    std::vector<uint16_t> vpar(2 * kD / 32);
+    int checked = 0;
+    for (int l = 0; l < kL; ++l) {
+      const PagedKvView view = b.layer(l);
+      ASSERT_EQ(view.key_axis, KeyAxis::kChannel);
+      ASSERT_EQ(view.mid.len[0], r.mid);
+      for (int i0 = 0; i0 < r.mid; i0 += 32)
+        for (int h = 0; h < kH; ++h) {
+          const int32_t page_id = view.mid.indices[view.mid.indptr[0] + i0 / page];
+          const uint16_t* sp = view.quant.k_params + view.key_span_params_offset(page_id, h, i0 % page);
+          for (int ch = 0; ch < kD; ++ch) {
+            for (int i = 0; i < 32; ++i)
+              col[i] = bf16_to_f32(f32_to_bf16(keys[(size_t(i0 + i) * kH + h) * kD + ch]));
+            quantize_row(col.data(), 32, cs, cc.data(), par);
+            ASSERT_EQ(sp[2 * ch], par[0]) << "page " << page << " layer " << l << " span " << i0 << " ch " << ch;
+            ASSERT_EQ(sp[2 * ch + 1], par[1]);
+            for (int i = 0; i < 32; ++i) {
+              const uint8_t* rc =
+                  view.quant.k_codes + view.quant_row_index(page_id, h, (i0 + i) % page) * view.row_code_bytes();
+              ASSERT_EQ(get_code(rc, ch, 32, 2), get_code(cc.data(), i, 32, 2));
+            }
+            ++checked;
+          }
+          // Values of the span's first token: per-token rows, group 32.
+          for (int ch = 0; ch < kD; ++ch) vrow[ch] = bf16_to_f32(f32_to_bf16(vals[(size_t(i0) * kH + h) * kD + ch]));
+          fake_quantize_rows(vrow.data(), 1, kD, vs, vref.data());
+          const int64_t qi = view.quant_row_index(page_id, h, i0 % page);
+          dequantize_row(view.quant.v_codes + qi * view.row_code_bytes(),
+                         view.quant.v_params + qi * view.row_groups() * 2, kD, vs, vdeq.data());
+          for (int ch = 0; ch < kD; ++ch) ASSERT_EQ(vdeq[ch], vref[ch]);
+        }
+    }
+    EXPECT_GT(checked, 1000);
+    // Fork shares the middle; release frees everything.
+    const SeqId f = c->fork(s);
+    EXPECT_EQ(c->regions(f).mid, r.mid);
+    c->release(f);
+    c->release(s);
+    EXPECT_EQ(c->bytes_in_use(), 0);
+  }
+}
+
+TEST(KiviCache, BadOptionsAreClearErrors) {
+  // Page not a multiple of the 32-token key span.
+  try {
+    make_kivi(16);
+    ADD_FAILURE() << "page 16 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("multiple of 32"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(make_kivi(48), Error);
+  EXPECT_NO_THROW(make_kivi(96));
+  // Per-channel keys are not clipped.
+  auto clipped = std::make_shared<Calibration>(data_free_calibration(Composition::kNone, fp(), 0.96f, 1.0f, 2, 32));
+  OscarCacheOptions o;
+  o.sink = 0;
+  o.recent = 64;
+  o.group_size = 32;
+  o.key_axis = KeyAxis::kChannel;
+  EXPECT_THROW(OscarKvCache({kL, kH, kD, 64}, clipped, o), Error);
+  o.key_axis = static_cast<KeyAxis>(3);
+  auto plain = std::make_shared<Calibration>(data_free_calibration(Composition::kNone, fp(), 1.0f, 1.0f, 2, 32));
+  EXPECT_THROW(OscarKvCache({kL, kH, kD, 64}, plain, o), Error);
+}
+
+TEST(KiviCache, BytesInUseCountPerChannelKeyParams) {
+  auto c = make_kivi(64);
+  std::mt19937 rng(9);
+  const SeqId s = c->create();
+  append(*c, s, 64 + 64 + 10, rng);  // one page demoted (recent 64 .. 127)
+  ASSERT_EQ(c->regions(s).mid, 64);
+  // BF16: 2 pages (recent 74 tokens) x K,V; quantized: 1 page = codes K,V
+  // (64 x 16 bytes each) + V params (64 x 2 groups x 4 bytes) + K params
+  // (2 spans x 64 channels x 4 bytes), per head and layer.
+  const int64_t bf = int64_t(2) * kH * 64 * kD * 2 * 2;
+  const int64_t q = int64_t(kH) * (2 * 64 * 16 + 64 * 2 * 4 + 2 * 64 * 4);
+  EXPECT_EQ(c->bytes_in_use(), (bf + q) * kL);
 }
 
 TEST(QuantMethods, Modifiers) {

@@ -173,6 +173,19 @@ void widen_rows(const kv::PagedKvView& kv, const kv::RegionTable& r, bool quanti
         const uint8_t* codes = (which ? kv.quant.v_codes : kv.quant.k_codes) + row * cb;
         const uint16_t* par = (which ? kv.quant.v_params : kv.quant.k_params) + row * ng * 2;
         float* out = which ? vrow : krow.data();
+        if (!which && kv.key_axis == kv::KeyAxis::kChannel) {
+          // Per-channel keys: (scale, min) per channel of the slot's span.
+          const uint16_t* sp = kv.quant.k_params + kv.key_span_params_offset(page, h, slot);
+          for (int g = 0; g < ng; ++g) {
+            const uint8_t* gb = codes + g * per_lane;
+            for (int q = 0; q < lanes; ++q)
+              for (int j = 0; j < per_lane; ++j) {
+                const int c = g * G + q * per_lane + j;
+                out[c] = f16_to_f32(sp[2 * c + 1]) + float((gb[j] >> (bits * q)) & mask) * f16_to_f32(sp[2 * c]);
+              }
+          }
+          continue;
+        }
         for (int g = 0; g < ng; ++g) {
           const float sc = f16_to_f32(par[2 * g]), mn = f16_to_f32(par[2 * g + 1]);
           const uint8_t* gb = codes + g * per_lane;

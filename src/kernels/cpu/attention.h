@@ -4,7 +4,9 @@
 // reference is the specification"): scalar, fp64 accumulation, one softmax
 // partial per region (sink BF16, middle quantized, recent BF16) merged by
 // log-sum-exp. Middle rows are dequantized exactly as stored:
-// x_hat = min + code * scale with the fp16 (scale, min) of each group.
+// x_hat = min + code * scale with the fp16 (scale, min) of each group (per
+// row; for per-channel keys, kv.key_axis == kChannel, per channel and span of
+// 32 slots, kv_view.h).
 // The optimized functions (same signatures) dispatch at run time to AVX-512,
 // AVX2 or a scalar fallback and must match the reference to float tolerance
 // (tests/kernels).
@@ -50,7 +52,8 @@ void prefill_attention(const kv::PagedKvView& kv, int b, int cached_len, const f
 // quantized per group and the value weights per span of <= 128 rows, each to two
 // int8 digits (16 / 15 bits), a bounded extra error (docs/cpu-kernels.md,
 // "approximate tier"); OSCAR_CPU_ATTN=exact selects the float kernels (error
-// tier: f32 rounding only). INT4 rows always use the float kernels.
+// tier: f32 rounding only). INT4 rows and per-channel keys (kivi2) always use
+// the float kernels.
 const char* attention_isa();
 
 // Threads used by the optimized kernels: OSCAR_NUM_THREADS (environment) or

@@ -31,7 +31,9 @@ struct Partial {
 };
 
 // Row `i` of region `r` (KV head h) as f32: BF16 rows widened, quantized rows
-// dequantized as x_hat = min + code * scale with the stored fp16 params.
+// dequantized as x_hat = min + code * scale with the stored fp16 params (per
+// row and group, or for per-channel keys per span and channel, kv_view.h).
+// So a per-channel key logit is sum_c q_c (min_c + code_tc * scale_c).
 void fetch_row(const kv::PagedKvView& kv, const kv::RegionTable& r, bool quantized, bool value,
                int b, int i, int h, float* out /*[d]*/) {
   const int d = kv.head_dim;
@@ -44,6 +46,17 @@ void fetch_row(const kv::PagedKvView& kv, const kv::RegionTable& r, bool quantiz
   }
   const int64_t row = kv.quant_row_index(page, h, slot);
   const uint8_t* codes = (value ? kv.quant.v_codes : kv.quant.k_codes) + row * kv.row_code_bytes();
+  if (!value && kv.key_axis == kv::KeyAxis::kChannel) {
+    // Per-channel keys: (scale, min) of channel c over the row's span of
+    // kKeySpan slots, x_hat = min_c + code * scale_c.
+    const uint16_t* sp = kv.quant.k_params + kv.key_span_params_offset(page, h, slot);
+    for (int c = 0; c < d; ++c) {
+      const float scale = f16_to_f32(sp[2 * c]);
+      const float mn = f16_to_f32(sp[2 * c + 1]);
+      out[c] = mn + static_cast<float>(get_code(codes, c, kv.group_size, kv.bits)) * scale;
+    }
+    return;
+  }
   const uint16_t* params = (value ? kv.quant.v_params : kv.quant.k_params) + row * kv.row_groups() * 2;
   for (int c = 0; c < d; ++c) {
     const int g = c / kv.group_size;

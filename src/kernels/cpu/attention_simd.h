@@ -19,6 +19,12 @@
 // shorter than W (INT2, G = 32: 8 bytes per lane), the 8 bytes are loaded
 // twice and the upper 8 lanes use the next shift: still W consecutive channels.
 //
+// Per-channel keys (KIVI, kv_view.h KeyAxis::kChannel): the middle is walked
+// span by span (kKeySpan slots); per span the query is transformed once,
+// q'_c = q_c * scale_c, bias = sum_c q_c * min_c, and the same quantized-key
+// loop runs on q' with the unit table (code -> code); the bias is added to the
+// logits. Values stay per-token rows. See RowKernel::run_kchan_impl.
+//
 // NOTE: no include guard on purpose (included once per ISA namespace).
 
 // Decoding plan of a quantized row for chunk width W. A "window" is W code
@@ -342,6 +348,72 @@ struct RowKernel {
     r.ngroups = D / G;
     run_quant(r, plan, BITS, n, key_base, D, qs);
   }
+
+  // Per-channel keys (kv_view.h, KeyAxis::kChannel): rows [0, n) of ONE span
+  // of kKeySpan slots, whose keys share the per-channel (scale, min) pairs
+  // kspan [d][2] fp16. With q'_c = q_c * scale_c and b = sum_c q_c * min_c,
+  // the logit of row t is q' . code_t + b: the quantized-key loop above runs
+  // on q' (computed once per span) with the unit table code -> code, and b is
+  // added to every logit of the query. Values are per-token rows as usual.
+  // (run.kp is not read.)
+  __attribute__((always_inline)) OSCAR_TGT static inline void run_kchan_impl(const QuantRun& run,
+                                                                              const uint16_t* kspan,
+                                                                              const QuantPlan<W>& plan, int bits,
+                                                                              int n, int key_base, int d,
+                                                                              QuerySet& qs) {
+    alignas(64) float s[NQ][kBlock];
+    alignas(64) float p[NQ][kBlock];
+    alignas(64) float par[512], sc[256], mn[256];  // d <= 256
+    alignas(64) float qk[NQ * 256];
+    float bias[NQ];
+    T::f16_to_f32(kspan, 2 * d, par);
+    for (int c = 0; c < d; ++c) {
+      sc[c] = par[2 * c];
+      mn[c] = par[2 * c + 1];
+    }
+    for (int g = 0; g < NQ; ++g) {
+      F b = T::zero();
+      for (int c = 0; c < d; c += W) {
+        const F qv = T::load(qs.q + g * d + c);
+        T::store(qk + g * d + c, T::mul(qv, T::load(sc + c)));
+        b = T::fma(qv, T::load(mn + c), b);
+      }
+      bias[g] = T::reduce_add(b);
+    }
+    using Table = typename T::Table;
+    Table kt[kBlock][8], vt[kBlock][8];  // [row][group], ngroups <= 8
+    const Table unit = T::make_table(1.0f, 0.0f, bits);
+    for (int t = 0; t < kBlock; ++t)
+      for (int g = 0; g < 8; ++g) kt[t][g] = unit;
+    alignas(64) float vpar[kBlock * 16];
+    const int ng = run.ngroups, cb = run.code_bytes;
+    for (int t0 = 0; t0 < n; t0 += kBlock) {
+      const int nt = std::min(kBlock, n - t0);
+      T::f16_to_f32(run.vp + int64_t(t0) * ng * 2, nt * ng * 2, vpar);
+      for (int t = 0; t < nt; ++t)
+        for (int g = 0; g < ng; ++g) vt[t][g] = T::make_table(vpar[(t * ng + g) * 2], vpar[(t * ng + g) * 2 + 1], bits);
+      logits_quant(run.kc + int64_t(t0) * cb, cb, plan, kt, bits, nt, d, qk, s);
+      for (int g = 0; g < NQ; ++g)
+        for (int t = 0; t < nt; ++t) s[g][t] += bias[g];
+      softmax(qs, nt, key_base + t0, d, s, p);
+      accumulate_quant(run.vc + int64_t(t0) * cb, cb, plan, vt, bits, nt, d, qs, p);
+    }
+  }
+
+  OSCAR_TGT static void run_kchan(const QuantRun& run, const uint16_t* kspan, const QuantPlan<W>& plan, int bits,
+                                  int n, int key_base, int d, QuerySet& qs) {
+    run_kchan_impl(run, kspan, plan, bits, n, key_base, d, qs);
+  }
+
+  template <int D, int G, int BITS>
+  OSCAR_TGT static void run_kchan_fixed(const QuantRun& run, const uint16_t* kspan, int n, int key_base,
+                                        QuerySet& qs) {
+    static constexpr QuantPlan<W> plan = make_plan<W>(D, G, BITS);
+    QuantRun r = run;
+    r.code_bytes = D * BITS / 8;
+    r.ngroups = D / G;
+    run_kchan_impl(r, kspan, plan, BITS, n, key_base, D, qs);
+  }
 };
 
 // Software prefetch into L2 of [p, p + bytes), one request per 64-byte line.
@@ -355,8 +427,11 @@ OSCAR_TGT void region_rows_nq(const RegionRows& rr, QuerySet& qs) {
   const kv::PagedKvView& kv = *rr.kv;
   const int d = kv.head_dim, ps = kv.page_size;
   // Runtime plan only for formats without a compile-time one (see below).
-  const bool fixed = kv.bits == 2 && ((d == 128 && kv.group_size == 128) || (d == 64 && kv.group_size == 64) ||
-                                      (d == 256 && kv.group_size == 128));
+  const bool kchan = kv.key_axis == kv::KeyAxis::kChannel;
+  const bool fixed =
+      kv.bits == 2 && (kchan ? (kv.group_size == 32 && (d == 128 || d == 64))
+                             : ((d == 128 && kv.group_size == 128) || (d == 64 && kv.group_size == 64) ||
+                                (d == 256 && kv.group_size == 128)));
   static thread_local QuantPlan<T::W> plan;
   if (rr.quantized && !fixed) plan.init(d, kv.group_size, kv.bits);
   for (int i = rr.i0; i < rr.i1;) {
@@ -374,7 +449,11 @@ OSCAR_TGT void region_rows_nq(const RegionRows& rr, QuerySet& qs) {
         const int cb = kv.row_code_bytes(), pb = kv.row_groups() * 4;
         prefetch_bytes(kv.quant.k_codes + row * cb, int64_t(nn) * cb);
         prefetch_bytes(kv.quant.v_codes + row * cb, int64_t(nn) * cb);
-        prefetch_bytes(reinterpret_cast<const uint8_t*>(kv.quant.k_params) + row * pb, int64_t(nn) * pb);
+        if (kchan)
+          prefetch_bytes(reinterpret_cast<const uint8_t*>(kv.quant.k_params + kv.key_span_params_offset(next, rr.h, 0)),
+                         int64_t((nn + kv::kKeySpan - 1) / kv::kKeySpan) * d * 4);
+        else
+          prefetch_bytes(reinterpret_cast<const uint8_t*>(kv.quant.k_params) + row * pb, int64_t(nn) * pb);
         prefetch_bytes(reinterpret_cast<const uint8_t*>(kv.quant.v_params) + row * pb, int64_t(nn) * pb);
       } else {
         const int64_t off = kv.bf16_row_offset(next, rr.h, 0);
@@ -382,7 +461,25 @@ OSCAR_TGT void region_rows_nq(const RegionRows& rr, QuerySet& qs) {
         prefetch_bytes(reinterpret_cast<const uint8_t*>(kv.bf16.v + off), int64_t(nn) * d * 2);
       }
     }
-    if (rr.quantized) {
+    if (rr.quantized && kchan) {
+      // Per-channel keys: one call per span of kKeySpan slots (its own params).
+      const int cb = kv.row_code_bytes(), ng = kv.row_groups();
+      for (int j = 0; j < n;) {
+        const int sl = slot + j;
+        const int nn = std::min(n - j, kv::kKeySpan - sl % kv::kKeySpan);
+        const int64_t row = kv.quant_row_index(page, rr.h, sl);
+        const QuantRun run{kv.quant.k_codes + row * cb, kv.quant.v_codes + row * cb, nullptr,
+                           kv.quant.v_params + row * ng * 2, cb, ng};
+        const uint16_t* ksp = kv.quant.k_params + kv.key_span_params_offset(page, rr.h, sl);
+        if (kv.bits == 2 && d == 128 && kv.group_size == 32)
+          RowKernel<T, NQ>::template run_kchan_fixed<128, 32, 2>(run, ksp, nn, key_base + j, qs);
+        else if (kv.bits == 2 && d == 64 && kv.group_size == 32)
+          RowKernel<T, NQ>::template run_kchan_fixed<64, 32, 2>(run, ksp, nn, key_base + j, qs);
+        else
+          RowKernel<T, NQ>::run_kchan(run, ksp, plan, kv.bits, nn, key_base + j, d, qs);
+        j += nn;
+      }
+    } else if (rr.quantized) {
       const int64_t row = kv.quant_row_index(page, rr.h, slot);
       const int cb = kv.row_code_bytes(), ng = kv.row_groups();
       const QuantRun run{kv.quant.k_codes + row * cb, kv.quant.v_codes + row * cb,

@@ -563,7 +563,8 @@ void region_entry(const RegionRows& rr, QuerySet& qs) {
   // Spans start at 16-aligned slots (splits are page-aligned, pages are
   // multiples of 16): reading up to the next multiple of 16 rows stays in the page.
   const bool aligned = rr.i0 % 16 == 0;
-  if (rr.quantized && kv.bits == 2 && aligned) {
+  // Per-channel keys (kivi2) take the exact AVX-512 float kernel below.
+  if (rr.quantized && kv.bits == 2 && aligned && kv.key_axis == kv::KeyAxis::kToken) {
     const int d = kv.head_dim, G = kv.group_size;
     if (d == 64 && G == 32) return region_dg<64, 32>(rr, qs);
     if (d == 64 && G == 64) return region_dg<64, 64>(rr, qs);
@@ -574,7 +575,7 @@ void region_entry(const RegionRows& rr, QuerySet& qs) {
     if (d == 256 && G == 64) return region_dg<256, 64>(rr, qs);
     if (d == 256 && G == 128) return region_dg<256, 128>(rr, qs);
   }
-  avx512_kernels()->region(rr, qs);  // BF16 rows, INT4 rows: the exact float kernel
+  avx512_kernels()->region(rr, qs);  // BF16 rows, INT4 rows, per-channel keys: the exact float kernel
 }
 
 void dense_t_entry(const DenseTRows& dr, int d, QuerySet& qs) { avx512_kernels()->dense_t(dr, d, qs); }

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -96,6 +97,29 @@ OSCAR_CLONES void bf16_row_to_f32(const uint16_t* src, int d, float* dst) {
   for (int c = 0; c < d; ++c) dst[c] = bf16_to_f32(src[c]);
 }
 
+// Per-channel keys of slots [s0, s0 + kKeySpan) of one head (kChannel): the
+// reference's quantize_key_span with quantize_clipped_row at tau = +inf (no
+// clip; NaN -> 0 and +-inf -> 0 as in quantize_row), codes scattered into
+// the rows' packed bytes.
+void quantize_key_span(const kv::PagedKvView& kv, const uint16_t* bf16_rows /*[kKeySpan][d]*/,
+                       int32_t page, int h, int s0) {
+  constexpr int n = kv::kKeySpan;
+  const int d = kv.head_dim, bits = kv.bits, G = kv.group_size, cb = kv.row_code_bytes();
+  const int lanes = 8 / bits, per_lane = n / lanes, mask = (1 << bits) - 1;
+  uint16_t* params = kv.quant.k_params + kv.key_span_params_offset(page, h, s0);
+  uint8_t* codes0 = kv.quant.k_codes + kv.quant_row_index(page, h, s0) * cb;
+  std::memset(codes0, 0, size_t(n) * cb);
+  float col[n];
+  uint8_t cc[n];  // packed codes of the column (n * bits / 8 <= n bytes)
+  for (int c = 0; c < d; ++c) {
+    for (int i = 0; i < n; ++i) col[i] = bf16_to_f32(bf16_rows[int64_t(i) * d + c]);
+    quantize_clipped_row(col, n, std::numeric_limits<float>::infinity(), bits, n, cc, params + 2 * c);
+    const int byte = code_byte(c, G, bits), shift = code_shift(c, G, bits);
+    for (int i = 0; i < n; ++i)
+      codes0[int64_t(i) * cb + byte] |= static_cast<uint8_t>(((cc[i % per_lane] >> (bits * (i / per_lane))) & mask) << shift);
+  }
+}
+
 }  // namespace
 
 void rotate_rows(const float* x, int64_t n, int d, const float* R, float* out) {
@@ -133,6 +157,8 @@ void write_quant_tokens(const kv::PagedKvView& kv, int n, const int32_t* pages,
   if (n == 0) return;
   if (!kv.quant.k_codes || !kv.quant.v_codes || !kv.quant.k_params || !kv.quant.v_params)
     throw Error("write_quant_tokens: quantized pool pointers are null");
+  if (kv.key_axis == kv::KeyAxis::kChannel)
+    throw Error("write_quant_tokens: per-channel keys are quantized a page at a time (demote_page)");
   if (!k || !v) throw Error("write_quant_tokens: null k/v rows");
   const int d = kv.head_dim;
   for (int t = 0; t < n; ++t)
@@ -152,11 +178,22 @@ void demote_page(const kv::PagedKvView& kv, int32_t bf16_page, int32_t quant_pag
   if (!kv.bf16.k || !kv.bf16.v || !kv.quant.k_codes || !kv.quant.v_codes || !kv.quant.k_params ||
       !kv.quant.v_params)
     throw Error("demote_page: pool pointers are null");
+  const bool kchan = kv.key_axis == kv::KeyAxis::kChannel;
+  if (kchan && num_tokens % kv::kKeySpan != 0)
+    throw Error("demote_page: per-channel keys need whole spans of " + std::to_string(kv::kKeySpan) +
+                " tokens, got " + std::to_string(num_tokens));
+  if (kchan && clip.k < 1.0f)
+    throw Error("demote_page: per-channel keys are not clipped (key clip ratio " + std::to_string(clip.k) +
+                " must be >= 1)");
   const int d = kv.head_dim;
   float row[256];
+  if (kchan)
+    for (int h = 0; h < kv.num_kv_heads; ++h)
+      for (int s0 = 0; s0 < num_tokens; s0 += kv::kKeySpan)
+        quantize_key_span(kv, kv.bf16.k + kv.bf16_row_offset(bf16_page, h, s0), quant_page, h, s0);
   for (int h = 0; h < kv.num_kv_heads; ++h)
     for (int s = 0; s < num_tokens; ++s)
-      for (int value = 0; value < 2; ++value) {
+      for (int value = kchan ? 1 : 0; value < 2; ++value) {
         const uint16_t* src = (value ? kv.bf16.v : kv.bf16.k) + kv.bf16_row_offset(bf16_page, h, s);
         bf16_row_to_f32(src, d, row);
         quantize_into(kv, row, value ? clip.v : clip.k, value, quant_page, h, s);

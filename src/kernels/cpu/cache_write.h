@@ -11,6 +11,10 @@
 // Layout reminders: a BF16 page holds [Hkv][page_size][d] bf16 for K and the
 // same for V; a quantized page holds [Hkv][page_size][d*bits/8] code bytes and
 // [Hkv][page_size][d/group_size][2] fp16 (scale, min) params, K and V apart.
+// Per-channel keys (kv.key_axis == KeyAxis::kChannel, kivi2): the key params
+// are [Hkv][page_size/32][d][2] instead, one (scale, min) per channel per span
+// of 32 slots; such keys can only be written by demote_page (whole spans, no
+// key clipping: clip.k must be >= 1), write_quant_tokens throws for them.
 #pragma once
 
 #include <cstdint>
@@ -60,6 +64,9 @@ void write_quant_tokens(const kv::PagedKvView& kv, int n, const int32_t* pages,
 // quantized page `quant_page`, same slots. Rows are already rotated, so this is
 // clip -> quantize -> pack only; the result equals write_quant_tokens on the
 // BF16-rounded rows. num_tokens < 0 means a full page (the normal case).
+// Per-channel keys: each channel's 32 values of each span quantized as one
+// group (core/quantizer.h quantize_row, group 32), codes packed into the rows;
+// num_tokens must then be a multiple of 32.
 void demote_page_ref(const kv::PagedKvView& kv, int32_t bf16_page, int32_t quant_page,
                      ClipRatios clip, int num_tokens = -1);
 void demote_page(const kv::PagedKvView& kv, int32_t bf16_page, int32_t quant_page, ClipRatios clip,

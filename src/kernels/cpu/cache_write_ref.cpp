@@ -2,6 +2,7 @@
 // writes, clip -> quantize -> pack and demotion. Row work is delegated to the
 // reference quantizer of core/quantizer.h so there is one definition of the
 // format arithmetic.
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,31 @@ void quantize_into(const kv::PagedKvView& kv, const float* row /*[d]*/, float ra
   uint8_t* codes = (value ? kv.quant.v_codes : kv.quant.k_codes) + r * kv.row_code_bytes();
   uint16_t* params = (value ? kv.quant.v_params : kv.quant.k_params) + r * kv.row_groups() * 2;
   quantize_row(tmp.data(), d, spec, codes, params);
+}
+
+// Per-channel keys (kv.key_axis == kChannel) of slots [s0, s0 + kKeySpan) of
+// one head: each channel's kKeySpan values are quantized as one group by the
+// reference quantizer (quantize_row on the column, group kKeySpan, no clip),
+// its (scale, min) stored in the span's params, its codes scattered into the
+// rows' packed codes (quant_format.h with kv.group_size).
+void quantize_key_span(const kv::PagedKvView& kv, const uint16_t* bf16_rows /*[kKeySpan][d]*/,
+                       int32_t page, int h, int s0) {
+  const int d = kv.head_dim, n = kv::kKeySpan;
+  const QuantSpec spec{kv.bits, n, ScaleDtype::kF16};
+  std::vector<float> col(n);
+  std::vector<uint8_t> cc(static_cast<size_t>(row_code_bytes(n, spec)));
+  uint16_t* params = kv.quant.k_params + kv.key_span_params_offset(page, h, s0);
+  uint8_t* codes0 = kv.quant.k_codes + kv.quant_row_index(page, h, s0) * kv.row_code_bytes();
+  for (int i = 0; i < n; ++i) std::fill_n(codes0 + int64_t(i) * kv.row_code_bytes(), kv.row_code_bytes(), 0);
+  for (int c = 0; c < d; ++c) {
+    for (int i = 0; i < n; ++i) col[i] = bf16_to_f32(bf16_rows[int64_t(i) * d + c]);
+    quantize_row(col.data(), n, spec, cc.data(), params + 2 * c);
+    for (int i = 0; i < n; ++i) {
+      uint8_t* row = codes0 + int64_t(i) * kv.row_code_bytes();
+      row[code_byte(c, kv.group_size, kv.bits)] |=
+          static_cast<uint8_t>(get_code(cc.data(), i, n, kv.bits) << code_shift(c, kv.group_size, kv.bits));
+    }
+  }
 }
 
 void check_quant_pool(const kv::PagedKvView& kv, const char* who) {
@@ -95,6 +121,8 @@ void write_quant_tokens_ref(const kv::PagedKvView& kv, int n, const int32_t* pag
   detail::check_slots(kv, n, pages, slots, "write_quant_tokens_ref");
   if (n == 0) return;
   check_quant_pool(kv, "write_quant_tokens_ref");
+  if (kv.key_axis == kv::KeyAxis::kChannel)
+    throw Error("write_quant_tokens_ref: per-channel keys are quantized a page at a time (demote_page)");
   if (!k || !v) throw Error("write_quant_tokens_ref: null k/v rows");
   const int d = kv.head_dim;
   for (int t = 0; t < n; ++t)
@@ -113,11 +141,22 @@ void demote_page_ref(const kv::PagedKvView& kv, int32_t bf16_page, int32_t quant
     throw Error("demote_page_ref: bad page ids or token count " + std::to_string(num_tokens));
   check_bf16_pool(kv, "demote_page_ref");
   check_quant_pool(kv, "demote_page_ref");
+  const bool kchan = kv.key_axis == kv::KeyAxis::kChannel;
+  if (kchan && num_tokens % kv::kKeySpan != 0)
+    throw Error("demote_page_ref: per-channel keys need whole spans of " + std::to_string(kv::kKeySpan) +
+                " tokens, got " + std::to_string(num_tokens));
+  if (kchan && clip.k < 1.0f)
+    throw Error("demote_page_ref: per-channel keys are not clipped (key clip ratio " + std::to_string(clip.k) +
+                " must be >= 1)");
   const int d = kv.head_dim;
   std::vector<float> row(d);
+  if (kchan)
+    for (int h = 0; h < kv.num_kv_heads; ++h)
+      for (int s0 = 0; s0 < num_tokens; s0 += kv::kKeySpan)
+        quantize_key_span(kv, kv.bf16.k + kv.bf16_row_offset(bf16_page, h, s0), quant_page, h, s0);
   for (int h = 0; h < kv.num_kv_heads; ++h)
     for (int s = 0; s < num_tokens; ++s)
-      for (int value = 0; value < 2; ++value) {
+      for (int value = kchan ? 1 : 0; value < 2; ++value) {
         const uint16_t* src = (value ? kv.bf16.v : kv.bf16.k) + kv.bf16_row_offset(bf16_page, h, s);
         for (int c = 0; c < d; ++c) row[c] = bf16_to_f32(src[c]);
         quantize_into(kv, row.data(), value ? clip.v : clip.k, value, quant_page, h, s);

@@ -47,6 +47,11 @@ void check_format(const kv::PagedKvView& kv, const char* who) {
       kv.group_size > kv.head_dim)
     fail(who, "unsupported group_size " + std::to_string(kv.group_size) + " for head_dim " +
                   std::to_string(kv.head_dim));
+  if (kv.key_axis != kv::KeyAxis::kToken && kv.key_axis != kv::KeyAxis::kChannel)
+    fail(who, "unknown key_axis " + std::to_string(int(kv.key_axis)));
+  if (kv.key_axis == kv::KeyAxis::kChannel && kv.page_size % kv::kKeySpan != 0)
+    fail(who, "per-channel keys need a page_size that is a multiple of " +
+                  std::to_string(kv::kKeySpan) + " (got " + std::to_string(kv.page_size) + ")");
 }
 
 void check_slots(const kv::PagedKvView& kv, int n, const int32_t* pages, const int32_t* slots,

@@ -14,7 +14,8 @@ namespace oscar::kernels::cpu::detail {
 // match the region length.
 void check_view(const kv::PagedKvView& kv, int num_q_heads, const char* who);
 
-// The format part only (head_dim, num_kv_heads, page_size, bits, group_size);
+// The format part only (head_dim, num_kv_heads, page_size, bits, group_size,
+// key_axis: kChannel needs page_size % kKeySpan == 0);
 // used by the write kernels, which do not read the region tables.
 void check_format(const kv::PagedKvView& kv, const char* who);
 
