@@ -32,7 +32,8 @@
 // its codes are packed per row exactly as per-token rows (group_size gives
 // the packing groups, quant_format.h), only the params differ. Values are
 // always per-token rows. The CPU kernels (reference and optimized) read both
-// axes; the CUDA kernels read kToken only.
+// axes; the CUDA kernels read kToken only (check_decode, write_quant_tokens and
+// demote_pages reject kChannel).
 #pragma once
 
 #include <cstdint>

@@ -339,6 +339,10 @@ TEST(CudaDecode, RejectsUnsupportedShapes) {
   p.kv.bits = 4;
   EXPECT_NE(check_decode(p, plan, ws).find("2-bit"), std::string::npos);
   p.kv.bits = 2;
+  p.kv.key_axis = kv::KeyAxis::kChannel;  // kivi2's per-channel keys: CPU only
+  EXPECT_NE(check_decode(p, plan, ws).find("per-channel"), std::string::npos);
+  EXPECT_EQ(decode_attention(p, plan, ws, nullptr), cudaErrorInvalidValue);
+  p.kv.key_axis = kv::KeyAxis::kToken;
   EXPECT_EQ(check_decode(p, plan, ws), "");
   free_decode_workspace(ws);
 }

@@ -301,7 +301,8 @@ bool rotation_ok(const kv::PagedKvView& kv, const WriteRotation& rot) {
 cudaError_t write_quant_tokens(const kv::PagedKvView& kv, int n, const int32_t* pages,
                                const int32_t* slots, const float* k, const float* v,
                                WriteRotation rot, ClipRatios clip, cudaStream_t stream) {
-  if (!format_ok(kv) || kv.bits != 2 || n < 0 || !rotation_ok(kv, rot)) return cudaErrorInvalidValue;
+  if (!format_ok(kv) || kv.bits != 2 || n < 0 || !rotation_ok(kv, rot) || kv.key_axis != kv::KeyAxis::kToken)
+    return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
   if (!pages || !slots || !k || !v || !kv.quant.k_codes || !kv.quant.v_codes || !kv.quant.k_params ||
       !kv.quant.v_params)
@@ -330,7 +331,9 @@ cudaError_t write_bf16_tokens(const kv::PagedKvView& kv, int n, const int32_t* p
 cudaError_t demote_pages(const kv::PagedKvView& kv, int num_pages, const int32_t* bf16_pages,
                          const int32_t* quant_pages, ClipRatios clip, int num_tokens,
                          cudaStream_t stream) {
-  if (!format_ok(kv) || kv.bits != 2 || num_pages < 0) return cudaErrorInvalidValue;
+  // Per-channel key params (kivi2) are not implemented here: per-token only.
+  if (!format_ok(kv) || kv.bits != 2 || num_pages < 0 || kv.key_axis != kv::KeyAxis::kToken)
+    return cudaErrorInvalidValue;
   if (num_tokens < 0) num_tokens = kv.page_size;
   if (num_tokens > kv.page_size) return cudaErrorInvalidValue;
   if (num_pages == 0 || num_tokens == 0) return cudaSuccess;

@@ -1698,6 +1698,9 @@ std::string check_decode(const DecodeParams& p, const DecodePlan& plan, const De
              std::to_string(kv.head_dim);
     if (!kv.quant.k_codes || !kv.quant.v_codes || !kv.quant.k_params || !kv.quant.v_params)
       return who + "middle pages present but quantized pool pointers are null";
+    if (kv.key_axis != kv::KeyAxis::kToken)
+      return who + "per-channel key params (kivi2's format) are not implemented on the GPU; "
+                   "per-token keys only";
   }
   if (plan.num_chunks > plan.num_quant_chunks && (!kv.bf16.k || !kv.bf16.v))
     return who + "BF16 pages present but BF16 pool pointers are null";
