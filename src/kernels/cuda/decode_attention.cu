@@ -1445,20 +1445,10 @@ bool group_supported(int d, int gs) {
 // Launch with optional programmatic stream serialization (PDL): the kernel
 // may begin while the previous one of the stream is still running; it calls
 // pdl_wait() before it needs that kernel's results. smem: dynamic shared
-// memory bytes (above 48 KB the kernel's limit is raised on first use).
+// memory bytes (the caller raises the kernel's limit above 48 KB).
 template <typename... KArgs, typename... Args>
 cudaError_t launch_kernel_smem(void (*kernel)(KArgs...), dim3 grid, dim3 block, int smem, bool pdl,
                                cudaStream_t stream, Args&&... args) {
-  if (smem > 48 * 1024) {
-    static const cudaError_t raised = [&] {
-      cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-      if (e == cudaSuccess)
-        e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                 cudaSharedmemCarveoutMaxShared);
-      return e;
-    }();
-    if (raised != cudaSuccess) return raised;
-  }
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
@@ -1478,11 +1468,23 @@ cudaError_t launch_kernel(void (*kernel)(KArgs...), dim3 grid, dim3 block, bool 
   return launch_kernel_smem(kernel, grid, block, 0, pdl, stream, std::forward<Args>(args)...);
 }
 
-// A split kernel with its dynamic shared memory.
+// A split kernel with its dynamic shared memory (above 48 KB its limit is
+// raised once per kernel instance, i.e. per template instance of this).
 template <int D, int G, bool kQuant, int kVariant>
 cudaError_t launch_split(dim3 grid, bool pdl, cudaStream_t stream, const KernelArgs& a) {
-  return launch_kernel_smem(decode_split_kernel<D, G, kQuant, kVariant>, grid, dim3(kThreads),
-                            split_smem_bytes<D, G, kQuant, kVariant>(), pdl, stream, a);
+  constexpr int smem = split_smem_bytes<D, G, kQuant, kVariant>();
+  if constexpr (smem > 48 * 1024) {
+    static const cudaError_t raised = [] {
+      auto* k = decode_split_kernel<D, G, kQuant, kVariant>;
+      cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+      return e;
+    }();
+    if (raised != cudaSuccess) return raised;
+  }
+  return launch_kernel_smem(decode_split_kernel<D, G, kQuant, kVariant>, grid, dim3(kThreads), smem, pdl, stream,
+                            a);
 }
 
 template <int D, int G>
