@@ -197,13 +197,14 @@ int main(int argc, char** argv) {
   bool quick = false;
   int iters = 15;
   const char* csv_path = nullptr;
-  int only_b = 0, only_ctx = 0, pdl = 1;
+  int only_b = 0, only_ctx = 0, pdl = 1, ctas = 0;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--only") && i + 1 < argc) std::sscanf(argv[++i], "%d,%d", &only_b, &only_ctx);
     if (!std::strcmp(argv[i], "--quick")) quick = true;
     else if (!std::strcmp(argv[i], "--csv") && i + 1 < argc) csv_path = argv[++i];
     else if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--pdl") && i + 1 < argc) pdl = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--ctas") && i + 1 < argc) ctas = std::atoi(argv[++i]);  // planner CTAs per SM
   }
   cudaDeviceProp prop;
   OSCAR_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
@@ -267,7 +268,7 @@ int main(int argc, char** argv) {
         BenchCache cache(int2, batch, ctx, rng);
         DecodePlan plan = plan_decode(batch, cache.h_len[0].data(), cache.h_len[1].data(),
                                       cache.h_len[2].data(), kHkv, prop.multiProcessorCount, 0,
-                                      kind == 2 ? 4 : 0);  // the v7 loop keeps 4 CTAs per SM
+                                      kind == 2 ? 4 : ctas);  // the v7 loop keeps 4 CTAs per SM
         OSCAR_CUDA_CHECK(upload_plan(plan, ws, nullptr));
         DecodeParams p;
         p.kv = cache.view;
