@@ -117,6 +117,7 @@ struct BenchCache {
   kv::PagedKvView view;
   double kv_bytes = 0;  // bytes of K/V (codes, params, BF16 rows) the step must read
   int n_bf16_pages = 0;
+  int first_spare_quant_page = 0;  // int2: `batch` INT2 pages no region uses (demotion targets)
 
   BenchCache(bool int2_, int batch_, int ctx_, std::mt19937& rng) : int2(int2_), batch(batch_), ctx(ctx_) {
     const int lens[3] = {int2 ? std::min(ctx, kSink) : ctx, int2 ? std::max(ctx - kSink - kRecent, 0) : 0,
@@ -140,8 +141,9 @@ struct BenchCache {
     for (int r = 0; r < 3; ++r)
       for (auto& id : h_indices[r]) id = (r == 1 ? perm_q : perm_b)[id];
     n_bf16_pages = next[0];
+    first_spare_quant_page = next[1];
     const size_t bf16_elems = size_t(next[0]) * kHkv * kPage * kD;
-    const size_t qrows = size_t(next[1]) * kHkv * kPage;
+    const size_t qrows = size_t(next[1] + (int2 ? batch : 0)) * kHkv * kPage;
     bk = dalloc<uint16_t>(bf16_elems);
     bv = dalloc<uint16_t>(bf16_elems);
     fill_bf16<<<grid_for(bf16_elems), 256>>>(bk, bf16_elems, 1);
@@ -230,7 +232,7 @@ int main(int argc, char** argv) {
   FILE* csv = csv_path ? std::fopen(csv_path, "w") : nullptr;
   if (csv)
     std::fprintf(csv, "kernel,batch,ctx,time_us,bytes,gbs,pct_copy,floor_us,chunks,write_us,demote_us_per_step,"
-                 "write_in_step_us\n");
+                 "write_in_step_us,demote_in_step_us_per_step\n");
 
   std::vector<int> batches = quick ? std::vector<int>{1, 32} : std::vector<int>{1, 8, 32, 64};
   std::vector<int> ctxs = quick ? std::vector<int>{4096, 32768} : std::vector<int>{4096, 16384, 32768, 65536, 131072};
@@ -252,8 +254,8 @@ int main(int argc, char** argv) {
   fill_f32<<<64, 256>>>(rot, size_t(kD) * kD, 12, 0.15f);
   DecodeWorkspace ws = alloc_decode_workspace(1 << 16, 64, kHq, kD);
 
-  std::printf("\n%-7s %5s %7s %10s %9s %8s %7s %9s %7s %9s %10s %9s\n", "kern", "batch", "ctx", "time_us",
-              "MB", "GB/s", "%copy", "floor_us", "chunks", "write_us", "demote/st", "wr_in_st");
+  std::printf("\n%-7s %5s %7s %10s %9s %8s %7s %9s %7s %9s %10s %9s %9s\n", "kern", "batch", "ctx", "time_us",
+              "MB", "GB/s", "%copy", "floor_us", "chunks", "write_us", "demote/st", "wr_in_st", "dem_in_st");
   for (int batch : batches)
     for (int ctx : ctxs) {
       double t_by_kind[4] = {0, 0, 0, 0};
@@ -289,7 +291,7 @@ int main(int argc, char** argv) {
             iters);
         t_by_kind[kind] = ms;
         const double bytes = cache.kv_bytes + double(batch) * kHq * kD * 4 * 2;  // + q, o
-        double write_us = 0, demote_us = 0, write_ov_us = 0;
+        double write_us = 0, demote_us = 0, write_ov_us = 0, demote_ov_us = 0;
         if (kind == 0) {
           // Per decode step: write each sequence's new token (rotated K) into
           // its recent window; every kPage steps demote one page per sequence.
@@ -302,7 +304,7 @@ int main(int argc, char** argv) {
           int32_t* dsl = dalloc<int32_t>(batch);
           int32_t* dq = dalloc<int32_t>(batch);
           std::vector<int32_t> qp(batch);
-          for (int b = 0; b < batch; ++b) qp[b] = b;  // demote into the first quant pages
+          for (int b = 0; b < batch; ++b) qp[b] = cache.first_spare_quant_page + b;  // pages no region reads
           OSCAR_CUDA_CHECK(cudaMemcpy(dpg, pg.data(), 4 * batch, cudaMemcpyHostToDevice));
           OSCAR_CUDA_CHECK(cudaMemcpy(dsl, sl.data(), 4 * batch, cudaMemcpyHostToDevice));
           OSCAR_CUDA_CHECK(cudaMemcpy(dq, qp.data(), 4 * batch, cudaMemcpyHostToDevice));
@@ -319,21 +321,28 @@ int main(int argc, char** argv) {
           const double step_us =
               1e3 * timer.median_ms([&] { OSCAR_CUDA_CHECK(decode_attention(pw, plan, ws, nullptr)); }, iters);
           write_ov_us = std::max(0.0, step_us - ms * 1e3);
-          if (cache.kc && ctx > kSink + kRecent + kPage * batch)
-            demote_us = 1e3 / kPage *
-                        timer.median_ms([&] { OSCAR_CUDA_CHECK(demote_pages(cache.view, batch, dpg, dq, {}, -1, nullptr)); }, iters);
+          demote_us = 1e3 / kPage *
+                      timer.median_ms([&] { OSCAR_CUDA_CHECK(demote_pages(cache.view, batch, dpg, dq, {}, -1, nullptr)); }, iters);
+          // The same with one page demotion per sequence in the step
+          // (DecodeParams::demote, in the middle launch's tail), amortized
+          // over the kPage steps between demotions.
+          DecodeParams pd = pw;
+          pd.demote = StepDemote{batch, dpg, dq, {}, -1};
+          const double step_d_us =
+              1e3 * timer.median_ms([&] { OSCAR_CUDA_CHECK(decode_attention(pd, plan, ws, nullptr)); }, iters);
+          demote_ov_us = std::max(0.0, step_d_us - step_us) / kPage;
           cudaFree(dpg);
           cudaFree(dsl);
           cudaFree(dq);
         }
         const double gbs = bytes / (ms * 1e-3) / 1e9;
-        std::printf("%-7s %5d %7d %10.1f %9.1f %8.0f %6.1f%% %9.1f %7d %9.1f %10.2f %9.1f\n", name,
+        std::printf("%-7s %5d %7d %10.1f %9.1f %8.0f %6.1f%% %9.1f %7d %9.1f %10.2f %9.1f %9.2f\n", name,
                     batch, ctx, ms * 1e3, bytes / 1e6, gbs, 100.0 * gbs / copy_gbs, bytes / copy_gbs / 1e3,
-                    plan.num_chunks, write_us, demote_us, write_ov_us);
+                    plan.num_chunks, write_us, demote_us, write_ov_us, demote_ov_us);
         if (csv)
-          std::fprintf(csv, "%s,%d,%d,%.2f,%.0f,%.1f,%.2f,%.2f,%d,%.2f,%.3f,%.2f\n", name, batch, ctx,
+          std::fprintf(csv, "%s,%d,%d,%.2f,%.0f,%.1f,%.2f,%.2f,%d,%.2f,%.3f,%.2f,%.3f\n", name, batch, ctx,
                        ms * 1e3, bytes, gbs, 100.0 * gbs / copy_gbs, bytes / copy_gbs / 1e3, plan.num_chunks,
-                       write_us, demote_us, write_ov_us);
+                       write_us, demote_us, write_ov_us, demote_ov_us);
       }
       if (t_by_kind[0] > 0 && t_by_kind[1] > 0)
         std::printf("       speedup int2 vs our bf16: %.2fx (v7 loop: %.2fx, v10 loop: %.2fx)\n",

@@ -41,8 +41,9 @@ for b, c in keys:
         # The write's cost inside a step (decode with DecodeParams::write, minus
         # the decode alone) when measured; else the write launch by itself.
         w = float(i2.get("write_in_step_us") or i2["write_us"])
-        wd = "%.2f (%.1f + %.2f us)" % (100.0 * (w + float(i2["demote_us_per_step"])) / t_i2, w,
-                                         float(i2["demote_us_per_step"]))
+        dm = i2.get("demote_in_step_us_per_step")
+        dm = float(dm) if dm not in (None, "") else float(i2["demote_us_per_step"])
+        wd = "%.2f (%.1f + %.2f us)" % (100.0 * (w + dm) / t_i2, w, dm)
     def fmt(x, spec="%.1f"):
         return spec % x if x is not None else "-"
     print("| %d | %dK | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (

@@ -247,9 +247,9 @@ TEST(CudaDecode, PlanSplitsRegionsEvenly) {
     }
 }
 
-// The step as served: decode with this step's write in its launch sequence
-// (DecodeParams::write: the write runs in the middle launch's tail, the
-// window tiles holding the new rows wait for it). The new rows are NaN on the
+// The step as served: decode with this step's write and demotions in its
+// launch sequence (DecodeParams::write / demote: they run in the middle
+// launch's tail, the window tiles holding the new rows wait for the write). The new rows are NaN on the
 // device until the write lands, so reading one early cannot pass; the
 // reference sees the written values.
 TEST(CudaDecode, StepWriteSeesTheNewRows) {
@@ -302,6 +302,19 @@ TEST(CudaDecode, StepWriteSeesTheNewRows) {
     p.o = d_o.ptr;
     p.lse = d_lse.ptr;
     p.write = StepWrite{batch, d_pages.ptr, d_slots.ptr, d_k.ptr, d_v.ptr, {}};
+    // And two page demotions in the same step (StepDemote): the sink pages
+    // of sequences 0 and 1 (full, not written this step) into INT2 pages no
+    // region uses; checked below against a standalone demote_pages.
+    std::vector<char> used(cache.k_codes.size() / (size_t(hkv) * page * d / 4), 0);
+    for (int32_t id : cache.indices[1]) used[id] = 1;
+    std::vector<int32_t> spare;
+    for (size_t id = 0; id < used.size(); ++id)
+      if (!used[id]) spare.push_back(int32_t(id));
+    ASSERT_GE(spare.size(), 3u);
+    const std::vector<int32_t> dem_src = {cache.indices[0][cache.indptr[0][0]], cache.indices[0][cache.indptr[0][1]]};
+    const std::vector<int32_t> dem_dst = {spare[0], spare[1]}, ref_dst = {spare[2]};
+    DeviceBuffer<int32_t> d_dem_src(dem_src), d_dem_dst(dem_dst), d_ref_dst(ref_dst);
+    p.demote = StepDemote{2, d_dem_src.ptr, d_dem_dst.ptr, {0.9f, 0.85f}, -1};
     EXPECT_EQ(check_decode(p, plan, ws), "");
     OSCAR_CUDA_CHECK(upload_plan(plan, ws, nullptr));
     OSCAR_CUDA_CHECK(decode_attention(p, plan, ws, nullptr));
@@ -310,6 +323,17 @@ TEST(CudaDecode, StepWriteSeesTheNewRows) {
     std::printf("  [step write seed %u] chunks=%d (quant %d): rel_l2(o)=%.2e\n", seed, plan.num_chunks,
                 plan.num_quant_chunks, err);
     EXPECT_LE(err, 1e-2);
+    // The demotion inside the step wrote what a standalone one writes.
+    OSCAR_CUDA_CHECK(demote_pages(cache.dev_view, 1, d_dem_src.ptr, d_ref_dst.ptr, {0.9f, 0.85f}, -1, nullptr));
+    OSCAR_CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<uint8_t> kc = cache.d_k_codes.download(), vc = cache.d_v_codes.download();
+    const std::vector<uint16_t> kp = cache.d_k_params.download(), vp = cache.d_v_params.download();
+    const size_t cpage = size_t(hkv) * page * d / 4, ppage = size_t(hkv) * page * 2;  // G = d: one group
+    auto same = [&](const auto& buf, size_t per, int32_t a, int32_t b2) {
+      return std::equal(buf.begin() + a * per, buf.begin() + (a + 1) * per, buf.begin() + b2 * per);
+    };
+    EXPECT_TRUE(same(kc, cpage, spare[0], spare[2]) && same(vc, cpage, spare[0], spare[2]));
+    EXPECT_TRUE(same(kp, ppage, spare[0], spare[2]) && same(vp, ppage, spare[0], spare[2]));
     free_decode_workspace(ws);
   }
 }

@@ -234,11 +234,19 @@ struct DemoteArgs {
 // Rows are (page p, head h, slot s, K/V).
 template <int D>
 __global__ void __launch_bounds__(32 * kRowsPerBlock) demote_kernel(const DemoteArgs a) {
+  // In a decode step (decode_attention.h, StepDemote) the next launch may
+  // start now: nothing after it in the step reads the new INT2 pages.
+  detail::pdl_launch_dependents();
   __shared__ uint32_t words[kRowsPerBlock][D / 16];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int Hkv = a.kv.num_kv_heads, T = a.num_tokens;
   const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + warp;
-  if (row >= int64_t(a.num_pages) * Hkv * T * 2) return;
+  // Launched as a programmatic dependent (demote_pages_dependent): the grid
+  // completes only after the previous launch has (block 0 always waits).
+  if (row >= int64_t(a.num_pages) * Hkv * T * 2) {
+    if (blockIdx.x == 0) detail::pdl_wait();
+    return;
+  }
   const bool is_v = row & 1;
   int64_t rest = row >> 1;
   const int s = static_cast<int>(rest % T);
@@ -255,6 +263,7 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock) demote_kernel(const Demote
   uint16_t* params = (is_v ? a.kv.quant.v_params : a.kv.quant.k_params) + qr * (D / a.kv.group_size) * 2;
   clip_quantize_store<D>(y, is_v ? a.clip_idx_v : a.clip_idx_k, a.kv.group_size, codes, params,
                          words[warp]);
+  detail::pdl_wait();
 }
 
 bool format_ok(const kv::PagedKvView& kv) {
@@ -331,6 +340,12 @@ cudaError_t write_bf16_tokens(const kv::PagedKvView& kv, int n, const int32_t* p
 cudaError_t demote_pages(const kv::PagedKvView& kv, int num_pages, const int32_t* bf16_pages,
                          const int32_t* quant_pages, ClipRatios clip, int num_tokens,
                          cudaStream_t stream) {
+  return demote_pages_dependent(kv, num_pages, bf16_pages, quant_pages, clip, num_tokens, false, stream);
+}
+
+cudaError_t demote_pages_dependent(const kv::PagedKvView& kv, int num_pages, const int32_t* bf16_pages,
+                                   const int32_t* quant_pages, ClipRatios clip, int num_tokens,
+                                   bool programmatic, cudaStream_t stream) {
   // Per-channel key params (kivi2) are not implemented here: per-token only.
   if (!format_ok(kv) || kv.bits != 2 || num_pages < 0 || kv.key_axis != kv::KeyAxis::kToken)
     return cudaErrorInvalidValue;
@@ -343,14 +358,21 @@ cudaError_t demote_pages(const kv::PagedKvView& kv, int num_pages, const int32_t
   DemoteArgs a{kv, num_pages, num_tokens, bf16_pages, quant_pages,
                clip_index_host(kv.head_dim, clip.k), clip_index_host(kv.head_dim, clip.v)};
   const int64_t rows = int64_t(num_pages) * kv.num_kv_heads * num_tokens * 2;
-  const dim3 grid(blocks_for(rows)), block(32 * kRowsPerBlock);
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(blocks_for(rows));
+  cfg.blockDim = dim3(32 * kRowsPerBlock);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = programmatic ? 1 : 0;
   switch (kv.head_dim) {
-    case 64: demote_kernel<64><<<grid, block, 0, stream>>>(a); break;
-    case 128: demote_kernel<128><<<grid, block, 0, stream>>>(a); break;
-    case 256: demote_kernel<256><<<grid, block, 0, stream>>>(a); break;
+    case 64: return cudaLaunchKernelEx(&cfg, demote_kernel<64>, a);
+    case 128: return cudaLaunchKernelEx(&cfg, demote_kernel<128>, a);
+    case 256: return cudaLaunchKernelEx(&cfg, demote_kernel<256>, a);
     default: return cudaErrorInvalidValue;
   }
-  return cudaGetLastError();
 }
 
 }  // namespace oscar::kernels::cuda

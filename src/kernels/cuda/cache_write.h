@@ -64,4 +64,10 @@ cudaError_t demote_pages(const kv::PagedKvView& kv, int num_pages, const int32_t
                          const int32_t* quant_pages, ClipRatios clip, int num_tokens,
                          cudaStream_t stream);
 
+// As demote_pages; `programmatic` as for write_bf16_tokens_dependent.
+// decode_attention uses it for DecodeParams::demote.
+cudaError_t demote_pages_dependent(const kv::PagedKvView& kv, int num_pages, const int32_t* bf16_pages,
+                                   const int32_t* quant_pages, ClipRatios clip, int num_tokens,
+                                   bool programmatic, cudaStream_t stream);
+
 }  // namespace oscar::kernels::cuda

@@ -1541,12 +1541,19 @@ cudaError_t launch(const DecodeParams& p, const DecodePlan& plan, const DecodeWo
                                                              p.write.k, p.write.v, p.write.rot,
                                                              pdl && nq > 0, stream));
     }
+    if (p.demote.n > 0) {
+      // Likewise: reads BF16 pages, writes INT2 pages this step does not
+      // read; its grid completes after the launches before it.
+      OSCAR_CUDA_RETURN_IF_ERROR(demote_pages_dependent(p.kv, p.demote.n, p.demote.bf16_pages, p.demote.quant_pages,
+                                                        p.demote.clip, p.demote.num_tokens,
+                                                        pdl && (nq > 0 || a.step_write), stream));
+    }
     if (nb > 0) {
       a.order = order + nq;
       // The window chunks do not read the middle's results: with PDL they
       // run in the middle launch's tail instead of after it.
-      OSCAR_CUDA_RETURN_IF_ERROR((launch_split<D, 128, false, 0>(dim3(nb, p.kv.num_kv_heads),
-                                                                 pdl && (nq > 0 || a.step_write), stream, a)));
+      OSCAR_CUDA_RETURN_IF_ERROR((launch_split<D, 128, false, 0>(
+          dim3(nb, p.kv.num_kv_heads), pdl && (nq > 0 || a.step_write || p.demote.n > 0), stream, a)));
     }
     OSCAR_CUDA_RETURN_IF_ERROR((launch_kernel(merge_kernel<D>, dim3(p.kv.batch, p.num_q_heads), dim3(32 * kMergeWarps), pdl,
                                               stream, static_cast<const int32_t*>(ws.seq_chunk_ptr),
@@ -1717,6 +1724,14 @@ std::string check_decode(const DecodeParams& p, const DecodePlan& plan, const De
       reinterpret_cast<uintptr_t>(kv.bf16.v) % 16 || reinterpret_cast<uintptr_t>(kv.quant.v_codes) % 16)
     return who + "pools must be 16-byte aligned";
   if (p.write.n < 0) return who + "write.n < 0";
+  if (p.demote.n < 0) return who + "demote.n < 0";
+  if (p.demote.n > 0) {
+    if (!p.demote.bf16_pages || !p.demote.quant_pages || kv.bits != 2 || kv.key_axis != kv::KeyAxis::kToken ||
+        !kv.quant.k_codes || !kv.quant.v_codes || !kv.quant.k_params || !kv.quant.v_params || !kv.bf16.k ||
+        !kv.bf16.v)
+      return who + "demote: null page lists or pools, or a format demote_pages does not write";
+    if (p.demote.num_tokens > kv.page_size) return who + "demote: num_tokens > page_size";
+  }
   if (p.write.n > 0) {
     if (!p.write.pages || !p.write.slots || !p.write.k || !p.write.v || !kv.bf16.k || !kv.bf16.v)
       return who + "write: null pages, slots, k, v or BF16 pool";

@@ -48,6 +48,19 @@ struct StepWrite {
   WriteRotation rot;               // R_K (and optionally R_V), as write_bf16_tokens
 };
 
+// Page demotions done by the decode launch sequence itself (demote_pages),
+// after this step's write and before the window launch, in the middle
+// launch's tail. The BF16 pages are read (the window chunks may read them
+// too); the INT2 pages written must not be in this step's middle region (they
+// join it in a later step, when the caller moves them into the tables).
+struct StepDemote {
+  int n = 0;                            // pages; 0 = none
+  const int32_t* bf16_pages = nullptr;  // [n] device
+  const int32_t* quant_pages = nullptr; // [n] device
+  ClipRatios clip;                      // as demote_pages
+  int num_tokens = -1;                  // slots per page (-1: full pages)
+};
+
 // Tokens per tile: the M dimension of one m16n8k16 tensor-core product.
 inline constexpr int kTileTokens = 16;
 
@@ -67,6 +80,7 @@ struct DecodeParams {
   int pdl = 1;               // launch the window and merge kernels as programmatic dependents
                              // (overlap with the middle launch's tail); 0 = plain launches
   StepWrite write;           // optional: this step's new rows (see StepWrite)
+  StepDemote demote;         // optional: page demotions in the step's tail (see StepDemote)
 };
 
 // Host-side split-KV schedule. chunks[i] = {b, region, first tile, end tile}
