@@ -9,6 +9,8 @@
 //   DecodeWorkspace ws = ...; (capacity >= plan.num_chunks) // device buffers
 //   upload_plan(plan, ws, stream);
 //   decode_attention(params, plan, ws, stream);            // returns cudaError_t
+//   (params.write / params.demote: the step's new rows and page demotions,
+//    done inside the same launch sequence, in the middle launch's tail)
 //
 // The host plan splits every sequence into chunks of 16-token tiles that never
 // cross a region boundary; one CTA handles one (chunk, KV head). Chunk size is
@@ -51,8 +53,9 @@ struct StepWrite {
 // Page demotions done by the decode launch sequence itself (demote_pages),
 // after this step's write and before the window launch, in the middle
 // launch's tail. The BF16 pages are read (the window chunks may read them
-// too); the INT2 pages written must not be in this step's middle region (they
-// join it in a later step, when the caller moves them into the tables).
+// too) and must not receive this step's write; the INT2 pages written must not
+// be in this step's middle region (they join it in a later step, when the
+// caller moves them into the tables).
 struct StepDemote {
   int n = 0;                            // pages; 0 = none
   const int32_t* bf16_pages = nullptr;  // [n] device
