@@ -7,6 +7,7 @@
 
 #include "core/half.h"
 #include "core/quant_format.h"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/mma.cuh"
 
 namespace oscar::kernels::cuda {
@@ -302,19 +303,11 @@ cudaError_t launch_write(const WriteArgs& a, cudaStream_t stream, bool programma
   const int64_t rows = int64_t(a.n) * a.kv.num_kv_heads * 2;
   if (rows == 0) return cudaSuccess;
   if (rows > 0x7fffffff) return cudaErrorInvalidValue;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(rows));
-  cfg.blockDim = dim3(32 * kRowsPerBlock);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = programmatic ? 1 : 0;
+  const dim3 grid(static_cast<unsigned>(rows)), block(32 * kRowsPerBlock);
   switch (a.kv.head_dim) {
-    case 64: return cudaLaunchKernelEx(&cfg, write_kernel<64, kQuant>, a);
-    case 128: return cudaLaunchKernelEx(&cfg, write_kernel<128, kQuant>, a);
-    case 256: return cudaLaunchKernelEx(&cfg, write_kernel<256, kQuant>, a);
+    case 64: return detail::launch_pdl(write_kernel<64, kQuant>, grid, block, 0, programmatic, stream, a);
+    case 128: return detail::launch_pdl(write_kernel<128, kQuant>, grid, block, 0, programmatic, stream, a);
+    case 256: return detail::launch_pdl(write_kernel<256, kQuant>, grid, block, 0, programmatic, stream, a);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -378,19 +371,11 @@ cudaError_t demote_pages_dependent(const kv::PagedKvView& kv, int num_pages, con
   DemoteArgs a{kv, num_pages, num_tokens, bf16_pages, quant_pages,
                clip_index_host(kv.head_dim, clip.k), clip_index_host(kv.head_dim, clip.v)};
   const int64_t rows = int64_t(num_pages) * kv.num_kv_heads * num_tokens * 2;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(blocks_for(rows));
-  cfg.blockDim = dim3(32 * kRowsPerBlock);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = programmatic ? 1 : 0;
+  const dim3 grid(blocks_for(rows)), block(32 * kRowsPerBlock);
   switch (kv.head_dim) {
-    case 64: return cudaLaunchKernelEx(&cfg, demote_kernel<64>, a);
-    case 128: return cudaLaunchKernelEx(&cfg, demote_kernel<128>, a);
-    case 256: return cudaLaunchKernelEx(&cfg, demote_kernel<256>, a);
+    case 64: return detail::launch_pdl(demote_kernel<64>, grid, block, 0, programmatic, stream, a);
+    case 128: return detail::launch_pdl(demote_kernel<128>, grid, block, 0, programmatic, stream, a);
+    case 256: return detail::launch_pdl(demote_kernel<256>, grid, block, 0, programmatic, stream, a);
     default: return cudaErrorInvalidValue;
   }
 }

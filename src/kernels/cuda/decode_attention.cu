@@ -39,6 +39,7 @@
 
 #include "core/half.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/mma.cuh"
 
 namespace oscar::kernels::cuda {
@@ -543,6 +544,23 @@ __device__ __forceinline__ void state_init(WarpState1<D>& st) {
   st.l = 0.0f;
 }
 
+template <int D>
+struct WarpState2 {
+  float o[D / 16][2];  // O^T of head r, MMA m: channels of rows g, g+8 (times 4^s)
+  float pm;            // sum_t p m of head r (this lane's tokens)
+  float m;             // running max of head r (log2 domain)
+  float l;             // this lane's partial row sum of head r
+};
+
+template <int D>
+__device__ __forceinline__ void state_init(WarpState2<D>& st) {
+#pragma unroll
+  for (int i = 0; i < D / 16; ++i) st.o[i][0] = st.o[i][1] = 0.0f;
+  st.pm = 0.0f;
+  st.m = -INFINITY;
+  st.l = 0.0f;
+}
+
 // qhead: the query row of head h*gqa + g/2 (ok: that head exists).
 __device__ __forceinline__ void load_int8_query(Int8Query& Q, const float* qhead, bool ok,
                                                 float sm_scale_log2, int g, int r) {
@@ -612,8 +630,36 @@ __device__ __forceinline__ void int8k_logits(const QuantTile<128, 128>& T, const
   }
 }
 
-template <int D, int N>
-__device__ __forceinline__ void softmax_step1(WarpState1<D>& st, float (&s)[N][2]) {
+// Online-softmax rescale of the lane-per-head states' accumulators.
+template <int D>
+__device__ __forceinline__ void scale_accumulators(WarpState1<D>& st, float sc) {
+#pragma unroll
+  for (int i = 0; i < D / 16; ++i) {
+    st.o[i][0] *= sc;
+    st.o[i][1] *= sc;
+    st.o[i][2] *= sc;
+    st.o[i][3] *= sc;
+  }
+  st.sp[0] *= sc;
+  st.sp[1] *= sc;
+  st.sp[2] *= sc;
+  st.sp[3] *= sc;
+}
+template <int D>
+__device__ __forceinline__ void scale_accumulators(WarpState2<D>& st, float sc) {
+#pragma unroll
+  for (int i = 0; i < D / 16; ++i) {
+    st.o[i][0] *= sc;
+    st.o[i][1] *= sc;
+  }
+}
+
+// Online softmax step for a lane that owns one head (int8 loops, WarpState1
+// or WarpState2): s[u] = logits of tokens g, g+8 of tile u, p in place.
+// Returns 2^(step max - base), the largest p of the step (0 if the step has
+// no finite logit); the v13 loop scales its weights by it.
+template <class State, int N>
+__device__ __forceinline__ float softmax_step_lane(State& st, float (&s)[N][2]) {
   float mx = fmaxf(s[0][0], s[0][1]);
 #pragma unroll
   for (int u = 1; u < N; ++u) mx = fmaxf(mx, fmaxf(s[u][0], s[u][1]));
@@ -623,17 +669,7 @@ __device__ __forceinline__ void softmax_step1(WarpState1<D>& st, float (&s)[N][2
   const float mn = fmaxf(st.m, mx);
   if (__any_sync(0xffffffffu, mn > st.m)) {
     const float sc = mn > st.m ? fast_exp2(st.m - mn) : 1.0f;
-#pragma unroll
-    for (int i = 0; i < D / 16; ++i) {
-      st.o[i][0] *= sc;
-      st.o[i][1] *= sc;
-      st.o[i][2] *= sc;
-      st.o[i][3] *= sc;
-    }
-    st.sp[0] *= sc;
-    st.sp[1] *= sc;
-    st.sp[2] *= sc;
-    st.sp[3] *= sc;
+    scale_accumulators(st, sc);
     st.pm *= sc;
     st.l *= sc;
     st.m = mn;
@@ -645,6 +681,7 @@ __device__ __forceinline__ void softmax_step1(WarpState1<D>& st, float (&s)[N][2
     s[u][1] = fast_exp2(s[u][1] - b);
     st.l += s[u][0] + s[u][1];
   }
+  return fast_exp2(mx - b);
 }
 
 __device__ __forceinline__ void int8k_pv(WarpState1<128>& st, const QuantTile<128, 128>& T,
@@ -675,7 +712,7 @@ __device__ __forceinline__ void compute_int8k_tiles(WarpState1<128>& st, const Q
   float s[N][2], vs[N][2], vm[N][2];
 #pragma unroll
   for (int u = 0; u < N; ++u) int8k_logits<kMasked>(T[u], Q, g, s[u], vs[u], vm[u]);
-  softmax_step1(st, s);
+  softmax_step_lane(st, s);
 #pragma unroll
   for (int u = 0; u < N; ++u) int8k_pv(st, T[u], s[u], vs[u], vm[u], g);
 }
@@ -708,55 +745,6 @@ constexpr float kPQ = 65280.0f;       // 255 * 256: hi and lo bytes both <= 255
 constexpr int kAccBias = 0x4B000000;  // 2^23 as float bits
 constexpr float kAccBiasF = 8388608.0f;
 
-template <int D>
-struct WarpState2 {
-  float o[D / 16][2];  // O^T of head r, MMA m: channels of rows g, g+8 (times 4^s)
-  float pm;            // sum_t p m of head r (this lane's tokens)
-  float m;             // running max of head r (log2 domain)
-  float l;             // this lane's partial row sum of head r
-};
-
-template <int D>
-__device__ __forceinline__ void state_init(WarpState2<D>& st) {
-#pragma unroll
-  for (int i = 0; i < D / 16; ++i) st.o[i][0] = st.o[i][1] = 0.0f;
-  st.pm = 0.0f;
-  st.m = -INFINITY;
-  st.l = 0.0f;
-}
-
-// softmax_step1 for WarpState2; returns 2^(step max - base), the largest p of
-// the step for head r (0 if the step has no finite logit).
-template <int D, int N>
-__device__ __forceinline__ float softmax_step2(WarpState2<D>& st, float (&s)[N][2]) {
-  float mx = fmaxf(s[0][0], s[0][1]);
-#pragma unroll
-  for (int u = 1; u < N; ++u) mx = fmaxf(mx, fmaxf(s[u][0], s[u][1]));
-  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
-  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
-  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
-  const float mn = fmaxf(st.m, mx);
-  if (__any_sync(0xffffffffu, mn > st.m)) {
-    const float sc = mn > st.m ? fast_exp2(st.m - mn) : 1.0f;
-#pragma unroll
-    for (int i = 0; i < D / 16; ++i) {
-      st.o[i][0] *= sc;
-      st.o[i][1] *= sc;
-    }
-    st.pm *= sc;
-    st.l *= sc;
-    st.m = mn;
-  }
-  const float b = st.m == -INFINITY ? 0.0f : st.m;
-#pragma unroll
-  for (int u = 0; u < N; ++u) {
-    s[u][0] = fast_exp2(s[u][0] - b);
-    s[u][1] = fast_exp2(s[u][1] - b);
-    st.l += s[u][0] + s[u][1];
-  }
-  return fast_exp2(mx - b);
-}
-
 // x[k] = byte k of w[0..3] (tokens 2r, 2r+1, 2r+8, 2r+9), in token order.
 __device__ __forceinline__ void gather_token_bytes(const QuantTile<128, 128>& T, uint32_t (&x)[4]) {
   const uint32_t a = prmt(T.vw[0][0], T.vw[1][0], 0x5140u), b = prmt(T.vw[2][0], T.vw[3][0], 0x5140u);
@@ -779,7 +767,7 @@ __device__ __forceinline__ void compute_int8kv_tiles(WarpState2<128>& st, const 
   float s[N][2], vs[N][2], vm[N][2];
 #pragma unroll
   for (int u = 0; u < N; ++u) int8k_logits<kMasked>(T[u], Q, g, s[u], vs[u], vm[u]);
-  const float pmax = softmax_step2(st, s);
+  const float pmax = softmax_step_lane(st, s);
   // The value scales are the same for every head: the bound over the step's
   // tokens is a reduction over the 8 lanes of a column quad (padding slots: 0).
   float vmax = 0.0f;
@@ -1442,32 +1430,6 @@ bool group_supported(int d, int gs) {
 #endif
 }
 
-// Launch with optional programmatic stream serialization (PDL): the kernel
-// may begin while the previous one of the stream is still running; it calls
-// pdl_wait() before it needs that kernel's results. smem: dynamic shared
-// memory bytes (the caller raises the kernel's limit above 48 KB).
-template <typename... KArgs, typename... Args>
-cudaError_t launch_kernel_smem(void (*kernel)(KArgs...), dim3 grid, dim3 block, int smem, bool pdl,
-                               cudaStream_t stream, Args&&... args) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
-  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
-}
-
-template <typename... KArgs, typename... Args>
-cudaError_t launch_kernel(void (*kernel)(KArgs...), dim3 grid, dim3 block, bool pdl,
-                          cudaStream_t stream, Args&&... args) {
-  return launch_kernel_smem(kernel, grid, block, 0, pdl, stream, std::forward<Args>(args)...);
-}
-
 // A split kernel with its dynamic shared memory (above 48 KB its limit is
 // raised once per kernel instance, i.e. per template instance of this).
 template <int D, int G, bool kQuant, int kVariant>
@@ -1483,8 +1445,7 @@ cudaError_t launch_split(dim3 grid, bool pdl, cudaStream_t stream, const KernelA
     }();
     if (raised != cudaSuccess) return raised;
   }
-  return launch_kernel_smem(decode_split_kernel<D, G, kQuant, kVariant>, grid, dim3(kThreads), smem, pdl, stream,
-                            a);
+  return launch_pdl(decode_split_kernel<D, G, kQuant, kVariant>, grid, dim3(kThreads), smem, pdl, stream, a);
 }
 
 template <int D, int G>
@@ -1555,7 +1516,7 @@ cudaError_t launch(const DecodeParams& p, const DecodePlan& plan, const DecodeWo
       OSCAR_CUDA_RETURN_IF_ERROR((launch_split<D, 128, false, 0>(
           dim3(nb, p.kv.num_kv_heads), pdl && (nq > 0 || a.step_write || p.demote.n > 0), stream, a)));
     }
-    OSCAR_CUDA_RETURN_IF_ERROR((launch_kernel(merge_kernel<D>, dim3(p.kv.batch, p.num_q_heads), dim3(32 * kMergeWarps), pdl,
+    OSCAR_CUDA_RETURN_IF_ERROR((launch_pdl(merge_kernel<D>, dim3(p.kv.batch, p.num_q_heads), dim3(32 * kMergeWarps), 0, pdl,
                                               stream, static_cast<const int32_t*>(ws.seq_chunk_ptr),
                                               static_cast<const float*>(ws.partial_o),
                                               static_cast<const float*>(ws.partial_lse), p.num_q_heads,
