@@ -8,16 +8,21 @@
 // `page` steps) against the decode step.
 //
 //   bench_decode [--quick] [--csv FILE] [--iters N] [--only BATCH,CTX] [--pdl 0|1]
+//                [--share 0|1] [--ctas N] [--parts] [--trace]
+// --parts times the call with plans that leave regions out; --trace (a build
+// with -DOSCAR_DECODE_TRACE) prints the CTA timeline of one call.
 // Rows: int2 = the default INT2 kernel (int8-key loop, v10), bf16 = our BF16
 // baseline, int2v7 = the previous INT2 loop (fp16 tensor cores for K, v7) in
 // the same run.
-// L2 is flushed (256 MB memset) before every timed launch; median of N.
+// L2 is emptied before every timed launch (256 MB memset, or a 256 MB read
+// with OSCAR_BENCH_FLUSH=read: see Timer); median of N.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -62,6 +67,7 @@ __global__ void fill_params(uint32_t* p, size_t n, uint32_t seed) {
     p[i] = uint32_t(__half_as_ushort(hs)) | (uint32_t(__half_as_ushort(hm)) << 16);
   }
 }
+__global__ void empty_kernel() {}
 __global__ void fill_f32(float* p, size_t n, uint32_t seed, float scale) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
     p[i] = scale * unit(i, seed);
@@ -74,14 +80,42 @@ T* dalloc(size_t n) {
   return p;
 }
 
+// Reads n 16-byte words; writes only if their xor is a value it never is
+// in practice (keeps the loads alive).
+__global__ void read_kernel(const uint4* p, size_t n, uint4* sink) {
+  uint4 x = make_uint4(0, 0, 0, 0);
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const uint4 v = p[i];
+    x.x ^= v.x, x.y ^= v.y, x.z ^= v.z, x.w ^= v.w;
+  }
+  if (x.x == 0x9E3779B9u && x.y == 0x7F4A7C15u) *sink = x;
+}
+
+// L2 is emptied before each timed launch, by one of:
+//   write (default): a 256 MB memset, as Triton's do_bench and our earlier
+//     tables; it leaves ~50 MB of dirty lines in L2 whose write-back to DRAM
+//     then happens during the timed launch;
+//   read (OSCAR_BENCH_FLUSH=read): a 256 MB read, leaving L2 full of clean
+//     lines, as after a weight-streaming GEMM.
 struct Timer {
   cudaEvent_t a, b;
   void* flush;
   size_t flush_bytes = size_t(256) << 20;
+  bool read_flush = false;
   Timer() {
     OSCAR_CUDA_CHECK(cudaEventCreate(&a));
     OSCAR_CUDA_CHECK(cudaEventCreate(&b));
-    OSCAR_CUDA_CHECK(cudaMalloc(&flush, flush_bytes));
+    OSCAR_CUDA_CHECK(cudaMalloc(&flush, flush_bytes + 16));
+    const char* f = std::getenv("OSCAR_BENCH_FLUSH");
+    read_flush = f && !std::strcmp(f, "read");
+    if (read_flush) OSCAR_CUDA_CHECK(cudaMemset(flush, 1, flush_bytes));
+  }
+  void empty_l2(int i) {
+    if (read_flush)
+      read_kernel<<<132 * 8, 256>>>(static_cast<const uint4*>(flush), flush_bytes / 16,
+                                    reinterpret_cast<uint4*>(static_cast<char*>(flush) + flush_bytes));
+    else
+      OSCAR_CUDA_CHECK(cudaMemsetAsync(flush, i & 0xff, flush_bytes));
   }
   // Median time (ms) of fn() over iters, L2 flushed before each.
   template <typename F>
@@ -89,7 +123,7 @@ struct Timer {
     for (int i = 0; i < warmup; ++i) fn();
     std::vector<float> t;
     for (int i = 0; i < iters; ++i) {
-      OSCAR_CUDA_CHECK(cudaMemsetAsync(flush, i & 0xff, flush_bytes));
+      empty_l2(i);
       OSCAR_CUDA_CHECK(cudaEventRecord(a));
       fn();
       OSCAR_CUDA_CHECK(cudaEventRecord(b));
@@ -200,6 +234,8 @@ int main(int argc, char** argv) {
   int iters = 15;
   const char* csv_path = nullptr;
   int only_b = 0, only_ctx = 0, pdl = 1, ctas = 0;
+  bool parts = false, trace = false;
+  int share = 1;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--only") && i + 1 < argc) std::sscanf(argv[++i], "%d,%d", &only_b, &only_ctx);
     if (!std::strcmp(argv[i], "--quick")) quick = true;
@@ -207,7 +243,13 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--pdl") && i + 1 < argc) pdl = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--ctas") && i + 1 < argc) ctas = std::atoi(argv[++i]);  // planner CTAs per SM
+    else if (!std::strcmp(argv[i], "--parts")) parts = true;
+    else if (!std::strcmp(argv[i], "--trace")) trace = true;  // needs -DOSCAR_DECODE_TRACE
+    else if (!std::strcmp(argv[i], "--share") && i + 1 < argc) share = std::atoi(argv[++i]);  // DecodeParams::share
   }
+#if !defined(OSCAR_DECODE_TRACE)
+  if (trace) std::printf("--trace: this build lacks -DOSCAR_DECODE_TRACE; ignored\n");
+#endif
   cudaDeviceProp prop;
   OSCAR_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, %d SMs, L2 %d MB, %.1f GB\n", prop.name, prop.multiProcessorCount,
@@ -228,6 +270,11 @@ int main(int argc, char** argv) {
     cudaFree(dst);
   }
   std::printf("measured copy bandwidth: %.0f GB/s (read + write)\n", copy_gbs);
+  if (parts) {
+    const double one = timer.median_ms([&] { empty_kernel<<<132, 128>>>(); }, iters);
+    const double two = timer.median_ms([&] { empty_kernel<<<132, 128>>>(); empty_kernel<<<132, 128>>>(); }, iters);
+    std::printf("parts  empty kernel: %.1f us, two in a row: %.1f us\n", one * 1e3, two * 1e3);
+  }
 
   FILE* csv = csv_path ? std::fopen(csv_path, "w") : nullptr;
   if (csv)
@@ -280,6 +327,7 @@ int main(int argc, char** argv) {
         p.o = o;
         p.lse = lse;
         p.pdl = pdl;
+        p.share = share;
         p.variant = kind == 2 ? 2 : kind == 3 ? 3 : 0;
         const std::string err = check_decode(p, plan, ws);
         if (!err.empty()) {
@@ -290,6 +338,87 @@ int main(int argc, char** argv) {
             [&] { OSCAR_CUDA_CHECK(int2 ? decode_attention(p, plan, ws, nullptr) : decode_attention_bf16(p, plan, ws, nullptr)); },
             iters);
         t_by_kind[kind] = ms;
+#if defined(OSCAR_DECODE_TRACE)
+        if (trace && kind == 0) {
+          // CTA timeline of one call (the 3rd of 3, L2 emptied before each).
+          const int cap = 1 << 16;
+          unsigned long long* buf = dalloc<unsigned long long>(1 + 4 * size_t(cap));
+          OSCAR_CUDA_CHECK(set_decode_trace(buf, cap));
+          std::vector<unsigned long long> h(1 + 4 * size_t(cap));
+          for (int rep = 0; rep < 3; ++rep) {
+            timer.empty_l2(rep);
+            OSCAR_CUDA_CHECK(cudaMemset(buf, 0, 8));
+            OSCAR_CUDA_CHECK(decode_attention(p, plan, ws, nullptr));
+            OSCAR_CUDA_CHECK(cudaDeviceSynchronize());
+          }
+          OSCAR_CUDA_CHECK(cudaMemcpy(h.data(), buf, h.size() * 8, cudaMemcpyDeviceToHost));
+          OSCAR_CUDA_CHECK(set_decode_trace(nullptr, 0));
+          cudaFree(buf);
+          const size_t n = std::min<size_t>(h[0], cap);
+          unsigned long long t0 = ~0ull;
+          for (size_t i = 0; i < n; ++i) t0 = std::min(t0, h[1 + 4 * i + 1]);
+          const char* kn[3] = {"middle", "window", "merge"};
+          for (int k = 0; k < 3; ++k) {
+            std::vector<double> st, en, du;
+            for (size_t i = 0; i < n; ++i) {
+              const unsigned long long* e = &h[1 + 4 * i];
+              if (int(e[0] >> 48) != k) continue;
+              st.push_back((e[1] - t0) * 1e-3);
+              en.push_back((e[2] - t0) * 1e-3);
+              du.push_back((e[2] - e[1]) * 1e-3);
+            }
+            if (st.empty()) continue;
+            auto q = [](std::vector<double> v, double f) {
+              std::sort(v.begin(), v.end());
+              return v[std::min(v.size() - 1, size_t(f * v.size()))];
+            };
+            if (k == 0) {
+              // Is a CTA's speed a property of its SM? Per SM: the mean and
+              // range of its middle CTAs' end times.
+              std::vector<std::vector<double>> by_sm(1024);
+              for (size_t i = 0; i < n; ++i) {
+                const unsigned long long* e = &h[1 + 4 * i];
+                if (int(e[0] >> 48) == 0 && e[3] < 1024) by_sm[e[3]].push_back((e[2] - t0) * 1e-3);
+              }
+              std::vector<double> means, ranges;
+              for (auto& v : by_sm) {
+                if (v.empty()) continue;
+                std::sort(v.begin(), v.end());
+                double m = 0;
+                for (double x : v) m += x;
+                means.push_back(m / v.size());
+                ranges.push_back(v.back() - v.front());
+              }
+              std::sort(means.begin(), means.end());
+              std::sort(ranges.begin(), ranges.end());
+              std::printf("trace  per-SM mean end: min %.1f p10 %.1f med %.1f p90 %.1f max %.1f; within-SM range med %.1f max %.1f us (%zu SMs)\n",
+                          means.front(), means[means.size() / 10], means[means.size() / 2],
+                          means[means.size() * 9 / 10], means.back(), ranges[ranges.size() / 2], ranges.back(),
+                          means.size());
+            }
+            std::printf("trace  %5d %7d %-6s %4zu CTAs  start %5.1f %5.1f %5.1f  end %5.1f %5.1f %5.1f %5.1f  dur %5.1f %5.1f %5.1f us (min/med/max; end p90)\n",
+                        batch, ctx, kn[k], st.size(), q(st, 0), q(st, 0.5), q(st, 1), q(en, 0), q(en, 0.5),
+                        q(en, 0.9), q(en, 1), q(du, 0), q(du, 0.5), q(du, 1));
+          }
+        }
+#endif
+        if (parts && kind == 0) {
+          // Where the time of a call goes: the same launch sequence with
+          // plans that leave regions out (the kernels still read the full
+          // cache's tables), and an empty plan (the merge launch alone).
+          const std::vector<int32_t> zero(batch, 0);
+          const int32_t* L[3] = {cache.h_len[0].data(), cache.h_len[1].data(), cache.h_len[2].data()};
+          const struct { const char* name; bool s, m, r; } cfg[] = {
+              {"middle+merge", false, true, false}, {"windows+merge", true, false, true}, {"merge only", false, false, false}};
+          for (const auto& c : cfg) {
+            DecodePlan pp = plan_decode(batch, c.s ? L[0] : zero.data(), c.m ? L[1] : zero.data(),
+                                        c.r ? L[2] : zero.data(), kHkv, prop.multiProcessorCount, 0, ctas);
+            OSCAR_CUDA_CHECK(upload_plan(pp, ws, nullptr));
+            const double t = timer.median_ms([&] { OSCAR_CUDA_CHECK(decode_attention(p, pp, ws, nullptr)); }, iters);
+            std::printf("parts  %5d %7d %-14s %8.1f us (%d chunks)\n", batch, ctx, c.name, t * 1e3, pp.num_chunks);
+          }
+          OSCAR_CUDA_CHECK(upload_plan(plan, ws, nullptr));
+        }
         const double bytes = cache.kv_bytes + double(batch) * kHq * kD * 4 * 2;  // + q, o
         double write_us = 0, demote_us = 0, write_ov_us = 0, demote_ov_us = 0;
         if (kind == 0) {

@@ -1,6 +1,7 @@
 """FlashInfer BF16 paged decode on the same shapes as bench_decode (Qwen3-8B
 attention: 32 q heads, 8 KV heads, d=128, page 64, HND layout), timed the same
-way (L2 flushed by a 256 MB memset before each launch, CUDA events, median).
+way (L2 flushed before each launch by a 256 MB memset, or a 256 MB read with
+OSCAR_BENCH_FLUSH=read; CUDA events, median).
 
     python3 flashinfer_decode.py warm  LOG          # import + JIT-compile, check vs torch
     python3 flashinfer_decode.py bench CSV [--quick]
@@ -19,13 +20,25 @@ import torch
 HQ, HKV, D, PAGE = 32, 8, 128, 64
 
 
+# How L2 is emptied before each timed launch (same as bench_decode):
+# "write" = a 256 MB memset (leaves ~50 MB of dirty lines whose write-back
+# lands in the timed launch), "read" = a 256 MB read (clean lines only).
+FLUSH = os.environ.get("OSCAR_BENCH_FLUSH", "write")
+
+
 def flush_and_time(fn, iters, flush):
     for _ in range(2):
         fn()
     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     ts = []
+    if FLUSH == "read":
+        flush.fill_(1)
+        acc = torch.zeros(1, dtype=torch.int64, device="cuda")
     for i in range(iters):
-        flush.fill_(i & 0xFF)
+        if FLUSH == "read":
+            acc += flush.view(torch.int64).sum()  # reads 256 MB, writes 8 bytes
+        else:
+            flush.fill_(i & 0xFF)
         a.record()
         fn()
         b.record()
@@ -96,6 +109,9 @@ def bench(csv_path, quick):
         why = repr(e)
     batches = [1, 32] if quick else [1, 8, 32, 64]
     ctxs = [4096, 32768] if quick else [4096, 16384, 32768, 65536, 131072]
+    only = os.environ.get("OSCAR_BENCH_ONLY")  # "B,CTX" as bench_decode --only
+    if only:
+        batches, ctxs = [int(only.split(",")[0])], [int(only.split(",")[1])]
     flush = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device="cuda")
     gen = torch.Generator(device="cuda").manual_seed(1)
     rows = []

@@ -45,7 +45,10 @@ struct Result {
   double err_o, err_lse;
 };
 
-Result run_case(const Case& c, uint32_t seed, bool bf16_kernel = false, int variant = 0, int pdl = 1) {
+// calls > 1: the same plan and workspace for several calls in a row (as for
+// the layers of a step); the result is the worst call's.
+Result run_case(const Case& c, uint32_t seed, bool bf16_kernel = false, int variant = 0, int pdl = 1,
+                int share = 1, int calls = 1) {
   const float k_scale = 1.5f;  // peaky softmax: logits with std ~1.5*|q|
   HostCache cache(c.seqs, c.hkv, c.d, c.page, c.group, seed, k_scale);
   const int hq = c.hkv * c.gqa, batch = cache.batch;
@@ -62,8 +65,6 @@ Result run_case(const Case& c, uint32_t seed, bool bf16_kernel = false, int vari
                                 c.hkv, num_sms(), c.tiles_per_chunk);
   DecodeWorkspace ws = alloc_decode_workspace(std::max(plan.num_chunks, 1), batch, hq, c.d);
   DeviceBuffer<float> d_q(q), d_o(q.size()), d_lse(lse_ref.size());
-  d_o.poison();
-  d_lse.poison();
   DecodeParams p;
   p.kv = cache.dev_view;
   p.q = d_q.ptr;
@@ -73,27 +74,34 @@ Result run_case(const Case& c, uint32_t seed, bool bf16_kernel = false, int vari
   p.lse = d_lse.ptr;
   p.variant = variant;
   p.pdl = pdl;
+  p.share = share;
   EXPECT_EQ(check_decode(p, plan, ws), "");
   OSCAR_CUDA_CHECK(upload_plan(plan, ws, nullptr));
-  OSCAR_CUDA_CHECK(bf16_kernel ? decode_attention_bf16(p, plan, ws, nullptr)
-                               : decode_attention(p, plan, ws, nullptr));
-  OSCAR_CUDA_CHECK(cudaDeviceSynchronize());
-  const std::vector<float> o = d_o.download(), lse = d_lse.download();
-  free_decode_workspace(ws);
-
-  Result r{test::rel_l2(o, o_ref), 0.0};
-  for (size_t i = 0; i < lse.size(); ++i) {
-    if (std::isinf(lse_ref[i]) && lse_ref[i] < 0) {  // empty sequence
-      if (!(std::isinf(lse[i]) && lse[i] < 0)) r.err_lse = INFINITY;
-      continue;
+  Result r{0.0, 0.0};
+  for (int call = 0; call < calls; ++call) {
+    d_o.poison();
+    d_lse.poison();
+    OSCAR_CUDA_CHECK(bf16_kernel ? decode_attention_bf16(p, plan, ws, nullptr)
+                                 : decode_attention(p, plan, ws, nullptr));
+    OSCAR_CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<float> o = d_o.download(), lse = d_lse.download();
+    const double e_o = test::rel_l2(o, o_ref);
+    r.err_o = std::isnan(e_o) ? e_o : std::max(r.err_o, e_o);
+    for (size_t i = 0; i < lse.size(); ++i) {
+      if (std::isinf(lse_ref[i]) && lse_ref[i] < 0) {  // empty sequence
+        if (!(std::isinf(lse[i]) && lse[i] < 0)) r.err_lse = INFINITY;
+        continue;
+      }
+      const double e = std::isfinite(lse[i]) ? std::fabs(double(lse[i]) - lse_ref[i]) : INFINITY;
+      r.err_lse = std::max(r.err_lse, e);
     }
-    const double e = std::isfinite(lse[i]) ? std::fabs(double(lse[i]) - lse_ref[i]) : INFINITY;
-    r.err_lse = std::max(r.err_lse, e);
+    if (std::isnan(r.err_o)) break;
   }
-  std::printf("  [%s] d=%d G=%d gqa=%d hkv=%d page=%d variant=%d pdl=%d chunks=%d (quant %d): "
+  free_decode_workspace(ws);
+  std::printf("  [%s] d=%d G=%d gqa=%d hkv=%d page=%d variant=%d pdl=%d share=%d calls=%d chunks=%d (quant %d): "
               "rel_l2(o)=%.2e max|dlse|=%.2e\n",
-              c.name, c.d, c.group, c.gqa, c.hkv, c.page, variant, pdl, plan.num_chunks, plan.num_quant_chunks,
-              r.err_o, r.err_lse);
+              c.name, c.d, c.group, c.gqa, c.hkv, c.page, variant, pdl, share, calls, plan.num_chunks,
+              plan.num_quant_chunks, r.err_o, r.err_lse);
   return r;
 }
 
@@ -103,8 +111,9 @@ double tol_for(const Case& c) {
   return any_bf16 ? 1e-2 : 3e-3;
 }
 
-void expect_ok(const Case& c, uint32_t seed, bool bf16_kernel = false, int variant = 0, int pdl = 1) {
-  const Result r = run_case(c, seed, bf16_kernel, variant, pdl);
+void expect_ok(const Case& c, uint32_t seed, bool bf16_kernel = false, int variant = 0, int pdl = 1,
+               int share = 1, int calls = 1) {
+  const Result r = run_case(c, seed, bf16_kernel, variant, pdl, share, calls);
   EXPECT_LE(r.err_o, tol_for(c)) << c.name;  // NaN compares false -> fails
   EXPECT_LE(r.err_lse, 2e-2) << c.name;
 }
@@ -153,6 +162,24 @@ TEST(CudaDecode, LoopVariantsD128) {
     // lookups) and of 8 tiles (page-aligned groups: one lookup per group).
     expect_ok({128, 128, 4, 2, 64, mixed_seqs(64), 3, "page 64, 3-tile chunks"}, ++seed, false, variant);
     expect_ok({128, 128, 4, 2, 64, mixed_seqs(64), 8, "page 64, 8-tile chunks"}, ++seed, false, variant);
+    // Static chunks (DecodeParams::share = 0) instead of shared tile counters.
+    expect_ok({128, 128, 4, 8, 64, mixed_seqs(64), 0, "static chunks"}, ++seed, false, variant, 1, /*share=*/0);
+    expect_ok({128, 128, 4, 2, 64, mixed_seqs(64), 3, "static, 3-tile chunks"}, ++seed, false, variant, 1, 0);
+  }
+}
+
+// Shared tile counters (the default): one plan and workspace for several
+// calls in a row (the merge re-zeroes the counters; left over, the second
+// call would find every tile taken), many CTAs per (sequence, head) racing
+// for groups (4-tile chunks: one plan chunk per step), plain launches too.
+TEST(CudaDecode, SharedTilesAcrossCalls) {
+  if (!test::have_gpu()) GTEST_SKIP() << "no GPU";
+  uint32_t seed = 500;
+  for (int pdl : {1, 0}) {
+    expect_ok({128, 128, 4, 8, 64, mixed_seqs(64), 0, "4 calls"}, ++seed, false, 0, pdl, 1, /*calls=*/4);
+    expect_ok({128, 128, 4, 2, 64, mixed_seqs(64), 16, "16-tile chunks, 3 calls"}, ++seed, false, 0, pdl, 1, 3);
+    expect_ok({128, 128, 2, 4, 16, {{0, 30000, 0}, {16, 20011, 48}}, 16, "long middles, 3 calls"}, ++seed, false,
+              0, pdl, 1, 3);
   }
 }
 

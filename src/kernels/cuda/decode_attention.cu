@@ -34,6 +34,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <string>
 #include <type_traits>
 
@@ -56,6 +57,12 @@ constexpr float kLog2e = 1.4426950408889634f;
 // iteration's tiles are loaded before this one's are computed, so up to
 // 2*kQuantTilesPerIter tiles per warp are in flight.
 constexpr int kQuantTilesPerIter = 2;
+// Ints between two tile counters (KernelArgs::grab): one per 128-byte line,
+// so that the counters' atomics spread over the L2 slices.
+#ifndef OSCAR_GRAB_STRIDE
+#define OSCAR_GRAB_STRIDE 32
+#endif
+constexpr int kGrabStride = OSCAR_GRAB_STRIDE;
 // A BF16 tile moves ~7x the bytes of an INT2 tile (16 vs 2.25 bits).
 constexpr int kBf16TileCost = 7;
 // Bytes of one INT2 tile image: K and V codes [16][D/4], K and V params [16][D/G][2] fp16.
@@ -106,6 +113,37 @@ struct FastDiv {
   __device__ __forceinline__ uint32_t div(uint32_t n) const { return (__umulhi(n, magic) + n) >> shift; }
 };
 
+// Build-time diagnostic (-DOSCAR_DECODE_TRACE, bench_decode --trace): every
+// CTA of the split and merge kernels records (kind, block, start, end, SM)
+// with %globaltimer into a device buffer set by set_decode_trace.
+#if defined(OSCAR_DECODE_TRACE)
+__device__ unsigned long long* g_decode_trace = nullptr;
+__device__ int g_decode_trace_cap = 0;
+__device__ __forceinline__ unsigned long long globaltimer_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ void trace_cta(int kind, unsigned long long t0) {
+  __syncthreads();
+  if (threadIdx.x != 0 || !g_decode_trace) return;
+  const unsigned long long i = atomicAdd(g_decode_trace, 1ull);
+  if (i >= static_cast<unsigned long long>(g_decode_trace_cap)) return;
+  unsigned sm;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+  unsigned long long* e = g_decode_trace + 1 + 4 * i;
+  e[0] = (static_cast<unsigned long long>(kind) << 48) | (static_cast<unsigned long long>(blockIdx.y) << 24) | blockIdx.x;
+  e[1] = t0;
+  e[2] = globaltimer_ns();
+  e[3] = sm;
+}
+#define OSCAR_TRACE_BEGIN const unsigned long long trace_t0 = globaltimer_ns()
+#define OSCAR_TRACE_END(kind) trace_cta(kind, trace_t0)
+#else
+#define OSCAR_TRACE_BEGIN
+#define OSCAR_TRACE_END(kind)
+#endif
+
 struct KernelArgs {
   kv::PagedKvView kv;
   const float* q;          // [batch][Hq][D]
@@ -118,6 +156,9 @@ struct KernelArgs {
   float* partial_o;        // [num_chunks][Hq][D]
   float* partial_lse;      // [num_chunks][Hq], log2 domain
   int step_write;          // the launch sequence writes new rows (DecodeParams::write)
+  int grab_local;          // the warps of a CTA share its chunk through a shared-memory counter
+  int* grab;               // [batch][Hkv] tile counters: middle CTAs share their pair's region
+                           // (ring loops; nullptr = static chunks); zero before the launch
 };
 
 // Per-warp online-softmax state for the lane's two head columns 2r, 2r+1.
@@ -1025,6 +1066,7 @@ __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? O
   __shared__ float s_m[kWarps][kMaxGqa];
   __shared__ float s_l[kWarps][kMaxGqa];
 
+  OSCAR_TRACE_BEGIN;
   // The next launch of the step (window chunks, then the merge) may start as
   // soon as every CTA of this one is running; it waits for us where it must.
   pdl_launch_dependents();
@@ -1096,45 +1138,76 @@ __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? O
     } else {
       constexpr int TB = quant_tile_bytes(D, G), RB = D / 4;
       uint8_t* ring = smem + warp * (kRingStages * TPI * TB);
-      const int ngroups = t < t1 ? (t1 - t + kStep - 1) / kStep : 0;
       // The int8 loops keep the lane's copy pointers and each tile's slot in
       // registers; the fp16 loop (variant 0) has none to spare (it would
       // spill) and recomputes them per tile.
       RingLane L{};
       if constexpr (kVariant != 0) L = ring_lane<D, G>(kv, lane);
       constexpr int S = kRingStages;
+      // Which tile groups this warp takes. Static (a.grab == nullptr): groups
+      // w, w + kWarps, ... of the chunk [t0, t1). Shared (v20): every CTA of
+      // (sequence, KV head) works on the whole middle region and each warp
+      // takes its next group of TPI tiles from the pair's counter (an atomic
+      // add one step before the group's page ids are needed), so that CTAs
+      // that run slower or start later (window CTAs hold some slots at
+      // first) take fewer groups instead of ending the launch late.
+      // gs[i] = first tile of the group the loop computes i steps from now.
+      __shared__ int s_grab;
+      if (a.grab_local) {
+        if (threadIdx.x == 0) s_grab = t0;
+        __syncthreads();
+      }
+      int* const grab = a.grab_local ? &s_grab : a.grab ? a.grab + kGrabStride * (b * kv.num_kv_heads + h) : nullptr;
+      const int tend = a.grab && !a.grab_local ? (len + kTileTokens - 1) / kTileTokens : t1;
+      const int tlast_r = tend - 1;
+      int gs[S + 1];
+      if (grab) {
+        int first = 0;
+        if (lane == 0) first = atomicAdd(grab, (S + 1) * TPI);
+        first = __shfl_sync(0xffffffffu, first, 0);
+#pragma unroll
+        for (int i = 0; i <= S; ++i) gs[i] = first + i * TPI;
+      } else {
+#pragma unroll
+        for (int i = 0; i <= S; ++i) gs[i] = t + i * kStep;
+      }
       TileRef ref[TPI];
       // Prologue: groups 0 .. S-2 in flight (one commit group each, empty
       // past the end), then the page ids of group S-1.
 #pragma unroll
       for (int sg = 0; sg < S - 1; ++sg) {
 #pragma unroll
-        for (int u = 0; u < TPI; ++u) ref[u] = tile_ref<kVariant != 0>(pages, tpp, min(t + sg * kStep + u, tlast));
-        if (sg < ngroups)
-          issue_tile_copies<D, G, TPI, kVariant != 0>(ring + sg * TPI * TB, kv, L, ref, tpp, t + sg * kStep, tlast,
-                                                      h, lane);
+        for (int u = 0; u < TPI; ++u) ref[u] = tile_ref<kVariant != 0>(pages, tpp, min(gs[sg] + u, tlast_r));
+        if (gs[sg] < tend)
+          issue_tile_copies<D, G, TPI, kVariant != 0>(ring + sg * TPI * TB, kv, L, ref, tpp, gs[sg], tlast_r, h,
+                                                      lane);
         cp_async_commit();
       }
 #pragma unroll
-      for (int u = 0; u < TPI; ++u) ref[u] = tile_ref<kVariant != 0>(pages, tpp, min(t + (S - 1) * kStep + u, tlast));
-      for (int j = 0; j < ngroups; ++j, t += kStep) {
+      for (int u = 0; u < TPI; ++u) ref[u] = tile_ref<kVariant != 0>(pages, tpp, min(gs[S - 1] + u, tlast_r));
+      for (int j = 0; gs[0] < tend; ++j) {
         // Refill the stage freed one step ago with group j+S-1 (its page ids
-        // were fetched one step ago), then fetch group j+S's page ids.
-        if (j + S - 1 < ngroups)
+        // were fetched one step ago), then fetch group j+S's page ids and,
+        // when shared, take group j+S+1.
+        if (gs[S - 1] < tend)
           issue_tile_copies<D, G, TPI, kVariant != 0>(ring + ((j + S - 1) % S) * TPI * TB, kv, L, ref, tpp,
-                                                      t + (S - 1) * kStep, tlast, h, lane);
+                                                      gs[S - 1], tlast_r, h, lane);
         cp_async_commit();
 #pragma unroll
-        for (int u = 0; u < TPI; ++u) ref[u] = tile_ref<kVariant != 0>(pages, tpp, min(t + S * kStep + u, tlast));
+        for (int u = 0; u < TPI; ++u) ref[u] = tile_ref<kVariant != 0>(pages, tpp, min(gs[S] + u, tlast_r));
+        const bool take = grab && gs[S] < tend;  // warp-uniform
+        int taken = 0;
+        if (take && lane == 0) taken = atomicAdd(grab, TPI);
         cp_async_wait<S - 1>();
         __syncwarp();
         const uint8_t* img = ring + (j % kRingStages) * TPI * TB;
+        const int tc = gs[0];
 #pragma unroll
         for (int u = 0; u < TPI; ++u) {
           const uint8_t* ti = img + u * TB;
           load_quant_fragments<true>(cur[u], ti, ti + 16 * RB, reinterpret_cast<const uint32_t*>(ti + 32 * RB),
                                      reinterpret_cast<const uint32_t*>(ti + 32 * RB + 64 * (D / G)), g, r);
-          cur[u].valid = t + u <= tlast ? min(kTileTokens, len - (t + u) * kTileTokens) : 0;
+          cur[u].valid = tc + u <= tlast_r ? min(kTileTokens, len - (tc + u) * kTileTokens) : 0;
         }
         if constexpr (kVariant >= 2) {
           // Steps whose tiles are all full (all but the last of a chunk) skip
@@ -1156,6 +1229,10 @@ __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? O
         } else
           compute_quant_tiles(st, cur, Q, g);
         __syncwarp();  // every lane has read this stage before it is refilled
+        const int next = grab ? (take ? __shfl_sync(0xffffffffu, taken, 0) : gs[S]) : gs[S] + kStep;
+#pragma unroll
+        for (int i = 0; i < S; ++i) gs[i] = gs[i + 1];
+        gs[S] = next;
       }
       cp_async_wait<0>();
     }
@@ -1274,90 +1351,102 @@ __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? O
     a.partial_o[row * D + ch] = L > 0.0f ? O / L : 0.0f;
     if (ch == 0) a.partial_lse[row] = L > 0.0f ? M + log2f(L) : -INFINITY;
   }
-  // A window launch that started early (programmatic dependent of the middle
-  // launch or the step write) completes only after that launch has: the
-  // merge, which waits for this grid, then sees all. A no-op for a plain
-  // launch.
-  if constexpr (!kQuant) pdl_wait();
+  // A launch that started early (programmatic dependent of the step's
+  // previous launch) completes only after that launch has: the merge, which
+  // waits for the last grid, then sees all. A no-op for a plain launch.
+  OSCAR_TRACE_END(kQuant ? 0 : 1);
+  pdl_wait();
 }
 
 // Merges the chunks of each sequence: grid (batch, Hq), kMergeWarps warps.
-// A sequence at batch 1 has hundreds of chunks and the merge is latency-bound:
-// warp w takes chunks w, w + kMergeWarps, ..., four at a time with all their
-// loads in flight, each lane D/32 channels; the warps combine in shared
-// memory. Launched as a programmatic dependent of the split kernels: waits
-// for them before reading.
+// A sequence at batch 1 has tens of chunks and the merge is latency-bound:
+// warp w takes chunks w, w + kMergeWarps, ..., U at a time with all their
+// loads (log-sum-exp and output) in flight, each lane D/32 channels, with a
+// running maximum (one pass); the warps combine in shared memory. Launched
+// as a programmatic dependent of the split kernels: reads the plan's table
+// first, then waits for them. Also zeroes the step's tile counters
+// (KernelArgs::grab) for the next launch sequence.
 constexpr int kMergeWarps = 8;
 template <int D>
 __global__ void __launch_bounds__(32 * kMergeWarps) merge_kernel(const int32_t* seq_chunk_ptr,
                                                                 const float* partial_o,
                                                                 const float* partial_lse,
-                                                                int num_q_heads, float* o, float* lse) {
+                                                                int num_q_heads, float* o, float* lse,
+                                                                int* grab, int num_kv_heads) {
   constexpr int V = D / 32, U = 4;
-  __shared__ float s_red[kMergeWarps];
+  __shared__ float s_m[kMergeWarps];
   __shared__ float s_l[kMergeWarps];
   __shared__ float s_o[kMergeWarps][D];
-  pdl_wait();
+  OSCAR_TRACE_BEGIN;
   const int b = blockIdx.x, hq = blockIdx.y, tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
-  const int c0 = seq_chunk_ptr[b], c1 = seq_chunk_ptr[b + 1];
-  float M = -INFINITY;
-  for (int c = c0 + tid; c < c1; c += 32 * kMergeWarps)
-    M = fmaxf(M, partial_lse[int64_t(c) * num_q_heads + hq]);
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, off));
-  if (lane == 0) s_red[wid] = M;
-  __syncthreads();
-  M = s_red[0];
-#pragma unroll
-  for (int w = 1; w < kMergeWarps; ++w) M = fmaxf(M, s_red[w]);
-  float acc[V], L = 0.0f;
+  const int c0 = seq_chunk_ptr[b], c1 = seq_chunk_ptr[b + 1];  // uploaded before the step
+  pdl_wait();
+  if (grab && hq < num_kv_heads && tid == 0) grab[kGrabStride * (b * num_kv_heads + hq)] = 0;
+  float M = -INFINITY, L = 0.0f, acc[V];
 #pragma unroll
   for (int v = 0; v < V; ++v) acc[v] = 0.0f;
-  if (M != -INFINITY) {
-    for (int c = c0 + wid; c < c1; c += U * kMergeWarps) {
-      float wt[U], x[U][V];
+  for (int c = c0 + wid; c < c1; c += U * kMergeWarps) {
+    float wt[U], x[U][V];
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int cu = c + u * kMergeWarps;
-        const int64_t row = int64_t(cu < c1 ? cu : c) * num_q_heads + hq;
-        wt[u] = cu < c1 ? partial_lse[row] : -INFINITY;
-        const float* po = partial_o + row * D + lane * V;
-        if constexpr (V % 4 == 0) {
+    for (int u = 0; u < U; ++u) {
+      const int cu = c + u * kMergeWarps;
+      const int64_t row = int64_t(cu < c1 ? cu : c) * num_q_heads + hq;
+      wt[u] = cu < c1 ? partial_lse[row] : -INFINITY;
+      const float* po = partial_o + row * D + lane * V;
+      if constexpr (V % 4 == 0) {
 #pragma unroll
-          for (int v = 0; v < V; v += 4) {
-            const float4 t = *reinterpret_cast<const float4*>(po + v);
-            x[u][v] = t.x, x[u][v + 1] = t.y, x[u][v + 2] = t.z, x[u][v + 3] = t.w;
-          }
-        } else {
-          static_assert(V == 2, "head_dim 64, 128 or 256");
-          const float2 t = *reinterpret_cast<const float2*>(po);
-          x[u][0] = t.x, x[u][1] = t.y;
+        for (int v = 0; v < V; v += 4) {
+          const float4 t = *reinterpret_cast<const float4*>(po + v);
+          x[u][v] = t.x, x[u][v + 1] = t.y, x[u][v + 2] = t.z, x[u][v + 3] = t.w;
         }
-      }
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const float w = exp2f(wt[u] - M);  // -inf (no chunk) -> 0
-        L += w;
-#pragma unroll
-        for (int v = 0; v < V; ++v) acc[v] += w * x[u][v];
+      } else {
+        static_assert(V == 2, "head_dim 64, 128 or 256");
+        const float2 t = *reinterpret_cast<const float2*>(po);
+        x[u][0] = t.x, x[u][1] = t.y;
       }
     }
+    float Mn = M;
+#pragma unroll
+    for (int u = 0; u < U; ++u) Mn = fmaxf(Mn, wt[u]);
+    if (Mn == -INFINITY) continue;  // no tokens so far (empty chunks)
+    const float sc = exp2f(M - Mn);  // M = -inf -> 0
+    L *= sc;
+#pragma unroll
+    for (int v = 0; v < V; ++v) acc[v] *= sc;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const float w = exp2f(wt[u] - Mn);  // -inf (no chunk, empty chunk) -> 0
+      L += w;
+#pragma unroll
+      for (int v = 0; v < V; ++v) acc[v] += w * x[u][v];
+    }
+    M = Mn;
   }
 #pragma unroll
   for (int v = 0; v < V; ++v) s_o[wid][lane * V + v] = acc[v];
-  if (lane == 0) s_l[wid] = L;
+  if (lane == 0) {
+    s_m[wid] = M;
+    s_l[wid] = L;
+  }
   __syncthreads();
-  float Lt = 0.0f;
+  float Mt = -INFINITY;
 #pragma unroll
-  for (int w = 0; w < kMergeWarps; ++w) Lt += s_l[w];
+  for (int w = 0; w < kMergeWarps; ++w) Mt = fmaxf(Mt, s_m[w]);
+  float sw[kMergeWarps], Lt = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kMergeWarps; ++w) {
+    sw[w] = Mt == -INFINITY ? 0.0f : exp2f(s_m[w] - Mt);
+    Lt += sw[w] * s_l[w];
+  }
   const int64_t orow = int64_t(b) * num_q_heads + hq;
   for (int ch = tid; ch < D; ch += 32 * kMergeWarps) {
     float O = 0.0f;
 #pragma unroll
-    for (int w = 0; w < kMergeWarps; ++w) O += s_o[w][ch];
+    for (int w = 0; w < kMergeWarps; ++w) O += sw[w] * s_o[w][ch];
     o[orow * D + ch] = Lt > 0.0f ? O / Lt : 0.0f;
   }
-  if (lse && tid == 0) lse[orow] = Lt > 0.0f ? (M + log2f(Lt)) * 0.6931471805599453f : -INFINITY;
+  if (lse && tid == 0) lse[orow] = Lt > 0.0f ? (Mt + log2f(Lt)) * 0.6931471805599453f : -INFINITY;
+  OSCAR_TRACE_END(2);
 }
 
 // Rotation of query rows: one block per row, D threads.
@@ -1448,9 +1537,11 @@ cudaError_t launch_split(dim3 grid, bool pdl, cudaStream_t stream, const KernelA
   return launch_pdl(decode_split_kernel<D, G, kQuant, kVariant>, grid, dim3(kThreads), smem, pdl, stream, a);
 }
 
+// pdl: a programmatic dependent of the step's previous launch. Safe for q:
+// the step's first launch is a plain one (after whatever produced q), and a
+// dependent starts only once every CTA of its predecessor has.
 template <int D, int G>
-cudaError_t launch_quant(dim3 grid, const KernelArgs& a, int variant, cudaStream_t stream) {
-  constexpr bool pdl = false;  // reads q: after whatever produced it
+cudaError_t launch_quant(dim3 grid, const KernelArgs& a, int variant, bool pdl, cudaStream_t stream) {
   // head_dim 128 / group 128 (the benchmark shape) has three loop shapes
   // (`variant` picks, docs/cuda-notes.md); the others use the
   // register-prefetch loop.
@@ -1483,44 +1574,59 @@ cudaError_t launch(const DecodeParams& p, const DecodePlan& plan, const DecodeWo
   a.step_write = p.write.n > 0;
   const int32_t* order = ws.chunks + 4 * int64_t(ws.capacity);
   const int nq = plan.num_quant_chunks, nb = plan.num_chunks - plan.num_quant_chunks;
+  a.grab = p.share == 1 && ws.grab ? ws.grab : nullptr;
+  a.grab_local = p.share == 2;
   bool launched = false;
   const bool pdl = p.pdl != 0;
+  // Launch order (v20): the step's write and demotions, the window chunks,
+  // the middle chunks, the merge. Each launch after the first is a
+  // programmatic dependent of the one before (starts once all of its CTAs
+  // run) and ends with griddepcontrol.wait, so each grid completes after its
+  // predecessors and the merge, waiting for the middle grid, sees them all.
+  // The window CTAs (few, latency-bound) so start at once instead of in the
+  // middle launch's tail, and the middle CTAs that find their slots taken
+  // start later and, sharing their (sequence, head)'s tiles (a.grab), take
+  // fewer of them.
+  bool prev = false;  // a launch of this step precedes
+  static const bool windows_first = [] {
+    const char* e = std::getenv("OSCAR_WF");
+    return e && e[0] == '1';
+  }();
   OSCAR_DISPATCH_HEAD_DIM(p.kv.head_dim, D, {
-    if (nq > 0) {
+    auto middle = [&]() -> cudaError_t {
+      if (nq == 0) return cudaSuccess;
       OSCAR_DISPATCH_GROUP(p.kv.group_size, D, G, {
         a.order = order;
-        OSCAR_CUDA_RETURN_IF_ERROR((launch_quant<D, G>(dim3(nq, p.kv.num_kv_heads), a, p.variant, stream)));
+        OSCAR_CUDA_RETURN_IF_ERROR((launch_quant<D, G>(dim3(nq, p.kv.num_kv_heads), a, p.variant, pdl && prev, stream)));
         launched = true;
       });
-      if (!launched) return cudaErrorInvalidValue;
-    }
+      prev = true;
+      return launched ? cudaSuccess : cudaErrorInvalidValue;
+    };
+    if (!windows_first) OSCAR_CUDA_RETURN_IF_ERROR(middle());
     if (a.step_write) {
-      // This step's new rows, between the middle launch (a programmatic
-      // dependent of it: runs in its tail; touches nothing it reads) and the
-      // window launch, whose tiles holding the rows wait for it.
       OSCAR_CUDA_RETURN_IF_ERROR(write_bf16_tokens_dependent(p.kv, p.write.n, p.write.pages, p.write.slots,
-                                                             p.write.k, p.write.v, p.write.rot,
-                                                             pdl && nq > 0, stream));
+                                                             p.write.k, p.write.v, p.write.rot, pdl && prev, stream));
+      prev = true;
     }
     if (p.demote.n > 0) {
-      // Likewise: reads BF16 pages, writes INT2 pages this step does not
-      // read; its grid completes after the launches before it.
+      // Reads BF16 pages, writes INT2 pages this step does not read.
       OSCAR_CUDA_RETURN_IF_ERROR(demote_pages_dependent(p.kv, p.demote.n, p.demote.bf16_pages, p.demote.quant_pages,
-                                                        p.demote.clip, p.demote.num_tokens,
-                                                        pdl && (nq > 0 || a.step_write), stream));
+                                                        p.demote.clip, p.demote.num_tokens, pdl && prev, stream));
+      prev = true;
     }
     if (nb > 0) {
       a.order = order + nq;
-      // The window chunks do not read the middle's results: with PDL they
-      // run in the middle launch's tail instead of after it.
-      OSCAR_CUDA_RETURN_IF_ERROR((launch_split<D, 128, false, 0>(
-          dim3(nb, p.kv.num_kv_heads), pdl && (nq > 0 || a.step_write || p.demote.n > 0), stream, a)));
+      OSCAR_CUDA_RETURN_IF_ERROR(
+          (launch_split<D, 128, false, 0>(dim3(nb, p.kv.num_kv_heads), pdl && prev, stream, a)));
+      prev = true;
     }
+    if (windows_first) OSCAR_CUDA_RETURN_IF_ERROR(middle());
     OSCAR_CUDA_RETURN_IF_ERROR((launch_pdl(merge_kernel<D>, dim3(p.kv.batch, p.num_q_heads), dim3(32 * kMergeWarps), 0, pdl,
                                               stream, static_cast<const int32_t*>(ws.seq_chunk_ptr),
                                               static_cast<const float*>(ws.partial_o),
                                               static_cast<const float*>(ws.partial_lse), p.num_q_heads,
-                                              p.o, p.lse)));
+                                              p.o, p.lse, a.grab, p.kv.num_kv_heads)));
     return cudaGetLastError();
   });
   return cudaErrorInvalidValue;
@@ -1596,6 +1702,23 @@ DecodePlan plan_decode(int batch, const int32_t* sink_len, const int32_t* mid_le
   }
   plan.num_chunks = static_cast<int>(plan.chunks.size() / 4);
   plan.num_quant_chunks = static_cast<int>(quant_ids.size());
+  static const bool rr = [] {
+    const char* e = std::getenv("OSCAR_RR");
+    return e && e[0] == '1';
+  }();
+  if (rr) {
+    // Middle chunks in round-robin order over the sequences: the CTAs that
+    // share a (sequence, head) sit far apart in the grid, on different SMs.
+    std::vector<std::vector<int32_t>> by_seq(batch);
+    for (int32_t id : quant_ids) by_seq[plan.chunks[4 * id]].push_back(id);
+    quant_ids.clear();
+    for (size_t k = 0;; ++k) {
+      bool any = false;
+      for (const auto& v : by_seq)
+        if (k < v.size()) quant_ids.push_back(v[k]), any = true;
+      if (!any) break;
+    }
+  }
   plan.order = quant_ids;
   plan.order.insert(plan.order.end(), bf16_ids.begin(), bf16_ids.end());
   return plan;
@@ -1614,14 +1737,25 @@ DecodeWorkspace alloc_decode_workspace(int capacity, int max_batch, int max_q_he
   OSCAR_CUDA_CHECK(
       cudaMalloc(&ws.partial_o, sizeof(float) * size_t(capacity) * max_q_heads * head_dim));
   OSCAR_CUDA_CHECK(cudaMalloc(&ws.partial_lse, sizeof(float) * size_t(capacity) * max_q_heads));
+  OSCAR_CUDA_CHECK(cudaMalloc(&ws.grab, sizeof(int) * kGrabStride * size_t(max_batch) * max_q_heads));
+  OSCAR_CUDA_CHECK(cudaMemset(ws.grab, 0, sizeof(int) * kGrabStride * size_t(max_batch) * max_q_heads));
   return ws;
 }
+
+#if defined(OSCAR_DECODE_TRACE)
+cudaError_t set_decode_trace(unsigned long long* buf, int capacity) {
+  cudaError_t e = cudaMemcpyToSymbol(g_decode_trace, &buf, sizeof(buf));
+  if (e == cudaSuccess) e = cudaMemcpyToSymbol(g_decode_trace_cap, &capacity, sizeof(capacity));
+  return e;
+}
+#endif
 
 void free_decode_workspace(DecodeWorkspace& ws) {
   cudaFree(ws.chunks);
   cudaFree(ws.seq_chunk_ptr);
   cudaFree(ws.partial_o);
   cudaFree(ws.partial_lse);
+  cudaFree(ws.grab);
   ws = DecodeWorkspace{};
 }
 
@@ -1638,6 +1772,10 @@ cudaError_t upload_plan(const DecodePlan& plan, const DecodeWorkspace& ws, cudaS
   OSCAR_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(ws.seq_chunk_ptr, plan.seq_chunk_ptr.data(),
                                              sizeof(int32_t) * plan.seq_chunk_ptr.size(),
                                              cudaMemcpyHostToDevice, stream));
+  // The tile counters are re-zeroed by every call's merge; zeroing them here
+  // too bounds the harm of a call that failed half-way to that step.
+  OSCAR_CUDA_RETURN_IF_ERROR(
+      cudaMemsetAsync(ws.grab, 0, sizeof(int) * kGrabStride * size_t(ws.max_batch) * ws.max_q_heads, stream));
   return cudaStreamSynchronize(stream);
 }
 
