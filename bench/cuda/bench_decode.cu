@@ -8,7 +8,7 @@
 // `page` steps) against the decode step.
 //
 //   bench_decode [--quick] [--csv FILE] [--iters N] [--only BATCH,CTX] [--pdl 0|1]
-//                [--share 0|1] [--ctas N] [--parts] [--trace]
+//                [--ctas N] [--parts] [--trace]
 // --parts times the call with plans that leave regions out; --trace (a build
 // with -DOSCAR_DECODE_TRACE) prints the CTA timeline of one call.
 // Rows: int2 = the default INT2 kernel (int8-key loop, v10), bf16 = our BF16
@@ -235,7 +235,6 @@ int main(int argc, char** argv) {
   const char* csv_path = nullptr;
   int only_b = 0, only_ctx = 0, pdl = 1, ctas = 0;
   bool parts = false, trace = false;
-  int share = 1;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--only") && i + 1 < argc) std::sscanf(argv[++i], "%d,%d", &only_b, &only_ctx);
     if (!std::strcmp(argv[i], "--quick")) quick = true;
@@ -245,7 +244,6 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--ctas") && i + 1 < argc) ctas = std::atoi(argv[++i]);  // planner CTAs per SM
     else if (!std::strcmp(argv[i], "--parts")) parts = true;
     else if (!std::strcmp(argv[i], "--trace")) trace = true;  // needs -DOSCAR_DECODE_TRACE
-    else if (!std::strcmp(argv[i], "--share") && i + 1 < argc) share = std::atoi(argv[++i]);  // DecodeParams::share
   }
 #if !defined(OSCAR_DECODE_TRACE)
   if (trace) std::printf("--trace: this build lacks -DOSCAR_DECODE_TRACE; ignored\n");
@@ -327,7 +325,6 @@ int main(int argc, char** argv) {
         p.o = o;
         p.lse = lse;
         p.pdl = pdl;
-        p.share = share;
         p.variant = kind == 2 ? 2 : kind == 3 ? 3 : 0;
         const std::string err = check_decode(p, plan, ws);
         if (!err.empty()) {

@@ -48,7 +48,7 @@ struct Result {
 // calls > 1: the same plan and workspace for several calls in a row (as for
 // the layers of a step); the result is the worst call's.
 Result run_case(const Case& c, uint32_t seed, bool bf16_kernel = false, int variant = 0, int pdl = 1,
-                int share = 1, int calls = 1) {
+                int calls = 1) {
   const float k_scale = 1.5f;  // peaky softmax: logits with std ~1.5*|q|
   HostCache cache(c.seqs, c.hkv, c.d, c.page, c.group, seed, k_scale);
   const int hq = c.hkv * c.gqa, batch = cache.batch;
@@ -74,7 +74,6 @@ Result run_case(const Case& c, uint32_t seed, bool bf16_kernel = false, int vari
   p.lse = d_lse.ptr;
   p.variant = variant;
   p.pdl = pdl;
-  p.share = share;
   EXPECT_EQ(check_decode(p, plan, ws), "");
   OSCAR_CUDA_CHECK(upload_plan(plan, ws, nullptr));
   Result r{0.0, 0.0};
@@ -98,9 +97,9 @@ Result run_case(const Case& c, uint32_t seed, bool bf16_kernel = false, int vari
     if (std::isnan(r.err_o)) break;
   }
   free_decode_workspace(ws);
-  std::printf("  [%s] d=%d G=%d gqa=%d hkv=%d page=%d variant=%d pdl=%d share=%d calls=%d chunks=%d (quant %d): "
+  std::printf("  [%s] d=%d G=%d gqa=%d hkv=%d page=%d variant=%d pdl=%d calls=%d chunks=%d (quant %d): "
               "rel_l2(o)=%.2e max|dlse|=%.2e\n",
-              c.name, c.d, c.group, c.gqa, c.hkv, c.page, variant, pdl, share, calls, plan.num_chunks,
+              c.name, c.d, c.group, c.gqa, c.hkv, c.page, variant, pdl, calls, plan.num_chunks,
               plan.num_quant_chunks, r.err_o, r.err_lse);
   return r;
 }
@@ -112,8 +111,8 @@ double tol_for(const Case& c) {
 }
 
 void expect_ok(const Case& c, uint32_t seed, bool bf16_kernel = false, int variant = 0, int pdl = 1,
-               int share = 1, int calls = 1) {
-  const Result r = run_case(c, seed, bf16_kernel, variant, pdl, share, calls);
+               int calls = 1) {
+  const Result r = run_case(c, seed, bf16_kernel, variant, pdl, calls);
   EXPECT_LE(r.err_o, tol_for(c)) << c.name;  // NaN compares false -> fails
   EXPECT_LE(r.err_lse, 2e-2) << c.name;
 }
@@ -162,24 +161,19 @@ TEST(CudaDecode, LoopVariantsD128) {
     // lookups) and of 8 tiles (page-aligned groups: one lookup per group).
     expect_ok({128, 128, 4, 2, 64, mixed_seqs(64), 3, "page 64, 3-tile chunks"}, ++seed, false, variant);
     expect_ok({128, 128, 4, 2, 64, mixed_seqs(64), 8, "page 64, 8-tile chunks"}, ++seed, false, variant);
-    // Static chunks (DecodeParams::share = 0) instead of shared tile counters.
-    expect_ok({128, 128, 4, 8, 64, mixed_seqs(64), 0, "static chunks"}, ++seed, false, variant, 1, /*share=*/0);
-    expect_ok({128, 128, 4, 2, 64, mixed_seqs(64), 3, "static, 3-tile chunks"}, ++seed, false, variant, 1, 0);
   }
 }
 
-// Shared tile counters (the default): one plan and workspace for several
-// calls in a row (the merge re-zeroes the counters; left over, the second
-// call would find every tile taken), many CTAs per (sequence, head) racing
-// for groups (4-tile chunks: one plan chunk per step), plain launches too.
-TEST(CudaDecode, SharedTilesAcrossCalls) {
+// One plan and workspace for several calls in a row, as for the layers of a
+// step (outputs poisoned before each call), with and without PDL, and a plan
+// whose small chunks give the merge many partials per sequence.
+TEST(CudaDecode, RepeatedCallsOnePlan) {
   if (!test::have_gpu()) GTEST_SKIP() << "no GPU";
   uint32_t seed = 500;
   for (int pdl : {1, 0}) {
-    expect_ok({128, 128, 4, 8, 64, mixed_seqs(64), 0, "4 calls"}, ++seed, false, 0, pdl, 1, /*calls=*/4);
-    expect_ok({128, 128, 4, 2, 64, mixed_seqs(64), 16, "16-tile chunks, 3 calls"}, ++seed, false, 0, pdl, 1, 3);
-    expect_ok({128, 128, 2, 4, 16, {{0, 30000, 0}, {16, 20011, 48}}, 16, "long middles, 3 calls"}, ++seed, false,
-              0, pdl, 1, 3);
+    expect_ok({128, 128, 4, 8, 64, mixed_seqs(64), 0, "4 calls"}, ++seed, false, 0, pdl, /*calls=*/4);
+    expect_ok({128, 128, 2, 4, 16, {{0, 30000, 0}, {16, 20011, 48}}, 16, "long middles, 16-tile chunks"}, ++seed,
+              false, 0, pdl, 3);
   }
 }
 

@@ -34,7 +34,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <string>
 #include <type_traits>
 
@@ -57,12 +56,6 @@ constexpr float kLog2e = 1.4426950408889634f;
 // iteration's tiles are loaded before this one's are computed, so up to
 // 2*kQuantTilesPerIter tiles per warp are in flight.
 constexpr int kQuantTilesPerIter = 2;
-// Ints between two tile counters (KernelArgs::grab): one per 128-byte line,
-// so that the counters' atomics spread over the L2 slices.
-#ifndef OSCAR_GRAB_STRIDE
-#define OSCAR_GRAB_STRIDE 32
-#endif
-constexpr int kGrabStride = OSCAR_GRAB_STRIDE;
 // A BF16 tile moves ~7x the bytes of an INT2 tile (16 vs 2.25 bits).
 constexpr int kBf16TileCost = 7;
 // Bytes of one INT2 tile image: K and V codes [16][D/4], K and V params [16][D/G][2] fp16.
@@ -156,9 +149,6 @@ struct KernelArgs {
   float* partial_o;        // [num_chunks][Hq][D]
   float* partial_lse;      // [num_chunks][Hq], log2 domain
   int step_write;          // the launch sequence writes new rows (DecodeParams::write)
-  int grab_local;          // the warps of a CTA share its chunk through a shared-memory counter
-  int* grab;               // [batch][Hkv] tile counters: middle CTAs share their pair's region
-                           // (ring loops; nullptr = static chunks); zero before the launch
 };
 
 // Per-warp online-softmax state for the lane's two head columns 2r, 2r+1.
@@ -1053,8 +1043,22 @@ __device__ __forceinline__ void issue_tile_copies(uint8_t* dst, const kv::PagedK
 #ifndef OSCAR_INT8K_MIN_BLOCKS
 #define OSCAR_INT8K_MIN_BLOCKS 4  // 5 spills 88 bytes; with lazy fragment loads (v11) it fits but ran slower
 #endif
+// The BF16 (window and baseline) loop: two tiles in registers (v21; 0 = one
+// tile at a time, as before) and the resident CTAs per SM its register
+// budget is compiled for.
+#ifndef OSCAR_BF16_PREFETCH
+#define OSCAR_BF16_PREFETCH 1
+#endif
+#ifndef OSCAR_BF16_MIN_BLOCKS
+#if OSCAR_BF16_PREFETCH
+#define OSCAR_BF16_MIN_BLOCKS 3
+#else
+#define OSCAR_BF16_MIN_BLOCKS 4
+#endif
+#endif
 template <int D, int G, bool kQuant, int kVariant = 0>
 __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? OSCAR_INT8K_MIN_BLOCKS
+                                            : !kQuant && D <= 128      ? OSCAR_BF16_MIN_BLOCKS
                                             : (D <= 128 && G == 128) ? 4
                                                                      : 1)
     decode_split_kernel(const KernelArgs a) {
@@ -1138,76 +1142,45 @@ __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? O
     } else {
       constexpr int TB = quant_tile_bytes(D, G), RB = D / 4;
       uint8_t* ring = smem + warp * (kRingStages * TPI * TB);
+      const int ngroups = t < t1 ? (t1 - t + kStep - 1) / kStep : 0;
       // The int8 loops keep the lane's copy pointers and each tile's slot in
       // registers; the fp16 loop (variant 0) has none to spare (it would
       // spill) and recomputes them per tile.
       RingLane L{};
       if constexpr (kVariant != 0) L = ring_lane<D, G>(kv, lane);
       constexpr int S = kRingStages;
-      // Which tile groups this warp takes. Static (a.grab == nullptr): groups
-      // w, w + kWarps, ... of the chunk [t0, t1). Shared (v20): every CTA of
-      // (sequence, KV head) works on the whole middle region and each warp
-      // takes its next group of TPI tiles from the pair's counter (an atomic
-      // add one step before the group's page ids are needed), so that CTAs
-      // that run slower or start later (window CTAs hold some slots at
-      // first) take fewer groups instead of ending the launch late.
-      // gs[i] = first tile of the group the loop computes i steps from now.
-      __shared__ int s_grab;
-      if (a.grab_local) {
-        if (threadIdx.x == 0) s_grab = t0;
-        __syncthreads();
-      }
-      int* const grab = a.grab_local ? &s_grab : a.grab ? a.grab + kGrabStride * (b * kv.num_kv_heads + h) : nullptr;
-      const int tend = a.grab && !a.grab_local ? (len + kTileTokens - 1) / kTileTokens : t1;
-      const int tlast_r = tend - 1;
-      int gs[S + 1];
-      if (grab) {
-        int first = 0;
-        if (lane == 0) first = atomicAdd(grab, (S + 1) * TPI);
-        first = __shfl_sync(0xffffffffu, first, 0);
-#pragma unroll
-        for (int i = 0; i <= S; ++i) gs[i] = first + i * TPI;
-      } else {
-#pragma unroll
-        for (int i = 0; i <= S; ++i) gs[i] = t + i * kStep;
-      }
       TileRef ref[TPI];
       // Prologue: groups 0 .. S-2 in flight (one commit group each, empty
       // past the end), then the page ids of group S-1.
 #pragma unroll
       for (int sg = 0; sg < S - 1; ++sg) {
 #pragma unroll
-        for (int u = 0; u < TPI; ++u) ref[u] = tile_ref<kVariant != 0>(pages, tpp, min(gs[sg] + u, tlast_r));
-        if (gs[sg] < tend)
-          issue_tile_copies<D, G, TPI, kVariant != 0>(ring + sg * TPI * TB, kv, L, ref, tpp, gs[sg], tlast_r, h,
-                                                      lane);
+        for (int u = 0; u < TPI; ++u) ref[u] = tile_ref<kVariant != 0>(pages, tpp, min(t + sg * kStep + u, tlast));
+        if (sg < ngroups)
+          issue_tile_copies<D, G, TPI, kVariant != 0>(ring + sg * TPI * TB, kv, L, ref, tpp, t + sg * kStep, tlast,
+                                                      h, lane);
         cp_async_commit();
       }
 #pragma unroll
-      for (int u = 0; u < TPI; ++u) ref[u] = tile_ref<kVariant != 0>(pages, tpp, min(gs[S - 1] + u, tlast_r));
-      for (int j = 0; gs[0] < tend; ++j) {
+      for (int u = 0; u < TPI; ++u) ref[u] = tile_ref<kVariant != 0>(pages, tpp, min(t + (S - 1) * kStep + u, tlast));
+      for (int j = 0; j < ngroups; ++j, t += kStep) {
         // Refill the stage freed one step ago with group j+S-1 (its page ids
-        // were fetched one step ago), then fetch group j+S's page ids and,
-        // when shared, take group j+S+1.
-        if (gs[S - 1] < tend)
+        // were fetched one step ago), then fetch group j+S's page ids.
+        if (j + S - 1 < ngroups)
           issue_tile_copies<D, G, TPI, kVariant != 0>(ring + ((j + S - 1) % S) * TPI * TB, kv, L, ref, tpp,
-                                                      gs[S - 1], tlast_r, h, lane);
+                                                      t + (S - 1) * kStep, tlast, h, lane);
         cp_async_commit();
 #pragma unroll
-        for (int u = 0; u < TPI; ++u) ref[u] = tile_ref<kVariant != 0>(pages, tpp, min(gs[S] + u, tlast_r));
-        const bool take = grab && gs[S] < tend;  // warp-uniform
-        int taken = 0;
-        if (take && lane == 0) taken = atomicAdd(grab, TPI);
+        for (int u = 0; u < TPI; ++u) ref[u] = tile_ref<kVariant != 0>(pages, tpp, min(t + S * kStep + u, tlast));
         cp_async_wait<S - 1>();
         __syncwarp();
         const uint8_t* img = ring + (j % kRingStages) * TPI * TB;
-        const int tc = gs[0];
 #pragma unroll
         for (int u = 0; u < TPI; ++u) {
           const uint8_t* ti = img + u * TB;
           load_quant_fragments<true>(cur[u], ti, ti + 16 * RB, reinterpret_cast<const uint32_t*>(ti + 32 * RB),
                                      reinterpret_cast<const uint32_t*>(ti + 32 * RB + 64 * (D / G)), g, r);
-          cur[u].valid = tc + u <= tlast_r ? min(kTileTokens, len - (tc + u) * kTileTokens) : 0;
+          cur[u].valid = t + u <= tlast ? min(kTileTokens, len - (t + u) * kTileTokens) : 0;
         }
         if constexpr (kVariant >= 2) {
           // Steps whose tiles are all full (all but the last of a chunk) skip
@@ -1229,10 +1202,6 @@ __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? O
         } else
           compute_quant_tiles(st, cur, Q, g);
         __syncwarp();  // every lane has read this stage before it is refilled
-        const int next = grab ? (take ? __shfl_sync(0xffffffffu, taken, 0) : gs[S]) : gs[S] + kStep;
-#pragma unroll
-        for (int i = 0; i < S; ++i) gs[i] = gs[i + 1];
-        gs[S] = next;
       }
       cp_async_wait<0>();
     }
@@ -1246,12 +1215,42 @@ __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? O
     // last tile of a region may hold a new row: wait for the write there
     // (its grid completes after the middle launch's).
     const int wait_tile = a.step_write && t1 * kTileTokens >= len ? t1 - 1 : -1;
+#if OSCAR_BF16_PREFETCH
+    // Two tiles in registers: the next tile's loads are in flight while this
+    // one is computed (a window chunk gives a warp only a few tiles, and one
+    // at a time each costs a full memory latency; v21). Unrolled by two so
+    // that both tiles stay in registers.
+    Bf16Tile<D> A, B;
+    int t = t0 + warp;
+    if (t < t1) {
+      if (t == wait_tile) pdl_wait();
+      load_bf16_tile(A, kv, pages, a.tiles_per_page, len, h, t, g, r);
+    }
+    while (t < t1) {
+      int tn = t + kWarps;
+      if (tn < t1) {
+        if (tn == wait_tile) pdl_wait();
+        load_bf16_tile(B, kv, pages, a.tiles_per_page, len, h, tn, g, r);
+      }
+      compute_bf16_tile(st, A, Q, g);
+      t = tn;
+      if (t >= t1) break;
+      tn = t + kWarps;
+      if (tn < t1) {
+        if (tn == wait_tile) pdl_wait();
+        load_bf16_tile(A, kv, pages, a.tiles_per_page, len, h, tn, g, r);
+      }
+      compute_bf16_tile(st, B, Q, g);
+      t = tn;
+    }
+#else
     for (int t = t0 + warp; t < t1; t += kWarps) {
       Bf16Tile<D> T;
       if (t == wait_tile) pdl_wait();
       load_bf16_tile(T, kv, pages, a.tiles_per_page, len, h, t, g, r);
       compute_bf16_tile(st, T, Q, g);
     }
+#endif
   }
 
   // s_o overlaps the other warps' rings: wait until every warp is done.
@@ -1351,11 +1350,12 @@ __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? O
     a.partial_o[row * D + ch] = L > 0.0f ? O / L : 0.0f;
     if (ch == 0) a.partial_lse[row] = L > 0.0f ? M + log2f(L) : -INFINITY;
   }
-  // A launch that started early (programmatic dependent of the step's
-  // previous launch) completes only after that launch has: the merge, which
-  // waits for the last grid, then sees all. A no-op for a plain launch.
+  // A window launch that started early (programmatic dependent of the middle
+  // launch or the step write) completes only after that launch has: the
+  // merge, which waits for this grid, then sees all. A no-op for a plain
+  // launch.
   OSCAR_TRACE_END(kQuant ? 0 : 1);
-  pdl_wait();
+  if constexpr (!kQuant) pdl_wait();
 }
 
 // Merges the chunks of each sequence: grid (batch, Hq), kMergeWarps warps.
@@ -1364,15 +1364,13 @@ __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? O
 // loads (log-sum-exp and output) in flight, each lane D/32 channels, with a
 // running maximum (one pass); the warps combine in shared memory. Launched
 // as a programmatic dependent of the split kernels: reads the plan's table
-// first, then waits for them. Also zeroes the step's tile counters
-// (KernelArgs::grab) for the next launch sequence.
+// first, then waits for them.
 constexpr int kMergeWarps = 8;
 template <int D>
 __global__ void __launch_bounds__(32 * kMergeWarps) merge_kernel(const int32_t* seq_chunk_ptr,
                                                                 const float* partial_o,
                                                                 const float* partial_lse,
-                                                                int num_q_heads, float* o, float* lse,
-                                                                int* grab, int num_kv_heads) {
+                                                                int num_q_heads, float* o, float* lse) {
   constexpr int V = D / 32, U = 4;
   __shared__ float s_m[kMergeWarps];
   __shared__ float s_l[kMergeWarps];
@@ -1381,7 +1379,6 @@ __global__ void __launch_bounds__(32 * kMergeWarps) merge_kernel(const int32_t* 
   const int b = blockIdx.x, hq = blockIdx.y, tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
   const int c0 = seq_chunk_ptr[b], c1 = seq_chunk_ptr[b + 1];  // uploaded before the step
   pdl_wait();
-  if (grab && hq < num_kv_heads && tid == 0) grab[kGrabStride * (b * num_kv_heads + hq)] = 0;
   float M = -INFINITY, L = 0.0f, acc[V];
 #pragma unroll
   for (int v = 0; v < V; ++v) acc[v] = 0.0f;
@@ -1537,11 +1534,9 @@ cudaError_t launch_split(dim3 grid, bool pdl, cudaStream_t stream, const KernelA
   return launch_pdl(decode_split_kernel<D, G, kQuant, kVariant>, grid, dim3(kThreads), smem, pdl, stream, a);
 }
 
-// pdl: a programmatic dependent of the step's previous launch. Safe for q:
-// the step's first launch is a plain one (after whatever produced q), and a
-// dependent starts only once every CTA of its predecessor has.
 template <int D, int G>
-cudaError_t launch_quant(dim3 grid, const KernelArgs& a, int variant, bool pdl, cudaStream_t stream) {
+cudaError_t launch_quant(dim3 grid, const KernelArgs& a, int variant, cudaStream_t stream) {
+  constexpr bool pdl = false;  // reads q: after whatever produced it
   // head_dim 128 / group 128 (the benchmark shape) has three loop shapes
   // (`variant` picks, docs/cuda-notes.md); the others use the
   // register-prefetch loop.
@@ -1574,59 +1569,44 @@ cudaError_t launch(const DecodeParams& p, const DecodePlan& plan, const DecodeWo
   a.step_write = p.write.n > 0;
   const int32_t* order = ws.chunks + 4 * int64_t(ws.capacity);
   const int nq = plan.num_quant_chunks, nb = plan.num_chunks - plan.num_quant_chunks;
-  a.grab = p.share == 1 && ws.grab ? ws.grab : nullptr;
-  a.grab_local = p.share == 2;
   bool launched = false;
   const bool pdl = p.pdl != 0;
-  // Launch order (v20): the step's write and demotions, the window chunks,
-  // the middle chunks, the merge. Each launch after the first is a
-  // programmatic dependent of the one before (starts once all of its CTAs
-  // run) and ends with griddepcontrol.wait, so each grid completes after its
-  // predecessors and the merge, waiting for the middle grid, sees them all.
-  // The window CTAs (few, latency-bound) so start at once instead of in the
-  // middle launch's tail, and the middle CTAs that find their slots taken
-  // start later and, sharing their (sequence, head)'s tiles (a.grab), take
-  // fewer of them.
-  bool prev = false;  // a launch of this step precedes
-  static const bool windows_first = [] {
-    const char* e = std::getenv("OSCAR_WF");
-    return e && e[0] == '1';
-  }();
   OSCAR_DISPATCH_HEAD_DIM(p.kv.head_dim, D, {
-    auto middle = [&]() -> cudaError_t {
-      if (nq == 0) return cudaSuccess;
+    if (nq > 0) {
       OSCAR_DISPATCH_GROUP(p.kv.group_size, D, G, {
         a.order = order;
-        OSCAR_CUDA_RETURN_IF_ERROR((launch_quant<D, G>(dim3(nq, p.kv.num_kv_heads), a, p.variant, pdl && prev, stream)));
+        OSCAR_CUDA_RETURN_IF_ERROR((launch_quant<D, G>(dim3(nq, p.kv.num_kv_heads), a, p.variant, stream)));
         launched = true;
       });
-      prev = true;
-      return launched ? cudaSuccess : cudaErrorInvalidValue;
-    };
-    if (!windows_first) OSCAR_CUDA_RETURN_IF_ERROR(middle());
+      if (!launched) return cudaErrorInvalidValue;
+    }
     if (a.step_write) {
+      // This step's new rows, between the middle launch (a programmatic
+      // dependent of it: runs in its tail; touches nothing it reads) and the
+      // window launch, whose tiles holding the rows wait for it.
       OSCAR_CUDA_RETURN_IF_ERROR(write_bf16_tokens_dependent(p.kv, p.write.n, p.write.pages, p.write.slots,
-                                                             p.write.k, p.write.v, p.write.rot, pdl && prev, stream));
-      prev = true;
+                                                             p.write.k, p.write.v, p.write.rot,
+                                                             pdl && nq > 0, stream));
     }
     if (p.demote.n > 0) {
-      // Reads BF16 pages, writes INT2 pages this step does not read.
+      // Likewise: reads BF16 pages, writes INT2 pages this step does not
+      // read; its grid completes after the launches before it.
       OSCAR_CUDA_RETURN_IF_ERROR(demote_pages_dependent(p.kv, p.demote.n, p.demote.bf16_pages, p.demote.quant_pages,
-                                                        p.demote.clip, p.demote.num_tokens, pdl && prev, stream));
-      prev = true;
+                                                        p.demote.clip, p.demote.num_tokens,
+                                                        pdl && (nq > 0 || a.step_write), stream));
     }
     if (nb > 0) {
       a.order = order + nq;
-      OSCAR_CUDA_RETURN_IF_ERROR(
-          (launch_split<D, 128, false, 0>(dim3(nb, p.kv.num_kv_heads), pdl && prev, stream, a)));
-      prev = true;
+      // The window chunks do not read the middle's results: with PDL they
+      // run in the middle launch's tail instead of after it.
+      OSCAR_CUDA_RETURN_IF_ERROR((launch_split<D, 128, false, 0>(
+          dim3(nb, p.kv.num_kv_heads), pdl && (nq > 0 || a.step_write || p.demote.n > 0), stream, a)));
     }
-    if (windows_first) OSCAR_CUDA_RETURN_IF_ERROR(middle());
     OSCAR_CUDA_RETURN_IF_ERROR((launch_pdl(merge_kernel<D>, dim3(p.kv.batch, p.num_q_heads), dim3(32 * kMergeWarps), 0, pdl,
                                               stream, static_cast<const int32_t*>(ws.seq_chunk_ptr),
                                               static_cast<const float*>(ws.partial_o),
                                               static_cast<const float*>(ws.partial_lse), p.num_q_heads,
-                                              p.o, p.lse, a.grab, p.kv.num_kv_heads)));
+                                              p.o, p.lse)));
     return cudaGetLastError();
   });
   return cudaErrorInvalidValue;
@@ -1702,23 +1682,6 @@ DecodePlan plan_decode(int batch, const int32_t* sink_len, const int32_t* mid_le
   }
   plan.num_chunks = static_cast<int>(plan.chunks.size() / 4);
   plan.num_quant_chunks = static_cast<int>(quant_ids.size());
-  static const bool rr = [] {
-    const char* e = std::getenv("OSCAR_RR");
-    return e && e[0] == '1';
-  }();
-  if (rr) {
-    // Middle chunks in round-robin order over the sequences: the CTAs that
-    // share a (sequence, head) sit far apart in the grid, on different SMs.
-    std::vector<std::vector<int32_t>> by_seq(batch);
-    for (int32_t id : quant_ids) by_seq[plan.chunks[4 * id]].push_back(id);
-    quant_ids.clear();
-    for (size_t k = 0;; ++k) {
-      bool any = false;
-      for (const auto& v : by_seq)
-        if (k < v.size()) quant_ids.push_back(v[k]), any = true;
-      if (!any) break;
-    }
-  }
   plan.order = quant_ids;
   plan.order.insert(plan.order.end(), bf16_ids.begin(), bf16_ids.end());
   return plan;
@@ -1737,8 +1700,6 @@ DecodeWorkspace alloc_decode_workspace(int capacity, int max_batch, int max_q_he
   OSCAR_CUDA_CHECK(
       cudaMalloc(&ws.partial_o, sizeof(float) * size_t(capacity) * max_q_heads * head_dim));
   OSCAR_CUDA_CHECK(cudaMalloc(&ws.partial_lse, sizeof(float) * size_t(capacity) * max_q_heads));
-  OSCAR_CUDA_CHECK(cudaMalloc(&ws.grab, sizeof(int) * kGrabStride * size_t(max_batch) * max_q_heads));
-  OSCAR_CUDA_CHECK(cudaMemset(ws.grab, 0, sizeof(int) * kGrabStride * size_t(max_batch) * max_q_heads));
   return ws;
 }
 
@@ -1755,7 +1716,6 @@ void free_decode_workspace(DecodeWorkspace& ws) {
   cudaFree(ws.seq_chunk_ptr);
   cudaFree(ws.partial_o);
   cudaFree(ws.partial_lse);
-  cudaFree(ws.grab);
   ws = DecodeWorkspace{};
 }
 
@@ -1772,10 +1732,6 @@ cudaError_t upload_plan(const DecodePlan& plan, const DecodeWorkspace& ws, cudaS
   OSCAR_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(ws.seq_chunk_ptr, plan.seq_chunk_ptr.data(),
                                              sizeof(int32_t) * plan.seq_chunk_ptr.size(),
                                              cudaMemcpyHostToDevice, stream));
-  // The tile counters are re-zeroed by every call's merge; zeroing them here
-  // too bounds the harm of a call that failed half-way to that step.
-  OSCAR_CUDA_RETURN_IF_ERROR(
-      cudaMemsetAsync(ws.grab, 0, sizeof(int) * kGrabStride * size_t(ws.max_batch) * ws.max_q_heads, stream));
   return cudaStreamSynchronize(stream);
 }
 

@@ -10,7 +10,7 @@
 //   upload_plan(plan, ws, stream);
 //   decode_attention(params, plan, ws, stream);            // returns cudaError_t
 //   (params.write / params.demote: the step's new rows and page demotions,
-//    done inside the same launch sequence, overlapping the attention)
+//    done inside the same launch sequence, in the middle launch's tail)
 //
 // The host plan splits every sequence into chunks of 16-token tiles that never
 // cross a region boundary; one CTA handles one (chunk, KV head). Chunk size is
@@ -36,10 +36,11 @@
 namespace oscar::kernels::cuda {
 
 // This step's new rows, written into the BF16 windows by the decode launch
-// sequence itself (rotate keys, round to BF16; write_bf16_tokens): its first
-// launch; the window launch starts alongside it and only the window tile
-// holding a new row waits for it. Each new row must be the newest token of
-// its sequence (the last slot of its last non-empty window region).
+// sequence itself (rotate keys, round to BF16; write_bf16_tokens): between
+// the middle launch (which reads no BF16 row) and the window launch, so that
+// the write runs in the middle launch's tail instead of before it. Each new
+// row must be the newest token of its sequence (the last slot of its last
+// non-empty window region); the window tile holding it waits for the write.
 struct StepWrite {
   int n = 0;                       // rows; 0 = no write
   const int32_t* pages = nullptr;  // [n] BF16 page of each row (device)
@@ -50,11 +51,11 @@ struct StepWrite {
 };
 
 // Page demotions done by the decode launch sequence itself (demote_pages),
-// after this step's write and before the window launch, overlapping them.
-// The BF16 pages are read (the window chunks may read them too) and must not
-// receive this step's write; the INT2 pages written must not be in this
-// step's middle region (they join it in a later step, when the caller moves
-// them into the tables).
+// after this step's write and before the window launch, in the middle
+// launch's tail. The BF16 pages are read (the window chunks may read them
+// too) and must not receive this step's write; the INT2 pages written must not
+// be in this step's middle region (they join it in a later step, when the
+// caller moves them into the tables).
 struct StepDemote {
   int n = 0;                            // pages; 0 = none
   const int32_t* bf16_pages = nullptr;  // [n] device
@@ -79,12 +80,8 @@ struct DecodeParams {
                              // cores for K and V (v7), 3 = the ring with int8 tensor cores for
                              // K (v10; GQA <= 4, else 2), 4 = the ring with int8 tensor cores
                              // for K and V (v13; GQA <= 4, else 2)
-  int pdl = 1;               // launch each kernel of the step after the first as a programmatic
-                             // dependent of the one before (overlap); 0 = plain launches
-  int share = 1;             // the middle CTAs of a (sequence, KV head) share its tiles through
-                             // an atomic counter (ws.grab) instead of static chunks: slower or
-                             // later CTAs take fewer (d128/G128 ring loops, variants 0/2/3/4;
-                             // 0 = static chunks, for A/B and tests)
+  int pdl = 1;               // launch the window and merge kernels as programmatic dependents
+                             // (overlap with the middle launch's tail); 0 = plain launches
   StepWrite write;           // optional: this step's new rows (see StepWrite)
   StepDemote demote;         // optional: page demotions in the step's tail (see StepDemote)
 };
@@ -125,9 +122,6 @@ struct DecodeWorkspace {
   int32_t* seq_chunk_ptr = nullptr;  // [max_batch+1]
   float* partial_o = nullptr;        // [capacity][max_q_heads][head_dim]
   float* partial_lse = nullptr;      // [capacity][max_q_heads] (log2 domain)
-  int* grab = nullptr;               // [max_batch][max_q_heads] tile counters, 128 bytes apart (DecodeParams::share),
-                                     // zero between calls (alloc and upload_plan zero them, the
-                                     // merge kernel re-zeroes them at the end of each call)
 };
 
 // cudaMalloc/cudaFree helpers for a workspace (throw oscar::Error on failure).
@@ -161,9 +155,10 @@ cudaError_t rotate_queries(const float* q, int n, int num_q_heads, int d, const 
                            int r_heads, float* q_rot, cudaStream_t stream);
 
 #if defined(OSCAR_DECODE_TRACE)
-// Diagnostic builds only: buf[0] counts CTAs (zero it before a call), then
-// per CTA 4 words {kind << 48 | blockIdx.y << 24 | blockIdx.x, start ns, end
-// ns, SM id}, kind 0 middle / 1 window / 2 merge; capacity = entries.
+// Diagnostic builds only (bench_decode --trace): buf[0] counts CTAs (zero it
+// before a call), then per CTA 4 words {kind << 48 | blockIdx.y << 24 |
+// blockIdx.x, start ns, end ns, SM id} (%globaltimer), kind 0 middle /
+// 1 window / 2 merge; capacity = entries.
 cudaError_t set_decode_trace(unsigned long long* buf, int capacity);
 #endif
 
