@@ -1043,22 +1043,8 @@ __device__ __forceinline__ void issue_tile_copies(uint8_t* dst, const kv::PagedK
 #ifndef OSCAR_INT8K_MIN_BLOCKS
 #define OSCAR_INT8K_MIN_BLOCKS 4  // 5 spills 88 bytes; with lazy fragment loads (v11) it fits but ran slower
 #endif
-// The BF16 (window and baseline) loop: two tiles in registers (v21; 0 = one
-// tile at a time, as before) and the resident CTAs per SM its register
-// budget is compiled for.
-#ifndef OSCAR_BF16_PREFETCH
-#define OSCAR_BF16_PREFETCH 1
-#endif
-#ifndef OSCAR_BF16_MIN_BLOCKS
-#if OSCAR_BF16_PREFETCH
-#define OSCAR_BF16_MIN_BLOCKS 3
-#else
-#define OSCAR_BF16_MIN_BLOCKS 4
-#endif
-#endif
 template <int D, int G, bool kQuant, int kVariant = 0>
 __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? OSCAR_INT8K_MIN_BLOCKS
-                                            : !kQuant && D <= 128      ? OSCAR_BF16_MIN_BLOCKS
                                             : (D <= 128 && G == 128) ? 4
                                                                      : 1)
     decode_split_kernel(const KernelArgs a) {
@@ -1215,42 +1201,12 @@ __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? O
     // last tile of a region may hold a new row: wait for the write there
     // (its grid completes after the middle launch's).
     const int wait_tile = a.step_write && t1 * kTileTokens >= len ? t1 - 1 : -1;
-#if OSCAR_BF16_PREFETCH
-    // Two tiles in registers: the next tile's loads are in flight while this
-    // one is computed (a window chunk gives a warp only a few tiles, and one
-    // at a time each costs a full memory latency; v21). Unrolled by two so
-    // that both tiles stay in registers.
-    Bf16Tile<D> A, B;
-    int t = t0 + warp;
-    if (t < t1) {
-      if (t == wait_tile) pdl_wait();
-      load_bf16_tile(A, kv, pages, a.tiles_per_page, len, h, t, g, r);
-    }
-    while (t < t1) {
-      int tn = t + kWarps;
-      if (tn < t1) {
-        if (tn == wait_tile) pdl_wait();
-        load_bf16_tile(B, kv, pages, a.tiles_per_page, len, h, tn, g, r);
-      }
-      compute_bf16_tile(st, A, Q, g);
-      t = tn;
-      if (t >= t1) break;
-      tn = t + kWarps;
-      if (tn < t1) {
-        if (tn == wait_tile) pdl_wait();
-        load_bf16_tile(A, kv, pages, a.tiles_per_page, len, h, tn, g, r);
-      }
-      compute_bf16_tile(st, B, Q, g);
-      t = tn;
-    }
-#else
     for (int t = t0 + warp; t < t1; t += kWarps) {
       Bf16Tile<D> T;
       if (t == wait_tile) pdl_wait();
       load_bf16_tile(T, kv, pages, a.tiles_per_page, len, h, t, g, r);
       compute_bf16_tile(st, T, Q, g);
     }
-#endif
   }
 
   // s_o overlaps the other warps' rings: wait until every warp is done.
