@@ -144,8 +144,8 @@ struct KernelArgs {
   int gqa;
   float sm_scale_log2;     // sm_scale * log2(e)
   FastDiv tiles_per_page;  // page_size / 16
-  const int4* chunks;      // [num_chunks] {b, region, t0, t1}
-  const int32_t* order;    // chunk ids for this launch (blockIdx.x indexes it)
+  const int4* chunks;      // [num_chunks] in launch order: {b | region << 24, t0, t1, chunk id}
+  int first;               // this launch's first entry (blockIdx.x counts from it)
   float* partial_o;        // [num_chunks][Hq][D]
   float* partial_lse;      // [num_chunks][Hq], log2 domain
   int step_write;          // the launch sequence writes new rows (DecodeParams::write)
@@ -1060,10 +1060,10 @@ __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? O
   // The next launch of the step (window chunks, then the merge) may start as
   // soon as every CTA of this one is running; it waits for us where it must.
   pdl_launch_dependents();
-  const int chunk = a.order[blockIdx.x];
+  // One load gives the CTA its chunk (launch-ordered table, upload_plan).
+  const int4 c = a.chunks[a.first + blockIdx.x];
   const int h = blockIdx.y;
-  const int4 c = a.chunks[chunk];
-  const int b = c.x, region = c.y, t0 = c.z, t1 = c.w;
+  const int b = c.x & 0xffffff, region = c.x >> 24, t0 = c.y, t1 = c.z, chunk = c.w;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, r = lane & 3;
   const kv::PagedKvView& kv = a.kv;
@@ -1523,14 +1523,13 @@ cudaError_t launch(const DecodeParams& p, const DecodePlan& plan, const DecodeWo
   a.partial_o = ws.partial_o;
   a.partial_lse = ws.partial_lse;
   a.step_write = p.write.n > 0;
-  const int32_t* order = ws.chunks + 4 * int64_t(ws.capacity);
   const int nq = plan.num_quant_chunks, nb = plan.num_chunks - plan.num_quant_chunks;
   bool launched = false;
   const bool pdl = p.pdl != 0;
   OSCAR_DISPATCH_HEAD_DIM(p.kv.head_dim, D, {
     if (nq > 0) {
       OSCAR_DISPATCH_GROUP(p.kv.group_size, D, G, {
-        a.order = order;
+        a.first = 0;
         OSCAR_CUDA_RETURN_IF_ERROR((launch_quant<D, G>(dim3(nq, p.kv.num_kv_heads), a, p.variant, stream)));
         launched = true;
       });
@@ -1552,7 +1551,7 @@ cudaError_t launch(const DecodeParams& p, const DecodePlan& plan, const DecodeWo
                                                         pdl && (nq > 0 || a.step_write), stream));
     }
     if (nb > 0) {
-      a.order = order + nq;
+      a.first = nq;
       // The window chunks do not read the middle's results: with PDL they
       // run in the middle launch's tail instead of after it.
       OSCAR_CUDA_RETURN_IF_ERROR((launch_split<D, 128, false, 0>(
@@ -1651,7 +1650,7 @@ DecodeWorkspace alloc_decode_workspace(int capacity, int max_batch, int max_q_he
   ws.max_batch = max_batch;
   ws.max_q_heads = max_q_heads;
   ws.head_dim = head_dim;
-  OSCAR_CUDA_CHECK(cudaMalloc(&ws.chunks, sizeof(int32_t) * 5 * size_t(capacity)));
+  OSCAR_CUDA_CHECK(cudaMalloc(&ws.chunks, sizeof(int32_t) * 4 * size_t(capacity)));
   OSCAR_CUDA_CHECK(cudaMalloc(&ws.seq_chunk_ptr, sizeof(int32_t) * (size_t(max_batch) + 1)));
   OSCAR_CUDA_CHECK(
       cudaMalloc(&ws.partial_o, sizeof(float) * size_t(capacity) * max_q_heads * head_dim));
@@ -1676,15 +1675,22 @@ void free_decode_workspace(DecodeWorkspace& ws) {
 }
 
 cudaError_t upload_plan(const DecodePlan& plan, const DecodeWorkspace& ws, cudaStream_t stream) {
-  if (plan.num_chunks > ws.capacity || plan.batch > ws.max_batch) return cudaErrorInvalidValue;
-  if (plan.num_chunks > 0) {
-    OSCAR_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(ws.chunks, plan.chunks.data(),
-                                               sizeof(int32_t) * plan.chunks.size(),
-                                               cudaMemcpyHostToDevice, stream));
-    OSCAR_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(ws.chunks + 4 * int64_t(ws.capacity),
-                                               plan.order.data(), sizeof(int32_t) * plan.order.size(),
-                                               cudaMemcpyHostToDevice, stream));
+  if (plan.num_chunks > ws.capacity || plan.batch > ws.max_batch || plan.batch >= (1 << 24))
+    return cudaErrorInvalidValue;
+  // The kernels read one int4 per CTA: the plan's chunks in launch order
+  // (plan.order), each with its id (the row of its partial result).
+  std::vector<int32_t> table(4 * size_t(plan.num_chunks));
+  for (int i = 0; i < plan.num_chunks; ++i) {
+    const int id = plan.order[i];
+    const int32_t* c = &plan.chunks[4 * size_t(id)];
+    table[4 * size_t(i)] = c[0] | (c[1] << 24);
+    table[4 * size_t(i) + 1] = c[2];
+    table[4 * size_t(i) + 2] = c[3];
+    table[4 * size_t(i) + 3] = id;
   }
+  if (plan.num_chunks > 0)
+    OSCAR_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(ws.chunks, table.data(), sizeof(int32_t) * table.size(),
+                                               cudaMemcpyHostToDevice, stream));
   OSCAR_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(ws.seq_chunk_ptr, plan.seq_chunk_ptr.data(),
                                              sizeof(int32_t) * plan.seq_chunk_ptr.size(),
                                              cudaMemcpyHostToDevice, stream));

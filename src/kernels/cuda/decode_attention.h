@@ -118,7 +118,7 @@ struct DecodeWorkspace {
   int max_batch = 0;
   int max_q_heads = 0;
   int head_dim = 0;
-  int32_t* chunks = nullptr;         // [capacity][4] then order [capacity]
+  int32_t* chunks = nullptr;         // [capacity][4]: the chunks in launch order (upload_plan)
   int32_t* seq_chunk_ptr = nullptr;  // [max_batch+1]
   float* partial_o = nullptr;        // [capacity][max_q_heads][head_dim]
   float* partial_lse = nullptr;      // [capacity][max_q_heads] (log2 domain)
