@@ -4,7 +4,11 @@
 # benchmark (INT2 vs our BF16 kernel) and FlashInfer's BF16 paged decode on the
 # same shapes, then one table (bench/cuda/report.py). Logs go to $OUT.
 #
-#   bash scripts/gpu_run.sh [quick|full|tests|bench|tune]
+#   bash scripts/gpu_run.sh [quick|full|tests|bench|tune|shapes]
+#   shapes: only the shapes in SHAPES ("B,CTX B,CTX ...", default the batch-8
+#   and large ones), ours and FlashInfer, then the table.
+#   OSCAR_BENCH_FLUSH=read (env) empties L2 by a read instead of a memset in
+#   both benchmarks (docs/cuda.md, "Benchmark protocol").
 #
 # Needs in the working tree (ignored, carried by the device tool):
 #   .deps/googletest (copy of /usr/src/googletest), .deps/include/fmt (copy of
@@ -51,7 +55,7 @@ if [[ ${SASS:-0} == 1 ]] && command -v cuobjdump > /dev/null; then
 fi
 
 status=0
-if [[ $MODE != bench ]]; then
+if [[ $MODE != bench && $MODE != shapes ]]; then
   ./build-gpu/test_cuda 2>&1 | tee "$OUT/test.log" | grep -E "^\s+\[|FAILED|PASSED|Failure|error" | head -80
   status=${PIPESTATUS[0]}
   echo "test_cuda exit status: $status"
@@ -82,10 +86,29 @@ if [[ $MODE == tune ]]; then
   fi
   exit $status
 fi
-Q=""; [[ $MODE == quick ]] && Q=--quick
-./build-gpu/bench_decode $Q --csv "$OUT/ours.csv" 2>&1 | tee "$OUT/bench.log"
-COPY=$(grep -oP 'copy_gbs=\K[0-9.]+' "$OUT/bench.log")
-[[ $FI == 1 ]] && python3 bench/cuda/flashinfer_decode.py bench "$OUT/fi.csv" $Q 2>&1
+echo "L2 flush before each timed launch: ${OSCAR_BENCH_FLUSH:-write}"
+if [[ $MODE == shapes ]]; then
+  SHAPES=${SHAPES:-"1,131072 8,32768 8,65536 8,131072 32,32768 64,65536"}
+  : > "$OUT/bench.log"
+  for ob in $SHAPES; do
+    ./build-gpu/bench_decode --only "$ob" --csv "$OUT/ours-$ob.csv" 2>&1 | tee -a "$OUT/bench.log"
+    [[ $FI == 1 ]] && OSCAR_BENCH_ONLY=$ob python3 bench/cuda/flashinfer_decode.py bench "$OUT/fi-$ob.csv" 2>&1
+  done
+  # One CSV each (headers once).
+  for k in ours fi; do
+    first=1
+    for f in "$OUT"/$k-*.csv; do
+      [[ -f $f ]] || continue
+      if ((first)); then cat "$f"; first=0; else tail -n +2 "$f"; fi
+    done > "$OUT/$k.csv"
+    rm -f "$OUT"/$k-*.csv
+  done
+else
+  Q=""; [[ $MODE == quick ]] && Q=--quick
+  ./build-gpu/bench_decode $Q --csv "$OUT/ours.csv" 2>&1 | tee "$OUT/bench.log"
+  [[ $FI == 1 ]] && python3 bench/cuda/flashinfer_decode.py bench "$OUT/fi.csv" $Q 2>&1
+fi
+COPY=$(grep -oP 'copy_gbs=\K[0-9.]+' "$OUT/bench.log" | tail -1)
 python3 bench/cuda/report.py "$OUT/ours.csv" "$OUT/fi.csv" "${COPY:-4300}" > "$OUT/table.md"
 # Optional profile of one INT2 launch (Nsight Compute works on the Firecracker machines).
 if [[ ${NCU:-0} == 1 ]] && command -v ncu > /dev/null; then

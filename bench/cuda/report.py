@@ -6,6 +6,7 @@ INT2 attention time of the same layer.
     python3 report.py OURS.csv FLASHINFER.csv COPY_GBS > table.md
 """
 import csv
+import os
 import sys
 
 
@@ -24,8 +25,12 @@ for r in ours:
 for r in fi:
     idx[("fi", int(r["batch"]), int(r["ctx"]))] = r
 keys = sorted({(int(r["batch"]), int(r["ctx"])) for r in ours})
+flush = os.environ.get("OSCAR_BENCH_FLUSH", "write")
+how = ("a 256 MB read (clean lines only)" if flush == "read" else
+       "a 256 MB memset (its ~50 MB of dirty lines are written back during the timed launch)")
 print(f"Copy bandwidth measured in the same run: {copy_gbs:.0f} GB/s. Times per layer (one decode step of "
-      "attention for 32 q heads / 8 KV heads, d=128); x36 for a Qwen3-8B step.\n")
+      "attention for 32 q heads / 8 KV heads, d=128); x36 for a Qwen3-8B step. L2 emptied before each "
+      f"timed launch (ours and FlashInfer alike) by {how}.\n")
 print("| batch | ctx | INT2 us | INT2 GB/s | INT2 % copy | INT2 floor us | INT2 v7 loop us | INT2 v10 loop us | our BF16 us | BF16 % copy "
       "| baseline | baseline us | INT2 vs our BF16 | INT2 vs baseline | write+demote % |")
 print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
