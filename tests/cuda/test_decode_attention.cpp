@@ -228,6 +228,21 @@ TEST(CudaDecode, PlanSplitsRegionsEvenly) {
     }
     const DecodePlan plan = plan_decode(batch, s.data(), m.data(), r.data(), 8, 132, 0);
     ASSERT_EQ(int(plan.seq_chunk_ptr.size()), batch + 1);
+    // The launch order: every chunk once, the middle ones first, the window
+    // ones longest first.
+    ASSERT_EQ(int(plan.order.size()), plan.num_chunks);
+    std::vector<int> seen(plan.num_chunks, 0);
+    for (int i = 0; i < plan.num_chunks; ++i) {
+      const int id = plan.order[i];
+      ASSERT_TRUE(id >= 0 && id < plan.num_chunks);
+      ++seen[id];
+      EXPECT_EQ(plan.chunks[4 * id + 1] == 1, i < plan.num_quant_chunks);
+      if (i > plan.num_quant_chunks) {
+        const int prev = plan.order[i - 1];
+        EXPECT_GE(plan.chunks[4 * prev + 3] - plan.chunks[4 * prev + 2], plan.chunks[4 * id + 3] - plan.chunks[4 * id + 2]);
+      }
+    }
+    for (int c = 0; c < plan.num_chunks; ++c) EXPECT_EQ(seen[c], 1);
     for (int b = 0; b < batch; ++b) {
       int next[3] = {0, 0, 0};
       std::vector<int> mid_sizes;

@@ -1637,6 +1637,14 @@ DecodePlan plan_decode(int batch, const int32_t* sink_len, const int32_t* mid_le
   }
   plan.num_chunks = static_cast<int>(plan.chunks.size() / 4);
   plan.num_quant_chunks = static_cast<int>(quant_ids.size());
+  // Window chunks longest first: their CTAs start as middle CTAs leave, all
+  // within a few microseconds, and a short chunk started last ends sooner
+  // than a long one would (each tile a warp takes is a chain of dependent
+  // loads; v24).
+  std::stable_sort(bf16_ids.begin(), bf16_ids.end(), [&](int32_t x, int32_t y) {
+    return plan.chunks[4 * size_t(x) + 3] - plan.chunks[4 * size_t(x) + 2] >
+           plan.chunks[4 * size_t(y) + 3] - plan.chunks[4 * size_t(y) + 2];
+  });
   plan.order = quant_ids;
   plan.order.insert(plan.order.end(), bf16_ids.begin(), bf16_ids.end());
   return plan;
