@@ -175,6 +175,43 @@ TEST(CudaDecode, RepeatedCallsOnePlan) {
   }
 }
 
+// A plan that does not match its workspace or is inconsistent is refused
+// before anything is read or copied. With a GPU the workspace is real and the
+// unedited plan must upload (so the refusals are the checks, not a failing
+// copy); without one only the host checks run.
+TEST(CudaDecode, UploadPlanRejectsBadPlans) {
+  std::vector<int32_t> s(2, 64), m(2, 5000), r(2, 256);
+  const DecodePlan good = plan_decode(2, s.data(), m.data(), r.data(), 8, 132, 0);
+  ASSERT_GT(good.num_chunks, 2);
+  const bool gpu = test::have_gpu();
+  DecodeWorkspace ws;
+  if (gpu) {
+    ws = alloc_decode_workspace(good.num_chunks, 2, 32, 128);
+    EXPECT_EQ(upload_plan(good, ws, nullptr), cudaSuccess);
+  } else {
+    ws.capacity = good.num_chunks;
+    ws.max_batch = 2;
+  }
+  auto bad = [&](auto edit) {
+    DecodePlan p = good;
+    edit(p);
+    return upload_plan(p, ws, nullptr);
+  };
+  EXPECT_EQ(bad([](DecodePlan& p) { p.order.pop_back(); }), cudaErrorInvalidValue);
+  EXPECT_EQ(bad([](DecodePlan& p) { p.order[0] = p.num_chunks; }), cudaErrorInvalidValue);
+  EXPECT_EQ(bad([](DecodePlan& p) { p.order[1] = -1; }), cudaErrorInvalidValue);
+  EXPECT_EQ(bad([](DecodePlan& p) { p.chunks[1] = 3; }), cudaErrorInvalidValue);       // region
+  EXPECT_EQ(bad([](DecodePlan& p) { p.chunks[0] = 2; }), cudaErrorInvalidValue);       // sequence
+  EXPECT_EQ(bad([](DecodePlan& p) { p.chunks[3] = p.chunks[2] - 1; }), cudaErrorInvalidValue);
+  EXPECT_EQ(bad([](DecodePlan& p) { p.chunks.resize(p.chunks.size() - 1); }), cudaErrorInvalidValue);
+  EXPECT_EQ(bad([](DecodePlan& p) { p.seq_chunk_ptr.pop_back(); }), cudaErrorInvalidValue);
+  EXPECT_EQ(bad([&](DecodePlan& p) { p.batch = 3; }), cudaErrorInvalidValue);          // > max_batch
+  ws.capacity = good.num_chunks - 1;
+  EXPECT_EQ(upload_plan(good, ws, nullptr), cudaErrorInvalidValue);
+  ws.capacity = good.num_chunks;
+  if (gpu) free_decode_workspace(ws);
+}
+
 TEST(CudaDecode, MiddleOnly) {
   if (!test::have_gpu()) GTEST_SKIP() << "no GPU";
   expect_ok({128, 128, 4, 2, 64, {{0, 3001, 0}, {0, 16, 0}, {0, 1, 0}}, 0, "int2 only"}, 3);

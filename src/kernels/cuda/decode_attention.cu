@@ -1683,8 +1683,20 @@ void free_decode_workspace(DecodeWorkspace& ws) {
 }
 
 cudaError_t upload_plan(const DecodePlan& plan, const DecodeWorkspace& ws, cudaStream_t stream) {
-  if (plan.num_chunks > ws.capacity || plan.batch > ws.max_batch || plan.batch >= (1 << 24))
+  if (plan.num_chunks < 0 || plan.num_chunks > ws.capacity || plan.batch < 0 || plan.batch > ws.max_batch ||
+      plan.batch >= (1 << 24))
     return cudaErrorInvalidValue;
+  // A plan not made by plan_decode (or edited) is checked before it is read.
+  if (plan.chunks.size() != 4 * size_t(plan.num_chunks) || plan.order.size() != size_t(plan.num_chunks) ||
+      plan.seq_chunk_ptr.size() != size_t(plan.batch) + 1)
+    return cudaErrorInvalidValue;
+  for (int i = 0; i < plan.num_chunks; ++i) {
+    const int32_t id = plan.order[i];
+    if (id < 0 || id >= plan.num_chunks) return cudaErrorInvalidValue;
+    const int32_t* c = &plan.chunks[4 * size_t(id)];
+    if (c[0] < 0 || c[0] >= plan.batch || c[1] < 0 || c[1] > 2 || c[2] < 0 || c[3] < c[2])
+      return cudaErrorInvalidValue;
+  }
   // The kernels read one int4 per CTA: the plan's chunks in launch order
   // (plan.order), each with its id (the row of its partial result).
   std::vector<int32_t> table(4 * size_t(plan.num_chunks));

@@ -130,7 +130,9 @@ void free_decode_workspace(DecodeWorkspace& ws);
 
 // Copies the plan's tables into the workspace (async on `stream`; the plan's
 // vectors must stay alive until the copy is done: the call synchronizes the
-// stream before returning to keep that simple).
+// stream before returning to keep that simple). A plan whose tables do not
+// fit the workspace or are inconsistent (sizes, chunk ids, regions) gives
+// cudaErrorInvalidValue before anything is copied.
 cudaError_t upload_plan(const DecodePlan& plan, const DecodeWorkspace& ws, cudaStream_t stream);
 
 // Checks shapes, capacity and dispatch support; returns "" when fine, else a
