@@ -155,8 +155,7 @@ void write_quant_tokens(const kv::PagedKvView& kv, int n, const int32_t* pages,
   detail::check_format(kv, "write_quant_tokens");
   detail::check_slots(kv, n, pages, slots, "write_quant_tokens");
   if (n == 0) return;
-  if (!kv.quant.k_codes || !kv.quant.v_codes || !kv.quant.k_params || !kv.quant.v_params)
-    throw Error("write_quant_tokens: quantized pool pointers are null");
+  detail::check_quant_pool(kv, "write_quant_tokens");
   if (kv.key_axis == kv::KeyAxis::kChannel)
     throw Error("write_quant_tokens: per-channel keys are quantized a page at a time (demote_page)");
   if (!k || !v) throw Error("write_quant_tokens: null k/v rows");
@@ -171,20 +170,8 @@ void write_quant_tokens(const kv::PagedKvView& kv, int n, const int32_t* pages,
 
 void demote_page(const kv::PagedKvView& kv, int32_t bf16_page, int32_t quant_page, ClipRatios clip,
                  int num_tokens) {
-  detail::check_format(kv, "demote_page");
-  if (num_tokens < 0) num_tokens = kv.page_size;
-  if (num_tokens > kv.page_size || bf16_page < 0 || quant_page < 0)
-    throw Error("demote_page: bad page ids or token count " + std::to_string(num_tokens));
-  if (!kv.bf16.k || !kv.bf16.v || !kv.quant.k_codes || !kv.quant.v_codes || !kv.quant.k_params ||
-      !kv.quant.v_params)
-    throw Error("demote_page: pool pointers are null");
+  num_tokens = detail::check_demote(kv, bf16_page, quant_page, clip.k, num_tokens, "demote_page");
   const bool kchan = kv.key_axis == kv::KeyAxis::kChannel;
-  if (kchan && num_tokens % kv::kKeySpan != 0)
-    throw Error("demote_page: per-channel keys need whole spans of " + std::to_string(kv::kKeySpan) +
-                " tokens, got " + std::to_string(num_tokens));
-  if (kchan && clip.k < 1.0f)
-    throw Error("demote_page: per-channel keys are not clipped (key clip ratio " + std::to_string(clip.k) +
-                " must be >= 1)");
   const int d = kv.head_dim;
   float row[256];
   if (kchan)

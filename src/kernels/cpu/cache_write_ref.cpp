@@ -59,15 +59,6 @@ void quantize_key_span(const kv::PagedKvView& kv, const uint16_t* bf16_rows /*[k
   }
 }
 
-void check_quant_pool(const kv::PagedKvView& kv, const char* who) {
-  if (!kv.quant.k_codes || !kv.quant.v_codes || !kv.quant.k_params || !kv.quant.v_params)
-    throw Error(std::string(who) + ": quantized pool pointers are null");
-}
-
-void check_bf16_pool(const kv::PagedKvView& kv, const char* who) {
-  if (!kv.bf16.k || !kv.bf16.v) throw Error(std::string(who) + ": BF16 pool pointers are null");
-}
-
 }  // namespace
 
 void rotate_rows_ref(const float* x, int64_t n, int d, const float* R, float* out) {
@@ -101,7 +92,7 @@ void write_bf16_tokens(const kv::PagedKvView& kv, int n, const int32_t* pages,
   detail::check_format(kv, "write_bf16_tokens");
   detail::check_slots(kv, n, pages, slots, "write_bf16_tokens");
   if (n == 0) return;
-  check_bf16_pool(kv, "write_bf16_tokens");
+  detail::check_bf16_pool(kv, "write_bf16_tokens");
   if (!k || !v) throw Error("write_bf16_tokens: null k/v rows");
   const int d = kv.head_dim;
   for (int t = 0; t < n; ++t)
@@ -120,7 +111,7 @@ void write_quant_tokens_ref(const kv::PagedKvView& kv, int n, const int32_t* pag
   detail::check_format(kv, "write_quant_tokens_ref");
   detail::check_slots(kv, n, pages, slots, "write_quant_tokens_ref");
   if (n == 0) return;
-  check_quant_pool(kv, "write_quant_tokens_ref");
+  detail::check_quant_pool(kv, "write_quant_tokens_ref");
   if (kv.key_axis == kv::KeyAxis::kChannel)
     throw Error("write_quant_tokens_ref: per-channel keys are quantized a page at a time (demote_page)");
   if (!k || !v) throw Error("write_quant_tokens_ref: null k/v rows");
@@ -135,19 +126,8 @@ void write_quant_tokens_ref(const kv::PagedKvView& kv, int n, const int32_t* pag
 
 void demote_page_ref(const kv::PagedKvView& kv, int32_t bf16_page, int32_t quant_page,
                      ClipRatios clip, int num_tokens) {
-  detail::check_format(kv, "demote_page_ref");
-  if (num_tokens < 0) num_tokens = kv.page_size;
-  if (num_tokens > kv.page_size || bf16_page < 0 || quant_page < 0)
-    throw Error("demote_page_ref: bad page ids or token count " + std::to_string(num_tokens));
-  check_bf16_pool(kv, "demote_page_ref");
-  check_quant_pool(kv, "demote_page_ref");
+  num_tokens = detail::check_demote(kv, bf16_page, quant_page, clip.k, num_tokens, "demote_page_ref");
   const bool kchan = kv.key_axis == kv::KeyAxis::kChannel;
-  if (kchan && num_tokens % kv::kKeySpan != 0)
-    throw Error("demote_page_ref: per-channel keys need whole spans of " + std::to_string(kv::kKeySpan) +
-                " tokens, got " + std::to_string(num_tokens));
-  if (kchan && clip.k < 1.0f)
-    throw Error("demote_page_ref: per-channel keys are not clipped (key clip ratio " + std::to_string(clip.k) +
-                " must be >= 1)");
   const int d = kv.head_dim;
   std::vector<float> row(d);
   if (kchan)

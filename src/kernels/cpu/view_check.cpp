@@ -65,6 +65,33 @@ void check_slots(const kv::PagedKvView& kv, int n, const int32_t* pages, const i
   }
 }
 
+void check_quant_pool(const kv::PagedKvView& kv, const char* who) {
+  if (!kv.quant.k_codes || !kv.quant.v_codes || !kv.quant.k_params || !kv.quant.v_params)
+    fail(who, "quantized pool pointers are null");
+}
+
+void check_bf16_pool(const kv::PagedKvView& kv, const char* who) {
+  if (!kv.bf16.k || !kv.bf16.v) fail(who, "BF16 pool pointers are null");
+}
+
+int check_demote(const kv::PagedKvView& kv, int32_t bf16_page, int32_t quant_page, float clip_k,
+                 int num_tokens, const char* who) {
+  check_format(kv, who);
+  if (num_tokens < 0) num_tokens = kv.page_size;
+  if (num_tokens > kv.page_size || bf16_page < 0 || quant_page < 0)
+    fail(who, "bad page ids or token count " + std::to_string(num_tokens));
+  check_bf16_pool(kv, who);
+  check_quant_pool(kv, who);
+  if (kv.key_axis == kv::KeyAxis::kChannel) {
+    if (num_tokens % kv::kKeySpan != 0)
+      fail(who, "per-channel keys need whole spans of " + std::to_string(kv::kKeySpan) + " tokens, got " +
+                    std::to_string(num_tokens));
+    if (clip_k < 1.0f)
+      fail(who, "per-channel keys are not clipped (key clip ratio " + std::to_string(clip_k) + " must be >= 1)");
+  }
+  return num_tokens;
+}
+
 void check_view(const kv::PagedKvView& kv, int num_q_heads, const char* who) {
   if (kv.batch < 0) fail(who, "negative batch");
   check_format(kv, who);

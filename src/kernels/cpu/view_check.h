@@ -19,6 +19,17 @@ void check_view(const kv::PagedKvView& kv, int num_q_heads, const char* who);
 // used by the write kernels, which do not read the region tables.
 void check_format(const kv::PagedKvView& kv, const char* who);
 
+// Non-null pool pointers (the quantized pool: codes and params of K and V).
+void check_quant_pool(const kv::PagedKvView& kv, const char* who);
+void check_bf16_pool(const kv::PagedKvView& kv, const char* who);
+
+// Arguments of a page demotion (the reference and the optimized kernel):
+// the format, both pools, page ids, num_tokens (< 0: the whole page) and,
+// for per-channel keys, whole key spans and no key clipping (clip_k >= 1).
+// Returns the number of tokens to demote.
+int check_demote(const kv::PagedKvView& kv, int32_t bf16_page, int32_t quant_page, float clip_k,
+                 int num_tokens, const char* who);
+
 // Page ids must be non-negative and slots inside [0, page_size).
 void check_slots(const kv::PagedKvView& kv, int n, const int32_t* pages, const int32_t* slots,
                  const char* who);
