@@ -196,6 +196,13 @@ TEST(DecodeAttentionRef, MatchesDenseSoftmaxOnDequantizedCache) {
 }
 
 // One sweep case: optimized (each ISA) vs reference.
+// Two sequences whose (sink, middle, recent) lengths are patterns a and b.
+void set_two_sequences(CacheSpec& s, const std::vector<int>& a, const std::vector<int>& b) {
+  s.sink = {a[0], b[0]};
+  s.mid = {a[1], b[1]};
+  s.recent = {a[2], b[2]};
+}
+
 void check_decode_case(const CacheSpec& s, int hq, std::mt19937& rng) {
   TestCache tc = make_cache(s, rng);
   const int B = tc.batch(), d = s.d;
@@ -264,11 +271,7 @@ TEST(DecodeAttention, MatchesReferenceAcrossShapesAndRegions) {
             s.page = page;
             s.hkv = (gqa == 8 || d == 256) ? 1 : 2;
             // Two sequences per case with different region patterns.
-            const auto& p0 = patterns[cases % patterns.size()];
-            const auto& p1 = patterns[(cases * 5 + 3) % patterns.size()];
-            s.sink = {p0[0], p1[0]};
-            s.mid = {p0[1], p1[1]};
-            s.recent = {p0[2], p1[2]};
+            set_two_sequences(s, patterns[cases % patterns.size()], patterns[(cases * 5 + 3) % patterns.size()]);
             check_decode_case(s, s.hkv * gqa, rng);
             if (HasFatalFailure()) return;
             ++cases;
@@ -422,11 +425,7 @@ TEST(DecodeAttention, PerChannelKeysMatchReferenceAcrossShapes) {
         s.page = page;
         s.key_channel = true;
         s.hkv = gqa >= 5 || d == 256 ? 1 : 2;
-        const auto& p0 = patterns[cases % patterns.size()];
-        const auto& p1 = patterns[(cases * 7 + 5) % patterns.size()];
-        s.sink = {p0[0], p1[0]};
-        s.mid = {p0[1], p1[1]};
-        s.recent = {p0[2], p1[2]};
+        set_two_sequences(s, patterns[cases % patterns.size()], patterns[(cases * 7 + 5) % patterns.size()]);
         check_decode_case(s, s.hkv * gqa, rng);
         if (HasFatalFailure()) return;
         ++cases;
