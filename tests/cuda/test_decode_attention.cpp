@@ -45,6 +45,18 @@ struct Result {
   double err_o, err_lse;
 };
 
+// Decode parameters over a test cache: q, o, lse device buffers.
+DecodeParams params_for(const HostCache& cache, const float* q, int hq, float sm_scale, float* o, float* lse) {
+  DecodeParams p;
+  p.kv = cache.dev_view;
+  p.q = q;
+  p.num_q_heads = hq;
+  p.sm_scale = sm_scale;
+  p.o = o;
+  p.lse = lse;
+  return p;
+}
+
 // calls > 1: the same plan and workspace for several calls in a row (as for
 // the layers of a step); the result is the worst call's.
 Result run_case(const Case& c, uint32_t seed, bool bf16_kernel = false, int variant = 0, int pdl = 1,
@@ -65,13 +77,7 @@ Result run_case(const Case& c, uint32_t seed, bool bf16_kernel = false, int vari
                                 c.hkv, num_sms(), c.tiles_per_chunk);
   DecodeWorkspace ws = alloc_decode_workspace(std::max(plan.num_chunks, 1), batch, hq, c.d);
   DeviceBuffer<float> d_q(q), d_o(q.size()), d_lse(lse_ref.size());
-  DecodeParams p;
-  p.kv = cache.dev_view;
-  p.q = d_q.ptr;
-  p.num_q_heads = hq;
-  p.sm_scale = sm_scale;
-  p.o = d_o.ptr;
-  p.lse = d_lse.ptr;
+  DecodeParams p = params_for(cache, d_q.ptr, hq, sm_scale, d_o.ptr, d_lse.ptr);
   p.variant = variant;
   p.pdl = pdl;
   EXPECT_EQ(check_decode(p, plan, ws), "");
@@ -365,13 +371,7 @@ TEST(CudaDecode, StepWriteSeesTheNewRows) {
     DeviceBuffer<float> d_q(q), d_k(k), d_v(v), d_o(q.size()), d_lse(lse_ref.size());
     DeviceBuffer<int32_t> d_pages(pages), d_slots(slots);
     d_o.poison();
-    DecodeParams p;
-    p.kv = cache.dev_view;
-    p.q = d_q.ptr;
-    p.num_q_heads = hq;
-    p.sm_scale = sm_scale;
-    p.o = d_o.ptr;
-    p.lse = d_lse.ptr;
+    DecodeParams p = params_for(cache, d_q.ptr, hq, sm_scale, d_o.ptr, d_lse.ptr);
     p.write = StepWrite{batch, d_pages.ptr, d_slots.ptr, d_k.ptr, d_v.ptr, {}};
     // And two page demotions in the same step (StepDemote): the sink pages
     // of sequences 0 and 1 (full, not written this step) into INT2 pages no
