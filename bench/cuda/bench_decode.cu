@@ -8,9 +8,11 @@
 // `page` steps) against the decode step.
 //
 //   bench_decode [--quick] [--csv FILE] [--iters N] [--only BATCH,CTX] [--pdl 0|1]
-//                [--ctas N] [--parts] [--trace]
+//                [--ctas N] [--skew S] [--int2] [--parts] [--trace] [--trace-dump FILE]
 // --parts times the call with plans that leave regions out; --trace (a build
-// with -DOSCAR_DECODE_TRACE) prints the CTA timeline of one call.
+// with -DOSCAR_DECODE_TRACE) prints the CTA timeline of one call; --trace-dump
+// also appends every CTA (batch,ctx,i,kind,head,position,sm,start,first
+// data,loop end of warps 0-3,end; us; merge: q head and sequence) to FILE.
 // Rows: int2 = the default INT2 kernel (int8-key loop, v10), bf16 = our BF16
 // baseline, int2v7 = the previous INT2 loop (fp16 tensor cores for K, v7) in
 // the same run.
@@ -144,7 +146,7 @@ unsigned grid_for(size_t n) { return static_cast<unsigned>(std::min<size_t>((n +
 struct BenchCache {
   bool int2;
   int batch, ctx;
-  std::vector<int32_t> h_len[3];
+  std::vector<int32_t> h_len[3], h_indptr[3];  // host copies of the region tables (the plan's input)
   int32_t *indptr[3] = {}, *indices[3] = {}, *len[3] = {};
   uint16_t *bk = nullptr, *bv = nullptr, *kp = nullptr, *vp = nullptr;
   uint8_t *kc = nullptr, *vc = nullptr;
@@ -156,7 +158,7 @@ struct BenchCache {
   BenchCache(bool int2_, int batch_, int ctx_, std::mt19937& rng) : int2(int2_), batch(batch_), ctx(ctx_) {
     const int lens[3] = {int2 ? std::min(ctx, kSink) : ctx, int2 ? std::max(ctx - kSink - kRecent, 0) : 0,
                          int2 ? std::min(std::max(ctx - kSink, 0), kRecent) : 0};
-    std::vector<int32_t> h_indptr[3], h_indices[3];
+    std::vector<int32_t> h_indices[3];
     int next[2] = {0, 0};
     for (int r = 0; r < 3; ++r) h_indptr[r].push_back(0);
     for (int b = 0; b < batch; ++b)
@@ -234,7 +236,9 @@ int main(int argc, char** argv) {
   int iters = 15;
   const char* csv_path = nullptr;
   int only_b = 0, only_ctx = 0, pdl = 1, ctas = 0;
-  bool parts = false, trace = false;
+  float skew = -1.0f;  // planner rank skew (< 0: the default)
+  bool parts = false, trace = false, int2_only = false;
+  const char* trace_dump = nullptr;  // --trace-dump FILE: CSV of every CTA (appended)
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--only") && i + 1 < argc) std::sscanf(argv[++i], "%d,%d", &only_b, &only_ctx);
     if (!std::strcmp(argv[i], "--quick")) quick = true;
@@ -242,11 +246,15 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--pdl") && i + 1 < argc) pdl = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--ctas") && i + 1 < argc) ctas = std::atoi(argv[++i]);  // planner CTAs per SM
+    else if (!std::strcmp(argv[i], "--skew") && i + 1 < argc) skew = std::atof(argv[++i]);  // planner rank skew
+    else if (!std::strcmp(argv[i], "--int2")) int2_only = true;  // the default INT2 kernel only
     else if (!std::strcmp(argv[i], "--parts")) parts = true;
     else if (!std::strcmp(argv[i], "--trace")) trace = true;  // needs -DOSCAR_DECODE_TRACE
+    else if (!std::strcmp(argv[i], "--trace-dump") && i + 1 < argc) trace = true, trace_dump = argv[++i];
   }
 #if !defined(OSCAR_DECODE_TRACE)
   if (trace) std::printf("--trace: this build lacks -DOSCAR_DECODE_TRACE; ignored\n");
+  if (trace_dump) std::printf("--trace-dump %s: not written\n", trace_dump);
 #endif
   cudaDeviceProp prop;
   OSCAR_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
@@ -308,14 +316,19 @@ int main(int argc, char** argv) {
       // and V), 1: BF16 baseline, 2: INT2 with the v7 loop (fp16 tensor cores
       // for K and V), 3: INT2 with the v10 loop (int8 for K only); docs/cuda-notes.md
       for (int kind = 0; kind < 4; ++kind) {
+        if (int2_only && kind != 0) continue;
         const bool int2 = kind != 1;
         const char* name = kind == 0 ? "int2" : kind == 1 ? "bf16" : kind == 2 ? "int2v7" : "int2v10";
         const double bf16_gb = double(batch) * ctx * kHkv * kD * 4 / 1e9;
         if (!int2 && bf16_gb > 60) continue;
         BenchCache cache(int2, batch, ctx, rng);
-        DecodePlan plan = plan_decode(batch, cache.h_len[0].data(), cache.h_len[1].data(),
-                                      cache.h_len[2].data(), kHkv, prop.multiProcessorCount, 0,
-                                      kind == 2 ? 4 : ctas);  // the v7 loop keeps 4 CTAs per SM
+        HostRegions hr;
+        for (int k = 0; k < 3; ++k) {
+          hr.len[k] = cache.h_len[k].data();
+          hr.indptr[k] = cache.h_indptr[k].data();
+        }
+        DecodePlan plan = plan_decode(batch, hr, kHkv, prop.multiProcessorCount, 0,
+                                      kind == 2 ? 4 : ctas, skew);  // the v7 loop keeps 4 CTAs per SM
         OSCAR_CUDA_CHECK(upload_plan(plan, ws, nullptr));
         DecodeParams p;
         p.kv = cache.view;
@@ -339,9 +352,10 @@ int main(int argc, char** argv) {
         if (trace && kind == 0) {
           // CTA timeline of one call (the 3rd of 3, L2 emptied before each).
           const int cap = 1 << 16;
-          unsigned long long* buf = dalloc<unsigned long long>(1 + 4 * size_t(cap));
+          constexpr int W = 10;  // words per CTA: id, start, first data, loop end of warps 0-3, end, SM, 0
+          unsigned long long* buf = dalloc<unsigned long long>(1 + W * size_t(cap));
           OSCAR_CUDA_CHECK(set_decode_trace(buf, cap));
-          std::vector<unsigned long long> h(1 + 4 * size_t(cap));
+          std::vector<unsigned long long> h(1 + W * size_t(cap));
           for (int rep = 0; rep < 3; ++rep) {
             timer.empty_l2(rep);
             OSCAR_CUDA_CHECK(cudaMemset(buf, 0, 8));
@@ -353,16 +367,33 @@ int main(int argc, char** argv) {
           cudaFree(buf);
           const size_t n = std::min<size_t>(h[0], cap);
           unsigned long long t0 = ~0ull;
-          for (size_t i = 0; i < n; ++i) t0 = std::min(t0, h[1 + 4 * i + 1]);
+          for (size_t i = 0; i < n; ++i) t0 = std::min(t0, h[1 + W * i + 1]);
           const char* kn[3] = {"middle", "window", "merge"};
+          if (trace_dump) {
+            // Every CTA of the traced call, times in us from the first start.
+            if (FILE* f = std::fopen(trace_dump, "a")) {
+              for (size_t i = 0; i < n; ++i) {
+                const unsigned long long* e = &h[1 + W * i];
+                std::fprintf(f, "%d,%d,%d,%s,%llu,%llu,%llu", batch, ctx, int(i), kn[std::min(2, int(e[0] >> 48))],
+                             (e[0] >> 24) & 0xffffff, e[0] & 0xffffff, e[8]);
+                for (int w = 1; w < 8; ++w) std::fprintf(f, ",%.3f", (double(e[w]) - double(t0)) * 1e-3);
+                std::fprintf(f, "\n");
+              }
+              std::fclose(f);
+            }
+          }
           for (int k = 0; k < 3; ++k) {
-            std::vector<double> st, en, du;
+            std::vector<double> st, en, du, ramp, first, loop, drain;
             for (size_t i = 0; i < n; ++i) {
-              const unsigned long long* e = &h[1 + 4 * i];
+              const unsigned long long* e = &h[1 + W * i];
               if (int(e[0] >> 48) != k) continue;
               st.push_back((e[1] - t0) * 1e-3);
-              en.push_back((e[2] - t0) * 1e-3);
-              du.push_back((e[2] - e[1]) * 1e-3);
+              en.push_back((e[7] - t0) * 1e-3);
+              du.push_back((e[7] - e[1]) * 1e-3);
+              first.push_back((e[2] - t0) * 1e-3);
+              ramp.push_back((e[2] - e[1]) * 1e-3);
+              loop.push_back((e[3] - t0) * 1e-3);
+              drain.push_back((e[7] - e[3]) * 1e-3);
             }
             if (st.empty()) continue;
             auto q = [](std::vector<double> v, double f) {
@@ -374,8 +405,8 @@ int main(int argc, char** argv) {
               // range of its middle CTAs' end times.
               std::vector<std::vector<double>> by_sm(1024);
               for (size_t i = 0; i < n; ++i) {
-                const unsigned long long* e = &h[1 + 4 * i];
-                if (int(e[0] >> 48) == 0 && e[3] < 1024) by_sm[e[3]].push_back((e[2] - t0) * 1e-3);
+                const unsigned long long* e = &h[1 + W * i];
+                if (int(e[0] >> 48) == 0 && e[8] < 1024) by_sm[e[8]].push_back((e[7] - t0) * 1e-3);
               }
               std::vector<double> means, ranges;
               for (auto& v : by_sm) {
@@ -396,6 +427,11 @@ int main(int argc, char** argv) {
             std::printf("trace  %5d %7d %-6s %4zu CTAs  start %5.1f %5.1f %5.1f  end %5.1f %5.1f %5.1f %5.1f  dur %5.1f %5.1f %5.1f us (min/med/max; end p90)\n",
                         batch, ctx, kn[k], st.size(), q(st, 0), q(st, 0.5), q(st, 1), q(en, 0), q(en, 0.5),
                         q(en, 0.9), q(en, 1), q(du, 0), q(du, 0.5), q(du, 1));
+            // Split kernels: start -> warp 0's first tiles in (ramp), warp 0
+            // out of its loop -> CTA end (drain). Merge: start -> its wait over.
+            std::printf("trace  %5d %7d %-6s first data at %5.1f %5.1f %5.1f (ramp %4.1f %4.1f %4.1f)  loop end %5.1f %5.1f %5.1f  drain %4.1f %4.1f %4.1f us (min/med/max)\n",
+                        batch, ctx, kn[k], q(first, 0), q(first, 0.5), q(first, 1), q(ramp, 0), q(ramp, 0.5),
+                        q(ramp, 1), q(loop, 0), q(loop, 0.5), q(loop, 1), q(drain, 0), q(drain, 0.5), q(drain, 1));
           }
         }
 #endif
@@ -408,8 +444,11 @@ int main(int argc, char** argv) {
           const struct { const char* name; bool s, m, r; } cfg[] = {
               {"middle+merge", false, true, false}, {"windows+merge", true, false, true}, {"merge only", false, false, false}};
           for (const auto& c : cfg) {
-            DecodePlan pp = plan_decode(batch, c.s ? L[0] : zero.data(), c.m ? L[1] : zero.data(),
-                                        c.r ? L[2] : zero.data(), kHkv, prop.multiProcessorCount, 0, ctas);
+            HostRegions pr = hr;
+            pr.len[0] = c.s ? L[0] : zero.data();
+            pr.len[1] = c.m ? L[1] : zero.data();
+            pr.len[2] = c.r ? L[2] : zero.data();
+            DecodePlan pp = plan_decode(batch, pr, kHkv, prop.multiProcessorCount, 0, ctas, skew);
             OSCAR_CUDA_CHECK(upload_plan(pp, ws, nullptr));
             const double t = timer.median_ms([&] { OSCAR_CUDA_CHECK(decode_attention(p, pp, ws, nullptr)); }, iters);
             std::printf("parts  %5d %7d %-14s %8.1f us (%d chunks)\n", batch, ctx, c.name, t * 1e3, pp.num_chunks);
@@ -477,9 +516,11 @@ int main(int argc, char** argv) {
     }
   // Host planning cost (per step, per plan; a plan serves all layers).
   {
-    std::vector<int32_t> s(64, kSink), m(64, 131072 - 320), r(64, kRecent);
+    std::vector<int32_t> s(64, kSink), m(64, 131072 - 320), r(64, kRecent), ptr(65);
+    for (int b = 0; b <= 64; ++b) ptr[b] = b * (131072 / kPage);  // offsets only: the plan reads no page id
+    const HostRegions hr{{s.data(), m.data(), r.data()}, {ptr.data(), ptr.data(), ptr.data()}};
     const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < 100; ++i) plan_decode(64, s.data(), m.data(), r.data(), kHkv, prop.multiProcessorCount);
+    for (int i = 0; i < 100; ++i) plan_decode(64, hr, kHkv, prop.multiProcessorCount);
     const auto t1 = std::chrono::steady_clock::now();
     std::printf("host plan_decode (batch 64, 128K): %.1f us\n",
                 std::chrono::duration<double, std::micro>(t1 - t0).count() / 100);

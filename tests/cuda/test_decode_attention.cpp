@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <string>
 
+#include "core/error.h"
 #include "cuda_test_util.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/cache_write.h"
@@ -45,6 +46,39 @@ struct Result {
   double err_o, err_lse;
 };
 
+// The plan's host inputs from a test cache (its host region tables).
+HostRegions regions_of(const HostCache& cache) {
+  HostRegions hr;
+  for (int k = 0; k < 3; ++k) {
+    hr.len[k] = cache.len[k].data();
+    hr.indptr[k] = cache.indptr[k].data();
+  }
+  return hr;
+}
+
+// Region lengths with page tables packed back to back (pages of 64 tokens),
+// for tests of the plan alone.
+struct PackedRegions {
+  std::vector<int32_t> len[3], indptr[3];
+  PackedRegions(const std::vector<int32_t>& s, const std::vector<int32_t>& m, const std::vector<int32_t>& r) {
+    len[0] = s;
+    len[1] = m;
+    len[2] = r;
+    for (int k = 0; k < 3; ++k) {
+      indptr[k].push_back(0);
+      for (int32_t n : len[k]) indptr[k].push_back(indptr[k].back() + (n + 63) / 64);
+    }
+  }
+  HostRegions get() const {
+    HostRegions hr;
+    for (int k = 0; k < 3; ++k) {
+      hr.len[k] = len[k].data();
+      hr.indptr[k] = indptr[k].data();
+    }
+    return hr;
+  }
+};
+
 // Decode parameters over a test cache: q, o, lse device buffers.
 DecodeParams params_for(const HostCache& cache, const float* q, int hq, float sm_scale, float* o, float* lse) {
   DecodeParams p;
@@ -73,8 +107,7 @@ Result run_case(const Case& c, uint32_t seed, bool bf16_kernel = false, int vari
   std::vector<float> o_ref(q.size()), lse_ref(size_t(batch) * hq);
   cpu::decode_attention_ref(cache.host_view, q.data(), hq, sm_scale, o_ref.data(), lse_ref.data());
 
-  DecodePlan plan = plan_decode(batch, cache.len[0].data(), cache.len[1].data(), cache.len[2].data(),
-                                c.hkv, num_sms(), c.tiles_per_chunk);
+  DecodePlan plan = plan_decode(batch, regions_of(cache), c.hkv, num_sms(), c.tiles_per_chunk);
   DecodeWorkspace ws = alloc_decode_workspace(std::max(plan.num_chunks, 1), batch, hq, c.d);
   DeviceBuffer<float> d_q(q), d_o(q.size()), d_lse(lse_ref.size());
   DecodeParams p = params_for(cache, d_q.ptr, hq, sm_scale, d_o.ptr, d_lse.ptr);
@@ -187,7 +220,8 @@ TEST(CudaDecode, RepeatedCallsOnePlan) {
 // copy); without one only the host checks run.
 TEST(CudaDecode, UploadPlanRejectsBadPlans) {
   std::vector<int32_t> s(2, 64), m(2, 5000), r(2, 256);
-  const DecodePlan good = plan_decode(2, s.data(), m.data(), r.data(), 8, 132, 0);
+  const PackedRegions packed(s, m, r);
+  const DecodePlan good = plan_decode(2, packed.get(), 8, 132, 0);
   ASSERT_GT(good.num_chunks, 2);
   const bool gpu = test::have_gpu();
   DecodeWorkspace ws;
@@ -211,7 +245,14 @@ TEST(CudaDecode, UploadPlanRejectsBadPlans) {
   EXPECT_EQ(bad([](DecodePlan& p) { p.chunks[3] = p.chunks[2] - 1; }), cudaErrorInvalidValue);
   EXPECT_EQ(bad([](DecodePlan& p) { p.chunks.resize(p.chunks.size() - 1); }), cudaErrorInvalidValue);
   EXPECT_EQ(bad([](DecodePlan& p) { p.seq_chunk_ptr.pop_back(); }), cudaErrorInvalidValue);
+  EXPECT_EQ(bad([](DecodePlan& p) { p.regions.pop_back(); }), cudaErrorInvalidValue);
+  EXPECT_EQ(bad([](DecodePlan& p) { p.regions[2] = -1; }), cudaErrorInvalidValue);   // page-table offset
+  EXPECT_EQ(bad([](DecodePlan& p) { p.regions[3] -= 17; }), cudaErrorInvalidValue);  // middle shorter than its chunks
   EXPECT_EQ(bad([&](DecodePlan& p) { p.batch = 3; }), cudaErrorInvalidValue);          // > max_batch
+  // A plan needs every region's lengths and page-table offsets.
+  HostRegions missing = packed.get();
+  missing.indptr[1] = nullptr;
+  EXPECT_THROW(plan_decode(2, missing, 8, 132, 0), Error);
   ws.capacity = good.num_chunks - 1;
   EXPECT_EQ(upload_plan(good, ws, nullptr), cudaErrorInvalidValue);
   ws.capacity = good.num_chunks;
@@ -269,7 +310,8 @@ TEST(CudaDecode, PlanSplitsRegionsEvenly) {
       m[b] = b % 5 == 0 ? 0 : int(rng() % 40000);
       r[b] = 256 + int(rng() % 64);
     }
-    const DecodePlan plan = plan_decode(batch, s.data(), m.data(), r.data(), 8, 132, 0);
+    const PackedRegions packed(s, m, r);
+    const DecodePlan plan = plan_decode(batch, packed.get(), 8, 132, 0);
     ASSERT_EQ(int(plan.seq_chunk_ptr.size()), batch + 1);
     // The launch order: every chunk once, the middle ones first, the window
     // ones longest first.
@@ -286,6 +328,13 @@ TEST(CudaDecode, PlanSplitsRegionsEvenly) {
       }
     }
     for (int c = 0; c < plan.num_chunks; ++c) EXPECT_EQ(seen[c], 1);
+    // Each sequence's page-table offset and length per region, as given.
+    ASSERT_EQ(plan.regions.size(), size_t(batch) * 6);
+    for (int b = 0; b < batch; ++b)
+      for (int k = 0; k < 3; ++k) {
+        EXPECT_EQ(plan.regions[6 * b + 2 * k], packed.indptr[k][b]);
+        EXPECT_EQ(plan.regions[6 * b + 2 * k + 1], packed.len[k][b]);
+      }
     for (int b = 0; b < batch; ++b) {
       int next[3] = {0, 0, 0};
       std::vector<int> mid_sizes;
@@ -315,13 +364,54 @@ TEST(CudaDecode, PlanSplitsRegionsEvenly) {
   for (int batch : {8, 32, 64})
     for (int ctx : {32768, 131072}) {
       std::vector<int32_t> s(batch, 64), m(batch, ctx - 320), r(batch, 256);
-      const DecodePlan plan = plan_decode(batch, s.data(), m.data(), r.data(), 8, 132, 0);
+      const PackedRegions packed(s, m, r);
+      const DecodePlan plan = plan_decode(batch, packed.get(), 8, 132, 0);
       const int ctas = plan.num_quant_chunks * 8;
       if (batch * 8 <= 528) {
         EXPECT_LE(ctas, 528) << batch << " x " << ctx;
         EXPECT_GE(ctas, 475) << batch << " x " << ctx;
       }
+      // Middle chunks launched chunk index first: position p holds chunk
+      // p / batch of sequence p % batch (equal sequences).
+      for (int p = 0; p < plan.num_quant_chunks; ++p) {
+        const int* ch = &plan.chunks[4 * plan.order[p]];
+        EXPECT_EQ(ch[0], p % batch) << batch << " x " << ctx << " position " << p;
+        EXPECT_EQ(plan.order[p] - plan.seq_chunk_ptr[ch[0]] - 1, p / batch) << "(after the one sink chunk)";
+      }
     }
+}
+
+// rank_skew > 0 (v26, off by default): within a sequence, middle chunks
+// launched in later dispatch rounds are no larger (beyond one 4-tile group of
+// rounding) than earlier ones, all but the last end on a 4-tile group, and the
+// sizes differ when the chunks span several rounds; the regions are still
+// covered exactly (checked with the same walk as above).
+TEST(CudaDecode, PlanRankSkew) {
+  for (int batch : {1, 8, 32}) {
+    std::vector<int32_t> s(batch, 64), m(batch, 32768 - 320), r(batch, 256);
+    const PackedRegions packed(s, m, r);
+    const DecodePlan flat = plan_decode(batch, packed.get(), 8, 132, 0, 0, 0.0f);
+    const DecodePlan plan = plan_decode(batch, packed.get(), 8, 132, 0, 0, 0.1f);
+    ASSERT_EQ(plan.num_quant_chunks, flat.num_quant_chunks);
+    for (int b = 0; b < batch; ++b) {
+      std::vector<int> sizes;
+      int next = 0;
+      for (int c = plan.seq_chunk_ptr[b]; c < plan.seq_chunk_ptr[b + 1]; ++c) {
+        const int* ch = &plan.chunks[4 * c];
+        if (ch[1] != 1) continue;
+        EXPECT_EQ(ch[2], next);
+        next = ch[3];
+        sizes.push_back(ch[3] - ch[2]);
+      }
+      EXPECT_EQ(next, (m[b] + 15) / 16);
+      const int n = int(sizes.size());
+      for (int i = 0; i + 1 < n; ++i) {
+        EXPECT_EQ(sizes[i] % 4, 0);
+        EXPECT_LE(sizes[i + 1], sizes[i] + 4) << "batch " << batch << " seq " << b << " chunk " << i;
+      }
+      if (n >= 8) EXPECT_LT(sizes[n - 2], sizes[0]) << "batch " << batch << ": no skew";
+    }
+  }
 }
 
 // The step as served: decode with this step's write and demotions in its
@@ -365,8 +455,7 @@ TEST(CudaDecode, StepWriteSeesTheNewRows) {
     std::vector<float> o_ref(q.size()), lse_ref(size_t(batch) * hq);
     cpu::decode_attention_ref(cache.host_view, q.data(), hq, sm_scale, o_ref.data(), lse_ref.data());
 
-    DecodePlan plan = plan_decode(batch, cache.len[0].data(), cache.len[1].data(), cache.len[2].data(), hkv,
-                                  num_sms(), 0);
+    DecodePlan plan = plan_decode(batch, regions_of(cache), hkv, num_sms(), 0);
     DecodeWorkspace ws = alloc_decode_workspace(std::max(plan.num_chunks, 1), batch, hq, d);
     DeviceBuffer<float> d_q(q), d_k(k), d_v(v), d_o(q.size()), d_lse(lse_ref.size());
     DeviceBuffer<int32_t> d_pages(pages), d_slots(slots);
@@ -412,8 +501,7 @@ TEST(CudaDecode, StepWriteSeesTheNewRows) {
 TEST(CudaDecode, RejectsUnsupportedShapes) {
   if (!test::have_gpu()) GTEST_SKIP() << "no GPU";
   HostCache cache({{16, 32, 16}}, 1, 128, 16, 128, 5);
-  const int32_t s = 16, m = 32, r = 16;
-  DecodePlan plan = plan_decode(1, &s, &m, &r, 1, 1, 0);
+  DecodePlan plan = plan_decode(1, regions_of(cache), 1, 1, 0);
   DecodeWorkspace ws = alloc_decode_workspace(plan.num_chunks, 1, 16, 128);
   DeviceBuffer<float> q(16 * 128), o(16 * 128);
   DecodeParams p;

@@ -58,6 +58,11 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr int kQuantTilesPerIter = 2;
 // A BF16 tile moves ~7x the bytes of an INT2 tile (16 vs 2.25 bits).
 constexpr int kBf16TileCost = 7;
+// Middle chunk weight lost per dispatch round (plan_decode, v26).
+#ifndef OSCAR_RANK_SKEW
+#define OSCAR_RANK_SKEW 0.0
+#endif
+constexpr double kRankSkew = OSCAR_RANK_SKEW;
 // Bytes of one INT2 tile image: K and V codes [16][D/4], K and V params [16][D/G][2] fp16.
 __host__ __device__ constexpr int quant_tile_bytes(int D, int G) { return 8 * D + 128 * (D / G); }
 
@@ -107,8 +112,11 @@ struct FastDiv {
 };
 
 // Build-time diagnostic (-DOSCAR_DECODE_TRACE, bench_decode --trace): every
-// CTA of the split and merge kernels records (kind, block, start, end, SM)
-// with %globaltimer into a device buffer set by set_decode_trace.
+// CTA of the split and merge kernels records (kind, block, start, first data,
+// loop end, end, SM) with %globaltimer into a device buffer set by
+// set_decode_trace. "First data": warp 0's first tiles have arrived (split
+// kernels) or the wait for the split kernels is over (merge); "loop end":
+// warp 0 has left its tile loop (split) or equals the end (merge).
 #if defined(OSCAR_DECODE_TRACE)
 __device__ unsigned long long* g_decode_trace = nullptr;
 __device__ int g_decode_trace_cap = 0;
@@ -117,23 +125,41 @@ __device__ __forceinline__ unsigned long long globaltimer_ns() {
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
 }
-__device__ __forceinline__ void trace_cta(int kind, unsigned long long t0) {
+constexpr int kTraceWords = 10;  // per CTA: id, start, first data, loop end of warps 0-3, end, SM, 0
+__device__ __forceinline__ void trace_cta(int kind, unsigned long long t0, unsigned long long t1,
+                                          unsigned long long t2) {
+  __shared__ unsigned long long s_loop[4];
+  const unsigned long long tw = t2 ? t2 : globaltimer_ns();
+  if ((threadIdx.x & 31) == 0 && threadIdx.x < 128) s_loop[threadIdx.x >> 5] = tw;
   __syncthreads();
   if (threadIdx.x != 0 || !g_decode_trace) return;
   const unsigned long long i = atomicAdd(g_decode_trace, 1ull);
   if (i >= static_cast<unsigned long long>(g_decode_trace_cap)) return;
   unsigned sm;
   asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-  unsigned long long* e = g_decode_trace + 1 + 4 * i;
-  e[0] = (static_cast<unsigned long long>(kind) << 48) | (static_cast<unsigned long long>(blockIdx.y) << 24) | blockIdx.x;
+  unsigned long long* e = g_decode_trace + 1 + kTraceWords * i;
+  const unsigned long long t3 = globaltimer_ns();
+  // Split kernels: head (grid x) and launch position (grid y); merge: q head and sequence.
+  const unsigned hi = kind == 2 ? blockIdx.y : blockIdx.x, lo = kind == 2 ? blockIdx.x : blockIdx.y;
+  e[0] = (static_cast<unsigned long long>(kind) << 48) | (static_cast<unsigned long long>(hi) << 24) | lo;
   e[1] = t0;
-  e[2] = globaltimer_ns();
-  e[3] = sm;
+  e[2] = t1 ? t1 : t3;
+  for (int w = 0; w < 4; ++w) e[3 + w] = w * 32 < blockDim.x ? s_loop[w] : t3;
+  e[7] = t3;
+  e[8] = sm;
+  e[9] = 0;
 }
-#define OSCAR_TRACE_BEGIN const unsigned long long trace_t0 = globaltimer_ns()
-#define OSCAR_TRACE_END(kind) trace_cta(kind, trace_t0)
+#define OSCAR_TRACE_BEGIN \
+  const unsigned long long trace_t0 = globaltimer_ns(); \
+  unsigned long long trace_t1 = 0, trace_t2 = 0
+#define OSCAR_TRACE_MARK(v) \
+  do {                      \
+    if (!v) v = globaltimer_ns(); \
+  } while (0)
+#define OSCAR_TRACE_END(kind) trace_cta(kind, trace_t0, trace_t1, trace_t2)
 #else
 #define OSCAR_TRACE_BEGIN
+#define OSCAR_TRACE_MARK(v)
 #define OSCAR_TRACE_END(kind)
 #endif
 
@@ -144,8 +170,9 @@ struct KernelArgs {
   int gqa;
   float sm_scale_log2;     // sm_scale * log2(e)
   FastDiv tiles_per_page;  // page_size / 16
-  const int4* chunks;      // [num_chunks] in launch order: {b | region << 24, t0, t1, chunk id}
-  int first;               // this launch's first entry (blockIdx.x counts from it)
+  const int4* chunks;      // [num_chunks][2] in launch order: {b | region << 24, t0, t1, chunk id},
+                           // {page-table offset, region length, 0, 0} (upload_plan)
+  int first;               // this launch's first entry (blockIdx.y counts from it)
   float* partial_o;        // [num_chunks][Hq][D]
   float* partial_lse;      // [num_chunks][Hq], log2 domain
   int step_write;          // the launch sequence writes new rows (DecodeParams::write)
@@ -1060,9 +1087,14 @@ __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? O
   // The next launch of the step (window chunks, then the merge) may start as
   // soon as every CTA of this one is running; it waits for us where it must.
   pdl_launch_dependents();
-  // One load gives the CTA its chunk (launch-ordered table, upload_plan).
-  const int4 c = a.chunks[a.first + blockIdx.x];
-  const int h = blockIdx.y;
+  // One 32-byte load gives the CTA its chunk and where its region's pages
+  // are (launch-ordered table, upload_plan): no dependent load of the
+  // region tables before the page ids (v25).
+  // Grid: x = KV head, y = launch position (the heads of a chunk are
+  // dispatched together; the planner's rounds count positions, v26).
+  const int4 c = a.chunks[2 * (a.first + blockIdx.y)];
+  const int4 c2 = a.chunks[2 * (a.first + blockIdx.y) + 1];
+  const int h = blockIdx.x;
   const int b = c.x & 0xffffff, region = c.x >> 24, t0 = c.y, t1 = c.z, chunk = c.w;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, r = lane & 3;
@@ -1078,18 +1110,19 @@ __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? O
   state_init(st);
 
   if constexpr (kQuant) {
-    const kv::RegionTable& R = kv.mid;
-    const int32_t* pages = R.indices + R.indptr[b];
-    const int len = R.len[b];
+    const int32_t* pages = kv.mid.indices + c2.x;
+    const int len = c2.y;
     [[maybe_unused]] QuantQuery<D, G> Q;
     [[maybe_unused]] Int8Query Q8;
-    if constexpr (kVariant >= 2) {
-      const int hb = g >> 1;  // the head whose B column this lane holds
-      load_int8_query(Q8, a.q + (int64_t(b) * a.num_q_heads + h * a.gqa + hb) * D, hb < a.gqa,
-                      a.sm_scale_log2, g, r);
-    } else {
-      load_quant_query(Q, qrow, head_ok, a.sm_scale_log2, g, r);
-    }
+    auto load_query = [&] {
+      if constexpr (kVariant >= 2) {
+        const int hb = g >> 1;  // the head whose B column this lane holds
+        load_int8_query(Q8, a.q + (int64_t(b) * a.num_q_heads + h * a.gqa + hb) * D, hb < a.gqa,
+                        a.sm_scale_log2, g, r);
+      } else {
+        load_quant_query(Q, qrow, head_ok, a.sm_scale_log2, g, r);
+      }
+    };
     constexpr int TPI = kVariant == 1 ? kQuantTilesPerIter : 4, kStep = kWarps * TPI;
     const FastDiv& tpp = a.tiles_per_page;
     // Warp w takes tile groups w, w + kWarps, ... of TPI consecutive tiles.
@@ -1102,6 +1135,7 @@ __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? O
     if constexpr (kVariant == 1) {
       // Pipeline: page ids two groups ahead, tile data one group ahead.
       QuantTile<D, G> nxt[TPI];
+      load_query();
 #pragma unroll
       for (int u = 0; u < TPI; ++u) {
         const int tu = min(t + u, tlast);
@@ -1149,6 +1183,9 @@ __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? O
       }
 #pragma unroll
       for (int u = 0; u < TPI; ++u) ref[u] = tile_ref<kVariant != 0>(pages, tpp, min(t + (S - 1) * kStep + u, tlast));
+      // The query's conversion after the first copies are issued: it runs
+      // while they are in flight instead of before them (v25).
+      load_query();
       for (int j = 0; j < ngroups; ++j, t += kStep) {
         // Refill the stage freed one step ago with group j+S-1 (its page ids
         // were fetched one step ago), then fetch group j+S's page ids.
@@ -1160,6 +1197,7 @@ __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? O
         for (int u = 0; u < TPI; ++u) ref[u] = tile_ref<kVariant != 0>(pages, tpp, min(t + S * kStep + u, tlast));
         cp_async_wait<S - 1>();
         __syncwarp();
+        OSCAR_TRACE_MARK(trace_t1);
         const uint8_t* img = ring + (j % kRingStages) * TPI * TB;
 #pragma unroll
         for (int u = 0; u < TPI; ++u) {
@@ -1191,10 +1229,10 @@ __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? O
       }
       cp_async_wait<0>();
     }
+    OSCAR_TRACE_MARK(trace_t2);
   } else {
-    const kv::RegionTable& R = region == 0 ? kv.sink : kv.recent;
-    const int32_t* pages = R.indices + R.indptr[b];
-    const int len = R.len[b];
+    const int32_t* pages = (region == 0 ? kv.sink : kv.recent).indices + c2.x;
+    const int len = c2.y;
     Bf16Query<D> Q;
     load_bf16_query(Q, qrow, head_ok, a.sm_scale_log2, g, r);
     // With a step write (the launch before this one, still running), the
@@ -1206,7 +1244,9 @@ __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? O
       if (t == wait_tile) pdl_wait();
       load_bf16_tile(T, kv, pages, a.tiles_per_page, len, h, t, g, r);
       compute_bf16_tile(st, T, Q, g);
+      OSCAR_TRACE_MARK(trace_t1);
     }
+    OSCAR_TRACE_MARK(trace_t2);
   }
 
   // s_o overlaps the other warps' rings: wait until every warp is done.
@@ -1335,6 +1375,7 @@ __global__ void __launch_bounds__(32 * kMergeWarps) merge_kernel(const int32_t* 
   const int b = blockIdx.x, hq = blockIdx.y, tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
   const int c0 = seq_chunk_ptr[b], c1 = seq_chunk_ptr[b + 1];  // uploaded before the step
   pdl_wait();
+  OSCAR_TRACE_MARK(trace_t1);
   float M = -INFINITY, L = 0.0f, acc[V];
 #pragma unroll
   for (int v = 0; v < V; ++v) acc[v] = 0.0f;
@@ -1530,7 +1571,7 @@ cudaError_t launch(const DecodeParams& p, const DecodePlan& plan, const DecodeWo
     if (nq > 0) {
       OSCAR_DISPATCH_GROUP(p.kv.group_size, D, G, {
         a.first = 0;
-        OSCAR_CUDA_RETURN_IF_ERROR((launch_quant<D, G>(dim3(nq, p.kv.num_kv_heads), a, p.variant, stream)));
+        OSCAR_CUDA_RETURN_IF_ERROR((launch_quant<D, G>(dim3(p.kv.num_kv_heads, nq), a, p.variant, stream)));
         launched = true;
       });
       if (!launched) return cudaErrorInvalidValue;
@@ -1555,7 +1596,7 @@ cudaError_t launch(const DecodeParams& p, const DecodePlan& plan, const DecodeWo
       // The window chunks do not read the middle's results: with PDL they
       // run in the middle launch's tail instead of after it.
       OSCAR_CUDA_RETURN_IF_ERROR((launch_split<D, 128, false, 0>(
-          dim3(nb, p.kv.num_kv_heads), pdl && (nq > 0 || a.step_write || p.demote.n > 0), stream, a)));
+          dim3(p.kv.num_kv_heads, nb), pdl && (nq > 0 || a.step_write || p.demote.n > 0), stream, a)));
     }
     OSCAR_CUDA_RETURN_IF_ERROR((launch_pdl(merge_kernel<D>, dim3(p.kv.batch, p.num_q_heads), dim3(32 * kMergeWarps), 0, pdl,
                                               stream, static_cast<const int32_t*>(ws.seq_chunk_ptr),
@@ -1572,11 +1613,23 @@ int ceil_div(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
 }  // namespace
 
 // ---------------------------------------------------------------------------
-DecodePlan plan_decode(int batch, const int32_t* sink_len, const int32_t* mid_len,
-                       const int32_t* recent_len, int num_kv_heads, int num_sms,
-                       int tiles_per_chunk, int ctas_per_sm) {
+DecodePlan plan_decode(int batch, const HostRegions& regions, int num_kv_heads, int num_sms,
+                       int tiles_per_chunk, int ctas_per_sm, float rank_skew) {
+  if (batch < 0) throw Error("plan_decode: batch < 0");
+  for (int k = 0; k < 3; ++k)
+    if (!regions.len[k] || !regions.indptr[k])
+      throw Error("plan_decode: HostRegions needs the lengths and indptr of all three regions");
+  const int32_t* sink_len = regions.len[0];
+  const int32_t* mid_len = regions.len[1];
+  const int32_t* recent_len = regions.len[2];
   DecodePlan plan;
   plan.batch = batch;
+  plan.regions.resize(size_t(batch) * 6);
+  for (int b = 0; b < batch; ++b)
+    for (int k = 0; k < 3; ++k) {
+      plan.regions[6 * size_t(b) + 2 * k] = regions.indptr[k][b];
+      plan.regions[6 * size_t(b) + 2 * k + 1] = regions.len[k][b];
+    }
   const int qmin = kWarps * 4;  // whole steps of either INT2 loop variant
   int64_t quant_tiles = 0, bf16_tiles = 0;
   for (int b = 0; b < batch; ++b) {
@@ -1611,29 +1664,104 @@ DecodePlan plan_decode(int batch, const int32_t* sink_len, const int32_t* mid_le
   // chunks of 908 tiles per sequence = 576 CTAs for 528 slots, a second wave
   // of 48), they are rounded down instead (8 chunks, 512 CTAs).
   bool mid_round_down = false;
-  if (tiles_per_chunk <= 0) {
-    int64_t ctas = 0;
-    for (int b = 0; b < batch; ++b) ctas += ceil_div(ceil_div(mid_len[b], kTileTokens), per_cta);
-    mid_round_down = ctas * std::max(num_kv_heads, 1) > target;
-  }
-  auto add = [&](int b, int region, int ntiles, int per) {
+  // Chunk size of a region of n tiles (equal chunks).
+  auto chunk_size = [&](int region, int ntiles, int per) {
     if (ntiles > 0 && tiles_per_chunk <= 0) {
       const int n = region == 1 && mid_round_down ? std::max<int>(1, static_cast<int>(ntiles / per_cta))
                                                   : ceil_div(ntiles, per);
       const int unit = region == 1 ? qmin : kWarps;
       per = ceil_div(ceil_div(ntiles, n), unit) * unit;
     }
+    return per;
+  };
+  // Middle chunks are launched chunk index first (every sequence's first
+  // chunk, then every sequence's second one, ...), and with the automatic
+  // split their sizes follow their dispatch round (v26): the block
+  // scheduler hands CTAs to the SMs round by round, and an SM's warp
+  // scheduler favours its older CTAs, so that, with equal chunks, the CTAs of
+  // the first round end first and those of the last round up to a third
+  // later (docs/cuda-logs/v26-rounds.md). A chunk at launch position `pos`
+  // covers CTAs pos * Hkv .. (grid x = KV head), round (pos * Hkv + Hkv / 2) /
+  // num_sms, and gets weight 1 - skew * round.
+  const int hkv = std::max(num_kv_heads, 1);
+  if (tiles_per_chunk <= 0) {
+    int64_t ctas = 0;
+    for (int b = 0; b < batch; ++b) ctas += ceil_div(ceil_div(mid_len[b], kTileTokens), per_cta);
+    mid_round_down = ctas * hkv > target;
+  }
+  std::vector<std::vector<int32_t>> mid_bounds(batch);  // per sequence: chunk boundaries in tiles
+  {
+    std::vector<int> count(batch, 0);
+    int max_count = 0;
+    for (int b = 0; b < batch; ++b) {
+      const int nt = ceil_div(mid_len[b], kTileTokens);
+      if (nt > 0) count[b] = ceil_div(nt, chunk_size(1, nt, plan.tiles_per_chunk_quant));
+      max_count = std::max(max_count, count[b]);
+    }
+    const double skew = tiles_per_chunk > 0 ? 0.0 : (rank_skew < 0.0f ? kRankSkew : double(rank_skew));
+    const int rounds = std::max(1, ctas_per_sm);
+    std::vector<std::vector<double>> weight(batch);
+    int pos = 0;
+    for (int k = 0; k < max_count; ++k)
+      for (int b = 0; b < batch; ++b) {
+        if (k >= count[b]) continue;
+        const int round = std::min<int>(rounds - 1, static_cast<int>((int64_t(pos) * hkv + hkv / 2) /
+                                                                      std::max(num_sms, 1)));
+        weight[b].push_back(std::max(0.25, 1.0 - skew * round));
+        ++pos;
+      }
+    for (int b = 0; b < batch; ++b) {
+      const int nt = ceil_div(mid_len[b], kTileTokens);
+      std::vector<int32_t>& t = mid_bounds[b];
+      t.push_back(0);
+      if (count[b] == 0) continue;
+      const int per = chunk_size(1, nt, plan.tiles_per_chunk_quant);
+      double wsum = 0.0;
+      for (double w : weight[b]) wsum += w;
+      // Boundaries at the weights' cumulative shares, in whole tile groups
+      // (4 tiles: the warps of a CTA then differ by at most one group), each
+      // chunk at least one step; skew 0 gives the equal split (per tiles
+      // each, the last one shorter).
+      constexpr int unit = 4;
+      double acc = 0.0;
+      for (int k = 0; k + 1 < count[b]; ++k) {
+        acc += weight[b][k];
+        int64_t e = skew == 0.0 ? int64_t(k + 1) * per
+                                : (static_cast<int64_t>(nt * acc / wsum + unit / 2) / unit) * unit;
+        const int64_t hi = nt - int64_t(count[b] - 1 - k);  // > t.back(): a tile left for each later chunk
+        e = std::clamp<int64_t>(e, std::min<int64_t>(hi, int64_t(t.back()) + std::min(per, qmin)), hi);
+        t.push_back(static_cast<int32_t>(e));
+      }
+      t.push_back(nt);
+    }
+  }
+  std::vector<std::vector<int32_t>> mid_ids(batch);
+  auto add = [&](int b, int region, int ntiles, int per) {
+    per = chunk_size(region, ntiles, per);
     for (int t = 0; t < ntiles; t += per) {
       const int id = static_cast<int>(plan.chunks.size() / 4);
       plan.chunks.insert(plan.chunks.end(), {b, region, t, std::min(ntiles, t + per)});
-      (region == 1 ? quant_ids : bf16_ids).push_back(id);
+      bf16_ids.push_back(id);
     }
   };
   for (int b = 0; b < batch; ++b) {
     add(b, 0, ceil_div(sink_len[b], kTileTokens), plan.tiles_per_chunk_bf16);
-    add(b, 1, ceil_div(mid_len[b], kTileTokens), plan.tiles_per_chunk_quant);
+    const std::vector<int32_t>& t = mid_bounds[b];
+    for (size_t k = 0; k + 1 < t.size(); ++k) {
+      mid_ids[b].push_back(static_cast<int32_t>(plan.chunks.size() / 4));
+      plan.chunks.insert(plan.chunks.end(), {b, 1, t[k], t[k + 1]});
+    }
     add(b, 2, ceil_div(recent_len[b], kTileTokens), plan.tiles_per_chunk_bf16);
     plan.seq_chunk_ptr.push_back(static_cast<int32_t>(plan.chunks.size() / 4));
+  }
+  for (size_t k = 0;; ++k) {
+    bool any = false;
+    for (int b = 0; b < batch; ++b)
+      if (k < mid_ids[b].size()) {
+        quant_ids.push_back(mid_ids[b][k]);
+        any = true;
+      }
+    if (!any) break;
   }
   plan.num_chunks = static_cast<int>(plan.chunks.size() / 4);
   plan.num_quant_chunks = static_cast<int>(quant_ids.size());
@@ -1658,7 +1786,7 @@ DecodeWorkspace alloc_decode_workspace(int capacity, int max_batch, int max_q_he
   ws.max_batch = max_batch;
   ws.max_q_heads = max_q_heads;
   ws.head_dim = head_dim;
-  OSCAR_CUDA_CHECK(cudaMalloc(&ws.chunks, sizeof(int32_t) * 4 * size_t(capacity)));
+  OSCAR_CUDA_CHECK(cudaMalloc(&ws.chunks, sizeof(int32_t) * 8 * size_t(capacity)));
   OSCAR_CUDA_CHECK(cudaMalloc(&ws.seq_chunk_ptr, sizeof(int32_t) * (size_t(max_batch) + 1)));
   OSCAR_CUDA_CHECK(
       cudaMalloc(&ws.partial_o, sizeof(float) * size_t(capacity) * max_q_heads * head_dim));
@@ -1688,25 +1816,33 @@ cudaError_t upload_plan(const DecodePlan& plan, const DecodeWorkspace& ws, cudaS
     return cudaErrorInvalidValue;
   // A plan not made by plan_decode (or edited) is checked before it is read.
   if (plan.chunks.size() != 4 * size_t(plan.num_chunks) || plan.order.size() != size_t(plan.num_chunks) ||
-      plan.seq_chunk_ptr.size() != size_t(plan.batch) + 1)
+      plan.seq_chunk_ptr.size() != size_t(plan.batch) + 1 || plan.regions.size() != 6 * size_t(plan.batch))
     return cudaErrorInvalidValue;
+  for (int i = 0; i < plan.batch * 3; ++i)
+    if (plan.regions[2 * size_t(i)] < 0 || plan.regions[2 * size_t(i) + 1] < 0) return cudaErrorInvalidValue;
   for (int i = 0; i < plan.num_chunks; ++i) {
     const int32_t id = plan.order[i];
     if (id < 0 || id >= plan.num_chunks) return cudaErrorInvalidValue;
     const int32_t* c = &plan.chunks[4 * size_t(id)];
     if (c[0] < 0 || c[0] >= plan.batch || c[1] < 0 || c[1] > 2 || c[2] < 0 || c[3] < c[2])
       return cudaErrorInvalidValue;
+    // Tiles within the region's length: the kernels trust t1 and the length.
+    if (c[3] > ceil_div(plan.regions[6 * size_t(c[0]) + 2 * c[1] + 1], kTileTokens)) return cudaErrorInvalidValue;
   }
-  // The kernels read one int4 per CTA: the plan's chunks in launch order
-  // (plan.order), each with its id (the row of its partial result).
-  std::vector<int32_t> table(4 * size_t(plan.num_chunks));
+  // The kernels read 32 bytes per CTA: the plan's chunks in launch order
+  // (plan.order), each with its id (the row of its partial result) and its
+  // region's page-table offset and length.
+  std::vector<int32_t> table(8 * size_t(plan.num_chunks), 0);
   for (int i = 0; i < plan.num_chunks; ++i) {
     const int id = plan.order[i];
     const int32_t* c = &plan.chunks[4 * size_t(id)];
-    table[4 * size_t(i)] = c[0] | (c[1] << 24);
-    table[4 * size_t(i) + 1] = c[2];
-    table[4 * size_t(i) + 2] = c[3];
-    table[4 * size_t(i) + 3] = id;
+    int32_t* e = &table[8 * size_t(i)];
+    e[0] = c[0] | (c[1] << 24);
+    e[1] = c[2];
+    e[2] = c[3];
+    e[3] = id;
+    e[4] = plan.regions[6 * size_t(c[0]) + 2 * c[1]];
+    e[5] = plan.regions[6 * size_t(c[0]) + 2 * c[1] + 1];
   }
   if (plan.num_chunks > 0)
     OSCAR_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(ws.chunks, table.data(), sizeof(int32_t) * table.size(),
@@ -1751,6 +1887,8 @@ std::string check_decode(const DecodeParams& p, const DecodePlan& plan, const De
   if (plan.num_chunks > plan.num_quant_chunks && (!kv.bf16.k || !kv.bf16.v))
     return who + "BF16 pages present but BF16 pool pointers are null";
   if (plan.batch != kv.batch) return who + "plan batch differs from view batch";
+  if (plan.num_quant_chunks > 65535 || plan.num_chunks - plan.num_quant_chunks > 65535)
+    return who + "plan has more than 65535 middle or window chunks (one grid dimension)";
   if (plan.num_chunks > ws.capacity)
     return who + "plan has " + std::to_string(plan.num_chunks) + " chunks, workspace holds " +
            std::to_string(ws.capacity);

@@ -5,7 +5,7 @@
 // decode_attention_ref. Design notes and measured numbers: docs/cuda.md.
 //
 // Usage per decode step (per layer the same plan can be reused):
-//   DecodePlan plan = plan_decode(host lengths, ...);      // host, cheap
+//   DecodePlan plan = plan_decode(batch, host region tables, ...); // host, cheap
 //   DecodeWorkspace ws = ...; (capacity >= plan.num_chunks) // device buffers
 //   upload_plan(plan, ws, stream);
 //   decode_attention(params, plan, ws, stream);            // returns cudaError_t
@@ -86,11 +86,25 @@ struct DecodeParams {
   StepDemote demote;         // optional: page demotions in the step's tail (see StepDemote)
 };
 
+// Host copies of what a plan needs from the view's region tables, per region
+// (0 sink, 1 middle, 2 recent): the lengths [batch] and the page-table
+// offsets (kv::RegionTable::indptr, [batch + 1]); the page ids themselves
+// stay on the device. An engine builds its page tables on the host, so it
+// has both; FlashInfer's plan takes its indptr from the host the same way.
+struct HostRegions {
+  const int32_t* len[3] = {nullptr, nullptr, nullptr};
+  const int32_t* indptr[3] = {nullptr, nullptr, nullptr};
+};
+
 // Host-side split-KV schedule. chunks[i] = {b, region, first tile, end tile}
 // with region 0 sink, 1 middle, 2 recent (tiles relative to the region),
 // ordered by sequence so that the partials of sequence b are contiguous.
 // `order` lists the chunk ids of the middle (quantized) chunks first, then the
 // BF16 ones: the two kinds run as two launches with separate register budgets.
+// `regions` keeps each sequence's page-table offset and length per region, so
+// that a CTA finds its pages with the one load of its chunk entry instead of
+// a chain of two (v25). The plan must describe the view it runs on: a plan
+// from other lengths or page tables reads the wrong pages.
 struct DecodePlan {
   int batch = 0;
   int num_chunks = 0;
@@ -100,16 +114,18 @@ struct DecodePlan {
   std::vector<int32_t> chunks;         // [num_chunks][4]
   std::vector<int32_t> order;          // [num_chunks]
   std::vector<int32_t> seq_chunk_ptr;  // [batch+1]: chunks of sequence b are [ptr[b], ptr[b+1])
+  std::vector<int32_t> regions;        // [batch][3][2]: {indptr[b], len[b]} of sink, middle, recent
 };
 
-// Builds the plan from HOST copies of the region lengths ([batch] each).
-// num_sms: the device's multiprocessor count. tiles_per_chunk > 0 forces a
-// chunk size (tests use it to exercise the merge); 0 picks one so that the
-// whole step makes about ctas_per_sm CTAs per SM (0: as many as the default
-// INT2 loop keeps resident, one wave).
-DecodePlan plan_decode(int batch, const int32_t* sink_len, const int32_t* mid_len,
-                       const int32_t* recent_len, int num_kv_heads, int num_sms,
-                       int tiles_per_chunk = 0, int ctas_per_sm = 0);
+// Builds the plan from HOST copies of the region tables (HostRegions; every
+// pointer non-null, else oscar::Error). num_sms: the device's multiprocessor
+// count. tiles_per_chunk > 0 forces a chunk size (tests use it to exercise
+// the merge); 0 picks one so that the whole step makes about ctas_per_sm CTAs
+// per SM (0: as many as the default INT2 loop keeps resident, one wave).
+// rank_skew: the middle chunks' weight lost per dispatch round (v26; < 0:
+// the built-in default; 0: equal chunks).
+DecodePlan plan_decode(int batch, const HostRegions& regions, int num_kv_heads, int num_sms,
+                       int tiles_per_chunk = 0, int ctas_per_sm = 0, float rank_skew = -1.0f);
 
 // Device buffers the decode kernels use; the caller owns them (kv/ or the
 // engine allocates once, sized for the largest plan).
@@ -118,7 +134,7 @@ struct DecodeWorkspace {
   int max_batch = 0;
   int max_q_heads = 0;
   int head_dim = 0;
-  int32_t* chunks = nullptr;         // [capacity][4]: the chunks in launch order (upload_plan)
+  int32_t* chunks = nullptr;         // [capacity][8]: the chunks in launch order (upload_plan)
   int32_t* seq_chunk_ptr = nullptr;  // [max_batch+1]
   float* partial_o = nullptr;        // [capacity][max_q_heads][head_dim]
   float* partial_lse = nullptr;      // [capacity][max_q_heads] (log2 domain)
@@ -133,6 +149,8 @@ void free_decode_workspace(DecodeWorkspace& ws);
 // stream before returning to keep that simple). A plan whose tables do not
 // fit the workspace or are inconsistent (sizes, chunk ids, regions) gives
 // cudaErrorInvalidValue before anything is copied.
+// Each entry: {b | region << 24, t0, t1, chunk id, page-table offset, region
+// length, 0, 0} (32 bytes, one sector).
 cudaError_t upload_plan(const DecodePlan& plan, const DecodeWorkspace& ws, cudaStream_t stream);
 
 // Checks shapes, capacity and dispatch support; returns "" when fine, else a
@@ -158,9 +176,11 @@ cudaError_t rotate_queries(const float* q, int n, int num_q_heads, int d, const 
 
 #if defined(OSCAR_DECODE_TRACE)
 // Diagnostic builds only (bench_decode --trace): buf[0] counts CTAs (zero it
-// before a call), then per CTA 4 words {kind << 48 | blockIdx.y << 24 |
-// blockIdx.x, start ns, end ns, SM id} (%globaltimer), kind 0 middle /
-// 1 window / 2 merge; capacity = entries.
+// before a call), then per CTA 10 words {kind << 48 | head << 24 | position
+// (split kernels: KV head, launch position; merge: q head, sequence), start,
+// first data, loop end of warps 0..3, end (ns,
+// %globaltimer), SM id, 0}, kind 0 middle / 1 window / 2 merge; capacity =
+// entries.
 cudaError_t set_decode_trace(unsigned long long* buf, int capacity);
 #endif
 

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Same-call A/B of the decode kernel on the GPU machine: the working tree (B)
+# against another checkout (A, default .ab: `git worktree add .ab <commit>`,
+# carried with the tree), both head_dim-128-only builds of bench_decode, the
+# shapes in SHAPES timed alternately REPS times, L2 emptied by a read. TRACE=1
+# adds a -DOSCAR_DECODE_TRACE build of B and its CTA timeline (--trace) on
+# TRACE_SHAPES. Logs in $OUT.
+#   bash scripts/gpu_ab.sh            (carry .deps and .ab)
+set -uo pipefail
+OUT=${OUT:-$PWD/out}
+A=${A:-.ab}
+SHAPES=${SHAPES-"1,131072 8,32768 8,65536 32,32768 64,65536"}
+REPS=${REPS:-2}
+mkdir -p "$OUT"
+export PATH=/usr/local/cuda/bin:$PATH
+[[ -e $A/.deps ]] || ln -sfn "$PWD/.deps" "$A/.deps"
+build() {  # src dir, build dir, extra CUDA flags
+  cmake -S "$1/tests/cuda/gpu_build" -B "$2" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_CUDA_FLAGS="-DOSCAR_CUDA_MIN_INSTANCES $3" > "$OUT/$(basename "$2").log" 2>&1 \
+    && ninja -C "$2" -j6 bench_decode >> "$OUT/$(basename "$2").log" 2>&1
+}
+t0=$(date +%s)
+build "$A" build-ab-a "" & pa=$!
+build . build-ab-b "" & pb=$!
+pt=""
+if [[ ${TRACE:-0} == 1 ]]; then build . build-ab-t "-DOSCAR_DECODE_TRACE" & pt=$!; fi
+wait $pa || { echo "A build failed"; tail -20 "$OUT/build-ab-a.log"; exit 1; }
+wait $pb || { echo "B build failed"; tail -20 "$OUT/build-ab-b.log"; exit 1; }
+[[ -n $pt ]] && { wait $pt || { echo "trace build failed"; tail -20 "$OUT/build-ab-t.log"; exit 1; }; }
+echo "builds: $(( $(date +%s) - t0 ))s"
+grep -hE "registers|spill" "$OUT"/build-ab-*.log | sort | uniq -c | sort -rn | head -6
+export OSCAR_BENCH_FLUSH=read
+for rep in $(seq "$REPS"); do
+  for ob in $SHAPES; do
+    for v in a b; do
+      printf "%s rep%s %-9s " "$v" "$rep" "$ob"
+      ./build-ab-$v/bench_decode --only "$ob" 2>&1 | grep -E "^int2 " | awk '{print $4" us"}'
+    done
+  done
+done | tee "$OUT/ab.log"
+if [[ -n $pt ]]; then
+  for ob in ${TRACE_SHAPES:-8,32768 32,32768}; do
+    ./build-ab-t/bench_decode --only "$ob" --trace-dump "$OUT/trace.csv" 2>&1 | grep -E "^trace"
+  done | tee "$OUT/trace.log"
+fi
