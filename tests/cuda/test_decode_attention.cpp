@@ -248,6 +248,15 @@ TEST(CudaDecode, UploadPlanRejectsBadPlans) {
   EXPECT_EQ(bad([](DecodePlan& p) { p.regions.pop_back(); }), cudaErrorInvalidValue);
   EXPECT_EQ(bad([](DecodePlan& p) { p.regions[2] = -1; }), cudaErrorInvalidValue);   // page-table offset
   EXPECT_EQ(bad([](DecodePlan& p) { p.regions[3] -= 17; }), cudaErrorInvalidValue);  // middle shorter than its chunks
+  // The fused window chunk of sequence 0 (the plan fuses: short windows).
+  ASSERT_TRUE(good.fused_windows);
+  const int w0 = good.seq_chunk_ptr[1] - 1;
+  ASSERT_EQ(good.chunks[4 * w0 + 1], 3);
+  EXPECT_EQ(bad([&](DecodePlan& p) { p.chunks[4 * w0 + 3] += 1; }), cudaErrorInvalidValue);  // a chunk of sequence 1
+  EXPECT_EQ(bad([&](DecodePlan& p) { p.chunks[4 * w0 + 2] = -1; }), cudaErrorInvalidValue);
+  EXPECT_EQ(bad([&](DecodePlan& p) { p.fused_windows = false; }), cudaErrorInvalidValue);
+  EXPECT_EQ(bad([&](DecodePlan& p) { ++p.num_quant_chunks; }), cudaErrorInvalidValue);  // a window chunk in the middle launch
+  EXPECT_EQ(bad([&](DecodePlan& p) { p.chunks[4 * w0 + 1] = 2; }), cudaErrorInvalidValue);  // recent: its tiles run past the window
   EXPECT_EQ(bad([&](DecodePlan& p) { p.batch = 3; }), cudaErrorInvalidValue);          // > max_batch
   // A plan needs every region's lengths and page-table offsets.
   HostRegions missing = packed.get();
@@ -301,18 +310,27 @@ TEST(CudaDecode, Bf16OnlyBaseline) {
 // chunks of its own sequence; the middle of a sequence in chunks of one size
 // (whole 16-tile steps) with a last chunk short by less than 16 tiles per
 // chunk (not a remainder of arbitrary size), so that a wave's CTAs end together.
+// Windows of at most 64 tiles: one fused window chunk per sequence (region 3)
+// after its middle chunks, naming exactly them; longer ones: sink and recent
+// chunks.
 TEST(CudaDecode, PlanSplitsRegionsEvenly) {
   std::mt19937 rng(11);
+  for (int recent : {256, 1100})
   for (int batch : {1, 8, 32, 64}) {
     std::vector<int32_t> s(batch), m(batch), r(batch);
     for (int b = 0; b < batch; ++b) {
       s[b] = std::min<int>(64, rng() % 100);
       m[b] = b % 5 == 0 ? 0 : int(rng() % 40000);
-      r[b] = 256 + int(rng() % 64);
+      r[b] = recent + int(rng() % 64);
     }
     const PackedRegions packed(s, m, r);
     const DecodePlan plan = plan_decode(batch, packed.get(), 8, 132, 0);
     ASSERT_EQ(int(plan.seq_chunk_ptr.size()), batch + 1);
+    EXPECT_EQ(plan.fused_windows, recent == 256);
+    auto window_tiles = [&](int id) {
+      const int* ch = &plan.chunks[4 * id];
+      return ch[1] == 3 ? (s[ch[0]] + 15) / 16 + (r[ch[0]] + 15) / 16 : ch[3] - ch[2];
+    };
     // The launch order: every chunk once, the middle ones first, the window
     // ones longest first.
     ASSERT_EQ(int(plan.order.size()), plan.num_chunks);
@@ -322,10 +340,7 @@ TEST(CudaDecode, PlanSplitsRegionsEvenly) {
       ASSERT_TRUE(id >= 0 && id < plan.num_chunks);
       ++seen[id];
       EXPECT_EQ(plan.chunks[4 * id + 1] == 1, i < plan.num_quant_chunks);
-      if (i > plan.num_quant_chunks) {
-        const int prev = plan.order[i - 1];
-        EXPECT_GE(plan.chunks[4 * prev + 3] - plan.chunks[4 * prev + 2], plan.chunks[4 * id + 3] - plan.chunks[4 * id + 2]);
-      }
+      if (i > plan.num_quant_chunks) EXPECT_GE(window_tiles(plan.order[i - 1]), window_tiles(id));
     }
     for (int c = 0; c < plan.num_chunks; ++c) EXPECT_EQ(seen[c], 1);
     // Each sequence's page-table offset and length per region, as given.
@@ -338,15 +353,27 @@ TEST(CudaDecode, PlanSplitsRegionsEvenly) {
     for (int b = 0; b < batch; ++b) {
       int next[3] = {0, 0, 0};
       std::vector<int> mid_sizes;
+      int fused = 0;
       for (int c = plan.seq_chunk_ptr[b]; c < plan.seq_chunk_ptr[b + 1]; ++c) {
         const int* ch = &plan.chunks[4 * c];
         ASSERT_EQ(ch[0], b);
         const int reg = ch[1];
+        if (reg == 3) {
+          // The last chunk of b; its range: all of b's middle chunks.
+          EXPECT_EQ(c, plan.seq_chunk_ptr[b + 1] - 1);
+          EXPECT_EQ(ch[2], plan.seq_chunk_ptr[b]);
+          EXPECT_EQ(ch[3], c);
+          next[0] = (s[b] + 15) / 16;
+          next[2] = (r[b] + 15) / 16;
+          ++fused;
+          continue;
+        }
         EXPECT_EQ(ch[2], next[reg]) << "batch " << batch << " seq " << b << " region " << reg;
         EXPECT_GT(ch[3], ch[2]);
         next[reg] = ch[3];
         if (reg == 1) mid_sizes.push_back(ch[3] - ch[2]);
       }
+      EXPECT_EQ(fused, plan.fused_windows ? 1 : 0);
       const int len[3] = {s[b], m[b], r[b]};
       for (int reg = 0; reg < 3; ++reg) EXPECT_EQ(next[reg], (len[reg] + 15) / 16);
       const int n = int(mid_sizes.size());
@@ -376,7 +403,7 @@ TEST(CudaDecode, PlanSplitsRegionsEvenly) {
       for (int p = 0; p < plan.num_quant_chunks; ++p) {
         const int* ch = &plan.chunks[4 * plan.order[p]];
         EXPECT_EQ(ch[0], p % batch) << batch << " x " << ctx << " position " << p;
-        EXPECT_EQ(plan.order[p] - plan.seq_chunk_ptr[ch[0]] - 1, p / batch) << "(after the one sink chunk)";
+        EXPECT_EQ(plan.order[p] - plan.seq_chunk_ptr[ch[0]], p / batch);
       }
     }
 }
@@ -398,7 +425,7 @@ TEST(CudaDecode, PlanRankSkew) {
       int next = 0;
       for (int c = plan.seq_chunk_ptr[b]; c < plan.seq_chunk_ptr[b + 1]; ++c) {
         const int* ch = &plan.chunks[4 * c];
-        if (ch[1] != 1) continue;
+        if (ch[1] != 1) continue;  // windows
         EXPECT_EQ(ch[2], next);
         next = ch[3];
         sizes.push_back(ch[3] - ch[2]);

@@ -63,6 +63,10 @@ constexpr int kBf16TileCost = 7;
 #define OSCAR_RANK_SKEW 0.0
 #endif
 constexpr double kRankSkew = OSCAR_RANK_SKEW;
+// Fused window + merge launch where the plan allows it (v27); 0 = never.
+#ifndef OSCAR_FUSE_WINDOWS
+#define OSCAR_FUSE_WINDOWS 1
+#endif
 // Bytes of one INT2 tile image: K and V codes [16][D/4], K and V params [16][D/G][2] fp16.
 __host__ __device__ constexpr int quant_tile_bytes(int D, int G) { return 8 * D + 128 * (D / G); }
 
@@ -176,7 +180,15 @@ struct KernelArgs {
   float* partial_o;        // [num_chunks][Hq][D]
   float* partial_lse;      // [num_chunks][Hq], log2 domain
   int step_write;          // the launch sequence writes new rows (DecodeParams::write)
+  // Fused window + merge launch (v27, plan.fused_windows): the final outputs.
+  float* o;                // [batch][Hq][D]
+  float* lse;              // [batch][Hq] natural log, or nullptr
 };
+
+// A fused window chunk merges at most this many middle chunks (one lane each).
+constexpr int kFuseMaxChunks = 32;
+// ... and covers at most this many window tiles per (sequence, KV head).
+constexpr int kFuseMaxWindowTiles = 64;
 
 // Per-warp online-softmax state for the lane's two head columns 2r, 2r+1.
 template <int D, int NG>
@@ -1065,16 +1077,93 @@ __device__ __forceinline__ void issue_tile_copies(uint8_t* dst, const kv::PagedK
 }
 
 
+// The fused window + merge epilogue (v27): warp w takes the q heads w,
+// w + kWarps, ... of KV head h; per head the window's state (the 4 warps'
+// states in shared memory) and the partials of middle chunks [c0, c1) (one
+// lane per chunk for the log-sum-exp, every lane D/4/32 float4 channel slots
+// of every chunk, all loads in flight at once) give the final output.
+template <int D>
+__device__ __forceinline__ void fused_merge(const KernelArgs& a, int b, int h, int c0, int c1,
+                                            const float (*s_o)[kMaxGqa][D], const float (*s_m)[kMaxGqa],
+                                            const float (*s_l)[kMaxGqa], int warp, int lane) {
+  constexpr int S = (D / 4 + 31) / 32;  // float4 slots per lane
+  constexpr int U = 8;                  // chunks whose outputs are loaded at once
+  const int nc = c1 - c0;               // <= kFuseMaxChunks (upload_plan)
+  pdl_wait();                           // the middle's partials (and a step write) are complete
+  for (int hd = warp; hd < a.gqa; hd += kWarps) {
+    const int hq = h * a.gqa + hd;
+    auto chunk_o = [&](int c, int slot) {
+      return c < nc && slot < D / 4
+                 ? *reinterpret_cast<const float4*>(a.partial_o + (int64_t(c0 + c) * a.num_q_heads + hq) * D + 4 * slot)
+                 : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    };
+    // Every load of the first U chunks in flight before any arithmetic: the
+    // log-sum-exps (one chunk per lane) and the outputs (the lane's slots).
+    float4 x0[S][U];
+#pragma unroll
+    for (int si = 0; si < S; ++si)
+#pragma unroll
+      for (int u = 0; u < U; ++u) x0[si][u] = chunk_o(u, lane + 32 * si);
+    const float lc = lane < nc ? a.partial_lse[int64_t(c0 + lane) * a.num_q_heads + hq] : -INFINITY;
+    // The window's state: its 4 warps combined.
+    float mw = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) mw = fmaxf(mw, s_m[w][hd]);
+    float sc[kWarps], lw = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      sc[w] = mw == -INFINITY ? 0.0f : exp2f(s_m[w][hd] - mw);
+      lw += sc[w] * s_l[w][hd];
+    }
+    float M = fmaxf(lw > 0.0f ? mw : -INFINITY, lc);
+#pragma unroll
+    for (int o = 16; o >= 1; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+    const float wc = M == -INFINITY ? 0.0f : exp2f(lc - M);  // lane c's chunk weight; -inf: 0
+    float L = wc;
+#pragma unroll
+    for (int o = 16; o >= 1; o >>= 1) L += __shfl_xor_sync(0xffffffffu, L, o);
+    const float fw = lw > 0.0f ? exp2f(mw - M) : 0.0f;
+    L += lw * fw;
+    const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+    auto add = [](float4& acc, float f, const float4& x) {
+      acc.x += f * x.x, acc.y += f * x.y, acc.z += f * x.z, acc.w += f * x.w;
+    };
+#pragma unroll
+    for (int si = 0; si < S; ++si) {
+      const int slot = lane + 32 * si;
+      float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (slot < D / 4)
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) add(acc, sc[w] * fw, *reinterpret_cast<const float4*>(&s_o[w][hd][4 * slot]));
+#pragma unroll
+      for (int u = 0; u < U; ++u) add(acc, __shfl_sync(0xffffffffu, wc, u), x0[si][u]);  // zeros past nc
+      for (int cb = U; cb < nc; cb += U) {
+        float4 x[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) x[u] = chunk_o(cb + u, slot);
+#pragma unroll
+        for (int u = 0; u < U; ++u) add(acc, __shfl_sync(0xffffffffu, wc, (cb + u) & 31), x[u]);
+      }
+      if (slot < D / 4)
+        *reinterpret_cast<float4*>(a.o + (int64_t(b) * a.num_q_heads + hq) * D + 4 * slot) =
+            make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
+    }
+    if (a.lse && lane == 0)
+      a.lse[int64_t(b) * a.num_q_heads + hq] = L > 0.0f ? (M + log2f(L)) * 0.6931471805599453f : -INFINITY;
+  }
+}
+
 // Resident CTAs per SM the int8-key loop is compiled for (register cap
 // 65536 / (128 threads * N)); a build-time knob for tuning.
 #ifndef OSCAR_INT8K_MIN_BLOCKS
 #define OSCAR_INT8K_MIN_BLOCKS 4  // 5 spills 88 bytes; with lazy fragment loads (v11) it fits but ran slower
 #endif
-template <int D, int G, bool kQuant, int kVariant = 0>
+template <int D, int G, bool kQuant, int kVariant = 0, bool kFused = false>
 __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? OSCAR_INT8K_MIN_BLOCKS
                                             : (D <= 128 && G == 128) ? 4
                                                                      : 1)
     decode_split_kernel(const KernelArgs a) {
+  static_assert(!kFused || !kQuant, "the fused window + merge kernel is a BF16 instance");
   constexpr int NG = kQuant ? D / G : 1;
   constexpr int kRingStages = ring_stages<kVariant>();
   // The warps' cp.async rings and, after the loop, the per-warp outputs.
@@ -1230,6 +1319,26 @@ __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? O
       cp_async_wait<0>();
     }
     OSCAR_TRACE_MARK(trace_t2);
+  } else if constexpr (kFused) {
+    // The whole window of (b, h): sink tiles then recent tiles in one index
+    // space (c2 = sink offset and length, recent offset and length); the
+    // merge with the middle's partials follows below.
+    const int32_t* psink = kv.sink.indices + c2.x;
+    const int32_t* prec = kv.recent.indices + c2.z;
+    const int ns = (c2.y + kTileTokens - 1) / kTileTokens, nt = ns + (c2.w + kTileTokens - 1) / kTileTokens;
+    Bf16Query<D> Q;
+    load_bf16_query(Q, qrow, head_ok, a.sm_scale_log2, g, r);
+    // The step's new row is the newest token: in the last window tile.
+    const int wait_tile = a.step_write ? nt - 1 : -1;
+    for (int u = warp; u < nt; u += kWarps) {
+      Bf16Tile<D> T;
+      if (u == wait_tile) pdl_wait();
+      const bool rec = u >= ns;
+      load_bf16_tile(T, kv, rec ? prec : psink, a.tiles_per_page, rec ? c2.w : c2.y, h, rec ? u - ns : u, g, r);
+      compute_bf16_tile(st, T, Q, g);
+      OSCAR_TRACE_MARK(trace_t1);
+    }
+    OSCAR_TRACE_MARK(trace_t2);
   } else {
     const int32_t* pages = (region == 0 ? kv.sink : kv.recent).indices + c2.x;
     const int len = c2.y;
@@ -1327,6 +1436,12 @@ __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? O
   }  // kVariant != 2
   __syncthreads();
 
+  if constexpr (kFused) {
+    // Middle chunks [t0, t1) of sequence b (ids; written by the launches
+    // before this one): wait for them, then merge them with this CTA's window.
+    fused_merge<D>(a, b, h, t0, t1, s_o, s_m, s_l, warp, lane);
+    OSCAR_TRACE_END(1);
+  } else {
   // --- merge the warps; write this chunk's partial (normalized o, log2 lse)
   for (int idx = threadIdx.x; idx < a.gqa * D; idx += kThreads) {
     const int hd = idx / D, ch = idx % D;
@@ -1352,6 +1467,7 @@ __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? O
   // launch.
   OSCAR_TRACE_END(kQuant ? 0 : 1);
   if constexpr (!kQuant) pdl_wait();
+  }  // !kFused
 }
 
 // Merges the chunks of each sequence: grid (batch, Hq), kMergeWarps warps.
@@ -1515,12 +1631,12 @@ bool group_supported(int d, int gs) {
 
 // A split kernel with its dynamic shared memory (above 48 KB its limit is
 // raised once per kernel instance, i.e. per template instance of this).
-template <int D, int G, bool kQuant, int kVariant>
+template <int D, int G, bool kQuant, int kVariant, bool kFused = false>
 cudaError_t launch_split(dim3 grid, bool pdl, cudaStream_t stream, const KernelArgs& a) {
   constexpr int smem = split_smem_bytes<D, G, kQuant, kVariant>();
   if constexpr (smem > 48 * 1024) {
     static const cudaError_t raised = [] {
-      auto* k = decode_split_kernel<D, G, kQuant, kVariant>;
+      auto* k = decode_split_kernel<D, G, kQuant, kVariant, kFused>;
       cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
       if (e == cudaSuccess)
         e = cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
@@ -1528,7 +1644,8 @@ cudaError_t launch_split(dim3 grid, bool pdl, cudaStream_t stream, const KernelA
     }();
     if (raised != cudaSuccess) return raised;
   }
-  return launch_pdl(decode_split_kernel<D, G, kQuant, kVariant>, grid, dim3(kThreads), smem, pdl, stream, a);
+  return launch_pdl(decode_split_kernel<D, G, kQuant, kVariant, kFused>, grid, dim3(kThreads), smem, pdl, stream,
+                    a);
 }
 
 template <int D, int G>
@@ -1564,6 +1681,8 @@ cudaError_t launch(const DecodeParams& p, const DecodePlan& plan, const DecodeWo
   a.partial_o = ws.partial_o;
   a.partial_lse = ws.partial_lse;
   a.step_write = p.write.n > 0;
+  a.o = p.o;
+  a.lse = p.lse;
   const int nq = plan.num_quant_chunks, nb = plan.num_chunks - plan.num_quant_chunks;
   bool launched = false;
   const bool pdl = p.pdl != 0;
@@ -1590,6 +1709,13 @@ cudaError_t launch(const DecodeParams& p, const DecodePlan& plan, const DecodeWo
       OSCAR_CUDA_RETURN_IF_ERROR(demote_pages_dependent(p.kv, p.demote.n, p.demote.bf16_pages, p.demote.quant_pages,
                                                         p.demote.clip, p.demote.num_tokens,
                                                         pdl && (nq > 0 || a.step_write), stream));
+    }
+    if (plan.fused_windows) {
+      // One CTA per (sequence, KV head): its window, then (after the
+      // launches before it) the merge with the middle's partials (v27).
+      a.first = nq;
+      return launch_split<D, 128, false, 0, true>(dim3(p.kv.num_kv_heads, nb),
+                                                  pdl && (nq > 0 || a.step_write || p.demote.n > 0), stream, a);
     }
     if (nb > 0) {
       a.first = nq;
@@ -1735,6 +1861,15 @@ DecodePlan plan_decode(int batch, const HostRegions& regions, int num_kv_heads, 
       t.push_back(nt);
     }
   }
+  // Fused windows (v27): when every sequence's window is short and its
+  // middle has few chunks, one CTA per (sequence, KV head) takes the whole
+  // window and then merges the middle's partials with it: no separate merge
+  // launch, and the merge does not wait for a window launch to complete.
+  bool fuse = OSCAR_FUSE_WINDOWS != 0 && tiles_per_chunk <= 0;
+  for (int b = 0; b < batch && fuse; ++b)
+    fuse = ceil_div(sink_len[b], kTileTokens) + ceil_div(recent_len[b], kTileTokens) <= kFuseMaxWindowTiles &&
+           mid_bounds[b].size() - 1 <= size_t(kFuseMaxChunks);
+  plan.fused_windows = fuse;
   std::vector<std::vector<int32_t>> mid_ids(batch);
   auto add = [&](int b, int region, int ntiles, int per) {
     per = chunk_size(region, ntiles, per);
@@ -1745,13 +1880,20 @@ DecodePlan plan_decode(int batch, const HostRegions& regions, int num_kv_heads, 
     }
   };
   for (int b = 0; b < batch; ++b) {
-    add(b, 0, ceil_div(sink_len[b], kTileTokens), plan.tiles_per_chunk_bf16);
+    if (!fuse) add(b, 0, ceil_div(sink_len[b], kTileTokens), plan.tiles_per_chunk_bf16);
     const std::vector<int32_t>& t = mid_bounds[b];
+    const int32_t first_mid = static_cast<int32_t>(plan.chunks.size() / 4);
     for (size_t k = 0; k + 1 < t.size(); ++k) {
       mid_ids[b].push_back(static_cast<int32_t>(plan.chunks.size() / 4));
       plan.chunks.insert(plan.chunks.end(), {b, 1, t[k], t[k + 1]});
     }
-    add(b, 2, ceil_div(recent_len[b], kTileTokens), plan.tiles_per_chunk_bf16);
+    if (fuse) {
+      // The window chunk of b: region 3, its "tiles" the ids of b's middle chunks.
+      bf16_ids.push_back(static_cast<int32_t>(plan.chunks.size() / 4));
+      plan.chunks.insert(plan.chunks.end(), {b, 3, first_mid, static_cast<int32_t>(plan.chunks.size() / 4)});
+    } else {
+      add(b, 2, ceil_div(recent_len[b], kTileTokens), plan.tiles_per_chunk_bf16);
+    }
     plan.seq_chunk_ptr.push_back(static_cast<int32_t>(plan.chunks.size() / 4));
   }
   for (size_t k = 0;; ++k) {
@@ -1769,10 +1911,12 @@ DecodePlan plan_decode(int batch, const HostRegions& regions, int num_kv_heads, 
   // within a few microseconds, and a short chunk started last ends sooner
   // than a long one would (each tile a warp takes is a chain of dependent
   // loads; v24).
-  std::stable_sort(bf16_ids.begin(), bf16_ids.end(), [&](int32_t x, int32_t y) {
-    return plan.chunks[4 * size_t(x) + 3] - plan.chunks[4 * size_t(x) + 2] >
-           plan.chunks[4 * size_t(y) + 3] - plan.chunks[4 * size_t(y) + 2];
-  });
+  auto window_tiles = [&](int32_t id) {
+    const int32_t* c = &plan.chunks[4 * size_t(id)];
+    return c[1] == 3 ? ceil_div(sink_len[c[0]], kTileTokens) + ceil_div(recent_len[c[0]], kTileTokens) : c[3] - c[2];
+  };
+  std::stable_sort(bf16_ids.begin(), bf16_ids.end(),
+                   [&](int32_t x, int32_t y) { return window_tiles(x) > window_tiles(y); });
   plan.order = quant_ids;
   plan.order.insert(plan.order.end(), bf16_ids.begin(), bf16_ids.end());
   return plan;
@@ -1824,8 +1968,19 @@ cudaError_t upload_plan(const DecodePlan& plan, const DecodeWorkspace& ws, cudaS
     const int32_t id = plan.order[i];
     if (id < 0 || id >= plan.num_chunks) return cudaErrorInvalidValue;
     const int32_t* c = &plan.chunks[4 * size_t(id)];
-    if (c[0] < 0 || c[0] >= plan.batch || c[1] < 0 || c[1] > 2 || c[2] < 0 || c[3] < c[2])
+    if (c[0] < 0 || c[0] >= plan.batch || c[1] < 0 || c[1] > 3 || c[2] < 0 || c[3] < c[2])
       return cudaErrorInvalidValue;
+    // Launch positions: the middle chunks first, then the window chunks
+    // (fused ones exactly when the plan fuses).
+    if ((c[1] == 1) != (i < plan.num_quant_chunks)) return cudaErrorInvalidValue;
+    if ((c[1] == 3) != (plan.fused_windows && i >= plan.num_quant_chunks)) return cudaErrorInvalidValue;
+    if (c[1] == 3) {
+      // A fused window chunk: [c[2], c[3]) are middle chunks of its sequence.
+      if (c[3] > plan.num_chunks || c[3] - c[2] > kFuseMaxChunks) return cudaErrorInvalidValue;
+      for (int k = c[2]; k < c[3]; ++k)
+        if (plan.chunks[4 * size_t(k)] != c[0] || plan.chunks[4 * size_t(k) + 1] != 1) return cudaErrorInvalidValue;
+      continue;
+    }
     // Tiles within the region's length: the kernels trust t1 and the length.
     if (c[3] > ceil_div(plan.regions[6 * size_t(c[0]) + 2 * c[1] + 1], kTileTokens)) return cudaErrorInvalidValue;
   }
@@ -1841,8 +1996,15 @@ cudaError_t upload_plan(const DecodePlan& plan, const DecodeWorkspace& ws, cudaS
     e[1] = c[2];
     e[2] = c[3];
     e[3] = id;
-    e[4] = plan.regions[6 * size_t(c[0]) + 2 * c[1]];
-    e[5] = plan.regions[6 * size_t(c[0]) + 2 * c[1] + 1];
+    if (c[1] == 3) {  // fused window: sink and recent (page-table offset, length)
+      for (int k = 0; k < 2; ++k) {
+        e[4 + 2 * k] = plan.regions[6 * size_t(c[0]) + 4 * k];
+        e[5 + 2 * k] = plan.regions[6 * size_t(c[0]) + 4 * k + 1];
+      }
+    } else {
+      e[4] = plan.regions[6 * size_t(c[0]) + 2 * c[1]];
+      e[5] = plan.regions[6 * size_t(c[0]) + 2 * c[1] + 1];
+    }
   }
   if (plan.num_chunks > 0)
     OSCAR_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(ws.chunks, table.data(), sizeof(int32_t) * table.size(),
@@ -1884,8 +2046,10 @@ std::string check_decode(const DecodeParams& p, const DecodePlan& plan, const De
       return who + "per-channel key params (kivi2's format) are not implemented on the GPU; "
                    "per-token keys only";
   }
-  if (plan.num_chunks > plan.num_quant_chunks && (!kv.bf16.k || !kv.bf16.v))
-    return who + "BF16 pages present but BF16 pool pointers are null";
+  bool bf16_tokens = false;
+  for (size_t b = 0; 6 * b + 5 < plan.regions.size(); ++b)
+    bf16_tokens = bf16_tokens || plan.regions[6 * b + 1] > 0 || plan.regions[6 * b + 5] > 0;
+  if (bf16_tokens && (!kv.bf16.k || !kv.bf16.v)) return who + "BF16 pages present but BF16 pool pointers are null";
   if (plan.batch != kv.batch) return who + "plan batch differs from view batch";
   if (plan.num_quant_chunks > 65535 || plan.num_chunks - plan.num_quant_chunks > 65535)
     return who + "plan has more than 65535 middle or window chunks (one grid dimension)";

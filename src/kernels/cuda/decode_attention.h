@@ -97,7 +97,8 @@ struct HostRegions {
 };
 
 // Host-side split-KV schedule. chunks[i] = {b, region, first tile, end tile}
-// with region 0 sink, 1 middle, 2 recent (tiles relative to the region),
+// with region 0 sink, 1 middle, 2 recent (tiles relative to the region) or
+// 3 (fused windows, below),
 // ordered by sequence so that the partials of sequence b are contiguous.
 // `order` lists the chunk ids of the middle (quantized) chunks first, then the
 // BF16 ones: the two kinds run as two launches with separate register budgets.
@@ -115,6 +116,12 @@ struct DecodePlan {
   std::vector<int32_t> order;          // [num_chunks]
   std::vector<int32_t> seq_chunk_ptr;  // [batch+1]: chunks of sequence b are [ptr[b], ptr[b+1])
   std::vector<int32_t> regions;        // [batch][3][2]: {indptr[b], len[b]} of sink, middle, recent
+  // Fused windows (v27): instead of sink and recent chunks, one chunk per
+  // sequence {b, 3, first, end} (after its middle chunks; first..end are the
+  // ids of its middle chunks) whose CTAs take the whole window and then
+  // merge: no merge launch. Chosen when every window has at most 64 tiles and
+  // every middle at most 32 chunks.
+  bool fused_windows = false;
 };
 
 // Builds the plan from HOST copies of the region tables (HostRegions; every
