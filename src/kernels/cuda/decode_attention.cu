@@ -63,10 +63,6 @@ constexpr int kBf16TileCost = 7;
 #define OSCAR_RANK_SKEW 0.0
 #endif
 constexpr double kRankSkew = OSCAR_RANK_SKEW;
-// Shared middle tails (v28): 1/N of every chunk; 0 = off.
-#ifndef OSCAR_TAIL_SHARE
-#define OSCAR_TAIL_SHARE 8
-#endif
 // Fused window + merge launch where the plan allows it (v27); 0 = never.
 #ifndef OSCAR_FUSE_WINDOWS
 #define OSCAR_FUSE_WINDOWS 1
@@ -184,7 +180,6 @@ struct KernelArgs {
   float* partial_o;        // [num_chunks][Hq][D]
   float* partial_lse;      // [num_chunks][Hq], log2 domain
   int step_write;          // the launch sequence writes new rows (DecodeParams::write)
-  int* tail_ctr;           // [batch][Hkv] shared-tail counters (v28), reset by the merge
   // Fused window + merge launch (v27, plan.fused_windows): the final outputs.
   float* o;                // [batch][Hq][D]
   float* lse;              // [batch][Hq] natural log, or nullptr
@@ -1095,7 +1090,6 @@ __device__ __forceinline__ void fused_merge(const KernelArgs& a, int b, int h, i
   constexpr int U = 8;                  // chunks whose outputs are loaded at once
   const int nc = c1 - c0;               // <= kFuseMaxChunks (upload_plan)
   pdl_wait();                           // the middle's partials (and a step write) are complete
-  if (threadIdx.x == 0) a.tail_ctr[b * a.kv.num_kv_heads + h] = 0;  // for the next call (v28)
   for (int hd = warp; hd < a.gqa; hd += kWarps) {
     const int hq = h * a.gqa + hd;
     auto chunk_o = [&](int c, int slot) {
@@ -1224,11 +1218,7 @@ __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? O
     // Tiles past t1 are loaded as fully masked tiles (valid <= 0) of the
     // chunk's last page, so the step's softmax needs no per-tile branch.
     int t = t0 + warp * TPI;
-    // The int8 K/V loop leaves the chunk's last tail_groups 4-tile groups to
-    // the shared tail (v28, after its own part); the other loops take all.
-    const int tail_groups = kVariant == 3 ? c2.w : 0;
-    const int tstat = max(t0, t1 - 4 * tail_groups);
-    const int tlast = tstat - 1;
+    const int tlast = t1 - 1;
     QuantTile<D, G> cur[TPI];
     int32_t pg[TPI];
     if constexpr (kVariant == 1) {
@@ -1261,7 +1251,7 @@ __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? O
     } else {
       constexpr int TB = quant_tile_bytes(D, G), RB = D / 4;
       uint8_t* ring = smem + warp * (kRingStages * TPI * TB);
-      const int ngroups = t < tstat ? (tstat - t + kStep - 1) / kStep : 0;
+      const int ngroups = t < t1 ? (t1 - t + kStep - 1) / kStep : 0;
       // The int8 loops keep the lane's copy pointers and each tile's slot in
       // registers; the fp16 loop (variant 0) has none to spare (it would
       // spill) and recomputes them per tile.
@@ -1327,59 +1317,6 @@ __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? O
         __syncwarp();  // every lane has read this stage before it is refilled
       }
       cp_async_wait<0>();
-      if constexpr (kVariant == 3) {
-        if (tail_groups > 0) {
-          // The shared tails of the pair's chunks (an equal split of c2.z
-          // tiles over nt tiles): group gi of the pair's counter is group
-          // gi % T of chunk gi / T's tail. One group per warp at a time, the
-          // next one taken and its copies issued before this one is computed.
-          const int per = c2.z, T = tail_groups, nt = (len + kTileTokens - 1) / kTileTokens;
-          const int total = (nt + per - 1) / per * T;
-          int* ctr = a.tail_ctr + b * kv.num_kv_heads + h;
-          auto take = [&](int& tg, int& tbeg, int& tend) {
-            int gi = 0;
-            if (lane == 0) gi = atomicAdd(ctr, 1);
-            gi = __shfl_sync(0xffffffffu, gi, 0);
-            if (gi >= total) return false;
-            tbeg = gi / T * per;  // the chunk's tiles: [tbeg, tend)
-            tend = min(tbeg + per, nt);
-            tg = tend - 4 * T + 4 * (gi % T);
-            return true;
-          };
-          auto issue = [&](int tg, int tend, int stage) {
-            TileRef rf[TPI];
-#pragma unroll
-            for (int u = 0; u < TPI; ++u) rf[u] = tile_ref<true>(pages, tpp, max(0, min(tg + u, tend - 1)));
-            issue_tile_copies<D, G, TPI, true>(ring + stage * TPI * TB, kv, L, rf, tpp, tg, tend - 1, h, lane);
-          };
-          int tg = 0, tbeg = 0, tend = 0, stage = 0;
-          bool have = take(tg, tbeg, tend);
-          if (have) issue(tg, tend, 0);
-          cp_async_commit();
-          while (have) {
-            int ng = 0, nbeg = 0, nend = 0;
-            const bool next = take(ng, nbeg, nend);
-            if (next) issue(ng, nend, stage ^ 1);
-            cp_async_commit();
-            cp_async_wait<1>();
-            __syncwarp();
-            const uint8_t* img = ring + stage * TPI * TB;
-#pragma unroll
-            for (int u = 0; u < TPI; ++u) {
-              const uint8_t* ti = img + u * TB;
-              load_quant_fragments<true>(cur[u], ti, ti + 16 * RB, reinterpret_cast<const uint32_t*>(ti + 32 * RB),
-                                         reinterpret_cast<const uint32_t*>(ti + 32 * RB + 64 * (D / G)), g, r);
-              // Tiles outside the chunk (a short last chunk's tail reaches
-              // into the one before it) are masked.
-              cur[u].valid = tg + u >= tbeg && tg + u < tend ? min(kTileTokens, len - (tg + u) * kTileTokens) : 0;
-            }
-            if (tg + TPI > tbeg) compute_int8kv_tiles<TPI, true>(st, cur, Q8, g);  // else all masked
-            __syncwarp();
-            have = next, tg = ng, tbeg = nbeg, tend = nend, stage ^= 1;
-          }
-          cp_async_wait<0>();
-        }
-      }
     }
     OSCAR_TRACE_MARK(trace_t2);
   } else if constexpr (kFused) {
@@ -1545,8 +1482,7 @@ template <int D>
 __global__ void __launch_bounds__(32 * kMergeWarps) merge_kernel(const int32_t* seq_chunk_ptr,
                                                                 const float* partial_o,
                                                                 const float* partial_lse,
-                                                                int num_q_heads, float* o, float* lse,
-                                                                int* tail_ctr, int gqa) {
+                                                                int num_q_heads, float* o, float* lse) {
   constexpr int V = D / 32, U = 4;
   __shared__ float s_m[kMergeWarps];
   __shared__ float s_l[kMergeWarps];
@@ -1555,7 +1491,6 @@ __global__ void __launch_bounds__(32 * kMergeWarps) merge_kernel(const int32_t* 
   const int b = blockIdx.x, hq = blockIdx.y, tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
   const int c0 = seq_chunk_ptr[b], c1 = seq_chunk_ptr[b + 1];  // uploaded before the step
   pdl_wait();
-  if (tid == 0 && hq % gqa == 0) tail_ctr[b * (num_q_heads / gqa) + hq / gqa] = 0;  // for the next call (v28)
   OSCAR_TRACE_MARK(trace_t1);
   float M = -INFINITY, L = 0.0f, acc[V];
 #pragma unroll
@@ -1748,7 +1683,6 @@ cudaError_t launch(const DecodeParams& p, const DecodePlan& plan, const DecodeWo
   a.step_write = p.write.n > 0;
   a.o = p.o;
   a.lse = p.lse;
-  a.tail_ctr = ws.tail_ctr;
   const int nq = plan.num_quant_chunks, nb = plan.num_chunks - plan.num_quant_chunks;
   bool launched = false;
   const bool pdl = p.pdl != 0;
@@ -1794,7 +1728,7 @@ cudaError_t launch(const DecodeParams& p, const DecodePlan& plan, const DecodeWo
                                               stream, static_cast<const int32_t*>(ws.seq_chunk_ptr),
                                               static_cast<const float*>(ws.partial_o),
                                               static_cast<const float*>(ws.partial_lse), p.num_q_heads,
-                                              p.o, p.lse, ws.tail_ctr, a.gqa)));
+                                              p.o, p.lse)));
     return cudaGetLastError();
   });
   return cudaErrorInvalidValue;
@@ -1876,7 +1810,6 @@ DecodePlan plan_decode(int batch, const HostRegions& regions, int num_kv_heads, 
   // covers CTAs pos * Hkv .. (grid x = KV head), round (pos * Hkv + Hkv / 2) /
   // num_sms, and gets weight 1 - skew * round.
   const int hkv = std::max(num_kv_heads, 1);
-  plan.mid_share.assign(2 * size_t(batch), 0);
   if (tiles_per_chunk <= 0) {
     int64_t ctas = 0;
     for (int b = 0; b < batch; ++b) ctas += ceil_div(ceil_div(mid_len[b], kTileTokens), per_cta);
@@ -1926,19 +1859,6 @@ DecodePlan plan_decode(int batch, const HostRegions& regions, int num_kv_heads, 
         t.push_back(static_cast<int32_t>(e));
       }
       t.push_back(nt);
-      // Shared tails (v28): the last 1/OSCAR_TAIL_SHARE of every chunk of an
-      // equal split, in 4-tile groups, is taken by whichever CTA of the
-      // (sequence, KV head) gets to it first (one counter per pair), so that
-      // CTAs on slower SMs hand part of their work to faster ones.
-      if (OSCAR_TAIL_SHARE > 0 && skew == 0.0 && tiles_per_chunk <= 0 && count[b] >= 2) {
-        // (A short last chunk may be all tail; groups reaching below a
-        // chunk's start are masked there.)
-        const int T = per / OSCAR_TAIL_SHARE / 4;
-        if (T > 0) {
-          plan.mid_share[2 * size_t(b)] = per;
-          plan.mid_share[2 * size_t(b) + 1] = T;
-        }
-      }
     }
   }
   // Fused windows (v27): when every sequence's window is short and its
@@ -2015,8 +1935,6 @@ DecodeWorkspace alloc_decode_workspace(int capacity, int max_batch, int max_q_he
   OSCAR_CUDA_CHECK(
       cudaMalloc(&ws.partial_o, sizeof(float) * size_t(capacity) * max_q_heads * head_dim));
   OSCAR_CUDA_CHECK(cudaMalloc(&ws.partial_lse, sizeof(float) * size_t(capacity) * max_q_heads));
-  OSCAR_CUDA_CHECK(cudaMalloc(&ws.tail_ctr, sizeof(int32_t) * size_t(max_batch) * max_q_heads));
-  OSCAR_CUDA_CHECK(cudaMemset(ws.tail_ctr, 0, sizeof(int32_t) * size_t(max_batch) * max_q_heads));
   return ws;
 }
 
@@ -2033,7 +1951,6 @@ void free_decode_workspace(DecodeWorkspace& ws) {
   cudaFree(ws.seq_chunk_ptr);
   cudaFree(ws.partial_o);
   cudaFree(ws.partial_lse);
-  cudaFree(ws.tail_ctr);
   ws = DecodeWorkspace{};
 }
 
@@ -2043,8 +1960,7 @@ cudaError_t upload_plan(const DecodePlan& plan, const DecodeWorkspace& ws, cudaS
     return cudaErrorInvalidValue;
   // A plan not made by plan_decode (or edited) is checked before it is read.
   if (plan.chunks.size() != 4 * size_t(plan.num_chunks) || plan.order.size() != size_t(plan.num_chunks) ||
-      plan.seq_chunk_ptr.size() != size_t(plan.batch) + 1 || plan.regions.size() != 6 * size_t(plan.batch) ||
-      plan.mid_share.size() != 2 * size_t(plan.batch))
+      plan.seq_chunk_ptr.size() != size_t(plan.batch) + 1 || plan.regions.size() != 6 * size_t(plan.batch))
     return cudaErrorInvalidValue;
   for (int i = 0; i < plan.batch * 3; ++i)
     if (plan.regions[2 * size_t(i)] < 0 || plan.regions[2 * size_t(i) + 1] < 0) return cudaErrorInvalidValue;
@@ -2066,16 +1982,7 @@ cudaError_t upload_plan(const DecodePlan& plan, const DecodeWorkspace& ws, cudaS
       continue;
     }
     // Tiles within the region's length: the kernels trust t1 and the length.
-    const int nt = ceil_div(plan.regions[6 * size_t(c[0]) + 2 * c[1] + 1], kTileTokens);
-    if (c[3] > nt) return cudaErrorInvalidValue;
-    if (c[1] == 1) {
-      // A shared tail: chunk k of an equal split of `per` tiles, T groups
-      // of 4 tiles at most a chunk.
-      const int per = plan.mid_share[2 * size_t(c[0])], T = plan.mid_share[2 * size_t(c[0]) + 1];
-      if (T < 0 || per < 0 || (T > 0 && (per == 0 || c[2] % per != 0 || c[3] != std::min(c[2] + per, nt) ||
-                                         4 * T > per)))
-        return cudaErrorInvalidValue;
-    }
+    if (c[3] > ceil_div(plan.regions[6 * size_t(c[0]) + 2 * c[1] + 1], kTileTokens)) return cudaErrorInvalidValue;
   }
   // The kernels read 32 bytes per CTA: the plan's chunks in launch order
   // (plan.order), each with its id (the row of its partial result) and its
@@ -2097,10 +2004,6 @@ cudaError_t upload_plan(const DecodePlan& plan, const DecodeWorkspace& ws, cudaS
     } else {
       e[4] = plan.regions[6 * size_t(c[0]) + 2 * c[1]];
       e[5] = plan.regions[6 * size_t(c[0]) + 2 * c[1] + 1];
-      if (c[1] == 1) {  // shared tail: the split's chunk size and tail groups per chunk
-        e[6] = plan.mid_share[2 * size_t(c[0])];
-        e[7] = plan.mid_share[2 * size_t(c[0]) + 1];
-      }
     }
   }
   if (plan.num_chunks > 0)

@@ -122,11 +122,6 @@ struct DecodePlan {
   // merge: no merge launch. Chosen when every window has at most 64 tiles and
   // every middle at most 32 chunks.
   bool fused_windows = false;
-  // Shared middle tails (v28): per sequence {chunk size in tiles, T}: the
-  // last T 4-tile groups of each of its middle chunks (an equal split) are
-  // taken by whichever CTA of the (sequence, KV head) reaches them first
-  // (DecodeWorkspace::tail_ctr); T = 0: none.
-  std::vector<int32_t> mid_share;      // [batch][2]
 };
 
 // Builds the plan from HOST copies of the region tables (HostRegions; every
@@ -150,8 +145,6 @@ struct DecodeWorkspace {
   int32_t* seq_chunk_ptr = nullptr;  // [max_batch+1]
   float* partial_o = nullptr;        // [capacity][max_q_heads][head_dim]
   float* partial_lse = nullptr;      // [capacity][max_q_heads] (log2 domain)
-  int32_t* tail_ctr = nullptr;       // [max_batch][max_q_heads]: shared-tail counters (zero
-                                     // between calls: the merge resets them)
 };
 
 // cudaMalloc/cudaFree helpers for a workspace (throw oscar::Error on failure).
