@@ -33,6 +33,7 @@ struct Case {
   std::vector<SeqLens> seqs;
   int tiles_per_chunk;  // 0 = planner's choice
   const char* name;
+  int fuse = -1;        // plan_decode's fuse_windows (1: the fused window + merge kernel wherever it can run)
 };
 
 int num_sms() {
@@ -44,6 +45,7 @@ int num_sms() {
 
 struct Result {
   double err_o, err_lse;
+  bool fused = false;  // the plan used the fused window + merge kernel
 };
 
 // The plan's host inputs from a test cache (its host region tables).
@@ -107,7 +109,7 @@ Result run_case(const Case& c, uint32_t seed, bool bf16_kernel = false, int vari
   std::vector<float> o_ref(q.size()), lse_ref(size_t(batch) * hq);
   cpu::decode_attention_ref(cache.host_view, q.data(), hq, sm_scale, o_ref.data(), lse_ref.data());
 
-  DecodePlan plan = plan_decode(batch, regions_of(cache), c.hkv, num_sms(), c.tiles_per_chunk);
+  DecodePlan plan = plan_decode(batch, regions_of(cache), c.hkv, num_sms(), c.tiles_per_chunk, 0, -1.0f, c.fuse);
   DecodeWorkspace ws = alloc_decode_workspace(std::max(plan.num_chunks, 1), batch, hq, c.d);
   DeviceBuffer<float> d_q(q), d_o(q.size()), d_lse(lse_ref.size());
   DecodeParams p = params_for(cache, d_q.ptr, hq, sm_scale, d_o.ptr, d_lse.ptr);
@@ -115,7 +117,7 @@ Result run_case(const Case& c, uint32_t seed, bool bf16_kernel = false, int vari
   p.pdl = pdl;
   EXPECT_EQ(check_decode(p, plan, ws), "");
   OSCAR_CUDA_CHECK(upload_plan(plan, ws, nullptr));
-  Result r{0.0, 0.0};
+  Result r{0.0, 0.0, plan.fused_windows};
   for (int call = 0; call < calls; ++call) {
     d_o.poison();
     d_lse.poison();
@@ -150,6 +152,7 @@ double tol_for(const Case& c) {
 void expect_ok(const Case& c, uint32_t seed, bool bf16_kernel = false, int variant = 0, int pdl = 1,
                int calls = 1) {
   const Result r = run_case(c, seed, bf16_kernel, variant, pdl, calls);
+  if (c.fuse > 0) EXPECT_TRUE(r.fused) << c.name << ": the plan does not fuse";
   EXPECT_LE(r.err_o, tol_for(c)) << c.name;  // NaN compares false -> fails
   EXPECT_LE(r.err_lse, 2e-2) << c.name;
 }
@@ -171,6 +174,39 @@ TEST(CudaDecode, MixedRegionsDefaultShape) {
   if (!test::have_gpu()) GTEST_SKIP() << "no GPU";
   for (uint32_t seed : {1u, 2u})
     expect_ok({128, 128, 4, 8, 64, mixed_seqs(64), 0, "qwen3-8b shape"}, seed);
+}
+
+// The fused window + merge kernel (v27) on the same shapes, forced where the
+// planner would not choose it: every head dim, GQA and loop variant, forced
+// chunking (many middle chunks to merge), plain launches, repeated calls.
+TEST(CudaDecode, FusedWindowsAndMerge) {
+  if (!test::have_gpu()) GTEST_SKIP() << "no GPU";
+  uint32_t seed = 900;
+  for (uint32_t s : {1u, 2u}) {
+    Case c{128, 128, 4, 8, 64, mixed_seqs(64), 0, "fused qwen3-8b shape"};
+    c.fuse = 1;
+    expect_ok(c, seed + s);
+  }
+  for (int variant : {1, 2, 3, 4}) {
+    Case c{128, 128, 4, 2, 16, mixed_seqs(16), 0, "fused, loop variant"};
+    c.fuse = 1;
+    expect_ok(c, ++seed, false, variant);
+  }
+  {
+    Case c{128, 128, 4, 2, 64, mixed_seqs(64), 8, "fused, 8-tile chunks"};  // middles of <= 32 chunks
+    c.fuse = 1;
+    c.seqs = {{64, 4000, 300}, {17, 0, 0}, {0, 0, 0}, {5, 33, 0}, {0, 2048, 1}};
+    expect_ok(c, ++seed);
+    expect_ok(c, ++seed, false, 0, /*pdl=*/0, /*calls=*/3);
+  }
+#if !defined(OSCAR_CUDA_MIN_INSTANCES)
+  for (int d : {64, 256})
+    for (int gqa : {1, 3, 8}) {
+      Case c{d, 64, gqa, 2, 16, {{64, 777, 130}, {16, 48, 0}, {5, 0, 0}}, 0, "fused, other head dims"};
+      c.fuse = 1;
+      expect_ok(c, ++seed);
+    }
+#endif
 }
 
 TEST(CudaDecode, PrefetchLoopVariant) {
@@ -219,7 +255,7 @@ TEST(CudaDecode, RepeatedCallsOnePlan) {
 // unedited plan must upload (so the refusals are the checks, not a failing
 // copy); without one only the host checks run.
 TEST(CudaDecode, UploadPlanRejectsBadPlans) {
-  std::vector<int32_t> s(2, 64), m(2, 5000), r(2, 256);
+  std::vector<int32_t> s(2, 64), m(2, 40000), r(2, 256);
   const PackedRegions packed(s, m, r);
   const DecodePlan good = plan_decode(2, packed.get(), 8, 132, 0);
   ASSERT_GT(good.num_chunks, 2);
@@ -326,7 +362,7 @@ TEST(CudaDecode, PlanSplitsRegionsEvenly) {
     const PackedRegions packed(s, m, r);
     const DecodePlan plan = plan_decode(batch, packed.get(), 8, 132, 0);
     ASSERT_EQ(int(plan.seq_chunk_ptr.size()), batch + 1);
-    EXPECT_EQ(plan.fused_windows, recent == 256);
+    if (recent != 256) EXPECT_FALSE(plan.fused_windows);  // windows over 64 tiles
     auto window_tiles = [&](int id) {
       const int* ch = &plan.chunks[4 * id];
       return ch[1] == 3 ? (s[ch[0]] + 15) / 16 + (r[ch[0]] + 15) / 16 : ch[3] - ch[2];
@@ -408,6 +444,27 @@ TEST(CudaDecode, PlanSplitsRegionsEvenly) {
     }
 }
 
+// Fused windows (v27) where a window's tiles, one after another per warp, do
+// not outlast the middle: 8 x 16K and up at these windows (20 tiles), not at
+// batch 1 (short chunks, or more than 32 of them), not for a sequence
+// without a middle, not with forced chunking.
+TEST(CudaDecode, PlanFusesShortWindows) {
+  auto fused = [](int batch, int ctx, int sink, int recent, int tiles_per_chunk = 0) {
+    std::vector<int32_t> s(batch, sink), m(batch, std::max(0, ctx - sink - recent)), r(batch, recent);
+    const PackedRegions packed(s, m, r);
+    return plan_decode(batch, packed.get(), 8, 132, tiles_per_chunk).fused_windows;
+  };
+  EXPECT_TRUE(fused(8, 32768, 64, 256));
+  EXPECT_TRUE(fused(8, 16384, 64, 256));
+  EXPECT_TRUE(fused(32, 4096, 64, 256));
+  EXPECT_TRUE(fused(64, 131072, 64, 256));
+  EXPECT_FALSE(fused(1, 4096, 64, 256));
+  EXPECT_FALSE(fused(1, 131072, 64, 256));  // 64 middle chunks
+  EXPECT_FALSE(fused(8, 32768, 64, 1024));  // 68 window tiles
+  EXPECT_FALSE(fused(8, 300, 64, 256));     // windows only
+  EXPECT_FALSE(fused(8, 32768, 64, 256, 16));
+}
+
 // rank_skew > 0 (v26, off by default): within a sequence, middle chunks
 // launched in later dispatch rounds are no larger (beyond one 4-tile group of
 // rounding) than earlier ones, all but the last end on a 4-tile group, and the
@@ -482,7 +539,10 @@ TEST(CudaDecode, StepWriteSeesTheNewRows) {
     std::vector<float> o_ref(q.size()), lse_ref(size_t(batch) * hq);
     cpu::decode_attention_ref(cache.host_view, q.data(), hq, sm_scale, o_ref.data(), lse_ref.data());
 
-    DecodePlan plan = plan_decode(batch, regions_of(cache), hkv, num_sms(), 0);
+    // Seeds 61 and 63: the planner's choice (separate window and merge
+    // launches here); 62: the fused window + merge kernel.
+    DecodePlan plan = plan_decode(batch, regions_of(cache), hkv, num_sms(), 0, 0, -1.0f, seed == 62 ? 1 : -1);
+    EXPECT_EQ(plan.fused_windows, seed == 62);
     DecodeWorkspace ws = alloc_decode_workspace(std::max(plan.num_chunks, 1), batch, hq, d);
     DeviceBuffer<float> d_q(q), d_k(k), d_v(v), d_o(q.size()), d_lse(lse_ref.size());
     DeviceBuffer<int32_t> d_pages(pages), d_slots(slots);

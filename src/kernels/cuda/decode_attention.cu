@@ -1740,7 +1740,7 @@ int ceil_div(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
 
 // ---------------------------------------------------------------------------
 DecodePlan plan_decode(int batch, const HostRegions& regions, int num_kv_heads, int num_sms,
-                       int tiles_per_chunk, int ctas_per_sm, float rank_skew) {
+                       int tiles_per_chunk, int ctas_per_sm, float rank_skew, int fuse_windows) {
   if (batch < 0) throw Error("plan_decode: batch < 0");
   for (int k = 0; k < 3; ++k)
     if (!regions.len[k] || !regions.indptr[k])
@@ -1865,10 +1865,22 @@ DecodePlan plan_decode(int batch, const HostRegions& regions, int num_kv_heads, 
   // middle has few chunks, one CTA per (sequence, KV head) takes the whole
   // window and then merges the middle's partials with it: no separate merge
   // launch, and the merge does not wait for a window launch to complete.
-  bool fuse = OSCAR_FUSE_WINDOWS != 0 && tiles_per_chunk <= 0;
-  for (int b = 0; b < batch && fuse; ++b)
-    fuse = ceil_div(sink_len[b], kTileTokens) + ceil_div(recent_len[b], kTileTokens) <= kFuseMaxWindowTiles &&
-           mid_bounds[b].size() - 1 <= size_t(kFuseMaxChunks);
+  // A fused CTA's warps take its window tiles one after another, each a
+  // chain of dependent loads that takes about as long as 4 pipelined middle
+  // tiles: fuse only where that chain is no longer than a middle chunk's
+  // share per warp (at 1 x 4K-16K it would be the call's longest path:
+  // 12.3 -> 15.8 us at 1 x 4K in v27's first table), and a window alone (no
+  // middle) only at one tile per warp.
+  // fuse_windows 1: wherever the fused kernel can (windows <= 64 tiles,
+  // middles <= 32 chunks); 0: never.
+  bool fuse = fuse_windows < 0 ? OSCAR_FUSE_WINDOWS != 0 && tiles_per_chunk <= 0 : fuse_windows > 0;
+  for (int b = 0; b < batch && fuse; ++b) {
+    const int nwin = ceil_div(sink_len[b], kTileTokens) + ceil_div(recent_len[b], kTileTokens);
+    const std::vector<int32_t>& t = mid_bounds[b];
+    const int first_chunk = t.size() > 1 ? t[1] - t[0] : kWarps;
+    fuse = nwin <= kFuseMaxWindowTiles && t.size() - 1 <= size_t(kFuseMaxChunks) &&
+           (fuse_windows > 0 || (t.size() > 1 ? 4 * nwin <= first_chunk : nwin <= first_chunk));
+  }
   plan.fused_windows = fuse;
   std::vector<std::vector<int32_t>> mid_ids(batch);
   auto add = [&](int b, int region, int ntiles, int per) {

@@ -120,7 +120,8 @@ struct DecodePlan {
   // sequence {b, 3, first, end} (after its middle chunks; first..end are the
   // ids of its middle chunks) whose CTAs take the whole window and then
   // merge: no merge launch. Chosen when every window has at most 64 tiles and
-  // every middle at most 32 chunks.
+  // at most a quarter as many as its sequence's first middle chunk (4 tiles
+  // without a middle), and every middle at most 32 chunks.
   bool fused_windows = false;
 };
 
@@ -130,9 +131,12 @@ struct DecodePlan {
 // the merge); 0 picks one so that the whole step makes about ctas_per_sm CTAs
 // per SM (0: as many as the default INT2 loop keeps resident, one wave).
 // rank_skew: the middle chunks' weight lost per dispatch round (v26; < 0:
-// the built-in default; 0: equal chunks).
+// the built-in default; 0: equal chunks). fuse_windows: -1 the planner's
+// choice (DecodePlan::fused_windows), 1 wherever the fused kernel can run
+// (tests), 0 never.
 DecodePlan plan_decode(int batch, const HostRegions& regions, int num_kv_heads, int num_sms,
-                       int tiles_per_chunk = 0, int ctas_per_sm = 0, float rank_skew = -1.0f);
+                       int tiles_per_chunk = 0, int ctas_per_sm = 0, float rank_skew = -1.0f,
+                       int fuse_windows = -1);
 
 // Device buffers the decode kernels use; the caller owns them (kv/ or the
 // engine allocates once, sized for the largest plan).
