@@ -1815,50 +1815,61 @@ DecodePlan plan_decode(int batch, const HostRegions& regions, int num_kv_heads, 
     for (int b = 0; b < batch; ++b) ctas += ceil_div(ceil_div(mid_len[b], kTileTokens), per_cta);
     mid_round_down = ctas * hkv > target;
   }
-  std::vector<std::vector<int32_t>> mid_bounds(batch);  // per sequence: chunk boundaries in tiles
+  // Middle chunk boundaries (tiles), flat: sequence b's are
+  // bounds[bptr[b] .. bptr[b + 1]) (count + 1 of them, none without a middle).
+  std::vector<int> count(batch, 0), bptr(size_t(batch) + 1, 0);
+  std::vector<int32_t> bounds;
   {
-    std::vector<int> count(batch, 0);
     int max_count = 0;
     for (int b = 0; b < batch; ++b) {
       const int nt = ceil_div(mid_len[b], kTileTokens);
       if (nt > 0) count[b] = ceil_div(nt, chunk_size(1, nt, plan.tiles_per_chunk_quant));
       max_count = std::max(max_count, count[b]);
+      bptr[b + 1] = bptr[b] + (count[b] > 0 ? count[b] + 1 : 0);
     }
+    bounds.resize(size_t(bptr[batch]));
     const double skew = tiles_per_chunk > 0 ? 0.0 : (rank_skew < 0.0f ? kRankSkew : double(rank_skew));
-    const int rounds = std::max(1, ctas_per_sm);
-    std::vector<std::vector<double>> weight(batch);
-    int pos = 0;
-    for (int k = 0; k < max_count; ++k)
-      for (int b = 0; b < batch; ++b) {
-        if (k >= count[b]) continue;
-        const int round = std::min<int>(rounds - 1, static_cast<int>((int64_t(pos) * hkv + hkv / 2) /
-                                                                      std::max(num_sms, 1)));
-        weight[b].push_back(std::max(0.25, 1.0 - skew * round));
-        ++pos;
-      }
+    // Weights by dispatch round (only with a skew), in bounds' layout.
+    std::vector<double> weight;
+    if (skew != 0.0) {
+      weight.assign(bounds.size(), 1.0);
+      const int rounds = std::max(1, ctas_per_sm);
+      int pos = 0;
+      for (int k = 0; k < max_count; ++k)
+        for (int b = 0; b < batch; ++b) {
+          if (k >= count[b]) continue;
+          const int round = std::min<int>(rounds - 1, static_cast<int>((int64_t(pos) * hkv + hkv / 2) /
+                                                                        std::max(num_sms, 1)));
+          weight[size_t(bptr[b]) + k] = std::max(0.25, 1.0 - skew * round);
+          ++pos;
+        }
+    }
     for (int b = 0; b < batch; ++b) {
-      const int nt = ceil_div(mid_len[b], kTileTokens);
-      std::vector<int32_t>& t = mid_bounds[b];
-      t.push_back(0);
       if (count[b] == 0) continue;
+      const int nt = ceil_div(mid_len[b], kTileTokens);
+      int32_t* t = &bounds[size_t(bptr[b])];
+      const double* w = skew != 0.0 ? &weight[size_t(bptr[b])] : nullptr;
       const int per = chunk_size(1, nt, plan.tiles_per_chunk_quant);
       double wsum = 0.0;
-      for (double w : weight[b]) wsum += w;
+      for (int k = 0; w && k < count[b]; ++k) wsum += w[k];
       // Boundaries at the weights' cumulative shares, in whole tile groups
       // (4 tiles: the warps of a CTA then differ by at most one group), each
       // chunk at least one step; skew 0 gives the equal split (per tiles
       // each, the last one shorter).
       constexpr int unit = 4;
       double acc = 0.0;
+      t[0] = 0;
       for (int k = 0; k + 1 < count[b]; ++k) {
-        acc += weight[b][k];
-        int64_t e = skew == 0.0 ? int64_t(k + 1) * per
-                                : (static_cast<int64_t>(nt * acc / wsum + unit / 2) / unit) * unit;
-        const int64_t hi = nt - int64_t(count[b] - 1 - k);  // > t.back(): a tile left for each later chunk
-        e = std::clamp<int64_t>(e, std::min<int64_t>(hi, int64_t(t.back()) + std::min(per, qmin)), hi);
-        t.push_back(static_cast<int32_t>(e));
+        int64_t e = int64_t(k + 1) * per;
+        if (w) {
+          acc += w[k];
+          e = (static_cast<int64_t>(nt * acc / wsum + unit / 2) / unit) * unit;
+        }
+        const int64_t hi = nt - int64_t(count[b] - 1 - k);  // > t[k]: a tile left for each later chunk
+        e = std::clamp<int64_t>(e, std::min<int64_t>(hi, int64_t(t[k]) + std::min(per, qmin)), hi);
+        t[k + 1] = static_cast<int32_t>(e);
       }
-      t.push_back(nt);
+      t[count[b]] = nt;
     }
   }
   // Fused windows (v27): when every sequence's window is short and its
@@ -1876,13 +1887,13 @@ DecodePlan plan_decode(int batch, const HostRegions& regions, int num_kv_heads, 
   bool fuse = fuse_windows < 0 ? OSCAR_FUSE_WINDOWS != 0 && tiles_per_chunk <= 0 : fuse_windows > 0;
   for (int b = 0; b < batch && fuse; ++b) {
     const int nwin = ceil_div(sink_len[b], kTileTokens) + ceil_div(recent_len[b], kTileTokens);
-    const std::vector<int32_t>& t = mid_bounds[b];
-    const int first_chunk = t.size() > 1 ? t[1] - t[0] : kWarps;
-    fuse = nwin <= kFuseMaxWindowTiles && t.size() - 1 <= size_t(kFuseMaxChunks) &&
-           (fuse_windows > 0 || (t.size() > 1 ? 4 * nwin <= first_chunk : nwin <= first_chunk));
+    const int first_chunk = count[b] > 0 ? bounds[size_t(bptr[b]) + 1] : kWarps;
+    fuse = nwin <= kFuseMaxWindowTiles && count[b] <= kFuseMaxChunks &&
+           (fuse_windows > 0 || (count[b] > 0 ? 4 * nwin <= first_chunk : nwin <= first_chunk));
   }
   plan.fused_windows = fuse;
-  std::vector<std::vector<int32_t>> mid_ids(batch);
+  std::vector<int32_t> first_mid(batch, 0);  // chunk id of sequence b's first middle chunk
+  plan.chunks.reserve(4 * (size_t(bptr[batch]) + 4 * size_t(batch)));
   auto add = [&](int b, int region, int ntiles, int per) {
     per = chunk_size(region, ntiles, per);
     for (int t = 0; t < ntiles; t += per) {
@@ -1893,26 +1904,24 @@ DecodePlan plan_decode(int batch, const HostRegions& regions, int num_kv_heads, 
   };
   for (int b = 0; b < batch; ++b) {
     if (!fuse) add(b, 0, ceil_div(sink_len[b], kTileTokens), plan.tiles_per_chunk_bf16);
-    const std::vector<int32_t>& t = mid_bounds[b];
-    const int32_t first_mid = static_cast<int32_t>(plan.chunks.size() / 4);
-    for (size_t k = 0; k + 1 < t.size(); ++k) {
-      mid_ids[b].push_back(static_cast<int32_t>(plan.chunks.size() / 4));
-      plan.chunks.insert(plan.chunks.end(), {b, 1, t[k], t[k + 1]});
-    }
+    first_mid[b] = static_cast<int32_t>(plan.chunks.size() / 4);
+    const int32_t* t = count[b] > 0 ? &bounds[size_t(bptr[b])] : nullptr;
+    for (int k = 0; k < count[b]; ++k) plan.chunks.insert(plan.chunks.end(), {b, 1, t[k], t[k + 1]});
     if (fuse) {
       // The window chunk of b: region 3, its "tiles" the ids of b's middle chunks.
       bf16_ids.push_back(static_cast<int32_t>(plan.chunks.size() / 4));
-      plan.chunks.insert(plan.chunks.end(), {b, 3, first_mid, static_cast<int32_t>(plan.chunks.size() / 4)});
+      plan.chunks.insert(plan.chunks.end(), {b, 3, first_mid[b], static_cast<int32_t>(plan.chunks.size() / 4)});
     } else {
       add(b, 2, ceil_div(recent_len[b], kTileTokens), plan.tiles_per_chunk_bf16);
     }
     plan.seq_chunk_ptr.push_back(static_cast<int32_t>(plan.chunks.size() / 4));
   }
-  for (size_t k = 0;; ++k) {
+  quant_ids.reserve(size_t(bptr[batch]));
+  for (int k = 0;; ++k) {
     bool any = false;
     for (int b = 0; b < batch; ++b)
-      if (k < mid_ids[b].size()) {
-        quant_ids.push_back(mid_ids[b][k]);
+      if (k < count[b]) {
+        quant_ids.push_back(first_mid[b] + k);
         any = true;
       }
     if (!any) break;
