@@ -175,7 +175,9 @@ struct KernelArgs {
   float sm_scale_log2;     // sm_scale * log2(e)
   FastDiv tiles_per_page;  // page_size / 16
   const int4* chunks;      // [num_chunks][2] in launch order: {b | region << 24, t0, t1, chunk id},
-                           // {page-table offset, region length, 0, 0} (upload_plan)
+                           // {page-table offset, region length, 0, 0} (upload_plan); fused window
+                           // chunks (region 3): t0..t1 = the middle chunk ids, then {sink offset,
+                           // sink length, recent offset, recent length}
   int first;               // this launch's first entry (blockIdx.y counts from it)
   float* partial_o;        // [num_chunks][Hq][D]
   float* partial_lse;      // [num_chunks][Hq], log2 domain

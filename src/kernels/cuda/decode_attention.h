@@ -161,7 +161,9 @@ void free_decode_workspace(DecodeWorkspace& ws);
 // fit the workspace or are inconsistent (sizes, chunk ids, regions) gives
 // cudaErrorInvalidValue before anything is copied.
 // Each entry: {b | region << 24, t0, t1, chunk id, page-table offset, region
-// length, 0, 0} (32 bytes, one sector).
+// length, 0, 0} (32 bytes, one sector); a fused window chunk: {b | 3 << 24,
+// first middle chunk id, end, chunk id, sink offset, sink length, recent
+// offset, recent length}.
 cudaError_t upload_plan(const DecodePlan& plan, const DecodeWorkspace& ws, cudaStream_t stream);
 
 // Checks shapes, capacity and dispatch support; returns "" when fine, else a
