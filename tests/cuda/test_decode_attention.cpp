@@ -351,6 +351,8 @@ TEST(CudaDecode, Bf16OnlyBaseline) {
 // chunks.
 TEST(CudaDecode, PlanSplitsRegionsEvenly) {
   std::mt19937 rng(11);
+  int fused_plans = 0;
+  for (int fuse : {-1, 1})  // the planner's choice; fused wherever the kernel can
   for (int recent : {256, 1100})
   for (int batch : {1, 8, 32, 64}) {
     std::vector<int32_t> s(batch), m(batch), r(batch);
@@ -360,9 +362,10 @@ TEST(CudaDecode, PlanSplitsRegionsEvenly) {
       r[b] = recent + int(rng() % 64);
     }
     const PackedRegions packed(s, m, r);
-    const DecodePlan plan = plan_decode(batch, packed.get(), 8, 132, 0);
+    const DecodePlan plan = plan_decode(batch, packed.get(), 8, 132, 0, 0, -1.0f, fuse);
     ASSERT_EQ(int(plan.seq_chunk_ptr.size()), batch + 1);
     if (recent != 256) EXPECT_FALSE(plan.fused_windows);  // windows over 64 tiles
+    fused_plans += plan.fused_windows;
     auto window_tiles = [&](int id) {
       const int* ch = &plan.chunks[4 * id];
       return ch[1] == 3 ? (s[ch[0]] + 15) / 16 + (r[ch[0]] + 15) / 16 : ch[3] - ch[2];
@@ -420,6 +423,7 @@ TEST(CudaDecode, PlanSplitsRegionsEvenly) {
       if (n > 1) EXPECT_GT(mid_sizes[n - 1], mid_sizes[0] - 16 * n) << "batch " << batch << " seq " << b;
     }
   }
+  EXPECT_GE(fused_plans, 3);  // the fused layout was walked above
   // Equal sequences: the middle fills one wave of 4 CTAs per SM (132 SMs,
   // 8 KV heads) without spilling into a second one, and at least 90% of it
   // (batch >= 8; at batch 1 x 32K chunks of one 16-tile step per warp are the
