@@ -48,15 +48,19 @@ struct Result {
   bool fused = false;  // the plan used the fused window + merge kernel
 };
 
-// The plan's host inputs from a test cache (its host region tables).
-HostRegions regions_of(const HostCache& cache) {
+// The plan's host inputs: per region (sink, middle, recent) the lengths and
+// the page-table offsets.
+HostRegions host_regions(const std::vector<int32_t> (&len)[3], const std::vector<int32_t> (&indptr)[3]) {
   HostRegions hr;
   for (int k = 0; k < 3; ++k) {
-    hr.len[k] = cache.len[k].data();
-    hr.indptr[k] = cache.indptr[k].data();
+    hr.len[k] = len[k].data();
+    hr.indptr[k] = indptr[k].data();
   }
   return hr;
 }
+
+// ... of a test cache (its host region tables).
+HostRegions regions_of(const HostCache& cache) { return host_regions(cache.len, cache.indptr); }
 
 // Region lengths with page tables packed back to back (pages of 64 tokens),
 // for tests of the plan alone.
@@ -71,14 +75,7 @@ struct PackedRegions {
       for (int32_t n : len[k]) indptr[k].push_back(indptr[k].back() + (n + 63) / 64);
     }
   }
-  HostRegions get() const {
-    HostRegions hr;
-    for (int k = 0; k < 3; ++k) {
-      hr.len[k] = len[k].data();
-      hr.indptr[k] = indptr[k].data();
-    }
-    return hr;
-  }
+  HostRegions get() const { return host_regions(len, indptr); }
 };
 
 // Decode parameters over a test cache: q, o, lse device buffers.

@@ -58,11 +58,6 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr int kQuantTilesPerIter = 2;
 // A BF16 tile moves ~7x the bytes of an INT2 tile (16 vs 2.25 bits).
 constexpr int kBf16TileCost = 7;
-// Middle chunk weight lost per dispatch round (plan_decode, v26).
-#ifndef OSCAR_RANK_SKEW
-#define OSCAR_RANK_SKEW 0.0
-#endif
-constexpr double kRankSkew = OSCAR_RANK_SKEW;
 // Fused window + merge launch where the plan allows it (v27); 0 = never.
 #ifndef OSCAR_FUSE_WINDOWS
 #define OSCAR_FUSE_WINDOWS 1
@@ -1830,7 +1825,8 @@ DecodePlan plan_decode(int batch, const HostRegions& regions, int num_kv_heads, 
       bptr[b + 1] = bptr[b] + (count[b] > 0 ? count[b] + 1 : 0);
     }
     bounds.resize(size_t(bptr[batch]));
-    const double skew = tiles_per_chunk > 0 ? 0.0 : (rank_skew < 0.0f ? kRankSkew : double(rank_skew));
+    // rank_skew < 0: the default, 0 (equal chunks; v26 measured skews slower at batch 1 and 8).
+    const double skew = tiles_per_chunk > 0 || rank_skew < 0.0f ? 0.0 : double(rank_skew);
     // Weights by dispatch round (only with a skew), in bounds' layout.
     std::vector<double> weight;
     if (skew != 0.0) {

@@ -131,7 +131,7 @@ struct DecodePlan {
 // the merge); 0 picks one so that the whole step makes about ctas_per_sm CTAs
 // per SM (0: as many as the default INT2 loop keeps resident, one wave).
 // rank_skew: the middle chunks' weight lost per dispatch round (v26; < 0:
-// the built-in default; 0: equal chunks). fuse_windows: -1 the planner's
+// the default, which is 0: equal chunks). fuse_windows: -1 the planner's
 // choice (DecodePlan::fused_windows), 1 wherever the fused kernel can run
 // (tests), 0 never.
 DecodePlan plan_decode(int batch, const HostRegions& regions, int num_kv_heads, int num_sms,
