@@ -994,7 +994,10 @@ __device__ __forceinline__ void compute_bf16_tile(WarpState<D, NG>& st, const Bf
 // with int8 tensor cores for K (v10, head_dim 128, group 128, GQA <= 4);
 // 3 = the ring with int8 tensor cores for K and V (v13: the default where
 // it applies).
-constexpr int kRingTiles = 4;
+#ifndef OSCAR_RING_TILES
+#define OSCAR_RING_TILES 4
+#endif
+constexpr int kRingTiles = OSCAR_RING_TILES;
 // Stages of the per-warp ring (groups of kRingTiles tiles; stages - 1 groups
 // in flight while one is computed). The int8 K/V loop (variant 3) can take
 // OSCAR_INT8KV_STAGES (a build-time knob; 3 stages need 55 KB of dynamic
@@ -1209,7 +1212,7 @@ __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? O
         load_quant_query(Q, qrow, head_ok, a.sm_scale_log2, g, r);
       }
     };
-    constexpr int TPI = kVariant == 1 ? kQuantTilesPerIter : 4, kStep = kWarps * TPI;
+    constexpr int TPI = kVariant == 1 ? kQuantTilesPerIter : kRingTiles, kStep = kWarps * TPI;
     const FastDiv& tpp = a.tiles_per_page;
     // Warp w takes tile groups w, w + kWarps, ... of TPI consecutive tiles.
     // Tiles past t1 are loaded as fully masked tiles (valid <= 0) of the
