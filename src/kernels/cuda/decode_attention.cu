@@ -601,15 +601,6 @@ struct WarpState1 {
   float l;             // this lane's partial row sum of head r
 };
 
-template <int D>
-__device__ __forceinline__ void state_init(WarpState1<D>& st) {
-#pragma unroll
-  for (int i = 0; i < D / 16; ++i) st.o[i][0] = st.o[i][1] = st.o[i][2] = st.o[i][3] = 0.0f;
-  st.sp[0] = st.sp[1] = st.sp[2] = st.sp[3] = 0.0f;
-  st.pm = 0.0f;
-  st.m = -INFINITY;
-  st.l = 0.0f;
-}
 
 template <int D>
 struct WarpState2 {
@@ -619,14 +610,17 @@ struct WarpState2 {
   float l;             // this lane's partial row sum of head r
 };
 
-template <int D>
-__device__ __forceinline__ void state_init(WarpState2<D>& st) {
-#pragma unroll
-  for (int i = 0; i < D / 16; ++i) st.o[i][0] = st.o[i][1] = 0.0f;
-  st.pm = 0.0f;
+// One head per lane (the int8 loops' states): every sum zero, the running
+// max -inf.
+template <class State>
+__device__ __forceinline__ void state_init_lane(State& st) {
+  st = State{};
   st.m = -INFINITY;
-  st.l = 0.0f;
 }
+template <int D>
+__device__ __forceinline__ void state_init(WarpState1<D>& st) { state_init_lane(st); }
+template <int D>
+__device__ __forceinline__ void state_init(WarpState2<D>& st) { state_init_lane(st); }
 
 // qhead: the query row of head h*gqa + g/2 (ok: that head exists).
 __device__ __forceinline__ void load_int8_query(Int8Query& Q, const float* qhead, bool ok,
