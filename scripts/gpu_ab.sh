@@ -4,7 +4,9 @@
 # carried with the tree), both head_dim-128-only builds of bench_decode, the
 # shapes in SHAPES timed alternately REPS times, L2 emptied by a read. TRACE=1
 # adds a -DOSCAR_DECODE_TRACE build of B and its CTA timeline (--trace) on
-# TRACE_SHAPES. Logs in $OUT.
+# TRACE_SHAPES. C_FLAGS="-D..." (and D_FLAGS) add a third (fourth) build, c
+# (d), of the working tree with those CUDA flags, timed in the same rounds.
+# Logs in $OUT.
 #   bash scripts/gpu_ab.sh            (carry .deps and .ab)
 set -uo pipefail
 OUT=${OUT:-$PWD/out}
@@ -23,18 +25,25 @@ t0=$(date +%s)
 build "$A" build-ab-a "" & pa=$!
 build . build-ab-b "" & pb=$!
 pt=""
-if [[ ${TRACE:-0} == 1 ]]; then build . build-ab-t "-DOSCAR_DECODE_TRACE" & pt=$!; fi
+if [[ ${TRACE:-0} == 1 ]]; then build . build-ab-t "-DOSCAR_DECODE_TRACE ${T_FLAGS:-}" & pt=$!; fi
+pc=""
+VARIANTS="a b"
+if [[ -n ${C_FLAGS:-} ]]; then build . build-ab-c "$C_FLAGS" & pc=$!; VARIANTS="a b c"; fi
+pd=""
+if [[ -n ${D_FLAGS:-} ]]; then build . build-ab-d "$D_FLAGS" & pd=$!; VARIANTS="$VARIANTS d"; fi
 wait $pa || { echo "A build failed"; tail -20 "$OUT/build-ab-a.log"; exit 1; }
 wait $pb || { echo "B build failed"; tail -20 "$OUT/build-ab-b.log"; exit 1; }
 [[ -n $pt ]] && { wait $pt || { echo "trace build failed"; tail -20 "$OUT/build-ab-t.log"; exit 1; }; }
+[[ -n $pc ]] && { wait $pc || { echo "C build failed"; tail -20 "$OUT/build-ab-c.log"; exit 1; }; }
+[[ -n $pd ]] && { wait $pd || { echo "D build failed"; tail -20 "$OUT/build-ab-d.log"; exit 1; }; }
 echo "builds: $(( $(date +%s) - t0 ))s"
 grep -hE "registers|spill" "$OUT"/build-ab-*.log | sort | uniq -c | sort -rn | head -6
 export OSCAR_BENCH_FLUSH=read
 for rep in $(seq "$REPS"); do
   for ob in $SHAPES; do
-    for v in a b; do
+    for v in $VARIANTS; do
       printf "%s rep%s %-9s " "$v" "$rep" "$ob"
-      ./build-ab-$v/bench_decode --only "$ob" 2>&1 | grep -E "^int2 " | awk '{print $4" us"}'
+      ./build-ab-$v/bench_decode --only "$ob" --int2 2>&1 | grep -E "^int2 " | awk '{print $4" us  (last column: "$NF")"}'
     done
   done
 done | tee "$OUT/ab.log"

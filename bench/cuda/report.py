@@ -1,7 +1,9 @@
 """Joins bench_decode's CSV (ours: int2, bf16) with flashinfer_decode.py's CSV
 into one markdown table (DESIGN §7): per layer times, bytes, GB/s, % of the
-measured copy bandwidth, floor, speedups, and write+demotion as % of the
-INT2 attention time of the same layer.
+measured copy bandwidth, floor (the bytes at copy bandwidth), read floor (the
+same bytes read by a plain streaming kernel timed the same way: launch and
+ramp included), speedups, and write+demotion as % of the INT2 attention time
+of the same layer.
 
     python3 report.py OURS.csv FLASHINFER.csv COPY_GBS > table.md
 """
@@ -31,9 +33,9 @@ how = ("a 256 MB read (clean lines only)" if flush == "read" else
 print(f"Copy bandwidth measured in the same run: {copy_gbs:.0f} GB/s. Times per layer (one decode step of "
       "attention for 32 q heads / 8 KV heads, d=128); x36 for a Qwen3-8B step. L2 emptied before each "
       f"timed launch (ours and FlashInfer alike) by {how}.\n")
-print("| batch | ctx | INT2 us | INT2 GB/s | INT2 % copy | INT2 floor us | INT2 v7 loop us | INT2 v10 loop us | our BF16 us | BF16 % copy "
+print("| batch | ctx | INT2 us | INT2 GB/s | INT2 % copy | INT2 floor us | INT2 read floor us | INT2 v7 loop us | INT2 v10 loop us | our BF16 us | BF16 % copy "
       "| baseline | baseline us | INT2 vs our BF16 | INT2 vs baseline | write+demote % |")
-print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 for b, c in keys:
     i2, bf, f = idx.get(("int2", b, c)), idx.get(("bf16", b, c)), idx.get(("fi", b, c))
     v7 = idx.get(("int2v7", b, c))
@@ -51,9 +53,10 @@ for b, c in keys:
         wd = "%.2f (%.1f + %.2f us)" % (100.0 * (w + dm) / t_i2, w, dm)
     def fmt(x, spec="%.1f"):
         return spec % x if x is not None else "-"
-    print("| %d | %dK | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+    rf = float(i2["read_floor_us"]) if i2 and i2.get("read_floor_us") not in (None, "", "0.00") else None
+    print("| %d | %dK | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
         b, c // 1024, fmt(t_i2), fmt(float(i2["gbs"]) if i2 else None, "%.0f"),
-        fmt(float(i2["pct_copy"]) if i2 else None), fmt(float(i2["floor_us"]) if i2 else None),
+        fmt(float(i2["pct_copy"]) if i2 else None), fmt(float(i2["floor_us"]) if i2 else None), fmt(rf),
         fmt(float(v7["time_us"]) if v7 else None), fmt(float(v10["time_us"]) if v10 else None), fmt(t_bf), fmt(float(bf["pct_copy"]) if bf else None),
         f["kernel"] if f else "-", fmt(t_fi),
         fmt(t_bf / t_i2 if t_bf and t_i2 else None, "%.2fx"),

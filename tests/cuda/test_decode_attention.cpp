@@ -219,7 +219,7 @@ TEST(CudaDecode, PrefetchLoopVariant) {
 TEST(CudaDecode, LoopVariantsD128) {
   if (!test::have_gpu()) GTEST_SKIP() << "no GPU";
   uint32_t seed = 300;
-  for (int variant : {2, 3, 4}) {
+  for (int variant : {0, 2, 3, 4}) {
     for (int gqa : {1, 2, 3, 4, 8}) {
       const std::string name = "variant " + std::to_string(variant) + " gqa " + std::to_string(gqa);
       expect_ok({128, 128, gqa, 2, 64, {{0, 2001, 0}, {0, 16, 0}, {0, 1, 0}, {0, 64 * 9, 0}}, 0, name.c_str()},
@@ -232,6 +232,18 @@ TEST(CudaDecode, LoopVariantsD128) {
     expect_ok({128, 128, 4, 2, 64, mixed_seqs(64), 3, "page 64, 3-tile chunks"}, ++seed, false, variant);
     expect_ok({128, 128, 4, 2, 64, mixed_seqs(64), 8, "page 64, 8-tile chunks"}, ++seed, false, variant);
   }
+  // The default (0) copies whole 4-tile groups where the plan's middle
+  // chunks start at multiples of 4 tiles and the page size is a multiple of
+  // 64 (v34): page 128 (two groups per page), forced 4- and 12-tile chunks
+  // (aligned) against 6 tiles (not: per-tile copies), middles ending inside
+  // a group and a page.
+  for (int page : {64, 128})
+    for (int per : {0, 4, 6, 12}) {
+      const std::string name = "groups page " + std::to_string(page) + " chunks " + std::to_string(per);
+      expect_ok({128, 128, 4, 2, page, {{0, 2001, 0}, {0, 16, 0}, {0, 64 * 9 + 17, 0}, {0, 48, 0}}, per, name.c_str()},
+                ++seed);
+      expect_ok({128, 128, 3, 2, page, mixed_seqs(page), per, name.c_str()}, ++seed);
+    }
 }
 
 // One plan and workspace for several calls in a row, as for the layers of a
@@ -291,6 +303,20 @@ TEST(CudaDecode, UploadPlanRejectsBadPlans) {
   EXPECT_EQ(bad([&](DecodePlan& p) { ++p.num_quant_chunks; }), cudaErrorInvalidValue);  // a window chunk in the middle launch
   EXPECT_EQ(bad([&](DecodePlan& p) { p.chunks[4 * w0 + 1] = 2; }), cudaErrorInvalidValue);  // recent: its tiles run past the window
   EXPECT_EQ(bad([&](DecodePlan& p) { p.batch = 3; }), cudaErrorInvalidValue);          // > max_batch
+  // Whole-group copies (v34) read 64 rows from each group's first tile: a
+  // plan that claims aligned middle chunks must have them.
+  ASSERT_TRUE(good.mid_groups_aligned);
+  int m1 = -1;
+  for (int k = 0; k < good.num_chunks && m1 < 0; ++k)
+    if (good.chunks[4 * k + 1] == 1 && good.chunks[4 * k + 2] > 0) m1 = k;
+  ASSERT_GE(m1, 0);
+  EXPECT_EQ(bad([&](DecodePlan& p) { p.chunks[4 * m1 + 2] += 2; }), cudaErrorInvalidValue);
+  if (gpu)
+    EXPECT_EQ(bad([&](DecodePlan& p) {
+                p.chunks[4 * m1 + 2] += 2;
+                p.mid_groups_aligned = false;
+              }),
+              cudaSuccess);
   // A plan needs every region's lengths and page-table offsets.
   HostRegions missing = packed.get();
   missing.indptr[1] = nullptr;
@@ -361,6 +387,9 @@ TEST(CudaDecode, PlanSplitsRegionsEvenly) {
     const PackedRegions packed(s, m, r);
     const DecodePlan plan = plan_decode(batch, packed.get(), 8, 132, 0, 0, -1.0f, fuse);
     ASSERT_EQ(int(plan.seq_chunk_ptr.size()), batch + 1);
+    // Whole 16-tile steps: every middle chunk starts at a multiple of 4 tiles
+    // (the INT2 ring's whole-group copies, v34).
+    EXPECT_TRUE(plan.mid_groups_aligned);
     if (recent != 256) EXPECT_FALSE(plan.fused_windows);  // windows over 64 tiles
     fused_plans += plan.fused_windows;
     auto window_tiles = [&](int id) {

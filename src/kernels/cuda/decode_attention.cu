@@ -887,6 +887,15 @@ struct Bf16Tile {
   int valid;
 };
 
+// A staged BF16 row's 16-byte chunk c (8 channels) lives at chunk
+// window_chunk(row, c): the low three bits XOR-ed with a function of the row
+// such that the K fragment loads (rows g, g+8 x chunks 4k + r) and the V
+// fragment loads (rows 2r + j' x chunks 8k + g) of one 8-lane phase touch 8
+// different 16-byte bank groups.
+__device__ __forceinline__ int window_chunk(int row, int c) {
+  return c ^ ((((row >> 1) & 3) << 1) ^ ((row & 1) << 2));
+}
+
 template <int D>
 __device__ __forceinline__ void load_bf16_tile(Bf16Tile<D>& T, const kv::PagedKvView& kv,
                                                const int32_t* pages, const FastDiv& tpp, int len,
@@ -1001,10 +1010,19 @@ template <int kVariant>
 __host__ __device__ constexpr int ring_stages() { return kVariant == 3 ? OSCAR_INT8KV_STAGES : 2; }
 // Shared memory of a split kernel: the warps' rings, then (reused) the
 // per-warp outputs.
-template <int D, int G, bool kQuant, int kVariant>
+// The fused window CTA (v33) stages its BF16 window tiles (K and V, 16 rows
+// each) through a per-warp cp.async ring of this many tiles: 64 KB per CTA
+// at every head_dim (D 64: 4 tiles, 128: 2, 256: 1).
+template <int D>
+__host__ __device__ constexpr int window_ring_tiles() {
+  return 8192 / (2 * kTileTokens * D * 2) > 0 ? 8192 / (2 * kTileTokens * D * 2) : 1;
+}
+template <int D, int G, bool kQuant, int kVariant, bool kFused = false>
 __host__ __device__ constexpr int split_smem_bytes() {
   constexpr int so = kWarps * kMaxGqa * D * 4;
-  constexpr int ring = kQuant && kVariant != 1 ? kWarps * ring_stages<kVariant>() * kRingTiles * quant_tile_bytes(D, G) : 0;
+  constexpr int ring = kQuant && kVariant != 1 ? kWarps * ring_stages<kVariant>() * kRingTiles * quant_tile_bytes(D, G)
+                       : kFused             ? kWarps * window_ring_tiles<D>() * 2 * kTileTokens * D * 2
+                                            : 0;
   return so > ring ? so : ring;
 }
 
@@ -1068,6 +1086,54 @@ __device__ __forceinline__ void issue_tile_copies(uint8_t* dst, const kv::PagedK
   }
 }
 
+// v34: one 4-tile group (64 consecutive rows of one page: page size a
+// multiple of 64, the group starting at a multiple of 4 tiles) from one
+// page id and one row index: per lane 4 K and 4 V chunks at immediate
+// offsets from one address each, and one params chunk (lanes 0-15 K, 16-31
+// V), instead of a page id, a slot and a row index per tile.
+template <int D, int G>
+__device__ __forceinline__ RingLane group_lane(const kv::PagedKvView& kv, int lane) {
+  constexpr int RB = D / 4, TB = quant_tile_bytes(D, G);
+  RingLane L = ring_lane<D, G>(kv, lane);
+  const bool v = lane >= 16;
+  const int c = lane & 15;  // the params chunk: tile c / 4, rows 4 (c % 4) ..
+  L.pp = reinterpret_cast<const uint8_t*>(v ? kv.quant.v_params : kv.quant.k_params) + 16 * c;
+  L.dp = (c >> 2) * TB + 32 * RB + (v ? 64 : 0) + 16 * (c & 3);
+  return L;
+}
+// Tiles of the group past the chunk's last (nt <= u: masked in the loop)
+// are not copied (OSCAR_GROUP_TAIL_SKIP, an A/B knob): their slots keep
+// older bytes, which the masking ignores as it ignores a partial tile's
+// padding rows (scores -inf, value scale and min 0). Otherwise they are
+// read from the page like the others (real rows of the page, masked).
+#ifndef OSCAR_GROUP_TAIL_SKIP
+#define OSCAR_GROUP_TAIL_SKIP 1
+#endif
+template <int D, int G, int TPI>
+__device__ __forceinline__ void issue_group_copies(uint8_t* dst, const kv::PagedKvView& kv, const RingLane& L,
+                                                   const TileRef& ref, int nt, int h, int lane) {
+  static_assert(TPI == 4, "a group is the 64 rows of 4 tiles");
+  constexpr int RB = D / 4, TB = quant_tile_bytes(D, G);
+  const uint32_t row0 = (static_cast<uint32_t>(ref.page) * kv.num_kv_heads + h) * kv.page_size + ref.slot0;
+  const uint8_t* kc = L.kc + uint64_t(row0) * RB;
+  const uint8_t* vc = L.vc + uint64_t(row0) * RB;
+  if (OSCAR_GROUP_TAIL_SKIP == 0 || nt >= TPI) {  // every group but a chunk's last: no per-copy predicates
+#pragma unroll
+    for (int u = 0; u < TPI; ++u) {
+      cp_async16(dst + u * TB + 16 * lane, kc + u * kTileTokens * RB);
+      cp_async16(dst + u * TB + L.dv, vc + u * kTileTokens * RB);
+    }
+    cp_async16(dst + L.dp, L.pp + uint64_t(row0) * 4);
+  } else {
+#pragma unroll
+    for (int u = 0; u < TPI - 1; ++u)
+      if (u < nt) {
+        cp_async16(dst + u * TB + 16 * lane, kc + u * kTileTokens * RB);
+        cp_async16(dst + u * TB + L.dv, vc + u * kTileTokens * RB);
+      }
+    if ((lane & 15) >> 2 < nt) cp_async16(dst + L.dp, L.pp + uint64_t(row0) * 4);
+  }
+}
 
 // The fused window + merge epilogue (v27): warp w takes the q heads w,
 // w + kWarps, ... of KV head h; per head the window's state (the 4 warps'
@@ -1150,7 +1216,7 @@ __device__ __forceinline__ void fused_merge(const KernelArgs& a, int b, int h, i
 #ifndef OSCAR_INT8K_MIN_BLOCKS
 #define OSCAR_INT8K_MIN_BLOCKS 4  // 5 spills 88 bytes; with lazy fragment loads (v11) it fits but ran slower
 #endif
-template <int D, int G, bool kQuant, int kVariant = 0, bool kFused = false>
+template <int D, int G, bool kQuant, int kVariant = 0, bool kFused = false, bool kGroup = false>
 __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? OSCAR_INT8K_MIN_BLOCKS
                                             : (D <= 128 && G == 128) ? 4
                                                                      : 1)
@@ -1247,39 +1313,70 @@ __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? O
       // The int8 loops keep the lane's copy pointers and each tile's slot in
       // registers; the fp16 loop (variant 0) has none to spare (it would
       // spill) and recomputes them per tile.
+      static_assert(!kGroup || kVariant >= 2, "group copies: the int8 rings");
       RingLane L{};
-      if constexpr (kVariant != 0) L = ring_lane<D, G>(kv, lane);
+      if constexpr (kGroup)
+        L = group_lane<D, G>(kv, lane);
+      else if constexpr (kVariant != 0)
+        L = ring_lane<D, G>(kv, lane);
       constexpr int S = kRingStages;
+      // kGroup (v34): one ref per group (its first tile's page and slot);
+      // groups that are issued start at or before tlast.
       TileRef ref[TPI];
       // Prologue: groups 0 .. S-2 in flight (one commit group each, empty
       // past the end), then the page ids of group S-1.
 #pragma unroll
       for (int sg = 0; sg < S - 1; ++sg) {
+        if constexpr (kGroup) {
+          ref[0] = tile_ref<true>(pages, tpp, min(t + sg * kStep, tlast));
+          if (sg < ngroups)
+            issue_group_copies<D, G, TPI>(ring + sg * TPI * TB, kv, L, ref[0], tlast + 1 - (t + sg * kStep), h, lane);
+        } else {
 #pragma unroll
         for (int u = 0; u < TPI; ++u) ref[u] = tile_ref<kVariant != 0>(pages, tpp, min(t + sg * kStep + u, tlast));
         if (sg < ngroups)
           issue_tile_copies<D, G, TPI, kVariant != 0>(ring + sg * TPI * TB, kv, L, ref, tpp, t + sg * kStep, tlast,
                                                       h, lane);
+        }
         cp_async_commit();
       }
+      if constexpr (kGroup) {
+        ref[0] = tile_ref<true>(pages, tpp, min(t + (S - 1) * kStep, tlast));
+      } else {
 #pragma unroll
       for (int u = 0; u < TPI; ++u) ref[u] = tile_ref<kVariant != 0>(pages, tpp, min(t + (S - 1) * kStep + u, tlast));
+      }
       // The query's conversion after the first copies are issued: it runs
       // while they are in flight instead of before them (v25).
       load_query();
       for (int j = 0; j < ngroups; ++j, t += kStep) {
         // Refill the stage freed one step ago with group j+S-1 (its page ids
         // were fetched one step ago), then fetch group j+S's page ids.
+        if constexpr (kGroup) {
+          if (j + S - 1 < ngroups)
+            issue_group_copies<D, G, TPI>(ring + ((j + S - 1) % S) * TPI * TB, kv, L, ref[0],
+                                          tlast + 1 - (t + (S - 1) * kStep), h, lane);
+          cp_async_commit();
+          ref[0] = tile_ref<true>(pages, tpp, min(t + S * kStep, tlast));
+        } else {
         if (j + S - 1 < ngroups)
           issue_tile_copies<D, G, TPI, kVariant != 0>(ring + ((j + S - 1) % S) * TPI * TB, kv, L, ref, tpp,
                                                       t + (S - 1) * kStep, tlast, h, lane);
         cp_async_commit();
 #pragma unroll
         for (int u = 0; u < TPI; ++u) ref[u] = tile_ref<kVariant != 0>(pages, tpp, min(t + S * kStep + u, tlast));
+        }
         cp_async_wait<S - 1>();
         __syncwarp();
         OSCAR_TRACE_MARK(trace_t1);
         const uint8_t* img = ring + (j % kRingStages) * TPI * TB;
+#if defined(OSCAR_DIAG_COPY_ONLY)
+        // Diagnostic build (wrong results): the ring's copies without the
+        // arithmetic, to time the loop's memory side alone.
+        if (img[lane] == 0xA5 && img[lane + 32] == 0x5A) s_l[warp][0] = 1.0f;
+        __syncwarp();
+        if (a.step_write >= 0) continue;  // always (not provably: no unreachable-code warning)
+#endif
 #pragma unroll
         for (int u = 0; u < TPI; ++u) {
           const uint8_t* ti = img + u * TB;
@@ -1318,18 +1415,89 @@ __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? O
     const int32_t* psink = kv.sink.indices + c2.x;
     const int32_t* prec = kv.recent.indices + c2.z;
     const int ns = (c2.y + kTileTokens - 1) / kTileTokens, nt = ns + (c2.w + kTileTokens - 1) / kTileTokens;
-    Bf16Query<D> Q;
-    load_bf16_query(Q, qrow, head_ok, a.sm_scale_log2, g, r);
+    // The warp's tiles u = warp, warp + kWarps, ... (i-th: slot i % WS of
+    // its ring) are staged by cp.async, up to WS in flight, instead of one
+    // register load per tile after the last (v33): this CTA starts in the
+    // middle's tail, when loads are slow, and its window tiles were one
+    // round trip each. Page ids: lane i holds the warp's i-th tile's page,
+    // all looked up at once. Rows are stored with the 16-byte chunks of a
+    // row XOR-swizzled (window_chunk) so that the fragment loads below are
+    // free of bank conflicts; padding rows of V are zero-filled (their bits
+    // may be NaN, and p = 0 times NaN would poison O).
+    constexpr int WS = window_ring_tiles<D>(), RB = D * 2, TB = kTileTokens * RB, CPR = D / 8;
+    uint8_t* ring = smem + warp * WS * 2 * TB;
+    const int my_n = warp < nt ? (nt - 1 - warp) / kWarps + 1 : 0;  // <= kFuseMaxWindowTiles / kWarps = 16
+    const FastDiv& tpp = a.tiles_per_page;
+    auto tile_of = [&](int i, int& t, int& len) {
+      const int u = warp + i * kWarps;
+      const bool rec = u >= ns;
+      t = rec ? u - ns : u;
+      len = rec ? c2.w : c2.y;
+      return rec;
+    };
+    int32_t my_page = 0;
+    if (lane < my_n) {
+      int t, len;
+      const bool rec = tile_of(lane, t, len);
+      my_page = page_of(rec ? prec : psink, tpp, t);
+    }
     // The step's new row is the newest token: in the last window tile.
     const int wait_tile = a.step_write ? nt - 1 : -1;
-    for (int u = warp; u < nt; u += kWarps) {
+    auto issue = [&](int i) {
+      const int32_t page = __shfl_sync(0xffffffffu, my_page, i & 31);
+      if (i < my_n) {
+        if (warp + i * kWarps == wait_tile) pdl_wait();
+        int t, len;
+        tile_of(i, t, len);
+        const TileLoc loc = tile_loc(page, tpp, len, kv.page_size, kv.num_kv_heads, h, t);
+        const uint8_t* kg = reinterpret_cast<const uint8_t*>(kv.bf16.k + size_t(loc.row0) * D);
+        const uint8_t* vg = reinterpret_cast<const uint8_t*>(kv.bf16.v + size_t(loc.row0) * D);
+        uint8_t* ks = ring + (i % WS) * 2 * TB;
+#pragma unroll
+        for (int c = lane; c < kTileTokens * CPR; c += 32) {
+          const int row = c / CPR, off = row * RB + 16 * window_chunk(row, c % CPR);
+          cp_async16(ks + off, kg + 16 * c);
+          cp_async16_zfill(ks + TB + off, vg + 16 * c, row < loc.valid);
+        }
+      }
+      cp_async_commit();
+    };
+#pragma unroll
+    for (int i = 0; i < WS - 1; ++i) issue(i);
+    Bf16Query<D> Q;
+    load_bf16_query(Q, qrow, head_ok, a.sm_scale_log2, g, r);
+    for (int i = 0; i < my_n; ++i) {
+      // Refill the slot read one tile ago, then wait for tile i.
+      issue(i + WS - 1);
+      cp_async_wait<WS - 1>();
+      __syncwarp();
+      const uint8_t* ks = ring + (i % WS) * 2 * TB;
+      const uint8_t* vs = ks + TB;
       Bf16Tile<D> T;
-      if (u == wait_tile) pdl_wait();
-      const bool rec = u >= ns;
-      load_bf16_tile(T, kv, rec ? prec : psink, a.tiles_per_page, rec ? c2.w : c2.y, h, rec ? u - ns : u, g, r);
+      {
+        int t, len;
+        tile_of(i, t, len);
+        T.valid = min(kTileTokens, len - t * kTileTokens);
+      }
+#pragma unroll
+      for (int tt = 0; tt < 2; ++tt)
+#pragma unroll
+        for (int k = 0; k < D / 32; ++k) {
+          const int row = g + 8 * tt;
+          T.k[tt][k] = *reinterpret_cast<const uint4*>(ks + row * RB + 16 * window_chunk(row, 4 * k + r));
+        }
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int tok = 2 * r + (j & 1) + 8 * (j >> 1);
+#pragma unroll
+        for (int k = 0; k < D / 64; ++k)
+          T.v[j][k] = *reinterpret_cast<const uint4*>(vs + tok * RB + 16 * window_chunk(tok, 8 * k + g));
+      }
       compute_bf16_tile(st, T, Q, g);
+      __syncwarp();  // every lane has read the slot before it is refilled
       OSCAR_TRACE_MARK(trace_t1);
     }
+    cp_async_wait<0>();
     OSCAR_TRACE_MARK(trace_t2);
   } else {
     const int32_t* pages = (region == 0 ? kv.sink : kv.recent).indices + c2.x;
@@ -1623,12 +1791,15 @@ bool group_supported(int d, int gs) {
 
 // A split kernel with its dynamic shared memory (above 48 KB its limit is
 // raised once per kernel instance, i.e. per template instance of this).
-template <int D, int G, bool kQuant, int kVariant, bool kFused = false>
+// (v33 measured the middle instances with the largest shared-memory
+// carveout too, so that 64 KB fused window CTAs surely fit beside three
+// middle CTAs: no faster at 8 x 32K, 7% slower at 8 x 4K.)
+template <int D, int G, bool kQuant, int kVariant, bool kFused = false, bool kGroup = false>
 cudaError_t launch_split(dim3 grid, bool pdl, cudaStream_t stream, const KernelArgs& a) {
-  constexpr int smem = split_smem_bytes<D, G, kQuant, kVariant>();
+  constexpr int smem = split_smem_bytes<D, G, kQuant, kVariant, kFused>();
   if constexpr (smem > 48 * 1024) {
     static const cudaError_t raised = [] {
-      auto* k = decode_split_kernel<D, G, kQuant, kVariant, kFused>;
+      auto* k = decode_split_kernel<D, G, kQuant, kVariant, kFused, kGroup>;
       cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
       if (e == cudaSuccess)
         e = cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
@@ -1636,17 +1807,24 @@ cudaError_t launch_split(dim3 grid, bool pdl, cudaStream_t stream, const KernelA
     }();
     if (raised != cudaSuccess) return raised;
   }
-  return launch_pdl(decode_split_kernel<D, G, kQuant, kVariant, kFused>, grid, dim3(kThreads), smem, pdl, stream,
-                    a);
+  return launch_pdl(decode_split_kernel<D, G, kQuant, kVariant, kFused, kGroup>, grid, dim3(kThreads), smem, pdl,
+                    stream, a);
 }
 
+// Whole-group copies in the int8 K/V ring where they apply (v34); 0 keeps
+// the per-tile copies (A/B builds).
+#ifndef OSCAR_GROUP_COPIES
+#define OSCAR_GROUP_COPIES 1
+#endif
 template <int D, int G>
-cudaError_t launch_quant(dim3 grid, const KernelArgs& a, int variant, cudaStream_t stream) {
+cudaError_t launch_quant(dim3 grid, const KernelArgs& a, int variant, bool groups, cudaStream_t stream) {
   constexpr bool pdl = false;  // reads q: after whatever produced it
   // head_dim 128 / group 128 (the benchmark shape) has three loop shapes
   // (`variant` picks, docs/cuda-notes.md); the others use the
-  // register-prefetch loop.
+  // register-prefetch loop. The default copies whole 4-tile groups where
+  // the plan and the page size allow (`groups`, v34).
   if constexpr (D == 128 && G == 128) {
+    if (variant == 0 && groups && a.gqa <= 4) return launch_split<D, G, true, 3, false, true>(grid, pdl, stream, a);
     if ((variant == 0 || variant == 4) && a.gqa <= 4)
       return launch_split<D, G, true, 3>(grid, pdl, stream, a);
     if (variant == 3 && a.gqa <= 4)
@@ -1682,7 +1860,9 @@ cudaError_t launch(const DecodeParams& p, const DecodePlan& plan, const DecodeWo
     if (nq > 0) {
       OSCAR_DISPATCH_GROUP(p.kv.group_size, D, G, {
         a.first = 0;
-        OSCAR_CUDA_RETURN_IF_ERROR((launch_quant<D, G>(dim3(p.kv.num_kv_heads, nq), a, p.variant, stream)));
+        const bool groups = OSCAR_GROUP_COPIES != 0 && plan.mid_groups_aligned &&
+                            p.kv.page_size % (kRingTiles * kTileTokens) == 0;
+        OSCAR_CUDA_RETURN_IF_ERROR((launch_quant<D, G>(dim3(p.kv.num_kv_heads, nq), a, p.variant, groups, stream)));
         launched = true;
       });
       if (!launched) return cudaErrorInvalidValue;
@@ -1921,6 +2101,10 @@ DecodePlan plan_decode(int batch, const HostRegions& regions, int num_kv_heads, 
   }
   plan.num_chunks = static_cast<int>(plan.chunks.size() / 4);
   plan.num_quant_chunks = static_cast<int>(quant_ids.size());
+  // The automatic split's middle chunks are whole steps (16 tiles) long, so
+  // they start at multiples of 4 tiles; forced chunk sizes may not (v34).
+  plan.mid_groups_aligned = true;
+  for (int32_t id : quant_ids) plan.mid_groups_aligned &= plan.chunks[4 * size_t(id) + 2] % kRingTiles == 0;
   // Window chunks longest first: their CTAs start as middle CTAs leave, all
   // within a few microseconds, and a short chunk started last ends sooner
   // than a long one would (each tile a warp takes is a chain of dependent
@@ -1997,6 +2181,9 @@ cudaError_t upload_plan(const DecodePlan& plan, const DecodeWorkspace& ws, cudaS
     }
     // Tiles within the region's length: the kernels trust t1 and the length.
     if (c[3] > ceil_div(plan.regions[6 * size_t(c[0]) + 2 * c[1] + 1], kTileTokens)) return cudaErrorInvalidValue;
+    // Whole-group copies read 64 rows from a group's first tile: only where
+    // every middle chunk starts at a multiple of 4 tiles.
+    if (c[1] == 1 && plan.mid_groups_aligned && c[2] % kRingTiles != 0) return cudaErrorInvalidValue;
   }
   // The kernels read 32 bytes per CTA: the plan's chunks in launch order
   // (plan.order), each with its id (the row of its partial result) and its

@@ -75,7 +75,9 @@ struct DecodeParams {
   float* o = nullptr;        // [batch][Hq][d] f32 device, R_V basis
   float* lse = nullptr;      // [batch][Hq] f32 device (natural log) or nullptr
   int variant = 0;           // INT2 loop shape for d=128/G=128 (benchmarking; docs/cuda-notes.md):
-                             // 0 = default (= 4 where it applies, else 2), 1 = 2 tiles/step +
+                             // 0 = default (= 4 where it applies, else 2; with whole-group
+                             // copies where the plan's middle chunks start at multiples of 4
+                             // tiles and the page size is a multiple of 64, v34), 1 = 2 tiles/step +
                              // register prefetch, 2 = 4 tiles/step cp.async ring, fp16 tensor
                              // cores for K and V (v7), 3 = the ring with int8 tensor cores for
                              // K (v10; GQA <= 4, else 2), 4 = the ring with int8 tensor cores
@@ -123,6 +125,11 @@ struct DecodePlan {
   // at most a quarter as many as its sequence's first middle chunk (4 tiles
   // without a middle), and every middle at most 32 chunks.
   bool fused_windows = false;
+  // Every middle chunk starts at a multiple of 4 tiles (64 tokens), so that
+  // each 4-tile group of the INT2 ring is 64 consecutive rows of one page
+  // when the page size is a multiple of 64: the ring then copies whole
+  // groups from one address per array (v34). upload_plan checks it.
+  bool mid_groups_aligned = false;
 };
 
 // Builds the plan from HOST copies of the region tables (HostRegions; every
