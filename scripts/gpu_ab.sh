@@ -6,6 +6,9 @@
 # adds a -DOSCAR_DECODE_TRACE build of B and its CTA timeline (--trace) on
 # TRACE_SHAPES. C_FLAGS="-D..." (and D_FLAGS) add a third (fourth) build, c
 # (d), of the working tree with those CUDA flags, timed in the same rounds.
+# ITERS (default 100): timed calls per shape and build. A fresh process's
+# first few dozen calls run slower (8 x 32K: 54 us median of 15, 49.5 of 200;
+# docs/cuda-notes.md, v34), so short runs understate the steady state.
 # Logs in $OUT.
 #   bash scripts/gpu_ab.sh            (carry .deps and .ab)
 set -uo pipefail
@@ -43,7 +46,7 @@ for rep in $(seq "$REPS"); do
   for ob in $SHAPES; do
     for v in $VARIANTS; do
       printf "%s rep%s %-9s " "$v" "$rep" "$ob"
-      ./build-ab-$v/bench_decode --only "$ob" --int2 2>&1 | grep -E "^int2 " | awk '{print $4" us  (last column: "$NF")"}'
+      ./build-ab-$v/bench_decode --only "$ob" --int2 --iters "${ITERS:-100}" 2>&1 | grep -E "^int2 " | awk '{print $4" us  (last column: "$NF")"}'
     done
   done
 done | tee "$OUT/ab.log"

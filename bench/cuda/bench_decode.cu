@@ -7,7 +7,7 @@
 // BF16 window, rotated) and the page demotion (one page per sequence every
 // `page` steps) against the decode step.
 //
-//   bench_decode [--quick] [--csv FILE] [--iters N] [--only BATCH,CTX] [--pdl 0|1]
+//   bench_decode [--quick] [--csv FILE] [--iters N] [--warmup N] [--only BATCH,CTX] [--pdl 0|1]
 //                [--ctas N] [--skew S] [--int2] [--parts] [--trace] [--trace-dump FILE]
 // --parts times the call with plans that leave regions out; --trace (a build
 // with -DOSCAR_DECODE_TRACE) prints the CTA timeline of one call; --trace-dump
@@ -141,9 +141,22 @@ struct Timer {
       OSCAR_CUDA_CHECK(cudaMemsetAsync(flush, i & 0xff, flush_bytes));
   }
   // Median time (ms) of fn() over iters, L2 flushed before each.
+  // Warm-up calls, each after a flush like the timed ones, at least
+  // `warmup` of them and for at least 30 ms: a fresh process's first calls
+  // run slower (8 x 32K, v34: 54 us as the median of 15 calls after 2 in a
+  // new process, 49.5 us of 200; docs/cuda-notes.md).
+  int warmup = 30;
   template <typename F>
-  double median_ms(F&& fn, int iters, int warmup = 2) {
-    for (int i = 0; i < warmup; ++i) fn();
+  double median_ms(F&& fn, int iters) {
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0;; ++i) {
+      empty_l2(i);
+      fn();
+      if (i + 1 >= warmup && (i & 7) == 7) {
+        OSCAR_CUDA_CHECK(cudaDeviceSynchronize());
+        if (std::chrono::steady_clock::now() - start > std::chrono::milliseconds(30)) break;
+      }
+    }
     std::vector<float> t;
     for (int i = 0; i < iters; ++i) {
       empty_l2(i);
@@ -254,7 +267,7 @@ struct BenchCache {
 
 int main(int argc, char** argv) {
   bool quick = false;
-  int iters = 15;
+  int iters = 15, warmup = 30;
   const char* csv_path = nullptr;
   int only_b = 0, only_ctx = 0, pdl = 1, ctas = 0;
   float skew = -1.0f;  // planner rank skew (< 0: the default)
@@ -265,6 +278,7 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--quick")) quick = true;
     else if (!std::strcmp(argv[i], "--csv") && i + 1 < argc) csv_path = argv[++i];
     else if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--warmup") && i + 1 < argc) warmup = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--pdl") && i + 1 < argc) pdl = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--ctas") && i + 1 < argc) ctas = std::atoi(argv[++i]);  // planner CTAs per SM
     else if (!std::strcmp(argv[i], "--skew") && i + 1 < argc) skew = std::atof(argv[++i]);  // planner rank skew
@@ -282,6 +296,7 @@ int main(int argc, char** argv) {
   std::printf("device: %s, %d SMs, L2 %d MB, %.1f GB\n", prop.name, prop.multiProcessorCount,
               prop.l2CacheSize >> 20, prop.totalGlobalMem / 1e9);
   Timer timer;
+  timer.warmup = warmup;
 
   // Copy bandwidth: device-to-device memcpy of 2 GiB, bytes read + written.
   double copy_gbs = 0;

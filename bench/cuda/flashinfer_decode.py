@@ -26,15 +26,19 @@ HQ, HKV, D, PAGE = 32, 8, 128, 64
 FLUSH = os.environ.get("OSCAR_BENCH_FLUSH", "write")
 
 
-def flush_and_time(fn, iters, flush):
-    for _ in range(2):
-        fn()
+def flush_and_time(fn, iters, flush, warmup=30):
+    # Warm-up calls, each after a flush like the timed ones, at least `warmup`
+    # of them and for at least 30 ms (as bench_decode: a fresh process's first
+    # calls can run slower).
     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     ts = []
     if FLUSH == "read":
         flush.fill_(1)
         acc = torch.zeros(1, dtype=torch.int64, device="cuda")
-    for i in range(iters):
+    start, i, timed = time.time(), 0, False
+    while len(ts) < iters:
+        if not timed and i >= warmup and time.time() - start > 0.03:
+            timed = True
         if FLUSH == "read":
             acc += flush.view(torch.int64).sum()  # reads 256 MB, writes 8 bytes
         else:
@@ -43,7 +47,9 @@ def flush_and_time(fn, iters, flush):
         fn()
         b.record()
         b.synchronize()
-        ts.append(a.elapsed_time(b))
+        if timed:
+            ts.append(a.elapsed_time(b))
+        i += 1
     ts.sort()
     return ts[len(ts) // 2]
 

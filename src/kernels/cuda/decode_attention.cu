@@ -1011,11 +1011,16 @@ __host__ __device__ constexpr int ring_stages() { return kVariant == 3 ? OSCAR_I
 // Shared memory of a split kernel: the warps' rings, then (reused) the
 // per-warp outputs.
 // The fused window CTA (v33) stages its BF16 window tiles (K and V, 16 rows
-// each) through a per-warp cp.async ring of this many tiles: 64 KB per CTA
-// at every head_dim (D 64: 4 tiles, 128: 2, 256: 1).
+// each) through a per-warp cp.async ring of this many tiles:
+// OSCAR_WINDOW_RING_KB per warp (8: 32 KB per CTA; D 64: 2 tiles, 128: 1,
+// 256: 1).
+#ifndef OSCAR_WINDOW_RING_KB
+#define OSCAR_WINDOW_RING_KB 8
+#endif
 template <int D>
 __host__ __device__ constexpr int window_ring_tiles() {
-  return 8192 / (2 * kTileTokens * D * 2) > 0 ? 8192 / (2 * kTileTokens * D * 2) : 1;
+  constexpr int n = OSCAR_WINDOW_RING_KB * 1024 / (2 * kTileTokens * D * 2);
+  return n > 0 ? n : 1;
 }
 template <int D, int G, bool kQuant, int kVariant, bool kFused = false>
 __host__ __device__ constexpr int split_smem_bytes() {
