@@ -584,6 +584,7 @@ int main(int argc, char** argv) {
   }
   if (csv) std::fclose(csv);
   free_decode_workspace(ws);
+  cudaFree(read_buf);
   std::printf("copy_gbs=%.0f\n", copy_gbs);
   return 0;
 }
