@@ -8,7 +8,7 @@
 // `page` steps) against the decode step.
 //
 //   bench_decode [--quick] [--csv FILE] [--iters N] [--warmup N] [--only BATCH,CTX] [--pdl 0|1]
-//                [--ctas N] [--skew S] [--int2] [--parts] [--trace] [--trace-dump FILE]
+//                [--ctas N] [--skew S] [--fuse F] [--int2] [--parts] [--trace] [--trace-dump FILE]
 // --parts times the call with plans that leave regions out; --trace (a build
 // with -DOSCAR_DECODE_TRACE) prints the CTA timeline of one call; --trace-dump
 // also appends every CTA (batch,ctx,i,kind,head,position,sm,start,first
@@ -271,6 +271,7 @@ int main(int argc, char** argv) {
   const char* csv_path = nullptr;
   int only_b = 0, only_ctx = 0, pdl = 1, ctas = 0;
   float skew = -1.0f;  // planner rank skew (< 0: the default)
+  int fuse = -1;       // planner fuse_windows (-1: its choice, 0: never, 1: wherever it can)
   bool parts = false, trace = false, int2_only = false;
   const char* trace_dump = nullptr;  // --trace-dump FILE: CSV of every CTA (appended)
   for (int i = 1; i < argc; ++i) {
@@ -282,6 +283,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--pdl") && i + 1 < argc) pdl = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--ctas") && i + 1 < argc) ctas = std::atoi(argv[++i]);  // planner CTAs per SM
     else if (!std::strcmp(argv[i], "--skew") && i + 1 < argc) skew = std::atof(argv[++i]);  // planner rank skew
+    else if (!std::strcmp(argv[i], "--fuse") && i + 1 < argc) fuse = std::atoi(argv[++i]);  // planner fuse_windows
     else if (!std::strcmp(argv[i], "--int2")) int2_only = true;  // the default INT2 kernel only
     else if (!std::strcmp(argv[i], "--parts")) parts = true;
     else if (!std::strcmp(argv[i], "--trace")) trace = true;  // needs -DOSCAR_DECODE_TRACE
@@ -367,7 +369,7 @@ int main(int argc, char** argv) {
           hr.indptr[k] = cache.h_indptr[k].data();
         }
         DecodePlan plan = plan_decode(batch, hr, kHkv, prop.multiProcessorCount, 0,
-                                      kind == 2 ? 4 : ctas, skew);  // the v7 loop keeps 4 CTAs per SM
+                                      kind == 2 ? 4 : ctas, skew, fuse);  // the v7 loop keeps 4 CTAs per SM
         OSCAR_CUDA_CHECK(upload_plan(plan, ws, nullptr));
         DecodeParams p;
         p.kv = cache.view;
