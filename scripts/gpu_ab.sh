@@ -25,20 +25,22 @@ build() {  # src dir, build dir, extra CUDA flags
     && ninja -C "$2" -j6 bench_decode >> "$OUT/$(basename "$2").log" 2>&1
 }
 t0=$(date +%s)
-build "$A" build-ab-a "" & pa=$!
-build . build-ab-b "" & pb=$!
-pt=""
-if [[ ${TRACE:-0} == 1 ]]; then build . build-ab-t "-DOSCAR_DECODE_TRACE ${T_FLAGS:-}" & pt=$!; fi
-pc=""
+# a: the other checkout; b: the working tree; c, d: the working tree with
+# C_FLAGS / D_FLAGS; t: the working tree's trace build.
 VARIANTS="a b"
-if [[ -n ${C_FLAGS:-} ]]; then build . build-ab-c "$C_FLAGS" & pc=$!; VARIANTS="a b c"; fi
-pd=""
-if [[ -n ${D_FLAGS:-} ]]; then build . build-ab-d "$D_FLAGS" & pd=$!; VARIANTS="$VARIANTS d"; fi
-wait $pa || { echo "A build failed"; tail -20 "$OUT/build-ab-a.log"; exit 1; }
-wait $pb || { echo "B build failed"; tail -20 "$OUT/build-ab-b.log"; exit 1; }
-[[ -n $pt ]] && { wait $pt || { echo "trace build failed"; tail -20 "$OUT/build-ab-t.log"; exit 1; }; }
-[[ -n $pc ]] && { wait $pc || { echo "C build failed"; tail -20 "$OUT/build-ab-c.log"; exit 1; }; }
-[[ -n $pd ]] && { wait $pd || { echo "D build failed"; tail -20 "$OUT/build-ab-d.log"; exit 1; }; }
+[[ -n ${C_FLAGS:-} ]] && VARIANTS+=" c"
+[[ -n ${D_FLAGS:-} ]] && VARIANTS+=" d"
+BUILDS=$VARIANTS
+[[ ${TRACE:-0} == 1 ]] && BUILDS+=" t"
+declare -A SRC=([a]=$A [b]=. [c]=. [d]=. [t]=.)
+declare -A FLAGS=([a]="" [b]="" [c]="${C_FLAGS:-}" [d]="${D_FLAGS:-}" [t]="-DOSCAR_DECODE_TRACE ${T_FLAGS:-}")
+declare -A PID
+for v in $BUILDS; do
+  build "${SRC[$v]}" build-ab-$v "${FLAGS[$v]}" & PID[$v]=$!
+done
+for v in $BUILDS; do
+  wait "${PID[$v]}" || { echo "build $v failed"; tail -20 "$OUT/build-ab-$v.log"; exit 1; }
+done
 echo "builds: $(( $(date +%s) - t0 ))s"
 grep -hE "registers|spill" "$OUT"/build-ab-*.log | sort | uniq -c | sort -rn | head -6
 export OSCAR_BENCH_FLUSH=read
@@ -50,7 +52,7 @@ for rep in $(seq "$REPS"); do
     done
   done
 done | tee "$OUT/ab.log"
-if [[ -n $pt ]]; then
+if [[ ${TRACE:-0} == 1 ]]; then
   for ob in ${TRACE_SHAPES:-8,32768 32,32768}; do
     ./build-ab-t/bench_decode --only "$ob" --trace-dump "$OUT/trace.csv" 2>&1 | grep -E "^trace"
   done | tee "$OUT/trace.log"

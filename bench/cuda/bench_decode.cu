@@ -82,33 +82,26 @@ T* dalloc(size_t n) {
   return p;
 }
 
-// Reads n 16-byte words; writes only if their xor is a value it never is
-// in practice (keeps the loads alive).
+// Reads n 16-byte words, four independent loads in flight per thread and
+// step; writes only if their xor is a value it never is in practice (keeps
+// the loads alive). kStream: evict-first loads (the read floor below: a
+// plain streaming read of a call's bytes, timed like the call); otherwise
+// plain loads, which leave the lines in L2 (the read flush).
+template <bool kStream>
 __global__ void read_kernel(const uint4* p, size_t n, uint4* sink) {
-  uint4 x = make_uint4(0, 0, 0, 0);
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    const uint4 v = p[i];
-    x.x ^= v.x, x.y ^= v.y, x.z ^= v.z, x.w ^= v.w;
-  }
-  if (x.x == 0x9E3779B9u && x.y == 0x7F4A7C15u) *sink = x;
-}
-
-// The attainable floor of a call that reads `bytes`: a plain streaming read
-// of that many contiguous bytes (four independent 16-byte loads in flight
-// per thread and step), timed like the call.
-__global__ void stream_read_kernel(const uint4* p, size_t n, uint4* sink) {
+  auto ld = [](const uint4* q) { return kStream ? __ldcs(q) : *q; };
   uint4 x = make_uint4(0, 0, 0, 0);
   const size_t stride = size_t(gridDim.x) * blockDim.x;
   size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
   for (; i + 3 * stride < n; i += 4 * stride) {
     uint4 v[4];
 #pragma unroll
-    for (int u = 0; u < 4; ++u) v[u] = __ldcs(p + i + u * stride);
+    for (int u = 0; u < 4; ++u) v[u] = ld(p + i + u * stride);
 #pragma unroll
     for (int u = 0; u < 4; ++u) x.x ^= v[u].x, x.y ^= v[u].y, x.z ^= v[u].z, x.w ^= v[u].w;
   }
   for (; i < n; i += stride) {
-    const uint4 v = __ldcs(p + i);
+    const uint4 v = ld(p + i);
     x.x ^= v.x, x.y ^= v.y, x.z ^= v.z, x.w ^= v.w;
   }
   if (x.x == 0x9E3779B9u && x.y == 0x7F4A7C15u) *sink = x;
@@ -135,7 +128,7 @@ struct Timer {
   }
   void empty_l2(int i) {
     if (read_flush)
-      read_kernel<<<132 * 8, 256>>>(static_cast<const uint4*>(flush), flush_bytes / 16,
+      read_kernel<false><<<132 * 8, 256>>>(static_cast<const uint4*>(flush), flush_bytes / 16,
                                     reinterpret_cast<uint4*>(static_cast<char*>(flush) + flush_bytes));
     else
       OSCAR_CUDA_CHECK(cudaMemsetAsync(flush, i & 0xff, flush_bytes));
@@ -489,7 +482,7 @@ int main(int argc, char** argv) {
             pr.len[0] = c.s ? L[0] : zero.data();
             pr.len[1] = c.m ? L[1] : zero.data();
             pr.len[2] = c.r ? L[2] : zero.data();
-            DecodePlan pp = plan_decode(batch, pr, kHkv, prop.multiProcessorCount, 0, ctas, skew);
+            DecodePlan pp = plan_decode(batch, pr, kHkv, prop.multiProcessorCount, 0, ctas, skew, fuse);
             OSCAR_CUDA_CHECK(upload_plan(pp, ws, nullptr));
             const double t = timer.median_ms([&] { OSCAR_CUDA_CHECK(decode_attention(p, pp, ws, nullptr)); }, iters);
             std::printf("parts  %5d %7d %-14s %8.1f us (%d chunks)\n", batch, ctx, c.name, t * 1e3, pp.num_chunks);
@@ -557,7 +550,7 @@ int main(int argc, char** argv) {
           read_us = 1e30;
           for (int ctas_per_sm : {4, 8, 16})
             read_us = std::min(read_us, 1e3 * timer.median_ms([&] {
-              stream_read_kernel<<<prop.multiProcessorCount * ctas_per_sm, 256>>>(read_buf, words, read_buf + words);
+              read_kernel<true><<<prop.multiProcessorCount * ctas_per_sm, 256>>>(read_buf, words, read_buf + words);
             }, iters));
         }
         std::printf("%-7s %5d %7d %10.1f %9.1f %8.0f %6.1f%% %9.1f %7d %9.1f %10.2f %9.1f %9.2f %8.1f\n", name,

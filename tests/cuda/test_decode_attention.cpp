@@ -478,6 +478,22 @@ TEST(CudaDecode, PlanSplitsRegionsEvenly) {
 // not outlast the middle: 8 x 16K and up at these windows (20 tiles), not at
 // batch 1 (short chunks, or more than 32 of them), not for a sequence
 // without a middle, not with forced chunking.
+// Whole-group copies (v34) are chosen from DecodePlan::mid_groups_aligned:
+// set exactly when every middle chunk starts at a multiple of 4 tiles (the
+// GPU cases of LoopVariantsD128 take the group path for chunks of 4 and 12
+// tiles and the automatic split, the per-tile path for 6).
+TEST(CudaDecode, PlanMarksGroupAlignedMiddles) {
+  std::vector<int32_t> s = {0, 0, 0, 0}, m = {2001, 16, 64 * 9 + 17, 48}, r = {0, 0, 0, 0};
+  const PackedRegions packed(s, m, r);
+  for (int per : {0, 4, 6, 8, 12, 16, 3}) {
+    const DecodePlan plan = plan_decode(4, packed.get(), 2, 132, per);
+    bool aligned = true;
+    for (int i = 0; i < plan.num_quant_chunks; ++i) aligned &= plan.chunks[4 * plan.order[i] + 2] % 4 == 0;
+    EXPECT_EQ(plan.mid_groups_aligned, aligned) << "chunks of " << per;
+    EXPECT_EQ(plan.mid_groups_aligned, per % 4 == 0) << "chunks of " << per;
+  }
+}
+
 TEST(CudaDecode, PlanFusesShortWindows) {
   auto fused = [](int batch, int ctx, int sink, int recent, int tiles_per_chunk = 0) {
     std::vector<int32_t> s(batch, sink), m(batch, std::max(0, ctx - sink - recent)), r(batch, recent);

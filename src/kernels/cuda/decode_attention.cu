@@ -1011,15 +1011,13 @@ __host__ __device__ constexpr int ring_stages() { return kVariant == 3 ? OSCAR_I
 // Shared memory of a split kernel: the warps' rings, then (reused) the
 // per-warp outputs.
 // The fused window CTA (v33) stages its BF16 window tiles (K and V, 16 rows
-// each) through a per-warp cp.async ring of this many tiles:
-// OSCAR_WINDOW_RING_KB per warp (8: 32 KB per CTA; D 64: 2 tiles, 128: 1,
-// 256: 1).
-#ifndef OSCAR_WINDOW_RING_KB
-#define OSCAR_WINDOW_RING_KB 8
-#endif
+// each) through a per-warp cp.async ring of 8 KB (32 KB per CTA): 2 tiles at
+// head_dim 64, 1 at 128, 1 at 256 (16 KB: the ring is one tile there). Deeper rings measured slower
+// (v33): CTAs of 64 KB or more do not fit beside three middle CTAs and start
+// later.
 template <int D>
 __host__ __device__ constexpr int window_ring_tiles() {
-  constexpr int n = OSCAR_WINDOW_RING_KB * 1024 / (2 * kTileTokens * D * 2);
+  constexpr int n = 8192 / (2 * kTileTokens * D * 2);
   return n > 0 ? n : 1;
 }
 template <int D, int G, bool kQuant, int kVariant, bool kFused = false>
@@ -1106,14 +1104,10 @@ __device__ __forceinline__ RingLane group_lane(const kv::PagedKvView& kv, int la
   L.dp = (c >> 2) * TB + 32 * RB + (v ? 64 : 0) + 16 * (c & 3);
   return L;
 }
-// Tiles of the group past the chunk's last (nt <= u: masked in the loop)
-// are not copied (OSCAR_GROUP_TAIL_SKIP, an A/B knob): their slots keep
-// older bytes, which the masking ignores as it ignores a partial tile's
-// padding rows (scores -inf, value scale and min 0). Otherwise they are
-// read from the page like the others (real rows of the page, masked).
-#ifndef OSCAR_GROUP_TAIL_SKIP
-#define OSCAR_GROUP_TAIL_SKIP 1
-#endif
+// Tiles of the group past the chunk's last (u >= nt: masked in the loop)
+// are not copied: their slots keep older bytes, which the masking ignores as
+// it ignores a partial tile's padding rows (scores -inf, value scale and min
+// 0).
 template <int D, int G, int TPI>
 __device__ __forceinline__ void issue_group_copies(uint8_t* dst, const kv::PagedKvView& kv, const RingLane& L,
                                                    const TileRef& ref, int nt, int h, int lane) {
@@ -1122,7 +1116,7 @@ __device__ __forceinline__ void issue_group_copies(uint8_t* dst, const kv::Paged
   const uint32_t row0 = (static_cast<uint32_t>(ref.page) * kv.num_kv_heads + h) * kv.page_size + ref.slot0;
   const uint8_t* kc = L.kc + uint64_t(row0) * RB;
   const uint8_t* vc = L.vc + uint64_t(row0) * RB;
-  if (OSCAR_GROUP_TAIL_SKIP == 0 || nt >= TPI) {  // every group but a chunk's last: no per-copy predicates
+  if (nt >= TPI) {  // every group but a chunk's last: no per-copy predicates
 #pragma unroll
     for (int u = 0; u < TPI; ++u) {
       cp_async16(dst + u * TB + 16 * lane, kc + u * kTileTokens * RB);
@@ -1326,7 +1320,11 @@ __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? O
         L = ring_lane<D, G>(kv, lane);
       constexpr int S = kRingStages;
       // kGroup (v34): one ref per group (its first tile's page and slot);
-      // groups that are issued start at or before tlast.
+      // groups that are issued start at or before tlast. (The two ways are
+      // spelled out at each of the three places: folding them into lambdas
+      // changes the SASS of every ring instance, and this loop's speed moves
+      // with its register allocation; the per-tile instances' code is
+      // byte-identical to before v34 as written.)
       TileRef ref[TPI];
       // Prologue: groups 0 .. S-2 in flight (one commit group each, empty
       // past the end), then the page ids of group S-1.
@@ -1421,11 +1419,11 @@ __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? O
     const int32_t* prec = kv.recent.indices + c2.z;
     const int ns = (c2.y + kTileTokens - 1) / kTileTokens, nt = ns + (c2.w + kTileTokens - 1) / kTileTokens;
     // The warp's tiles u = warp, warp + kWarps, ... (i-th: slot i % WS of
-    // its ring) are staged by cp.async, up to WS in flight, instead of one
-    // register load per tile after the last (v33): this CTA starts in the
-    // middle's tail, when loads are slow, and its window tiles were one
-    // round trip each. Page ids: lane i holds the warp's i-th tile's page,
-    // all looked up at once. Rows are stored with the 16-byte chunks of a
+    // its ring, WS tiles in flight: 1 at head_dim 128) are staged by
+    // cp.async instead of 16 register loads per lane (v33). Page ids: lane i
+    // holds the warp's i-th tile's page, all looked up at once, instead of
+    // one dependent page-id load before each tile (this CTA starts in the
+    // middle's tail, when every load is slow). Rows are stored with the 16-byte chunks of a
     // row XOR-swizzled (window_chunk) so that the fragment loads below are
     // free of bank conflicts; padding rows of V are zero-filled (their bits
     // may be NaN, and p = 0 times NaN would poison O).
@@ -1978,8 +1976,9 @@ DecodePlan plan_decode(int batch, const HostRegions& regions, int num_kv_heads, 
     return per;
   };
   // Middle chunks are launched chunk index first (every sequence's first
-  // chunk, then every sequence's second one, ...), and with the automatic
-  // split their sizes follow their dispatch round (v26): the block
+  // chunk, then every sequence's second one, ...). With a rank skew (off by
+  // default: v26 and v34c measured skews slower at batch 1 and 8) the
+  // automatic split's sizes follow their dispatch round: the block
   // scheduler hands CTAs to the SMs round by round, and an SM's warp
   // scheduler favours its older CTAs, so that, with equal chunks, the CTAs of
   // the first round end first and those of the last round up to a third
