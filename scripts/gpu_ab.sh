@@ -6,6 +6,9 @@
 # adds a -DOSCAR_DECODE_TRACE build of B and its CTA timeline (--trace) on
 # TRACE_SHAPES. C_FLAGS="-D..." (and D_FLAGS) add a third (fourth) build, c
 # (d), of the working tree with those CUDA flags, timed in the same rounds.
+# A=none: no other checkout (only the working tree's builds). SWEEP="args1|args2|..."
+# times build b once per set of bench_decode arguments (b0, b1, ...: e.g.
+# SWEEP="--wparts 1|--wparts 3"), interleaved in the same rounds.
 # ITERS (default 100): timed calls per shape and build. A fresh process's
 # first few dozen calls run slower (8 x 32K: 54 us median of 15, 49.5 of 200;
 # docs/cuda-notes.md, v34), so short runs understate the steady state.
@@ -18,7 +21,7 @@ SHAPES=${SHAPES-"1,131072 8,32768 8,65536 32,32768 64,65536"}
 REPS=${REPS:-2}
 mkdir -p "$OUT"
 export PATH=/usr/local/cuda/bin:$PATH
-[[ -e $A/.deps ]] || ln -sfn "$PWD/.deps" "$A/.deps"
+[[ $A == none || -e $A/.deps ]] || ln -sfn "$PWD/.deps" "$A/.deps"
 build() {  # src dir, build dir, extra CUDA flags
   cmake -S "$1/tests/cuda/gpu_build" -B "$2" -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_CUDA_FLAGS="-DOSCAR_CUDA_MIN_INSTANCES $3" > "$OUT/$(basename "$2").log" 2>&1 \
@@ -28,6 +31,7 @@ t0=$(date +%s)
 # a: the other checkout; b: the working tree; c, d: the working tree with
 # C_FLAGS / D_FLAGS; t: the working tree's trace build.
 VARIANTS="a b"
+[[ $A == none ]] && VARIANTS="b"
 [[ -n ${C_FLAGS:-} ]] && VARIANTS+=" c"
 [[ -n ${D_FLAGS:-} ]] && VARIANTS+=" d"
 BUILDS=$VARIANTS
@@ -47,13 +51,20 @@ export OSCAR_BENCH_FLUSH=read
 for rep in $(seq "$REPS"); do
   for ob in $SHAPES; do
     for v in $VARIANTS; do
-      printf "%s rep%s %-9s " "$v" "$rep" "$ob"
-      ./build-ab-$v/bench_decode --only "$ob" --int2 --iters "${ITERS:-100}" 2>&1 | grep -E "^int2 " | awk '{print $4" us  (last column: "$NF")"}'
+      IFS='|' read -ra ARGSETS <<< "${SWEEP:-}"
+      [[ $v == b && ${#ARGSETS[@]} -gt 0 ]] || ARGSETS=("")
+      for k in "${!ARGSETS[@]}"; do
+        label=$v; ((${#ARGSETS[@]} > 1)) && label=$v$k
+        printf "%-3s rep%s %-9s %-14s " "$label" "$rep" "$ob" "${ARGSETS[$k]}"
+        # shellcheck disable=SC2086  # the sweep's arguments split into words
+        ./build-ab-$v/bench_decode --only "$ob" --int2 --iters "${ITERS:-100}" ${ARGSETS[$k]} 2>&1 | grep -E "^int2 " |
+          awk '{print $4" us  (last column: "$NF")"}'
+      done
     done
   done
 done | tee "$OUT/ab.log"
 if [[ ${TRACE:-0} == 1 ]]; then
   for ob in ${TRACE_SHAPES:-8,32768 32,32768}; do
-    ./build-ab-t/bench_decode --only "$ob" --trace-dump "$OUT/trace.csv" 2>&1 | grep -E "^trace"
+    ./build-ab-t/bench_decode --only "$ob" --trace-dump "$OUT/trace.csv" ${T_ARGS:-} 2>&1 | grep -E "^trace"
   done | tee "$OUT/trace.log"
 fi

@@ -180,12 +180,26 @@ struct KernelArgs {
   // Fused window + merge launch (v27, plan.fused_windows): the final outputs.
   float* o;                // [batch][Hq][D]
   float* lse;              // [batch][Hq] natural log, or nullptr
+  // Window parts (v35): arrivals per (sequence, KV head), [batch][Hkv], zero
+  // between calls (the last part to arrive merges and resets its counter).
+  int* window_count;
 };
 
 // A fused window chunk merges at most this many middle chunks (one lane each).
 constexpr int kFuseMaxChunks = 32;
 // ... and covers at most this many window tiles per (sequence, KV head).
 constexpr int kFuseMaxWindowTiles = 64;
+// The planner's window parts (v35) give each warp of a part at most this
+// many window tiles (0: one part per window, as before v35).
+#ifndef OSCAR_WINDOW_TILES_PER_WARP
+#define OSCAR_WINDOW_TILES_PER_WARP 0
+#endif
+constexpr int kAutoWindowTilesPerWarp = OSCAR_WINDOW_TILES_PER_WARP;
+// A fused window is split into at most this many parts (v35: CTAs of one
+// (sequence, KV head) that take a share of its window tiles each; the last
+// to finish merges). The part count travels in bits 26.. of the chunk
+// entry's first word (upload_plan).
+constexpr int kMaxWindowParts = 16;
 
 // Per-warp online-softmax state for the lane's two head columns 2r, 2r+1.
 template <int D, int NG>
@@ -1136,13 +1150,16 @@ __device__ __forceinline__ void issue_group_copies(uint8_t* dst, const kv::Paged
 
 // The fused window + merge epilogue (v27): warp w takes the q heads w,
 // w + kWarps, ... of KV head h; per head the window's state (the 4 warps'
-// states in shared memory) and the partials of middle chunks [c0, c1) (one
-// lane per chunk for the log-sum-exp, every lane D/4/32 float4 channel slots
-// of every chunk, all loads in flight at once) give the final output.
+// states in shared memory; none when `smem_window` is false) and the
+// partials of chunks [c0, c1) (one lane per chunk for the log-sum-exp, every
+// lane D/4/32 float4 channel slots of every chunk, all loads in flight at
+// once) give the final output. With window parts (v35) [c0, c1) are the
+// middle's chunks and then the window parts' (written by other CTAs of this
+// grid: the loads go to L2).
 template <int D>
 __device__ __forceinline__ void fused_merge(const KernelArgs& a, int b, int h, int c0, int c1,
                                             const float (*s_o)[kMaxGqa][D], const float (*s_m)[kMaxGqa],
-                                            const float (*s_l)[kMaxGqa], int warp, int lane) {
+                                            const float (*s_l)[kMaxGqa], bool smem_window, int warp, int lane) {
   constexpr int S = (D / 4 + 31) / 32;  // float4 slots per lane
   constexpr int U = 8;                  // chunks whose outputs are loaded at once
   const int nc = c1 - c0;               // <= kFuseMaxChunks (upload_plan)
@@ -1151,7 +1168,8 @@ __device__ __forceinline__ void fused_merge(const KernelArgs& a, int b, int h, i
     const int hq = h * a.gqa + hd;
     auto chunk_o = [&](int c, int slot) {
       return c < nc && slot < D / 4
-                 ? *reinterpret_cast<const float4*>(a.partial_o + (int64_t(c0 + c) * a.num_q_heads + hq) * D + 4 * slot)
+                 ? __ldcg(reinterpret_cast<const float4*>(a.partial_o + (int64_t(c0 + c) * a.num_q_heads + hq) * D +
+                                                          4 * slot))
                  : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     };
     // Every load of the first U chunks in flight before any arithmetic: the
@@ -1161,11 +1179,11 @@ __device__ __forceinline__ void fused_merge(const KernelArgs& a, int b, int h, i
     for (int si = 0; si < S; ++si)
 #pragma unroll
       for (int u = 0; u < U; ++u) x0[si][u] = chunk_o(u, lane + 32 * si);
-    const float lc = lane < nc ? a.partial_lse[int64_t(c0 + lane) * a.num_q_heads + hq] : -INFINITY;
+    const float lc = lane < nc ? __ldcg(a.partial_lse + int64_t(c0 + lane) * a.num_q_heads + hq) : -INFINITY;
     // The window's state: its 4 warps combined.
     float mw = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) mw = fmaxf(mw, s_m[w][hd]);
+    for (int w = 0; w < kWarps; ++w) mw = fmaxf(mw, smem_window ? s_m[w][hd] : -INFINITY);
     float sc[kWarps], lw = 0.0f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) {
@@ -1241,7 +1259,7 @@ __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? O
   const int4 c = a.chunks[2 * (a.first + blockIdx.y)];
   const int4 c2 = a.chunks[2 * (a.first + blockIdx.y) + 1];
   const int h = blockIdx.x;
-  const int b = c.x & 0xffffff, region = c.x >> 24, t0 = c.y, t1 = c.z, chunk = c.w;
+  const int b = c.x & 0xffffff, region = (c.x >> 24) & 3, t0 = c.y, t1 = c.z, chunk = c.w;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, r = lane & 3;
   const kv::PagedKvView& kv = a.kv;
@@ -1418,6 +1436,11 @@ __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? O
     const int32_t* psink = kv.sink.indices + c2.x;
     const int32_t* prec = kv.recent.indices + c2.z;
     const int ns = (c2.y + kTileTokens - 1) / kTileTokens, nt = ns + (c2.w + kTileTokens - 1) / kTileTokens;
+    // Window parts (v35): this CTA is part chunk - t1 of c.x's part count
+    // (their ids follow the middle's, upload_plan) and takes window tiles
+    // [w0, w1), an equal share.
+    const int nparts = ((c.x >> 26) & 31) + 1, part = chunk - t1;
+    const int w0 = part * nt / nparts, nw = (part + 1) * nt / nparts - w0;
     // The warp's tiles u = warp, warp + kWarps, ... (i-th: slot i % WS of
     // its ring, WS tiles in flight: 1 at head_dim 128) are staged by
     // cp.async instead of 16 register loads per lane (v33). Page ids: lane i
@@ -1429,10 +1452,10 @@ __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? O
     // may be NaN, and p = 0 times NaN would poison O).
     constexpr int WS = window_ring_tiles<D>(), RB = D * 2, TB = kTileTokens * RB, CPR = D / 8;
     uint8_t* ring = smem + warp * WS * 2 * TB;
-    const int my_n = warp < nt ? (nt - 1 - warp) / kWarps + 1 : 0;  // <= kFuseMaxWindowTiles / kWarps = 16
+    const int my_n = warp < nw ? (nw - 1 - warp) / kWarps + 1 : 0;  // <= kFuseMaxWindowTiles / kWarps = 16
     const FastDiv& tpp = a.tiles_per_page;
     auto tile_of = [&](int i, int& t, int& len) {
-      const int u = warp + i * kWarps;
+      const int u = w0 + warp + i * kWarps;
       const bool rec = u >= ns;
       t = rec ? u - ns : u;
       len = rec ? c2.w : c2.y;
@@ -1449,7 +1472,7 @@ __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? O
     auto issue = [&](int i) {
       const int32_t page = __shfl_sync(0xffffffffu, my_page, i & 31);
       if (i < my_n) {
-        if (warp + i * kWarps == wait_tile) pdl_wait();
+        if (w0 + warp + i * kWarps == wait_tile) pdl_wait();
         int t, len;
         tile_of(i, t, len);
         const TileLoc loc = tile_loc(page, tpp, len, kv.page_size, kv.num_kv_heads, h, t);
@@ -1599,31 +1622,57 @@ __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? O
   }  // kVariant != 2
   __syncthreads();
 
+  // --- merge the warps; write this chunk's partial (normalized o, log2 lse)
+  auto write_partial = [&] {
+    for (int idx = threadIdx.x; idx < a.gqa * D; idx += kThreads) {
+      const int hd = idx / D, ch = idx % D;
+      float M = -INFINITY;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) M = fmaxf(M, s_m[w][hd]);
+      float L = 0.0f, O = 0.0f;
+      if (M != -INFINITY) {
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) {
+          const float sc = exp2f(s_m[w][hd] - M);  // warps with no tokens: exp2(-inf) = 0
+          L += sc * s_l[w][hd];
+          O += sc * s_o[w][hd][ch];
+        }
+      }
+      const int64_t row = int64_t(chunk) * a.num_q_heads + h * a.gqa + hd;
+      a.partial_o[row * D + ch] = L > 0.0f ? O / L : 0.0f;
+      if (ch == 0) a.partial_lse[row] = L > 0.0f ? M + log2f(L) : -INFINITY;
+    }
+  };
   if constexpr (kFused) {
     // Middle chunks [t0, t1) of sequence b (ids; written by the launches
     // before this one): wait for them, then merge them with this CTA's window.
-    fused_merge<D>(a, b, h, t0, t1, s_o, s_m, s_l, warp, lane);
-    OSCAR_TRACE_END(1);
-  } else {
-  // --- merge the warps; write this chunk's partial (normalized o, log2 lse)
-  for (int idx = threadIdx.x; idx < a.gqa * D; idx += kThreads) {
-    const int hd = idx / D, ch = idx % D;
-    float M = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, s_m[w][hd]);
-    float L = 0.0f, O = 0.0f;
-    if (M != -INFINITY) {
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) {
-        const float sc = exp2f(s_m[w][hd] - M);  // warps with no tokens: exp2(-inf) = 0
-        L += sc * s_l[w][hd];
-        O += sc * s_o[w][hd][ch];
+    const int nparts = ((c.x >> 26) & 31) + 1;
+    if (nparts == 1) {
+      fused_merge<D>(a, b, h, t0, t1, s_o, s_m, s_l, true, warp, lane);
+    } else {
+      // One of several window parts (v35): write this part's partial row
+      // (chunk id t1 + part), count it in; the part that arrives last (every
+      // other part's row then written and visible) merges the middle's
+      // chunks and all parts' rows, and resets the counter for the next call.
+      __shared__ int s_last;
+      write_partial();
+      __threadfence();
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        int* count = a.window_count + b * a.kv.num_kv_heads + h;
+        const bool last = atomicAdd(count, 1) == nparts - 1;
+        if (last) atomicExch(count, 0);
+        s_last = last;
+      }
+      __syncthreads();
+      if (s_last) {
+        __threadfence();
+        fused_merge<D>(a, b, h, t0, t1 + nparts, s_o, s_m, s_l, false, warp, lane);
       }
     }
-    const int64_t row = int64_t(chunk) * a.num_q_heads + h * a.gqa + hd;
-    a.partial_o[row * D + ch] = L > 0.0f ? O / L : 0.0f;
-    if (ch == 0) a.partial_lse[row] = L > 0.0f ? M + log2f(L) : -INFINITY;
-  }
+    OSCAR_TRACE_END(1);
+  } else {
+  write_partial();
   // A window launch that started early (programmatic dependent of the middle
   // launch or the step write) completes only after that launch has: the
   // merge, which waits for this grid, then sees all. A no-op for a plain
@@ -1856,6 +1905,7 @@ cudaError_t launch(const DecodeParams& p, const DecodePlan& plan, const DecodeWo
   a.step_write = p.write.n > 0;
   a.o = p.o;
   a.lse = p.lse;
+  a.window_count = ws.window_count;
   const int nq = plan.num_quant_chunks, nb = plan.num_chunks - plan.num_quant_chunks;
   bool launched = false;
   const bool pdl = p.pdl != 0;
@@ -1915,7 +1965,8 @@ int ceil_div(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
 
 // ---------------------------------------------------------------------------
 DecodePlan plan_decode(int batch, const HostRegions& regions, int num_kv_heads, int num_sms,
-                       int tiles_per_chunk, int ctas_per_sm, float rank_skew, int fuse_windows) {
+                       int tiles_per_chunk, int ctas_per_sm, float rank_skew, int fuse_windows,
+                       int window_parts) {
   if (batch < 0) throw Error("plan_decode: batch < 0");
   for (int k = 0; k < 3; ++k)
     if (!regions.len[k] || !regions.indptr[k])
@@ -2069,6 +2120,20 @@ DecodePlan plan_decode(int batch, const HostRegions& regions, int num_kv_heads, 
            (fuse_windows > 0 || (count[b] > 0 ? 4 * nwin <= first_chunk : nwin <= first_chunk));
   }
   plan.fused_windows = fuse;
+  // Window parts (v35): a fused window is taken by `parts` CTAs of an equal
+  // share of its tiles each; every part writes a partial row and the last to
+  // finish merges. The window CTAs start in the middle's tail, where every
+  // load is slow, and each warp takes its tiles one after another: a part
+  // count shortens that chain. window_parts > 0 forces a count (clamped to
+  // what the merge takes), otherwise kAutoWindowTilesPerWarp decides.
+  auto window_parts_of = [&](int b) {
+    const int nwin = ceil_div(sink_len[b], kTileTokens) + ceil_div(recent_len[b], kTileTokens);
+    const int most = std::min(kMaxWindowParts, kFuseMaxChunks - count[b]);
+    const int want = window_parts > 0               ? window_parts
+                     : kAutoWindowTilesPerWarp > 0 ? ceil_div(nwin, kWarps * kAutoWindowTilesPerWarp)
+                                                   : 1;
+    return std::clamp(want, 1, std::max(most, 1));
+  };
   std::vector<int32_t> first_mid(batch, 0);  // chunk id of sequence b's first middle chunk
   plan.chunks.reserve(4 * (size_t(bptr[batch]) + 4 * size_t(batch)));
   auto add = [&](int b, int region, int ntiles, int per) {
@@ -2085,9 +2150,16 @@ DecodePlan plan_decode(int batch, const HostRegions& regions, int num_kv_heads, 
     const int32_t* t = count[b] > 0 ? &bounds[size_t(bptr[b])] : nullptr;
     for (int k = 0; k < count[b]; ++k) plan.chunks.insert(plan.chunks.end(), {b, 1, t[k], t[k + 1]});
     if (fuse) {
-      // The window chunk of b: region 3, its "tiles" the ids of b's middle chunks.
-      bf16_ids.push_back(static_cast<int32_t>(plan.chunks.size() / 4));
-      plan.chunks.insert(plan.chunks.end(), {b, 3, first_mid[b], static_cast<int32_t>(plan.chunks.size() / 4)});
+      // The window chunks of b: region 3, its "tiles" the ids of b's middle
+      // chunks; one per window part (v35), identical, their ids following
+      // the middle's.
+      const int32_t end_mid = static_cast<int32_t>(plan.chunks.size() / 4);
+      const int parts = window_parts_of(b);
+      plan.window_parts = std::max(plan.window_parts, parts);
+      for (int k = 0; k < parts; ++k) {
+        bf16_ids.push_back(static_cast<int32_t>(plan.chunks.size() / 4));
+        plan.chunks.insert(plan.chunks.end(), {b, 3, first_mid[b], end_mid});
+      }
     } else {
       add(b, 2, ceil_div(recent_len[b], kTileTokens), plan.tiles_per_chunk_bf16);
     }
@@ -2115,7 +2187,9 @@ DecodePlan plan_decode(int batch, const HostRegions& regions, int num_kv_heads, 
   // loads; v24).
   auto window_tiles = [&](int32_t id) {
     const int32_t* c = &plan.chunks[4 * size_t(id)];
-    return c[1] == 3 ? ceil_div(sink_len[c[0]], kTileTokens) + ceil_div(recent_len[c[0]], kTileTokens) : c[3] - c[2];
+    return c[1] == 3 ? ceil_div(ceil_div(sink_len[c[0]], kTileTokens) + ceil_div(recent_len[c[0]], kTileTokens),
+                                window_parts_of(c[0]))
+                     : c[3] - c[2];
   };
   std::stable_sort(bf16_ids.begin(), bf16_ids.end(),
                    [&](int32_t x, int32_t y) { return window_tiles(x) > window_tiles(y); });
@@ -2132,11 +2206,19 @@ DecodeWorkspace alloc_decode_workspace(int capacity, int max_batch, int max_q_he
   ws.max_batch = max_batch;
   ws.max_q_heads = max_q_heads;
   ws.head_dim = head_dim;
-  OSCAR_CUDA_CHECK(cudaMalloc(&ws.chunks, sizeof(int32_t) * 8 * size_t(capacity)));
-  OSCAR_CUDA_CHECK(cudaMalloc(&ws.seq_chunk_ptr, sizeof(int32_t) * (size_t(max_batch) + 1)));
-  OSCAR_CUDA_CHECK(
-      cudaMalloc(&ws.partial_o, sizeof(float) * size_t(capacity) * max_q_heads * head_dim));
-  OSCAR_CUDA_CHECK(cudaMalloc(&ws.partial_lse, sizeof(float) * size_t(capacity) * max_q_heads));
+  try {  // a failed allocation frees the earlier ones
+    OSCAR_CUDA_CHECK(cudaMalloc(&ws.chunks, sizeof(int32_t) * 8 * size_t(capacity)));
+    OSCAR_CUDA_CHECK(cudaMalloc(&ws.seq_chunk_ptr, sizeof(int32_t) * (size_t(max_batch) + 1)));
+    OSCAR_CUDA_CHECK(
+        cudaMalloc(&ws.partial_o, sizeof(float) * size_t(capacity) * max_q_heads * head_dim));
+    OSCAR_CUDA_CHECK(cudaMalloc(&ws.partial_lse, sizeof(float) * size_t(capacity) * max_q_heads));
+    OSCAR_CUDA_CHECK(cudaMalloc(&ws.window_count, sizeof(int32_t) * size_t(max_batch) * max_q_heads));
+    OSCAR_CUDA_CHECK(cudaMemset(ws.window_count, 0, sizeof(int32_t) * size_t(max_batch) * max_q_heads));
+    OSCAR_CUDA_CHECK(cudaDeviceSynchronize());  // the counters are zero before any launch reads them
+  } catch (...) {
+    free_decode_workspace(ws);
+    throw;
+  }
   return ws;
 }
 
@@ -2153,6 +2235,7 @@ void free_decode_workspace(DecodeWorkspace& ws) {
   cudaFree(ws.seq_chunk_ptr);
   cudaFree(ws.partial_o);
   cudaFree(ws.partial_lse);
+  cudaFree(ws.window_count);
   ws = DecodeWorkspace{};
 }
 
@@ -2166,9 +2249,12 @@ cudaError_t upload_plan(const DecodePlan& plan, const DecodeWorkspace& ws, cudaS
     return cudaErrorInvalidValue;
   for (int i = 0; i < plan.batch * 3; ++i)
     if (plan.regions[2 * size_t(i)] < 0 || plan.regions[2 * size_t(i) + 1] < 0) return cudaErrorInvalidValue;
+  std::vector<int32_t> parts(size_t(plan.num_chunks), 1);  // fused window chunks: parts of their window
+  std::vector<bool> seen(size_t(plan.num_chunks), false);
   for (int i = 0; i < plan.num_chunks; ++i) {
     const int32_t id = plan.order[i];
-    if (id < 0 || id >= plan.num_chunks) return cudaErrorInvalidValue;
+    if (id < 0 || id >= plan.num_chunks || seen[size_t(id)]) return cudaErrorInvalidValue;  // a permutation
+    seen[size_t(id)] = true;
     const int32_t* c = &plan.chunks[4 * size_t(id)];
     if (c[0] < 0 || c[0] >= plan.batch || c[1] < 0 || c[1] > 3 || c[2] < 0 || c[3] < c[2])
       return cudaErrorInvalidValue;
@@ -2181,6 +2267,17 @@ cudaError_t upload_plan(const DecodePlan& plan, const DecodeWorkspace& ws, cudaS
       if (c[3] > plan.num_chunks || c[3] - c[2] > kFuseMaxChunks) return cudaErrorInvalidValue;
       for (int k = c[2]; k < c[3]; ++k)
         if (plan.chunks[4 * size_t(k)] != c[0] || plan.chunks[4 * size_t(k) + 1] != 1) return cudaErrorInvalidValue;
+      // Its window's parts (v35): the identical chunks from id c[3] on, this
+      // one among them; every part's row and the middle's fit the merge.
+      int n = 0;
+      while (c[3] + n < plan.num_chunks && n < kMaxWindowParts &&
+             std::equal(c, c + 4, &plan.chunks[4 * size_t(c[3] + n)]))
+        ++n;
+      if (id < c[3] || id >= c[3] + n || c[3] - c[2] + n > kFuseMaxChunks) return cudaErrorInvalidValue;
+      if (c[3] + n < plan.num_chunks && std::equal(c, c + 4, &plan.chunks[4 * size_t(c[3] + n)]))
+        return cudaErrorInvalidValue;  // more than kMaxWindowParts parts
+      if (n > 1 && !ws.window_count) return cudaErrorInvalidValue;
+      parts[size_t(id)] = n;
       continue;
     }
     // Tiles within the region's length: the kernels trust t1 and the length.
@@ -2197,7 +2294,7 @@ cudaError_t upload_plan(const DecodePlan& plan, const DecodeWorkspace& ws, cudaS
     const int id = plan.order[i];
     const int32_t* c = &plan.chunks[4 * size_t(id)];
     int32_t* e = &table[8 * size_t(i)];
-    e[0] = c[0] | (c[1] << 24);
+    e[0] = c[0] | (c[1] << 24) | ((parts[size_t(id)] - 1) << 26);
     e[1] = c[2];
     e[2] = c[3];
     e[3] = id;
@@ -2258,6 +2355,8 @@ std::string check_decode(const DecodeParams& p, const DecodePlan& plan, const De
   if (plan.batch != kv.batch) return who + "plan batch differs from view batch";
   if (plan.num_quant_chunks > 65535 || plan.num_chunks - plan.num_quant_chunks > 65535)
     return who + "plan has more than 65535 middle or window chunks (one grid dimension)";
+  if (plan.window_parts > 1 && !ws.window_count)
+    return who + "plan splits windows into parts but the workspace has no window_count";
   if (plan.num_chunks > ws.capacity)
     return who + "plan has " + std::to_string(plan.num_chunks) + " chunks, workspace holds " +
            std::to_string(ws.capacity);
