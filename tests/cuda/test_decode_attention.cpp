@@ -34,7 +34,7 @@ struct Case {
   int tiles_per_chunk;  // 0 = planner's choice
   const char* name;
   int fuse = -1;        // plan_decode's fuse_windows (1: the fused window + merge kernel wherever it can run)
-  int wparts = -1;      // plan_decode's window_parts (-1: the planner's choice)
+  int claims = -1;      // plan_decode's mid_claims (1: claimed middle groups on any fused plan, v36)
 };
 
 int num_sms() {
@@ -47,7 +47,7 @@ int num_sms() {
 struct Result {
   double err_o, err_lse;
   bool fused = false;  // the plan used the fused window + merge kernel
-  int window_parts = 1;  // the plan's DecodePlan::window_parts
+  bool claims = false;  // the plan claims middle groups (DecodePlan::mid_claims)
 };
 
 // The plan's host inputs: per region (sink, middle, recent) the lengths and
@@ -109,7 +109,7 @@ Result run_case(const Case& c, uint32_t seed, bool bf16_kernel = false, int vari
   cpu::decode_attention_ref(cache.host_view, q.data(), hq, sm_scale, o_ref.data(), lse_ref.data());
 
   DecodePlan plan =
-      plan_decode(batch, regions_of(cache), c.hkv, num_sms(), c.tiles_per_chunk, 0, -1.0f, c.fuse, c.wparts);
+      plan_decode(batch, regions_of(cache), c.hkv, num_sms(), c.tiles_per_chunk, 0, -1.0f, c.fuse, c.claims);
   DecodeWorkspace ws = alloc_decode_workspace(std::max(plan.num_chunks, 1), batch, hq, c.d);
   DeviceBuffer<float> d_q(q), d_o(q.size()), d_lse(lse_ref.size());
   DecodeParams p = params_for(cache, d_q.ptr, hq, sm_scale, d_o.ptr, d_lse.ptr);
@@ -117,7 +117,7 @@ Result run_case(const Case& c, uint32_t seed, bool bf16_kernel = false, int vari
   p.pdl = pdl;
   EXPECT_EQ(check_decode(p, plan, ws), "");
   OSCAR_CUDA_CHECK(upload_plan(plan, ws, nullptr));
-  Result r{0.0, 0.0, plan.fused_windows, plan.window_parts};
+  Result r{0.0, 0.0, plan.fused_windows, plan.mid_claims};
   for (int call = 0; call < calls; ++call) {
     d_o.poison();
     d_lse.poison();
@@ -136,10 +136,10 @@ Result run_case(const Case& c, uint32_t seed, bool bf16_kernel = false, int vari
     }
   }
   free_decode_workspace(ws);
-  std::printf("  [%s] d=%d G=%d gqa=%d hkv=%d page=%d variant=%d pdl=%d calls=%d chunks=%d (quant %d, "
-              "window parts %d): rel_l2(o)=%.2e max|dlse|=%.2e\n",
+  std::printf("  [%s] d=%d G=%d gqa=%d hkv=%d page=%d variant=%d pdl=%d calls=%d chunks=%d (quant %d): "
+              "claims=%d rel_l2(o)=%.2e max|dlse|=%.2e\n",
               c.name, c.d, c.group, c.gqa, c.hkv, c.page, variant, pdl, calls, plan.num_chunks,
-              plan.num_quant_chunks, plan.fused_windows ? plan.window_parts : 0, r.err_o, r.err_lse);
+              plan.num_quant_chunks, int(plan.mid_claims), r.err_o, r.err_lse);
   return r;
 }
 
@@ -153,7 +153,7 @@ void expect_ok(const Case& c, uint32_t seed, bool bf16_kernel = false, int varia
                int calls = 1) {
   const Result r = run_case(c, seed, bf16_kernel, variant, pdl, calls);
   if (c.fuse > 0) EXPECT_TRUE(r.fused) << c.name << ": the plan does not fuse";
-  if (c.wparts > 0) EXPECT_EQ(r.window_parts, c.wparts) << c.name << ": window parts";
+  if (c.claims > 0) EXPECT_TRUE(r.claims) << c.name << ": the plan does not claim";
   EXPECT_LE(r.err_o, tol_for(c)) << c.name;  // NaN compares false -> fails
   EXPECT_LE(r.err_lse, 2e-2) << c.name;
 }
@@ -200,31 +200,43 @@ TEST(CudaDecode, FusedWindowsAndMerge) {
     expect_ok(c, ++seed);
     expect_ok(c, ++seed, false, 0, /*pdl=*/0, /*calls=*/3);
   }
-  // Window parts (v35): every part writes a partial row and the last to
-  // arrive merges; more parts than a window has tiles leave parts empty
-  // ({17, 0, 0}: 2 tiles, 16 parts); repeated calls (the counters are reset
-  // by each call's last parts), plain launches, and the loop variants.
-  for (int wparts : {2, 3, 5, 16}) {
-    Case c{128, 128, 4, 8, 64, mixed_seqs(64), 0, "fused, window parts"};
+  // Claimed middle groups (v36): forced on the fused plans above (their
+  // chunks kept: 1 to 32 per sequence, middles ending inside a group, empty
+  // middles), with repeated calls (the fused CTAs reset the counters),
+  // plain launches, the other loops (which run the chunks as planned) and
+  // pages of 16 (no whole-group copies: as planned too).
+  for (int per : {0, 16, 64}) {
+    Case c{128, 128, 4, 8, 64, mixed_seqs(64), per, "fused, claimed groups"};
     c.fuse = 1;
-    c.wparts = wparts;
-    expect_ok(c, ++seed, false, 0, /*pdl=*/1, /*calls=*/wparts == 3 ? 3 : 1);
+    c.claims = 1;
+    expect_ok(c, ++seed, false, 0, /*pdl=*/1, /*calls=*/per == 16 ? 3 : 1);
   }
   {
-    Case c{128, 128, 4, 2, 64, mixed_seqs(64), 8, "fused, 8-tile chunks, window parts"};
+    Case c{128, 128, 4, 2, 64, mixed_seqs(64), 8, "fused, claimed groups, 8-tile chunks"};
     c.fuse = 1;
-    c.wparts = 4;
-    c.seqs = {{64, 4000, 300}, {17, 0, 0}, {0, 0, 0}, {5, 33, 0}, {0, 2048, 1}};
+    c.claims = 1;
+    c.seqs = {{64, 4000, 300}, {17, 0, 0}, {0, 0, 0}, {5, 33, 0}, {0, 2048, 1}, {64, 1999, 256}};
     expect_ok(c, ++seed, false, 0, /*pdl=*/0, /*calls=*/2);
     for (int variant : {1, 2, 3, 4}) expect_ok(c, ++seed, false, variant);
+    c.page = 16;
+    expect_ok(c, ++seed);
+  }
+  // The planner's own choice at a batch-8-like load (long middles, few
+  // sequences): claims, the middle re-split to leave the fused window CTAs
+  // their slots.
+  {
+    Case c{128, 128, 4, 8, 64, {{64, 40000, 256}, {64, 37000 + 33, 200}, {17, 0, 0}, {64, 30001, 256}}, 0,
+           "planner's claims"};
+    const Result r = run_case(c, ++seed, false, 0, 1, 2);
+    EXPECT_TRUE(r.fused && r.claims) << "the planner does not claim here";
+    EXPECT_LE(r.err_o, tol_for(c));
+    EXPECT_LE(r.err_lse, 2e-2);
   }
 #if !defined(OSCAR_CUDA_MIN_INSTANCES)
   for (int d : {64, 256})
     for (int gqa : {1, 3, 8}) {
       Case c{d, 64, gqa, 2, 16, {{64, 777, 130}, {16, 48, 0}, {5, 0, 0}}, 0, "fused, other head dims"};
       c.fuse = 1;
-      expect_ok(c, ++seed);
-      c.wparts = 3;
       expect_ok(c, ++seed);
     }
 #endif
@@ -294,12 +306,11 @@ TEST(CudaDecode, UploadPlanRejectsBadPlans) {
   ASSERT_GT(good.num_chunks, 2);
   const bool gpu = test::have_gpu();
   DecodeWorkspace ws;
-  const int capacity = good.num_chunks + 64;  // room for the window-part plans below
   if (gpu) {
-    ws = alloc_decode_workspace(capacity, 2, 32, 128);
+    ws = alloc_decode_workspace(good.num_chunks, 2, 32, 128);
     EXPECT_EQ(upload_plan(good, ws, nullptr), cudaSuccess);
   } else {
-    ws.capacity = capacity;
+    ws.capacity = good.num_chunks;
     ws.max_batch = 2;
   }
   auto bad = [&](auto edit) {
@@ -329,48 +340,15 @@ TEST(CudaDecode, UploadPlanRejectsBadPlans) {
   EXPECT_EQ(bad([&](DecodePlan& p) { p.chunks[4 * w0 + 1] = 2; }), cudaErrorInvalidValue);  // recent: its tiles run past the window
   EXPECT_EQ(bad([&](DecodePlan& p) { p.batch = 3; }), cudaErrorInvalidValue);          // > max_batch
   EXPECT_EQ(bad([&](DecodePlan& p) { p.order[1] = p.order[0]; }), cudaErrorInvalidValue);  // not a permutation
-  // Window parts (v35): identical region-3 chunks following the middle's;
-  // the kernel finds its part from its id, and counts arrivals in the
-  // workspace's window_count. Middles of 16 chunks here (room for 16 parts).
-  std::vector<int32_t> m2(2, 4000);
-  const PackedRegions packed2(s, m2, r);
-  const DecodePlan split = plan_decode(2, packed2.get(), 8, 132, 0, 0, -1.0f, 1, 3);
-  ASSERT_EQ(split.window_parts, 3);
-  const int p0 = split.seq_chunk_ptr[1] - 3;
-  ASSERT_EQ(split.chunks[4 * p0 + 1], 3);
-  ASSERT_LE(split.num_chunks + 16, ws.capacity);
-  if (gpu) {
-    EXPECT_EQ(upload_plan(split, ws, nullptr), cudaSuccess);
-    DecodeWorkspace no_counts = ws;
-    no_counts.window_count = nullptr;
-    EXPECT_EQ(upload_plan(split, no_counts, nullptr), cudaErrorInvalidValue);
-  } else {
-    EXPECT_EQ(upload_plan(split, ws, nullptr), cudaErrorInvalidValue);  // no window_count here
-    ws.window_count = reinterpret_cast<int32_t*>(uintptr_t(64));       // host checks only, never read
+  // Claimed middles (v36) need fused windows (their CTAs reset the
+  // counters) and the workspace's counters.
+  EXPECT_EQ(bad([&](DecodePlan& p) { p.mid_claims = true; }), gpu ? cudaSuccess : cudaErrorInvalidValue);
+  {
+    DecodePlan p = plan_decode(2, packed.get(), 8, 132, 0, 0, -1.0f, 0, 1);
+    ASSERT_FALSE(p.fused_windows);
+    p.mid_claims = true;
+    EXPECT_EQ(upload_plan(p, ws, nullptr), cudaErrorInvalidValue);
   }
-  auto bad_split = [&](const DecodePlan& from, auto edit) {
-    DecodePlan p = from;
-    edit(p);
-    return upload_plan(p, ws, nullptr);
-  };
-  // A part that differs from the others (its middle range), and one whose
-  // id precedes the parts.
-  EXPECT_EQ(bad_split(split, [&](DecodePlan& p) { p.chunks[4 * (p0 + 1) + 2] += 1; }), cudaErrorInvalidValue);
-  EXPECT_EQ(bad_split(split, [&](DecodePlan& p) { p.chunks[4 * p0 + 3] += 1; }), cudaErrorInvalidValue);
-  // 16 parts are the most: a 17th (appended to the last sequence's) is refused.
-  const DecodePlan split16 = plan_decode(2, packed2.get(), 8, 132, 0, 0, -1.0f, 1, 16);
-  ASSERT_EQ(split16.window_parts, 16);
-  ASSERT_EQ(split16.chunks[4 * (split16.num_chunks - 1) + 1], 3);
-  if (gpu) EXPECT_EQ(upload_plan(split16, ws, nullptr), cudaSuccess);
-  EXPECT_EQ(bad_split(split16,
-                      [&](DecodePlan& p) {
-                        const std::vector<int32_t> last(p.chunks.end() - 4, p.chunks.end());
-                        p.chunks.insert(p.chunks.end(), last.begin(), last.end());
-                        p.order.push_back(p.num_chunks++);
-                        ++p.seq_chunk_ptr.back();
-                      }),
-            cudaErrorInvalidValue);
-  if (!gpu) ws.window_count = nullptr;
   // Whole-group copies (v34) read 64 rows from each group's first tile: a
   // plan that claims aligned middle chunks must have them.
   ASSERT_TRUE(good.mid_groups_aligned);
@@ -391,7 +369,7 @@ TEST(CudaDecode, UploadPlanRejectsBadPlans) {
   EXPECT_THROW(plan_decode(2, missing, 8, 132, 0), Error);
   ws.capacity = good.num_chunks - 1;
   EXPECT_EQ(upload_plan(good, ws, nullptr), cudaErrorInvalidValue);
-  ws.capacity = capacity;
+  ws.capacity = good.num_chunks;
   if (gpu) free_decode_workspace(ws);
 }
 
@@ -444,7 +422,6 @@ TEST(CudaDecode, PlanSplitsRegionsEvenly) {
   std::mt19937 rng(11);
   int fused_plans = 0;
   for (int fuse : {-1, 1})  // the planner's choice; fused wherever the kernel can
-  for (int wparts : {-1, 3})  // window parts: the planner's choice; 3 (v35)
   for (int recent : {256, 1100})
   for (int batch : {1, 8, 32, 64}) {
     std::vector<int32_t> s(batch), m(batch), r(batch);
@@ -454,23 +431,16 @@ TEST(CudaDecode, PlanSplitsRegionsEvenly) {
       r[b] = recent + int(rng() % 64);
     }
     const PackedRegions packed(s, m, r);
-    const DecodePlan plan = plan_decode(batch, packed.get(), 8, 132, 0, 0, -1.0f, fuse, wparts);
+    const DecodePlan plan = plan_decode(batch, packed.get(), 8, 132, 0, 0, -1.0f, fuse);
     ASSERT_EQ(int(plan.seq_chunk_ptr.size()), batch + 1);
     // Whole 16-tile steps: every middle chunk starts at a multiple of 4 tiles
     // (the INT2 ring's whole-group copies, v34).
     EXPECT_TRUE(plan.mid_groups_aligned);
     if (recent != 256) EXPECT_FALSE(plan.fused_windows);  // windows over 64 tiles
     fused_plans += plan.fused_windows;
-    // A fused window's parts: the region-3 chunks of its sequence.
-    auto parts_of = [&](int b) {
-      int n = 0;
-      for (int c = plan.seq_chunk_ptr[b]; c < plan.seq_chunk_ptr[b + 1]; ++c) n += plan.chunks[4 * c + 1] == 3;
-      return n;
-    };
     auto window_tiles = [&](int id) {
       const int* ch = &plan.chunks[4 * id];
-      return ch[1] == 3 ? ((s[ch[0]] + 15) / 16 + (r[ch[0]] + 15) / 16 + parts_of(ch[0]) - 1) / parts_of(ch[0])
-                        : ch[3] - ch[2];
+      return ch[1] == 3 ? (s[ch[0]] + 15) / 16 + (r[ch[0]] + 15) / 16 : ch[3] - ch[2];
     };
     // The launch order: every chunk once, the middle ones first, the window
     // ones longest first.
@@ -500,11 +470,10 @@ TEST(CudaDecode, PlanSplitsRegionsEvenly) {
         ASSERT_EQ(ch[0], b);
         const int reg = ch[1];
         if (reg == 3) {
-          // The last chunks of b (its window's parts, identical); their
-          // range: all of b's middle chunks, which end where the parts begin.
+          // The last chunk of b; its range: all of b's middle chunks.
+          EXPECT_EQ(c, plan.seq_chunk_ptr[b + 1] - 1);
           EXPECT_EQ(ch[2], plan.seq_chunk_ptr[b]);
-          EXPECT_EQ(ch[3], plan.seq_chunk_ptr[b + 1] - parts_of(b));
-          EXPECT_GE(c, ch[3]);
+          EXPECT_EQ(ch[3], c);
           next[0] = (s[b] + 15) / 16;
           next[2] = (r[b] + 15) / 16;
           ++fused;
@@ -515,17 +484,19 @@ TEST(CudaDecode, PlanSplitsRegionsEvenly) {
         next[reg] = ch[3];
         if (reg == 1) mid_sizes.push_back(ch[3] - ch[2]);
       }
-      if (!plan.fused_windows) EXPECT_EQ(fused, 0);
-      if (plan.fused_windows) {
-        // The forced part count, unless the merge's 32 rows would overflow.
-        const int n_mid = plan.seq_chunk_ptr[b + 1] - plan.seq_chunk_ptr[b] - fused;
-        EXPECT_EQ(fused, wparts > 0 ? std::clamp(32 - n_mid, 1, wparts) : std::max(fused, 1));
-        EXPECT_LE(fused, plan.window_parts);
-        EXPECT_LE(n_mid + fused, 32);
-      }
+      EXPECT_EQ(fused, plan.fused_windows ? 1 : 0);
       const int len[3] = {s[b], m[b], r[b]};
       for (int reg = 0; reg < 3; ++reg) EXPECT_EQ(next[reg], (len[reg] + 15) / 16);
       const int n = int(mid_sizes.size());
+      if (plan.mid_claims) {
+        // Claimed middles (v36): equal shares of whole 4-tile groups.
+        for (int i = 0; i + 1 < n; ++i) {
+          EXPECT_EQ(mid_sizes[i] % 4, 0);
+          EXPECT_LE(std::abs(mid_sizes[i] - mid_sizes[0]), 4) << "batch " << batch << " seq " << b;
+        }
+        if (n > 1) EXPECT_LE(std::abs(mid_sizes[n - 1] - mid_sizes[0]), 8) << "batch " << batch << " seq " << b;
+        continue;
+      }
       for (int i = 0; i + 1 < n; ++i) {
         EXPECT_EQ(mid_sizes[i], mid_sizes[0]) << "batch " << batch << " seq " << b;
         EXPECT_EQ(mid_sizes[i] % 16, 0);
@@ -543,7 +514,9 @@ TEST(CudaDecode, PlanSplitsRegionsEvenly) {
       std::vector<int32_t> s(batch, 64), m(batch, ctx - 320), r(batch, 256);
       const PackedRegions packed(s, m, r);
       const DecodePlan plan = plan_decode(batch, packed.get(), 8, 132, 0);
-      const int ctas = plan.num_quant_chunks * 8;
+      // (Claimed middles leave the fused window CTAs their slots: the two
+      // together fill the wave, PlanClaimsLeaveWindowSlots.)
+      const int ctas = plan.num_quant_chunks * 8 + (plan.mid_claims ? batch * 8 : 0);
       if (batch * 8 <= 528) {
         EXPECT_LE(ctas, 528) << batch << " x " << ctx;
         EXPECT_GE(ctas, 475) << batch << " x " << ctx;
@@ -593,6 +566,34 @@ TEST(CudaDecode, PlanFusesShortWindows) {
   EXPECT_FALSE(fused(8, 32768, 64, 1024));  // 68 window tiles
   EXPECT_FALSE(fused(8, 300, 64, 256));     // windows only
   EXPECT_FALSE(fused(8, 32768, 64, 256, 16));
+}
+
+// Claimed middles (v36): where few sequences have long middles, the planner
+// claims and re-splits the middle so that it and the fused window CTAs fit
+// one wave (132 SMs x 4); where windows would take too many slots, or the
+// middle CTAs would be short, it keeps the static split.
+TEST(CudaDecode, PlanClaimsLeaveWindowSlots) {
+  auto plan = [](int batch, int ctx, int claims = -1) {
+    std::vector<int32_t> s(batch, 64), m(batch, std::max(0, ctx - 320)), r(batch, 256);
+    const PackedRegions packed(s, m, r);
+    return plan_decode(batch, packed.get(), 8, 132, 0, 0, -1.0f, -1, claims);
+  };
+  for (int ctx : {32768, 65536, 131072}) {
+    const DecodePlan p = plan(8, ctx);
+    ASSERT_TRUE(p.fused_windows && p.mid_claims) << ctx;
+    EXPECT_LE(p.num_quant_chunks * 8 + 8 * 8, 132 * 4) << ctx;    // one wave with the window CTAs
+    EXPECT_GE(p.num_quant_chunks * 8 + 8 * 8, 132 * 4 - 64) << ctx;  // and most of it
+    EXPECT_TRUE(p.mid_groups_aligned);
+    for (int b = 0; b < 8; ++b) EXPECT_EQ(p.seq_chunk_ptr[b + 1] - p.seq_chunk_ptr[b], 8) << ctx;  // 7 + window
+  }
+  EXPECT_FALSE(plan(32, 32768).mid_claims);  // 256 window CTAs: the middle would get 1 CTA per pair
+  EXPECT_FALSE(plan(8, 4096).mid_claims);    // not fused (short middle chunks)
+  EXPECT_FALSE(plan(8, 32768, 0).mid_claims);
+  EXPECT_FALSE(plan(1, 131072).mid_claims);  // not fused
+  // Forced: any fused plan, its chunks kept.
+  const DecodePlan forced = plan(32, 32768, 1), stat = plan(32, 32768, 0);
+  EXPECT_TRUE(forced.mid_claims);
+  EXPECT_EQ(forced.chunks, stat.chunks);
 }
 
 // rank_skew > 0 (v26, off by default): within a sequence, middle chunks
@@ -670,13 +671,13 @@ TEST(CudaDecode, StepWriteSeesTheNewRows) {
     cpu::decode_attention_ref(cache.host_view, q.data(), hq, sm_scale, o_ref.data(), lse_ref.data());
 
     // Seeds 61 and 63: the planner's choice (separate window and merge
-    // launches here); 62: the fused window + merge kernel; 64: fused, each
-    // window in 3 parts (the new row's tile in the last part).
+    // launches here); 62: the fused window + merge kernel; 64: fused, with
+    // claimed middle groups (v36).
     const bool fuse = seed == 62 || seed == 64;
     DecodePlan plan =
-        plan_decode(batch, regions_of(cache), hkv, num_sms(), 0, 0, -1.0f, fuse ? 1 : -1, seed == 64 ? 3 : 1);
+        plan_decode(batch, regions_of(cache), hkv, num_sms(), 0, 0, -1.0f, fuse ? 1 : -1, seed == 64 ? 1 : 0);
     EXPECT_EQ(plan.fused_windows, fuse);
-    if (seed == 64) EXPECT_EQ(plan.window_parts, 3);
+    EXPECT_EQ(plan.mid_claims, seed == 64);
     DecodeWorkspace ws = alloc_decode_workspace(std::max(plan.num_chunks, 1), batch, hq, d);
     DeviceBuffer<float> d_q(q), d_k(k), d_v(v), d_o(q.size()), d_lse(lse_ref.size());
     DeviceBuffer<int32_t> d_pages(pages), d_slots(slots);

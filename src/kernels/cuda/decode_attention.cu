@@ -180,26 +180,24 @@ struct KernelArgs {
   // Fused window + merge launch (v27, plan.fused_windows): the final outputs.
   float* o;                // [batch][Hq][D]
   float* lse;              // [batch][Hq] natural log, or nullptr
-  // Window parts (v35): arrivals per (sequence, KV head), [batch][Hkv], zero
-  // between calls (the last part to arrive merges and resets its counter).
-  int* window_count;
+  int* claims;             // [batch][Hkv] claimed middle groups (v36), zero between calls
 };
 
 // A fused window chunk merges at most this many middle chunks (one lane each).
 constexpr int kFuseMaxChunks = 32;
 // ... and covers at most this many window tiles per (sequence, KV head).
 constexpr int kFuseMaxWindowTiles = 64;
-// The planner's window parts (v35) give each warp of a part at most this
-// many window tiles (0: one part per window, as before v35).
-#ifndef OSCAR_WINDOW_TILES_PER_WARP
-#define OSCAR_WINDOW_TILES_PER_WARP 0
+// Claimed middles (v36, DecodePlan::mid_claims): the planner's default, and
+// the fewest tiles per middle CTA it claims with (below, the static split)
+// ...
+#ifndef OSCAR_MID_CLAIMS
+#define OSCAR_MID_CLAIMS 1
 #endif
-constexpr int kAutoWindowTilesPerWarp = OSCAR_WINDOW_TILES_PER_WARP;
-// A fused window is split into at most this many parts (v35: CTAs of one
-// (sequence, KV head) that take a share of its window tiles each; the last
-// to finish merges). The part count travels in bits 26.. of the chunk
-// entry's first word (upload_plan).
-constexpr int kMaxWindowParts = 16;
+constexpr int kClaimMinTiles = 64;
+// ... and the fewest middle CTAs per (sequence, KV head) on average: with
+// fewer, the slots given to the window CTAs (idle once their window is done)
+// would cost more than the balance gains.
+constexpr int kClaimMinCtas = 4;
 
 // Per-warp online-softmax state for the lane's two head columns 2r, 2r+1.
 template <int D, int NG>
@@ -1150,26 +1148,24 @@ __device__ __forceinline__ void issue_group_copies(uint8_t* dst, const kv::Paged
 
 // The fused window + merge epilogue (v27): warp w takes the q heads w,
 // w + kWarps, ... of KV head h; per head the window's state (the 4 warps'
-// states in shared memory; none when `smem_window` is false) and the
-// partials of chunks [c0, c1) (one lane per chunk for the log-sum-exp, every
-// lane D/4/32 float4 channel slots of every chunk, all loads in flight at
-// once) give the final output. With window parts (v35) [c0, c1) are the
-// middle's chunks and then the window parts' (written by other CTAs of this
-// grid: the loads go to L2).
+// states in shared memory) and the partials of middle chunks [c0, c1) (one
+// lane per chunk for the log-sum-exp, every lane D/4/32 float4 channel slots
+// of every chunk, all loads in flight at once) give the final output.
 template <int D>
 __device__ __forceinline__ void fused_merge(const KernelArgs& a, int b, int h, int c0, int c1,
                                             const float (*s_o)[kMaxGqa][D], const float (*s_m)[kMaxGqa],
-                                            const float (*s_l)[kMaxGqa], bool smem_window, int warp, int lane) {
+                                            const float (*s_l)[kMaxGqa], int warp, int lane) {
   constexpr int S = (D / 4 + 31) / 32;  // float4 slots per lane
   constexpr int U = 8;                  // chunks whose outputs are loaded at once
   const int nc = c1 - c0;               // <= kFuseMaxChunks (upload_plan)
   pdl_wait();                           // the middle's partials (and a step write) are complete
+  // The middle is done: its group claims (v36) start from zero next call.
+  if (a.claims && warp == 0 && lane == 0) a.claims[b * a.kv.num_kv_heads + h] = 0;
   for (int hd = warp; hd < a.gqa; hd += kWarps) {
     const int hq = h * a.gqa + hd;
     auto chunk_o = [&](int c, int slot) {
       return c < nc && slot < D / 4
-                 ? __ldcg(reinterpret_cast<const float4*>(a.partial_o + (int64_t(c0 + c) * a.num_q_heads + hq) * D +
-                                                          4 * slot))
+                 ? *reinterpret_cast<const float4*>(a.partial_o + (int64_t(c0 + c) * a.num_q_heads + hq) * D + 4 * slot)
                  : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     };
     // Every load of the first U chunks in flight before any arithmetic: the
@@ -1179,11 +1175,11 @@ __device__ __forceinline__ void fused_merge(const KernelArgs& a, int b, int h, i
     for (int si = 0; si < S; ++si)
 #pragma unroll
       for (int u = 0; u < U; ++u) x0[si][u] = chunk_o(u, lane + 32 * si);
-    const float lc = lane < nc ? __ldcg(a.partial_lse + int64_t(c0 + lane) * a.num_q_heads + hq) : -INFINITY;
+    const float lc = lane < nc ? a.partial_lse[int64_t(c0 + lane) * a.num_q_heads + hq] : -INFINITY;
     // The window's state: its 4 warps combined.
     float mw = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) mw = fmaxf(mw, smem_window ? s_m[w][hd] : -INFINITY);
+    for (int w = 0; w < kWarps; ++w) mw = fmaxf(mw, s_m[w][hd]);
     float sc[kWarps], lw = 0.0f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) {
@@ -1233,7 +1229,8 @@ __device__ __forceinline__ void fused_merge(const KernelArgs& a, int b, int h, i
 #ifndef OSCAR_INT8K_MIN_BLOCKS
 #define OSCAR_INT8K_MIN_BLOCKS 4  // 5 spills 88 bytes; with lazy fragment loads (v11) it fits but ran slower
 #endif
-template <int D, int G, bool kQuant, int kVariant = 0, bool kFused = false, bool kGroup = false>
+template <int D, int G, bool kQuant, int kVariant = 0, bool kFused = false, bool kGroup = false,
+          bool kClaim = false>
 __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? OSCAR_INT8K_MIN_BLOCKS
                                             : (D <= 128 && G == 128) ? 4
                                                                      : 1)
@@ -1259,7 +1256,7 @@ __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? O
   const int4 c = a.chunks[2 * (a.first + blockIdx.y)];
   const int4 c2 = a.chunks[2 * (a.first + blockIdx.y) + 1];
   const int h = blockIdx.x;
-  const int b = c.x & 0xffffff, region = (c.x >> 24) & 3, t0 = c.y, t1 = c.z, chunk = c.w;
+  const int b = c.x & 0xffffff, region = c.x >> 24, t0 = c.y, t1 = c.z, chunk = c.w;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, r = lane & 3;
   const kv::PagedKvView& kv = a.kv;
@@ -1344,6 +1341,62 @@ __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? O
       // with its register allocation; the per-tile instances' code is
       // byte-identical to before v34 as written.)
       TileRef ref[TPI];
+      if constexpr (kClaim) {
+        // Claimed groups (v36, DecodePlan::mid_claims): the groups of the
+        // whole middle of (b, h); warp w of its chunk k (of c: c2.z, c2.w)
+        // takes the static groups (s c + k) kWarps + w for steps s = 0, 1,
+        // then from step 2 on the group 2 c kWarps + n, n from an atomic
+        // counter per (b, h). One claim is in flight: issued at step j - 1
+        // (the prologue for j = 0) for step j + 2, whose page id step j
+        // fetches. A warp's groups only grow: its first one past the middle
+        // ends it. The same ring as below; every group starts at a multiple
+        // of 4 tiles of the middle.
+        static_assert(kGroup && kVariant == 3 && S == 2, "claims: the 2-stage whole-group ring");
+        const int nt = (len + kTileTokens - 1) / kTileTokens, ngr = (nt + TPI - 1) / TPI, tl = nt - 1;
+        int* const ctr = a.claims + b * kv.num_kv_heads + h;
+        const int base = 2 * c2.w * kWarps;
+        int g0 = c2.z * kWarps + warp, g1 = g0 + c2.w * kWarps;
+        int claim = 0;
+        if (lane == 0) claim = atomicAdd(ctr, 1);
+        ref[0] = tile_ref<true>(pages, tpp, min(TPI * g0, tl));
+        if (g0 < ngr) issue_group_copies<D, G, TPI>(ring, kv, L, ref[0], nt - TPI * g0, h, lane);
+        cp_async_commit();
+        ref[0] = tile_ref<true>(pages, tpp, min(TPI * g1, tl));
+        load_query();
+        for (int j = 0; g0 < ngr; ++j) {
+          if (g1 < ngr) issue_group_copies<D, G, TPI>(ring + ((j + 1) & 1) * TPI * TB, kv, L, ref[0], nt - TPI * g1, h, lane);
+          cp_async_commit();
+          const int g2 = base + __shfl_sync(0xffffffffu, claim, 0);
+          if (lane == 0) claim = atomicAdd(ctr, 1);
+          ref[0] = tile_ref<true>(pages, tpp, min(TPI * g2, tl));
+          cp_async_wait<S - 1>();
+          __syncwarp();
+          OSCAR_TRACE_MARK(trace_t1);
+          const uint8_t* img = ring + (j & 1) * TPI * TB;
+          const int tg = TPI * g0;
+          g0 = g1;
+          g1 = g2;
+#if defined(OSCAR_DIAG_COPY_ONLY)
+          if (img[lane] == 0xA5 && img[lane + 32] == 0x5A) s_l[warp][0] = 1.0f;
+          __syncwarp();
+          if (a.step_write >= 0) continue;
+#endif
+          bool full = OSCAR_INT8K_FASTPATH != 0;
+#pragma unroll
+          for (int u = 0; u < TPI; ++u) {
+            const uint8_t* ti = img + u * TB;
+            load_quant_fragments<true>(cur[u], ti, ti + 16 * RB, reinterpret_cast<const uint32_t*>(ti + 32 * RB),
+                                       reinterpret_cast<const uint32_t*>(ti + 32 * RB + 64 * (D / G)), g, r);
+            cur[u].valid = tg + u <= tl ? min(kTileTokens, len - (tg + u) * kTileTokens) : 0;
+            full = full && cur[u].valid == kTileTokens;
+          }
+          if (full)
+            compute_int8kv_tiles<TPI, false>(st, cur, Q8, g);
+          else
+            compute_int8kv_tiles<TPI, true>(st, cur, Q8, g);
+          __syncwarp();  // every lane has read this stage before it is refilled
+        }
+      } else {
       // Prologue: groups 0 .. S-2 in flight (one commit group each, empty
       // past the end), then the page ids of group S-1.
 #pragma unroll
@@ -1426,6 +1479,7 @@ __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? O
           compute_quant_tiles(st, cur, Q, g);
         __syncwarp();  // every lane has read this stage before it is refilled
       }
+      }  // !kClaim
       cp_async_wait<0>();
     }
     OSCAR_TRACE_MARK(trace_t2);
@@ -1436,11 +1490,6 @@ __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? O
     const int32_t* psink = kv.sink.indices + c2.x;
     const int32_t* prec = kv.recent.indices + c2.z;
     const int ns = (c2.y + kTileTokens - 1) / kTileTokens, nt = ns + (c2.w + kTileTokens - 1) / kTileTokens;
-    // Window parts (v35): this CTA is part chunk - t1 of c.x's part count
-    // (their ids follow the middle's, upload_plan) and takes window tiles
-    // [w0, w1), an equal share.
-    const int nparts = ((c.x >> 26) & 31) + 1, part = chunk - t1;
-    const int w0 = part * nt / nparts, nw = (part + 1) * nt / nparts - w0;
     // The warp's tiles u = warp, warp + kWarps, ... (i-th: slot i % WS of
     // its ring, WS tiles in flight: 1 at head_dim 128) are staged by
     // cp.async instead of 16 register loads per lane (v33). Page ids: lane i
@@ -1452,10 +1501,10 @@ __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? O
     // may be NaN, and p = 0 times NaN would poison O).
     constexpr int WS = window_ring_tiles<D>(), RB = D * 2, TB = kTileTokens * RB, CPR = D / 8;
     uint8_t* ring = smem + warp * WS * 2 * TB;
-    const int my_n = warp < nw ? (nw - 1 - warp) / kWarps + 1 : 0;  // <= kFuseMaxWindowTiles / kWarps = 16
+    const int my_n = warp < nt ? (nt - 1 - warp) / kWarps + 1 : 0;  // <= kFuseMaxWindowTiles / kWarps = 16
     const FastDiv& tpp = a.tiles_per_page;
     auto tile_of = [&](int i, int& t, int& len) {
-      const int u = w0 + warp + i * kWarps;
+      const int u = warp + i * kWarps;
       const bool rec = u >= ns;
       t = rec ? u - ns : u;
       len = rec ? c2.w : c2.y;
@@ -1472,7 +1521,7 @@ __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? O
     auto issue = [&](int i) {
       const int32_t page = __shfl_sync(0xffffffffu, my_page, i & 31);
       if (i < my_n) {
-        if (w0 + warp + i * kWarps == wait_tile) pdl_wait();
+        if (warp + i * kWarps == wait_tile) pdl_wait();
         int t, len;
         tile_of(i, t, len);
         const TileLoc loc = tile_loc(page, tpp, len, kv.page_size, kv.num_kv_heads, h, t);
@@ -1622,57 +1671,31 @@ __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? O
   }  // kVariant != 2
   __syncthreads();
 
-  // --- merge the warps; write this chunk's partial (normalized o, log2 lse)
-  auto write_partial = [&] {
-    for (int idx = threadIdx.x; idx < a.gqa * D; idx += kThreads) {
-      const int hd = idx / D, ch = idx % D;
-      float M = -INFINITY;
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) M = fmaxf(M, s_m[w][hd]);
-      float L = 0.0f, O = 0.0f;
-      if (M != -INFINITY) {
-#pragma unroll
-        for (int w = 0; w < kWarps; ++w) {
-          const float sc = exp2f(s_m[w][hd] - M);  // warps with no tokens: exp2(-inf) = 0
-          L += sc * s_l[w][hd];
-          O += sc * s_o[w][hd][ch];
-        }
-      }
-      const int64_t row = int64_t(chunk) * a.num_q_heads + h * a.gqa + hd;
-      a.partial_o[row * D + ch] = L > 0.0f ? O / L : 0.0f;
-      if (ch == 0) a.partial_lse[row] = L > 0.0f ? M + log2f(L) : -INFINITY;
-    }
-  };
   if constexpr (kFused) {
     // Middle chunks [t0, t1) of sequence b (ids; written by the launches
     // before this one): wait for them, then merge them with this CTA's window.
-    const int nparts = ((c.x >> 26) & 31) + 1;
-    if (nparts == 1) {
-      fused_merge<D>(a, b, h, t0, t1, s_o, s_m, s_l, true, warp, lane);
-    } else {
-      // One of several window parts (v35): write this part's partial row
-      // (chunk id t1 + part), count it in; the part that arrives last (every
-      // other part's row then written and visible) merges the middle's
-      // chunks and all parts' rows, and resets the counter for the next call.
-      __shared__ int s_last;
-      write_partial();
-      __threadfence();
-      __syncthreads();
-      if (threadIdx.x == 0) {
-        int* count = a.window_count + b * a.kv.num_kv_heads + h;
-        const bool last = atomicAdd(count, 1) == nparts - 1;
-        if (last) atomicExch(count, 0);
-        s_last = last;
-      }
-      __syncthreads();
-      if (s_last) {
-        __threadfence();
-        fused_merge<D>(a, b, h, t0, t1 + nparts, s_o, s_m, s_l, false, warp, lane);
-      }
-    }
+    fused_merge<D>(a, b, h, t0, t1, s_o, s_m, s_l, warp, lane);
     OSCAR_TRACE_END(1);
   } else {
-  write_partial();
+  // --- merge the warps; write this chunk's partial (normalized o, log2 lse)
+  for (int idx = threadIdx.x; idx < a.gqa * D; idx += kThreads) {
+    const int hd = idx / D, ch = idx % D;
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, s_m[w][hd]);
+    float L = 0.0f, O = 0.0f;
+    if (M != -INFINITY) {
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        const float sc = exp2f(s_m[w][hd] - M);  // warps with no tokens: exp2(-inf) = 0
+        L += sc * s_l[w][hd];
+        O += sc * s_o[w][hd][ch];
+      }
+    }
+    const int64_t row = int64_t(chunk) * a.num_q_heads + h * a.gqa + hd;
+    a.partial_o[row * D + ch] = L > 0.0f ? O / L : 0.0f;
+    if (ch == 0) a.partial_lse[row] = L > 0.0f ? M + log2f(L) : -INFINITY;
+  }
   // A window launch that started early (programmatic dependent of the middle
   // launch or the step write) completes only after that launch has: the
   // merge, which waits for this grid, then sees all. A no-op for a plain
@@ -1846,12 +1869,12 @@ bool group_supported(int d, int gs) {
 // (v33 measured the middle instances with the largest shared-memory
 // carveout too, so that 64 KB fused window CTAs surely fit beside three
 // middle CTAs: no faster at 8 x 32K, 7% slower at 8 x 4K.)
-template <int D, int G, bool kQuant, int kVariant, bool kFused = false, bool kGroup = false>
+template <int D, int G, bool kQuant, int kVariant, bool kFused = false, bool kGroup = false, bool kClaim = false>
 cudaError_t launch_split(dim3 grid, bool pdl, cudaStream_t stream, const KernelArgs& a) {
   constexpr int smem = split_smem_bytes<D, G, kQuant, kVariant, kFused>();
   if constexpr (smem > 48 * 1024) {
     static const cudaError_t raised = [] {
-      auto* k = decode_split_kernel<D, G, kQuant, kVariant, kFused, kGroup>;
+      auto* k = decode_split_kernel<D, G, kQuant, kVariant, kFused, kGroup, kClaim>;
       cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
       if (e == cudaSuccess)
         e = cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
@@ -1859,8 +1882,8 @@ cudaError_t launch_split(dim3 grid, bool pdl, cudaStream_t stream, const KernelA
     }();
     if (raised != cudaSuccess) return raised;
   }
-  return launch_pdl(decode_split_kernel<D, G, kQuant, kVariant, kFused, kGroup>, grid, dim3(kThreads), smem, pdl,
-                    stream, a);
+  return launch_pdl(decode_split_kernel<D, G, kQuant, kVariant, kFused, kGroup, kClaim>, grid, dim3(kThreads), smem,
+                    pdl, stream, a);
 }
 
 // Whole-group copies in the int8 K/V ring where they apply (v34); 0 keeps
@@ -1869,14 +1892,16 @@ cudaError_t launch_split(dim3 grid, bool pdl, cudaStream_t stream, const KernelA
 #define OSCAR_GROUP_COPIES 1
 #endif
 template <int D, int G>
-cudaError_t launch_quant(dim3 grid, const KernelArgs& a, int variant, bool groups, cudaStream_t stream) {
+cudaError_t launch_quant(dim3 grid, const KernelArgs& a, int variant, bool groups, bool claims, cudaStream_t stream) {
   constexpr bool pdl = false;  // reads q: after whatever produced it
   // head_dim 128 / group 128 (the benchmark shape) has three loop shapes
   // (`variant` picks, docs/cuda-notes.md); the others use the
   // register-prefetch loop. The default copies whole 4-tile groups where
   // the plan and the page size allow (`groups`, v34).
   if constexpr (D == 128 && G == 128) {
-    if (variant == 0 && groups && a.gqa <= 4) return launch_split<D, G, true, 3, false, true>(grid, pdl, stream, a);
+    if (variant == 0 && groups && a.gqa <= 4)
+      return claims ? launch_split<D, G, true, 3, false, true, true>(grid, pdl, stream, a)
+                    : launch_split<D, G, true, 3, false, true>(grid, pdl, stream, a);
     if ((variant == 0 || variant == 4) && a.gqa <= 4)
       return launch_split<D, G, true, 3>(grid, pdl, stream, a);
     if (variant == 3 && a.gqa <= 4)
@@ -1905,7 +1930,7 @@ cudaError_t launch(const DecodeParams& p, const DecodePlan& plan, const DecodeWo
   a.step_write = p.write.n > 0;
   a.o = p.o;
   a.lse = p.lse;
-  a.window_count = ws.window_count;
+  a.claims = ws.claims;
   const int nq = plan.num_quant_chunks, nb = plan.num_chunks - plan.num_quant_chunks;
   bool launched = false;
   const bool pdl = p.pdl != 0;
@@ -1915,7 +1940,8 @@ cudaError_t launch(const DecodeParams& p, const DecodePlan& plan, const DecodeWo
         a.first = 0;
         const bool groups = OSCAR_GROUP_COPIES != 0 && plan.mid_groups_aligned &&
                             p.kv.page_size % (kRingTiles * kTileTokens) == 0;
-        OSCAR_CUDA_RETURN_IF_ERROR((launch_quant<D, G>(dim3(p.kv.num_kv_heads, nq), a, p.variant, groups, stream)));
+        OSCAR_CUDA_RETURN_IF_ERROR(
+            (launch_quant<D, G>(dim3(p.kv.num_kv_heads, nq), a, p.variant, groups, plan.mid_claims, stream)));
         launched = true;
       });
       if (!launched) return cudaErrorInvalidValue;
@@ -1966,7 +1992,7 @@ int ceil_div(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
 // ---------------------------------------------------------------------------
 DecodePlan plan_decode(int batch, const HostRegions& regions, int num_kv_heads, int num_sms,
                        int tiles_per_chunk, int ctas_per_sm, float rank_skew, int fuse_windows,
-                       int window_parts) {
+                       int mid_claims) {
   if (batch < 0) throw Error("plan_decode: batch < 0");
   for (int k = 0; k < 3; ++k)
     if (!regions.len[k] || !regions.indptr[k])
@@ -2120,20 +2146,50 @@ DecodePlan plan_decode(int batch, const HostRegions& regions, int num_kv_heads, 
            (fuse_windows > 0 || (count[b] > 0 ? 4 * nwin <= first_chunk : nwin <= first_chunk));
   }
   plan.fused_windows = fuse;
-  // Window parts (v35): a fused window is taken by `parts` CTAs of an equal
-  // share of its tiles each; every part writes a partial row and the last to
-  // finish merges. The window CTAs start in the middle's tail, where every
-  // load is slow, and each warp takes its tiles one after another: a part
-  // count shortens that chain. window_parts > 0 forces a count (clamped to
-  // what the merge takes), otherwise kAutoWindowTilesPerWarp decides.
-  auto window_parts_of = [&](int b) {
-    const int nwin = ceil_div(sink_len[b], kTileTokens) + ceil_div(recent_len[b], kTileTokens);
-    const int most = std::min(kMaxWindowParts, kFuseMaxChunks - count[b]);
-    const int want = window_parts > 0               ? window_parts
-                     : kAutoWindowTilesPerWarp > 0 ? ceil_div(nwin, kWarps * kAutoWindowTilesPerWarp)
-                                                   : 1;
-    return std::clamp(want, 1, std::max(most, 1));
-  };
+  // Claimed middles (v36): with equal static chunks, the CTAs of one wave
+  // end up to a third apart (an SM's warp scheduler favours its older CTAs,
+  // v26), and the SMs run the last ~10 us of a batch-8 step at a fraction of
+  // their CTAs. Instead, a middle CTA's warps take two static 4-tile groups
+  // each and then claim the next unclaimed group of their (sequence, KV head)
+  // with an atomic (the workspace's claims), so that the CTAs of a sequence
+  // end together whatever their SM's load. The fused window CTAs must then
+  // start at once, not in slots freed by early middle CTAs: the middle gets
+  // one wave's slots less one per fused window CTA. Only where the middle
+  // CTAs keep at least kClaimMinTiles tiles each (the planner's choice;
+  // mid_claims 1 forces claims on any fused plan, keeping its chunks).
+  const bool claims_wanted = mid_claims < 0 ? OSCAR_MID_CLAIMS != 0 && tiles_per_chunk <= 0 : mid_claims > 0;
+  if (fuse && claims_wanted && quant_tiles > 0) {
+    if (tiles_per_chunk > 0 || mid_claims > 0) {
+      plan.mid_claims = true;
+    } else {
+      const int64_t slots = int64_t(std::max(num_sms, 1)) * std::max(ctas_per_sm, 1);
+      const int64_t mid_slots = slots - int64_t(batch) * hkv;
+      int64_t pairs = 0;  // (sequence, KV head) pairs with a middle
+      for (int b = 0; b < batch; ++b) pairs += mid_len[b] > 0 ? hkv : 0;
+      const int64_t per = mid_slots >= hkv ? (quant_tiles * hkv + mid_slots - 1) / mid_slots : 0;
+      if (per >= kClaimMinTiles && mid_slots >= kClaimMinCtas * pairs) {
+        plan.mid_claims = true;
+        plan.tiles_per_chunk_quant = static_cast<int>(per);
+        // Chunks of ~per tiles per sequence (their static bounds: equal
+        // shares in whole groups; the kernel claims across them).
+        for (int b = 0; b < batch; ++b) {
+          const int nt = ceil_div(mid_len[b], kTileTokens);
+          count[b] = nt > 0 ? static_cast<int>(std::clamp<int64_t>(nt / per, 1, kFuseMaxChunks)) : 0;
+          bptr[b + 1] = bptr[b] + (count[b] > 0 ? count[b] + 1 : 0);
+        }
+        bounds.assign(size_t(bptr[batch]), 0);
+        for (int b = 0; b < batch; ++b) {
+          if (count[b] == 0) continue;
+          // Equal shares of whole groups (sizes within one group of each
+          // other; the chunks run as planned where claims do not apply).
+          const int nt = ceil_div(mid_len[b], kTileTokens), ng = ceil_div(nt, kRingTiles);
+          int32_t* t = &bounds[size_t(bptr[b])];
+          for (int k = 0; k < count[b]; ++k) t[k] = static_cast<int32_t>(int64_t(k) * ng / count[b] * kRingTiles);
+          t[count[b]] = nt;
+        }
+      }
+    }
+  }
   std::vector<int32_t> first_mid(batch, 0);  // chunk id of sequence b's first middle chunk
   plan.chunks.reserve(4 * (size_t(bptr[batch]) + 4 * size_t(batch)));
   auto add = [&](int b, int region, int ntiles, int per) {
@@ -2150,16 +2206,9 @@ DecodePlan plan_decode(int batch, const HostRegions& regions, int num_kv_heads, 
     const int32_t* t = count[b] > 0 ? &bounds[size_t(bptr[b])] : nullptr;
     for (int k = 0; k < count[b]; ++k) plan.chunks.insert(plan.chunks.end(), {b, 1, t[k], t[k + 1]});
     if (fuse) {
-      // The window chunks of b: region 3, its "tiles" the ids of b's middle
-      // chunks; one per window part (v35), identical, their ids following
-      // the middle's.
-      const int32_t end_mid = static_cast<int32_t>(plan.chunks.size() / 4);
-      const int parts = window_parts_of(b);
-      plan.window_parts = std::max(plan.window_parts, parts);
-      for (int k = 0; k < parts; ++k) {
-        bf16_ids.push_back(static_cast<int32_t>(plan.chunks.size() / 4));
-        plan.chunks.insert(plan.chunks.end(), {b, 3, first_mid[b], end_mid});
-      }
+      // The window chunk of b: region 3, its "tiles" the ids of b's middle chunks.
+      bf16_ids.push_back(static_cast<int32_t>(plan.chunks.size() / 4));
+      plan.chunks.insert(plan.chunks.end(), {b, 3, first_mid[b], static_cast<int32_t>(plan.chunks.size() / 4)});
     } else {
       add(b, 2, ceil_div(recent_len[b], kTileTokens), plan.tiles_per_chunk_bf16);
     }
@@ -2187,9 +2236,7 @@ DecodePlan plan_decode(int batch, const HostRegions& regions, int num_kv_heads, 
   // loads; v24).
   auto window_tiles = [&](int32_t id) {
     const int32_t* c = &plan.chunks[4 * size_t(id)];
-    return c[1] == 3 ? ceil_div(ceil_div(sink_len[c[0]], kTileTokens) + ceil_div(recent_len[c[0]], kTileTokens),
-                                window_parts_of(c[0]))
-                     : c[3] - c[2];
+    return c[1] == 3 ? ceil_div(sink_len[c[0]], kTileTokens) + ceil_div(recent_len[c[0]], kTileTokens) : c[3] - c[2];
   };
   std::stable_sort(bf16_ids.begin(), bf16_ids.end(),
                    [&](int32_t x, int32_t y) { return window_tiles(x) > window_tiles(y); });
@@ -2212,8 +2259,8 @@ DecodeWorkspace alloc_decode_workspace(int capacity, int max_batch, int max_q_he
     OSCAR_CUDA_CHECK(
         cudaMalloc(&ws.partial_o, sizeof(float) * size_t(capacity) * max_q_heads * head_dim));
     OSCAR_CUDA_CHECK(cudaMalloc(&ws.partial_lse, sizeof(float) * size_t(capacity) * max_q_heads));
-    OSCAR_CUDA_CHECK(cudaMalloc(&ws.window_count, sizeof(int32_t) * size_t(max_batch) * max_q_heads));
-    OSCAR_CUDA_CHECK(cudaMemset(ws.window_count, 0, sizeof(int32_t) * size_t(max_batch) * max_q_heads));
+    OSCAR_CUDA_CHECK(cudaMalloc(&ws.claims, sizeof(int32_t) * size_t(max_batch) * max_q_heads));
+    OSCAR_CUDA_CHECK(cudaMemset(ws.claims, 0, sizeof(int32_t) * size_t(max_batch) * max_q_heads));
     OSCAR_CUDA_CHECK(cudaDeviceSynchronize());  // the counters are zero before any launch reads them
   } catch (...) {
     free_decode_workspace(ws);
@@ -2235,7 +2282,7 @@ void free_decode_workspace(DecodeWorkspace& ws) {
   cudaFree(ws.seq_chunk_ptr);
   cudaFree(ws.partial_o);
   cudaFree(ws.partial_lse);
-  cudaFree(ws.window_count);
+  cudaFree(ws.claims);
   ws = DecodeWorkspace{};
 }
 
@@ -2249,7 +2296,9 @@ cudaError_t upload_plan(const DecodePlan& plan, const DecodeWorkspace& ws, cudaS
     return cudaErrorInvalidValue;
   for (int i = 0; i < plan.batch * 3; ++i)
     if (plan.regions[2 * size_t(i)] < 0 || plan.regions[2 * size_t(i) + 1] < 0) return cudaErrorInvalidValue;
-  std::vector<int32_t> parts(size_t(plan.num_chunks), 1);  // fused window chunks: parts of their window
+  // Claimed middles need the fused window CTAs (they reset the counters)
+  // and the workspace's counters.
+  if (plan.mid_claims && (!plan.fused_windows || !ws.claims)) return cudaErrorInvalidValue;
   std::vector<bool> seen(size_t(plan.num_chunks), false);
   for (int i = 0; i < plan.num_chunks; ++i) {
     const int32_t id = plan.order[i];
@@ -2267,17 +2316,6 @@ cudaError_t upload_plan(const DecodePlan& plan, const DecodeWorkspace& ws, cudaS
       if (c[3] > plan.num_chunks || c[3] - c[2] > kFuseMaxChunks) return cudaErrorInvalidValue;
       for (int k = c[2]; k < c[3]; ++k)
         if (plan.chunks[4 * size_t(k)] != c[0] || plan.chunks[4 * size_t(k) + 1] != 1) return cudaErrorInvalidValue;
-      // Its window's parts (v35): the identical chunks from id c[3] on, this
-      // one among them; every part's row and the middle's fit the merge.
-      int n = 0;
-      while (c[3] + n < plan.num_chunks && n < kMaxWindowParts &&
-             std::equal(c, c + 4, &plan.chunks[4 * size_t(c[3] + n)]))
-        ++n;
-      if (id < c[3] || id >= c[3] + n || c[3] - c[2] + n > kFuseMaxChunks) return cudaErrorInvalidValue;
-      if (c[3] + n < plan.num_chunks && std::equal(c, c + 4, &plan.chunks[4 * size_t(c[3] + n)]))
-        return cudaErrorInvalidValue;  // more than kMaxWindowParts parts
-      if (n > 1 && !ws.window_count) return cudaErrorInvalidValue;
-      parts[size_t(id)] = n;
       continue;
     }
     // Tiles within the region's length: the kernels trust t1 and the length.
@@ -2289,12 +2327,17 @@ cudaError_t upload_plan(const DecodePlan& plan, const DecodeWorkspace& ws, cudaS
   // The kernels read 32 bytes per CTA: the plan's chunks in launch order
   // (plan.order), each with its id (the row of its partial result) and its
   // region's page-table offset and length.
+  // Claimed middles: each middle chunk's index k among its sequence's c
+  // middle chunks (its static groups, v36).
+  std::vector<int32_t> mid_k(size_t(plan.num_chunks), 0), mid_count(size_t(plan.batch), 0);
+  for (int id = 0; id < plan.num_chunks; ++id)
+    if (plan.chunks[4 * size_t(id) + 1] == 1) mid_k[size_t(id)] = mid_count[size_t(plan.chunks[4 * size_t(id)])]++;
   std::vector<int32_t> table(8 * size_t(plan.num_chunks), 0);
   for (int i = 0; i < plan.num_chunks; ++i) {
     const int id = plan.order[i];
     const int32_t* c = &plan.chunks[4 * size_t(id)];
     int32_t* e = &table[8 * size_t(i)];
-    e[0] = c[0] | (c[1] << 24) | ((parts[size_t(id)] - 1) << 26);
+    e[0] = c[0] | (c[1] << 24);
     e[1] = c[2];
     e[2] = c[3];
     e[3] = id;
@@ -2306,6 +2349,10 @@ cudaError_t upload_plan(const DecodePlan& plan, const DecodeWorkspace& ws, cudaS
     } else {
       e[4] = plan.regions[6 * size_t(c[0]) + 2 * c[1]];
       e[5] = plan.regions[6 * size_t(c[0]) + 2 * c[1] + 1];
+      if (c[1] == 1 && plan.mid_claims) {
+        e[6] = mid_k[size_t(id)];
+        e[7] = mid_count[size_t(c[0])];
+      }
     }
   }
   if (plan.num_chunks > 0)
@@ -2355,8 +2402,8 @@ std::string check_decode(const DecodeParams& p, const DecodePlan& plan, const De
   if (plan.batch != kv.batch) return who + "plan batch differs from view batch";
   if (plan.num_quant_chunks > 65535 || plan.num_chunks - plan.num_quant_chunks > 65535)
     return who + "plan has more than 65535 middle or window chunks (one grid dimension)";
-  if (plan.window_parts > 1 && !ws.window_count)
-    return who + "plan splits windows into parts but the workspace has no window_count";
+  if (plan.mid_claims && (!plan.fused_windows || !ws.claims))
+    return who + "plan claims middle groups (mid_claims) without fused windows or workspace counters";
   if (plan.num_chunks > ws.capacity)
     return who + "plan has " + std::to_string(plan.num_chunks) + " chunks, workspace holds " +
            std::to_string(ws.capacity);

@@ -125,17 +125,21 @@ struct DecodePlan {
   // at most a quarter as many as its sequence's first middle chunk (4 tiles
   // without a middle), and every middle at most 32 chunks.
   bool fused_windows = false;
-  // Window parts (v35): a fused window may be split into several identical
-  // region-3 chunks (ids following its middle's); each CTA takes an equal
-  // share of the window's tiles, writes a partial row, and the last part to
-  // finish merges (the workspace's window_count). The most parts of any
-  // sequence (1: one CTA per window).
-  int window_parts = 1;
   // Every middle chunk starts at a multiple of 4 tiles (64 tokens), so that
   // each 4-tile group of the INT2 ring is 64 consecutive rows of one page
   // when the page size is a multiple of 64: the ring then copies whole
   // groups from one address per array (v34). upload_plan checks it.
   bool mid_groups_aligned = false;
+  // Claimed middles (v36; fused plans only): the middle chunks of a
+  // sequence share its tile groups (4 tiles) through an atomic counter per
+  // (sequence, KV head) in the workspace (claims): each warp takes two
+  // static groups, then claims the next unclaimed one, so that the CTAs of a
+  // sequence end together. The chunks' tile ranges then only say how many
+  // CTAs a sequence has (the kernel ignores them); the results do not
+  // depend on which CTA took which group beyond float rounding. Used where
+  // the whole-group copies run (mid_groups_aligned, page size a multiple of
+  // 64, the default loop); elsewhere the chunks run as planned.
+  bool mid_claims = false;
 };
 
 // Builds the plan from HOST copies of the region tables (HostRegions; every
@@ -146,12 +150,12 @@ struct DecodePlan {
 // rank_skew: the middle chunks' weight lost per dispatch round (v26; < 0:
 // the default, which is 0: equal chunks). fuse_windows: -1 the planner's
 // choice (DecodePlan::fused_windows), 1 wherever the fused kernel can run
-// (tests), 0 never. window_parts: parts per fused window (DecodePlan::
-// window_parts; clamped to 1..16 and to what the merge takes); -1 the
-// planner's choice.
+// (tests), 0 never. mid_claims: -1 the planner's choice (DecodePlan::
+// mid_claims, with the middle re-split to leave the fused window CTAs their
+// slots), 1 claims on any fused plan with its chunks as split, 0 never.
 DecodePlan plan_decode(int batch, const HostRegions& regions, int num_kv_heads, int num_sms,
                        int tiles_per_chunk = 0, int ctas_per_sm = 0, float rank_skew = -1.0f,
-                       int fuse_windows = -1, int window_parts = -1);
+                       int fuse_windows = -1, int mid_claims = -1);
 
 // Device buffers the decode kernels use; the caller owns them (kv/ or the
 // engine allocates once, sized for the largest plan).
@@ -164,8 +168,8 @@ struct DecodeWorkspace {
   int32_t* seq_chunk_ptr = nullptr;  // [max_batch+1]
   float* partial_o = nullptr;        // [capacity][max_q_heads][head_dim]
   float* partial_lse = nullptr;      // [capacity][max_q_heads] (log2 domain)
-  int32_t* window_count = nullptr;   // [max_batch][max_q_heads], zeroed once: window parts arrived
-                                     // per (sequence, KV head) (DecodePlan::window_parts > 1)
+  int32_t* claims = nullptr;         // [max_batch][max_q_heads], zero between calls: the middle's
+                                     // claimed tile groups per (sequence, KV head) (DecodePlan::mid_claims)
 };
 
 // cudaMalloc/cudaFree helpers for a workspace (throw oscar::Error on failure).
@@ -178,9 +182,9 @@ void free_decode_workspace(DecodeWorkspace& ws);
 // fit the workspace or are inconsistent (sizes, chunk ids, regions) gives
 // cudaErrorInvalidValue before anything is copied.
 // Each entry: {b | region << 24, t0, t1, chunk id, page-table offset, region
-// length, 0, 0} (32 bytes, one sector); a fused window chunk: {b | 3 << 24 |
-// (parts - 1) << 26, first middle chunk id, end, chunk id, sink offset, sink
-// length, recent offset, recent length}.
+// length, 0, 0} (32 bytes, one sector); a fused window chunk: {b | 3 << 24,
+// first middle chunk id, end, chunk id, sink offset, sink length, recent
+// offset, recent length}.
 cudaError_t upload_plan(const DecodePlan& plan, const DecodeWorkspace& ws, cudaStream_t stream);
 
 // Checks shapes, capacity and dispatch support; returns "" when fine, else a
