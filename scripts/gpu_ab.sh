@@ -7,7 +7,7 @@
 # TRACE_SHAPES. C_FLAGS="-D..." (and D_FLAGS) add a third (fourth) build, c
 # (d), of the working tree with those CUDA flags, timed in the same rounds.
 # A=none: no other checkout (only the working tree's builds). SWEEP="args1|args2|..."
-# times build b once per set of bench_decode arguments (b0, b1, ...: e.g.
+# times builds b, c, d once per set of bench_decode arguments (b0, b1, ...: e.g.
 # SWEEP="--wparts 1|--wparts 3"), interleaved in the same rounds.
 # ITERS (default 100): timed calls per shape and build. A fresh process's
 # first few dozen calls run slower (8 x 32K: 54 us median of 15, 49.5 of 200;
@@ -52,7 +52,7 @@ for rep in $(seq "$REPS"); do
   for ob in $SHAPES; do
     for v in $VARIANTS; do
       IFS='|' read -ra ARGSETS <<< "${SWEEP:-}"
-      [[ $v == b && ${#ARGSETS[@]} -gt 0 ]] || ARGSETS=("")
+      [[ $v != a && $v != t && ${#ARGSETS[@]} -gt 0 ]] || ARGSETS=("")
       for k in "${!ARGSETS[@]}"; do
         label=$v; ((${#ARGSETS[@]} > 1)) && label=$v$k
         printf "%-3s rep%s %-9s %-14s " "$label" "$rep" "$ob" "${ARGSETS[$k]}"

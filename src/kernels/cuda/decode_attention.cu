@@ -198,6 +198,13 @@ constexpr int kClaimMinTiles = 64;
 // fewer, the slots given to the window CTAs (idle once their window is done)
 // would cost more than the balance gains.
 constexpr int kClaimMinCtas = 4;
+// Groups per claim (a build-time knob), and the counters' spacing in ints
+// (one per 128-byte line: counters sharing a line serialize at one L2 slice).
+#ifndef OSCAR_CLAIM_GROUPS
+#define OSCAR_CLAIM_GROUPS 1
+#endif
+constexpr int kClaimGroups = OSCAR_CLAIM_GROUPS;
+constexpr int kClaimStride = 32;
 
 // Per-warp online-softmax state for the lane's two head columns 2r, 2r+1.
 template <int D, int NG>
@@ -1160,7 +1167,7 @@ __device__ __forceinline__ void fused_merge(const KernelArgs& a, int b, int h, i
   const int nc = c1 - c0;               // <= kFuseMaxChunks (upload_plan)
   pdl_wait();                           // the middle's partials (and a step write) are complete
   // The middle is done: its group claims (v36) start from zero next call.
-  if (a.claims && warp == 0 && lane == 0) a.claims[b * a.kv.num_kv_heads + h] = 0;
+  if (a.claims && warp == 0 && lane == 0) a.claims[(b * a.kv.num_kv_heads + h) * kClaimStride] = 0;
   for (int hd = warp; hd < a.gqa; hd += kWarps) {
     const int hq = h * a.gqa + hd;
     auto chunk_o = [&](int c, int slot) {
@@ -1353,10 +1360,13 @@ __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? O
         // of 4 tiles of the middle.
         static_assert(kGroup && kVariant == 3 && S == 2, "claims: the 2-stage whole-group ring");
         const int nt = (len + kTileTokens - 1) / kTileTokens, ngr = (nt + TPI - 1) / TPI, tl = nt - 1;
-        int* const ctr = a.claims + b * kv.num_kv_heads + h;
+        int* const ctr = a.claims + (b * kv.num_kv_heads + h) * kClaimStride;
         const int base = 2 * c2.w * kWarps;
         int g0 = c2.z * kWarps + warp, g1 = g0 + c2.w * kWarps;
-        int claim = 0;
+        // A claim n gives the kClaimGroups groups base + n kClaimGroups + i
+        // (i = 0 ..): `held` the claim being used, `claim` (lane 0) the next
+        // one, issued kClaimGroups steps before it is used.
+        int claim = 0, held = 0;
         if (lane == 0) claim = atomicAdd(ctr, 1);
         ref[0] = tile_ref<true>(pages, tpp, min(TPI * g0, tl));
         if (g0 < ngr) issue_group_copies<D, G, TPI>(ring, kv, L, ref[0], nt - TPI * g0, h, lane);
@@ -1366,8 +1376,12 @@ __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? O
         for (int j = 0; g0 < ngr; ++j) {
           if (g1 < ngr) issue_group_copies<D, G, TPI>(ring + ((j + 1) & 1) * TPI * TB, kv, L, ref[0], nt - TPI * g1, h, lane);
           cp_async_commit();
-          const int g2 = base + __shfl_sync(0xffffffffu, claim, 0);
-          if (lane == 0) claim = atomicAdd(ctr, 1);
+          const int ci = j % kClaimGroups;
+          if (ci == 0) {
+            held = __shfl_sync(0xffffffffu, claim, 0);
+            if (lane == 0) claim = atomicAdd(ctr, 1);
+          }
+          const int g2 = base + held * kClaimGroups + ci;
           ref[0] = tile_ref<true>(pages, tpp, min(TPI * g2, tl));
           cp_async_wait<S - 1>();
           __syncwarp();
@@ -2259,8 +2273,9 @@ DecodeWorkspace alloc_decode_workspace(int capacity, int max_batch, int max_q_he
     OSCAR_CUDA_CHECK(
         cudaMalloc(&ws.partial_o, sizeof(float) * size_t(capacity) * max_q_heads * head_dim));
     OSCAR_CUDA_CHECK(cudaMalloc(&ws.partial_lse, sizeof(float) * size_t(capacity) * max_q_heads));
-    OSCAR_CUDA_CHECK(cudaMalloc(&ws.claims, sizeof(int32_t) * size_t(max_batch) * max_q_heads));
-    OSCAR_CUDA_CHECK(cudaMemset(ws.claims, 0, sizeof(int32_t) * size_t(max_batch) * max_q_heads));
+    const size_t claims = sizeof(int32_t) * size_t(max_batch) * max_q_heads * kClaimStride;
+    OSCAR_CUDA_CHECK(cudaMalloc(&ws.claims, claims));
+    OSCAR_CUDA_CHECK(cudaMemset(ws.claims, 0, claims));
     OSCAR_CUDA_CHECK(cudaDeviceSynchronize());  // the counters are zero before any launch reads them
   } catch (...) {
     free_decode_workspace(ws);

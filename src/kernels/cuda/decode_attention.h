@@ -168,8 +168,9 @@ struct DecodeWorkspace {
   int32_t* seq_chunk_ptr = nullptr;  // [max_batch+1]
   float* partial_o = nullptr;        // [capacity][max_q_heads][head_dim]
   float* partial_lse = nullptr;      // [capacity][max_q_heads] (log2 domain)
-  int32_t* claims = nullptr;         // [max_batch][max_q_heads], zero between calls: the middle's
-                                     // claimed tile groups per (sequence, KV head) (DecodePlan::mid_claims)
+  int32_t* claims = nullptr;         // [max_batch][max_q_heads][32], zero between calls: the middle's
+                                     // claimed tile groups per (sequence, KV head), one counter per
+                                     // 128 bytes (DecodePlan::mid_claims)
 };
 
 // cudaMalloc/cudaFree helpers for a workspace (throw oscar::Error on failure).
