@@ -34,7 +34,6 @@ struct Case {
   int tiles_per_chunk;  // 0 = planner's choice
   const char* name;
   int fuse = -1;        // plan_decode's fuse_windows (1: the fused window + merge kernel wherever it can run)
-  int claims = -1;      // plan_decode's mid_claims (1: claimed middle groups on any fused plan, v36)
 };
 
 int num_sms() {
@@ -47,7 +46,6 @@ int num_sms() {
 struct Result {
   double err_o, err_lse;
   bool fused = false;  // the plan used the fused window + merge kernel
-  bool claims = false;  // the plan claims middle groups (DecodePlan::mid_claims)
 };
 
 // The plan's host inputs: per region (sink, middle, recent) the lengths and
@@ -108,8 +106,7 @@ Result run_case(const Case& c, uint32_t seed, bool bf16_kernel = false, int vari
   std::vector<float> o_ref(q.size()), lse_ref(size_t(batch) * hq);
   cpu::decode_attention_ref(cache.host_view, q.data(), hq, sm_scale, o_ref.data(), lse_ref.data());
 
-  DecodePlan plan =
-      plan_decode(batch, regions_of(cache), c.hkv, num_sms(), c.tiles_per_chunk, 0, -1.0f, c.fuse, c.claims);
+  DecodePlan plan = plan_decode(batch, regions_of(cache), c.hkv, num_sms(), c.tiles_per_chunk, 0, -1.0f, c.fuse);
   DecodeWorkspace ws = alloc_decode_workspace(std::max(plan.num_chunks, 1), batch, hq, c.d);
   DeviceBuffer<float> d_q(q), d_o(q.size()), d_lse(lse_ref.size());
   DecodeParams p = params_for(cache, d_q.ptr, hq, sm_scale, d_o.ptr, d_lse.ptr);
@@ -117,7 +114,7 @@ Result run_case(const Case& c, uint32_t seed, bool bf16_kernel = false, int vari
   p.pdl = pdl;
   EXPECT_EQ(check_decode(p, plan, ws), "");
   OSCAR_CUDA_CHECK(upload_plan(plan, ws, nullptr));
-  Result r{0.0, 0.0, plan.fused_windows, plan.mid_claims};
+  Result r{0.0, 0.0, plan.fused_windows};
   for (int call = 0; call < calls; ++call) {
     d_o.poison();
     d_lse.poison();
@@ -137,9 +134,9 @@ Result run_case(const Case& c, uint32_t seed, bool bf16_kernel = false, int vari
   }
   free_decode_workspace(ws);
   std::printf("  [%s] d=%d G=%d gqa=%d hkv=%d page=%d variant=%d pdl=%d calls=%d chunks=%d (quant %d): "
-              "claims=%d rel_l2(o)=%.2e max|dlse|=%.2e\n",
+              "rel_l2(o)=%.2e max|dlse|=%.2e\n",
               c.name, c.d, c.group, c.gqa, c.hkv, c.page, variant, pdl, calls, plan.num_chunks,
-              plan.num_quant_chunks, int(plan.mid_claims), r.err_o, r.err_lse);
+              plan.num_quant_chunks, r.err_o, r.err_lse);
   return r;
 }
 
@@ -153,7 +150,6 @@ void expect_ok(const Case& c, uint32_t seed, bool bf16_kernel = false, int varia
                int calls = 1) {
   const Result r = run_case(c, seed, bf16_kernel, variant, pdl, calls);
   if (c.fuse > 0) EXPECT_TRUE(r.fused) << c.name << ": the plan does not fuse";
-  if (c.claims > 0) EXPECT_TRUE(r.claims) << c.name << ": the plan does not claim";
   EXPECT_LE(r.err_o, tol_for(c)) << c.name;  // NaN compares false -> fails
   EXPECT_LE(r.err_lse, 2e-2) << c.name;
 }
@@ -199,38 +195,6 @@ TEST(CudaDecode, FusedWindowsAndMerge) {
     c.seqs = {{64, 4000, 300}, {17, 0, 0}, {0, 0, 0}, {5, 33, 0}, {0, 2048, 1}};
     expect_ok(c, ++seed);
     expect_ok(c, ++seed, false, 0, /*pdl=*/0, /*calls=*/3);
-  }
-  // Claimed middle groups (v36): forced on the fused plans above (their
-  // chunks kept: 1 to 32 per sequence, middles ending inside a group, empty
-  // middles), with repeated calls (the fused CTAs reset the counters),
-  // plain launches, the other loops (which run the chunks as planned) and
-  // pages of 16 (no whole-group copies: as planned too).
-  for (int per : {0, 16, 64}) {
-    Case c{128, 128, 4, 8, 64, mixed_seqs(64), per, "fused, claimed groups"};
-    c.fuse = 1;
-    c.claims = 1;
-    expect_ok(c, ++seed, false, 0, /*pdl=*/1, /*calls=*/per == 16 ? 3 : 1);
-  }
-  {
-    Case c{128, 128, 4, 2, 64, mixed_seqs(64), 8, "fused, claimed groups, 8-tile chunks"};
-    c.fuse = 1;
-    c.claims = 1;
-    c.seqs = {{64, 4000, 300}, {17, 0, 0}, {0, 0, 0}, {5, 33, 0}, {0, 2048, 1}, {64, 1999, 256}};
-    expect_ok(c, ++seed, false, 0, /*pdl=*/0, /*calls=*/2);
-    for (int variant : {1, 2, 3, 4}) expect_ok(c, ++seed, false, variant);
-    c.page = 16;
-    expect_ok(c, ++seed);
-  }
-  // The planner's own choice at a batch-8-like load (long middles, few
-  // sequences): claims, the middle re-split to leave the fused window CTAs
-  // their slots.
-  {
-    Case c{128, 128, 4, 8, 64, {{64, 40000, 256}, {64, 37000 + 33, 200}, {17, 0, 0}, {64, 30001, 256}}, 0,
-           "planner's claims"};
-    const Result r = run_case(c, ++seed, false, 0, 1, 2);
-    EXPECT_TRUE(r.fused && r.claims) << "the planner does not claim here";
-    EXPECT_LE(r.err_o, tol_for(c));
-    EXPECT_LE(r.err_lse, 2e-2);
   }
 #if !defined(OSCAR_CUDA_MIN_INSTANCES)
   for (int d : {64, 256})
@@ -340,15 +304,6 @@ TEST(CudaDecode, UploadPlanRejectsBadPlans) {
   EXPECT_EQ(bad([&](DecodePlan& p) { p.chunks[4 * w0 + 1] = 2; }), cudaErrorInvalidValue);  // recent: its tiles run past the window
   EXPECT_EQ(bad([&](DecodePlan& p) { p.batch = 3; }), cudaErrorInvalidValue);          // > max_batch
   EXPECT_EQ(bad([&](DecodePlan& p) { p.order[1] = p.order[0]; }), cudaErrorInvalidValue);  // not a permutation
-  // Claimed middles (v36) need fused windows (their CTAs reset the
-  // counters) and the workspace's counters.
-  EXPECT_EQ(bad([&](DecodePlan& p) { p.mid_claims = true; }), gpu ? cudaSuccess : cudaErrorInvalidValue);
-  {
-    DecodePlan p = plan_decode(2, packed.get(), 8, 132, 0, 0, -1.0f, 0, 1);
-    ASSERT_FALSE(p.fused_windows);
-    p.mid_claims = true;
-    EXPECT_EQ(upload_plan(p, ws, nullptr), cudaErrorInvalidValue);
-  }
   // Whole-group copies (v34) read 64 rows from each group's first tile: a
   // plan that claims aligned middle chunks must have them.
   ASSERT_TRUE(good.mid_groups_aligned);
@@ -488,15 +443,6 @@ TEST(CudaDecode, PlanSplitsRegionsEvenly) {
       const int len[3] = {s[b], m[b], r[b]};
       for (int reg = 0; reg < 3; ++reg) EXPECT_EQ(next[reg], (len[reg] + 15) / 16);
       const int n = int(mid_sizes.size());
-      if (plan.mid_claims) {
-        // Claimed middles (v36): equal shares of whole 4-tile groups.
-        for (int i = 0; i + 1 < n; ++i) {
-          EXPECT_EQ(mid_sizes[i] % 4, 0);
-          EXPECT_LE(std::abs(mid_sizes[i] - mid_sizes[0]), 4) << "batch " << batch << " seq " << b;
-        }
-        if (n > 1) EXPECT_LE(std::abs(mid_sizes[n - 1] - mid_sizes[0]), 8) << "batch " << batch << " seq " << b;
-        continue;
-      }
       for (int i = 0; i + 1 < n; ++i) {
         EXPECT_EQ(mid_sizes[i], mid_sizes[0]) << "batch " << batch << " seq " << b;
         EXPECT_EQ(mid_sizes[i] % 16, 0);
@@ -514,9 +460,7 @@ TEST(CudaDecode, PlanSplitsRegionsEvenly) {
       std::vector<int32_t> s(batch, 64), m(batch, ctx - 320), r(batch, 256);
       const PackedRegions packed(s, m, r);
       const DecodePlan plan = plan_decode(batch, packed.get(), 8, 132, 0);
-      // (Claimed middles leave the fused window CTAs their slots: the two
-      // together fill the wave, PlanClaimsLeaveWindowSlots.)
-      const int ctas = plan.num_quant_chunks * 8 + (plan.mid_claims ? batch * 8 : 0);
+      const int ctas = plan.num_quant_chunks * 8;
       if (batch * 8 <= 528) {
         EXPECT_LE(ctas, 528) << batch << " x " << ctx;
         EXPECT_GE(ctas, 475) << batch << " x " << ctx;
@@ -568,34 +512,6 @@ TEST(CudaDecode, PlanFusesShortWindows) {
   EXPECT_FALSE(fused(8, 32768, 64, 256, 16));
 }
 
-// Claimed middles (v36): where few sequences have long middles, the planner
-// claims and re-splits the middle so that it and the fused window CTAs fit
-// one wave (132 SMs x 4); where windows would take too many slots, or the
-// middle CTAs would be short, it keeps the static split.
-TEST(CudaDecode, PlanClaimsLeaveWindowSlots) {
-  auto plan = [](int batch, int ctx, int claims = -1) {
-    std::vector<int32_t> s(batch, 64), m(batch, std::max(0, ctx - 320)), r(batch, 256);
-    const PackedRegions packed(s, m, r);
-    return plan_decode(batch, packed.get(), 8, 132, 0, 0, -1.0f, -1, claims);
-  };
-  for (int ctx : {32768, 65536, 131072}) {
-    const DecodePlan p = plan(8, ctx);
-    ASSERT_TRUE(p.fused_windows && p.mid_claims) << ctx;
-    EXPECT_LE(p.num_quant_chunks * 8 + 8 * 8, 132 * 4) << ctx;    // one wave with the window CTAs
-    EXPECT_GE(p.num_quant_chunks * 8 + 8 * 8, 132 * 4 - 64) << ctx;  // and most of it
-    EXPECT_TRUE(p.mid_groups_aligned);
-    for (int b = 0; b < 8; ++b) EXPECT_EQ(p.seq_chunk_ptr[b + 1] - p.seq_chunk_ptr[b], 8) << ctx;  // 7 + window
-  }
-  EXPECT_FALSE(plan(32, 32768).mid_claims);  // 256 window CTAs: the middle would get 1 CTA per pair
-  EXPECT_FALSE(plan(8, 4096).mid_claims);    // not fused (short middle chunks)
-  EXPECT_FALSE(plan(8, 32768, 0).mid_claims);
-  EXPECT_FALSE(plan(1, 131072).mid_claims);  // not fused
-  // Forced: any fused plan, its chunks kept.
-  const DecodePlan forced = plan(32, 32768, 1), stat = plan(32, 32768, 0);
-  EXPECT_TRUE(forced.mid_claims);
-  EXPECT_EQ(forced.chunks, stat.chunks);
-}
-
 // rank_skew > 0 (v26, off by default): within a sequence, middle chunks
 // launched in later dispatch rounds are no larger (beyond one 4-tile group of
 // rounding) than earlier ones, all but the last end on a 4-tile group, and the
@@ -637,7 +553,7 @@ TEST(CudaDecode, PlanRankSkew) {
 TEST(CudaDecode, StepWriteSeesTheNewRows) {
   if (!test::have_gpu()) GTEST_SKIP() << "no GPU";
   const int hkv = 2, d = 128, page = 64, gqa = 4, hq = hkv * gqa;
-  for (uint32_t seed : {61u, 62u, 63u, 64u}) {
+  for (uint32_t seed : {61u, 62u, 63u}) {
     std::vector<SeqLens> seqs;
     for (int b = 0; b < 24; ++b) seqs.push_back({64, 1500 + 97 * b, 1 + (37 * b) % 300});
     seqs.push_back({17, 0, 0});  // the new token is the sink's last
@@ -671,13 +587,9 @@ TEST(CudaDecode, StepWriteSeesTheNewRows) {
     cpu::decode_attention_ref(cache.host_view, q.data(), hq, sm_scale, o_ref.data(), lse_ref.data());
 
     // Seeds 61 and 63: the planner's choice (separate window and merge
-    // launches here); 62: the fused window + merge kernel; 64: fused, with
-    // claimed middle groups (v36).
-    const bool fuse = seed == 62 || seed == 64;
-    DecodePlan plan =
-        plan_decode(batch, regions_of(cache), hkv, num_sms(), 0, 0, -1.0f, fuse ? 1 : -1, seed == 64 ? 1 : 0);
-    EXPECT_EQ(plan.fused_windows, fuse);
-    EXPECT_EQ(plan.mid_claims, seed == 64);
+    // launches here); 62: the fused window + merge kernel.
+    DecodePlan plan = plan_decode(batch, regions_of(cache), hkv, num_sms(), 0, 0, -1.0f, seed == 62 ? 1 : -1);
+    EXPECT_EQ(plan.fused_windows, seed == 62);
     DecodeWorkspace ws = alloc_decode_workspace(std::max(plan.num_chunks, 1), batch, hq, d);
     DeviceBuffer<float> d_q(q), d_k(k), d_v(v), d_o(q.size()), d_lse(lse_ref.size());
     DeviceBuffer<int32_t> d_pages(pages), d_slots(slots);

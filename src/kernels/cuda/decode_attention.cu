@@ -180,31 +180,12 @@ struct KernelArgs {
   // Fused window + merge launch (v27, plan.fused_windows): the final outputs.
   float* o;                // [batch][Hq][D]
   float* lse;              // [batch][Hq] natural log, or nullptr
-  int* claims;             // [batch][Hkv] claimed middle groups (v36), zero between calls
 };
 
 // A fused window chunk merges at most this many middle chunks (one lane each).
 constexpr int kFuseMaxChunks = 32;
 // ... and covers at most this many window tiles per (sequence, KV head).
 constexpr int kFuseMaxWindowTiles = 64;
-// Claimed middles (v36, DecodePlan::mid_claims): the planner's default, and
-// the fewest tiles per middle CTA it claims with (below, the static split)
-// ...
-#ifndef OSCAR_MID_CLAIMS
-#define OSCAR_MID_CLAIMS 1
-#endif
-constexpr int kClaimMinTiles = 64;
-// ... and the fewest middle CTAs per (sequence, KV head) on average: with
-// fewer, the slots given to the window CTAs (idle once their window is done)
-// would cost more than the balance gains.
-constexpr int kClaimMinCtas = 4;
-// Groups per claim (a build-time knob), and the counters' spacing in ints
-// (one per 128-byte line: counters sharing a line serialize at one L2 slice).
-#ifndef OSCAR_CLAIM_GROUPS
-#define OSCAR_CLAIM_GROUPS 1
-#endif
-constexpr int kClaimGroups = OSCAR_CLAIM_GROUPS;
-constexpr int kClaimStride = 32;
 
 // Per-warp online-softmax state for the lane's two head columns 2r, 2r+1.
 template <int D, int NG>
@@ -1166,8 +1147,6 @@ __device__ __forceinline__ void fused_merge(const KernelArgs& a, int b, int h, i
   constexpr int U = 8;                  // chunks whose outputs are loaded at once
   const int nc = c1 - c0;               // <= kFuseMaxChunks (upload_plan)
   pdl_wait();                           // the middle's partials (and a step write) are complete
-  // The middle is done: its group claims (v36) start from zero next call.
-  if (a.claims && warp == 0 && lane == 0) a.claims[(b * a.kv.num_kv_heads + h) * kClaimStride] = 0;
   for (int hd = warp; hd < a.gqa; hd += kWarps) {
     const int hq = h * a.gqa + hd;
     auto chunk_o = [&](int c, int slot) {
@@ -1236,8 +1215,7 @@ __device__ __forceinline__ void fused_merge(const KernelArgs& a, int b, int h, i
 #ifndef OSCAR_INT8K_MIN_BLOCKS
 #define OSCAR_INT8K_MIN_BLOCKS 4  // 5 spills 88 bytes; with lazy fragment loads (v11) it fits but ran slower
 #endif
-template <int D, int G, bool kQuant, int kVariant = 0, bool kFused = false, bool kGroup = false,
-          bool kClaim = false>
+template <int D, int G, bool kQuant, int kVariant = 0, bool kFused = false, bool kGroup = false>
 __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? OSCAR_INT8K_MIN_BLOCKS
                                             : (D <= 128 && G == 128) ? 4
                                                                      : 1)
@@ -1348,69 +1326,6 @@ __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? O
       // with its register allocation; the per-tile instances' code is
       // byte-identical to before v34 as written.)
       TileRef ref[TPI];
-      if constexpr (kClaim) {
-        // Claimed groups (v36, DecodePlan::mid_claims): the groups of the
-        // whole middle of (b, h); warp w of its chunk k (of c: c2.z, c2.w)
-        // takes the static groups (s c + k) kWarps + w for steps s = 0, 1,
-        // then from step 2 on the group 2 c kWarps + n, n from an atomic
-        // counter per (b, h). One claim is in flight: issued at step j - 1
-        // (the prologue for j = 0) for step j + 2, whose page id step j
-        // fetches. A warp's groups only grow: its first one past the middle
-        // ends it. The same ring as below; every group starts at a multiple
-        // of 4 tiles of the middle.
-        static_assert(kGroup && kVariant == 3 && S == 2, "claims: the 2-stage whole-group ring");
-        const int nt = (len + kTileTokens - 1) / kTileTokens, ngr = (nt + TPI - 1) / TPI, tl = nt - 1;
-        int* const ctr = a.claims + (b * kv.num_kv_heads + h) * kClaimStride;
-        const int base = 2 * c2.w * kWarps;
-        int g0 = c2.z * kWarps + warp, g1 = g0 + c2.w * kWarps;
-        // A claim n gives the kClaimGroups groups base + n kClaimGroups + i
-        // (i = 0 ..): `held` the claim being used, `claim` (lane 0) the next
-        // one, issued kClaimGroups steps before it is used.
-        int claim = 0, held = 0;
-        if (lane == 0) claim = atomicAdd(ctr, 1);
-        ref[0] = tile_ref<true>(pages, tpp, min(TPI * g0, tl));
-        if (g0 < ngr) issue_group_copies<D, G, TPI>(ring, kv, L, ref[0], nt - TPI * g0, h, lane);
-        cp_async_commit();
-        ref[0] = tile_ref<true>(pages, tpp, min(TPI * g1, tl));
-        load_query();
-        for (int j = 0; g0 < ngr; ++j) {
-          if (g1 < ngr) issue_group_copies<D, G, TPI>(ring + ((j + 1) & 1) * TPI * TB, kv, L, ref[0], nt - TPI * g1, h, lane);
-          cp_async_commit();
-          const int ci = j % kClaimGroups;
-          if (ci == 0) {
-            held = __shfl_sync(0xffffffffu, claim, 0);
-            if (lane == 0) claim = atomicAdd(ctr, 1);
-          }
-          const int g2 = base + held * kClaimGroups + ci;
-          ref[0] = tile_ref<true>(pages, tpp, min(TPI * g2, tl));
-          cp_async_wait<S - 1>();
-          __syncwarp();
-          OSCAR_TRACE_MARK(trace_t1);
-          const uint8_t* img = ring + (j & 1) * TPI * TB;
-          const int tg = TPI * g0;
-          g0 = g1;
-          g1 = g2;
-#if defined(OSCAR_DIAG_COPY_ONLY)
-          if (img[lane] == 0xA5 && img[lane + 32] == 0x5A) s_l[warp][0] = 1.0f;
-          __syncwarp();
-          if (a.step_write >= 0) continue;
-#endif
-          bool full = OSCAR_INT8K_FASTPATH != 0;
-#pragma unroll
-          for (int u = 0; u < TPI; ++u) {
-            const uint8_t* ti = img + u * TB;
-            load_quant_fragments<true>(cur[u], ti, ti + 16 * RB, reinterpret_cast<const uint32_t*>(ti + 32 * RB),
-                                       reinterpret_cast<const uint32_t*>(ti + 32 * RB + 64 * (D / G)), g, r);
-            cur[u].valid = tg + u <= tl ? min(kTileTokens, len - (tg + u) * kTileTokens) : 0;
-            full = full && cur[u].valid == kTileTokens;
-          }
-          if (full)
-            compute_int8kv_tiles<TPI, false>(st, cur, Q8, g);
-          else
-            compute_int8kv_tiles<TPI, true>(st, cur, Q8, g);
-          __syncwarp();  // every lane has read this stage before it is refilled
-        }
-      } else {
       // Prologue: groups 0 .. S-2 in flight (one commit group each, empty
       // past the end), then the page ids of group S-1.
 #pragma unroll
@@ -1493,7 +1408,6 @@ __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? O
           compute_quant_tiles(st, cur, Q, g);
         __syncwarp();  // every lane has read this stage before it is refilled
       }
-      }  // !kClaim
       cp_async_wait<0>();
     }
     OSCAR_TRACE_MARK(trace_t2);
@@ -1883,12 +1797,12 @@ bool group_supported(int d, int gs) {
 // (v33 measured the middle instances with the largest shared-memory
 // carveout too, so that 64 KB fused window CTAs surely fit beside three
 // middle CTAs: no faster at 8 x 32K, 7% slower at 8 x 4K.)
-template <int D, int G, bool kQuant, int kVariant, bool kFused = false, bool kGroup = false, bool kClaim = false>
+template <int D, int G, bool kQuant, int kVariant, bool kFused = false, bool kGroup = false>
 cudaError_t launch_split(dim3 grid, bool pdl, cudaStream_t stream, const KernelArgs& a) {
   constexpr int smem = split_smem_bytes<D, G, kQuant, kVariant, kFused>();
   if constexpr (smem > 48 * 1024) {
     static const cudaError_t raised = [] {
-      auto* k = decode_split_kernel<D, G, kQuant, kVariant, kFused, kGroup, kClaim>;
+      auto* k = decode_split_kernel<D, G, kQuant, kVariant, kFused, kGroup>;
       cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
       if (e == cudaSuccess)
         e = cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
@@ -1896,8 +1810,8 @@ cudaError_t launch_split(dim3 grid, bool pdl, cudaStream_t stream, const KernelA
     }();
     if (raised != cudaSuccess) return raised;
   }
-  return launch_pdl(decode_split_kernel<D, G, kQuant, kVariant, kFused, kGroup, kClaim>, grid, dim3(kThreads), smem,
-                    pdl, stream, a);
+  return launch_pdl(decode_split_kernel<D, G, kQuant, kVariant, kFused, kGroup>, grid, dim3(kThreads), smem, pdl,
+                    stream, a);
 }
 
 // Whole-group copies in the int8 K/V ring where they apply (v34); 0 keeps
@@ -1906,16 +1820,14 @@ cudaError_t launch_split(dim3 grid, bool pdl, cudaStream_t stream, const KernelA
 #define OSCAR_GROUP_COPIES 1
 #endif
 template <int D, int G>
-cudaError_t launch_quant(dim3 grid, const KernelArgs& a, int variant, bool groups, bool claims, cudaStream_t stream) {
+cudaError_t launch_quant(dim3 grid, const KernelArgs& a, int variant, bool groups, cudaStream_t stream) {
   constexpr bool pdl = false;  // reads q: after whatever produced it
   // head_dim 128 / group 128 (the benchmark shape) has three loop shapes
   // (`variant` picks, docs/cuda-notes.md); the others use the
   // register-prefetch loop. The default copies whole 4-tile groups where
   // the plan and the page size allow (`groups`, v34).
   if constexpr (D == 128 && G == 128) {
-    if (variant == 0 && groups && a.gqa <= 4)
-      return claims ? launch_split<D, G, true, 3, false, true, true>(grid, pdl, stream, a)
-                    : launch_split<D, G, true, 3, false, true>(grid, pdl, stream, a);
+    if (variant == 0 && groups && a.gqa <= 4) return launch_split<D, G, true, 3, false, true>(grid, pdl, stream, a);
     if ((variant == 0 || variant == 4) && a.gqa <= 4)
       return launch_split<D, G, true, 3>(grid, pdl, stream, a);
     if (variant == 3 && a.gqa <= 4)
@@ -1944,7 +1856,6 @@ cudaError_t launch(const DecodeParams& p, const DecodePlan& plan, const DecodeWo
   a.step_write = p.write.n > 0;
   a.o = p.o;
   a.lse = p.lse;
-  a.claims = ws.claims;
   const int nq = plan.num_quant_chunks, nb = plan.num_chunks - plan.num_quant_chunks;
   bool launched = false;
   const bool pdl = p.pdl != 0;
@@ -1954,8 +1865,7 @@ cudaError_t launch(const DecodeParams& p, const DecodePlan& plan, const DecodeWo
         a.first = 0;
         const bool groups = OSCAR_GROUP_COPIES != 0 && plan.mid_groups_aligned &&
                             p.kv.page_size % (kRingTiles * kTileTokens) == 0;
-        OSCAR_CUDA_RETURN_IF_ERROR(
-            (launch_quant<D, G>(dim3(p.kv.num_kv_heads, nq), a, p.variant, groups, plan.mid_claims, stream)));
+        OSCAR_CUDA_RETURN_IF_ERROR((launch_quant<D, G>(dim3(p.kv.num_kv_heads, nq), a, p.variant, groups, stream)));
         launched = true;
       });
       if (!launched) return cudaErrorInvalidValue;
@@ -2005,8 +1915,7 @@ int ceil_div(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
 
 // ---------------------------------------------------------------------------
 DecodePlan plan_decode(int batch, const HostRegions& regions, int num_kv_heads, int num_sms,
-                       int tiles_per_chunk, int ctas_per_sm, float rank_skew, int fuse_windows,
-                       int mid_claims) {
+                       int tiles_per_chunk, int ctas_per_sm, float rank_skew, int fuse_windows) {
   if (batch < 0) throw Error("plan_decode: batch < 0");
   for (int k = 0; k < 3; ++k)
     if (!regions.len[k] || !regions.indptr[k])
@@ -2160,50 +2069,6 @@ DecodePlan plan_decode(int batch, const HostRegions& regions, int num_kv_heads, 
            (fuse_windows > 0 || (count[b] > 0 ? 4 * nwin <= first_chunk : nwin <= first_chunk));
   }
   plan.fused_windows = fuse;
-  // Claimed middles (v36): with equal static chunks, the CTAs of one wave
-  // end up to a third apart (an SM's warp scheduler favours its older CTAs,
-  // v26), and the SMs run the last ~10 us of a batch-8 step at a fraction of
-  // their CTAs. Instead, a middle CTA's warps take two static 4-tile groups
-  // each and then claim the next unclaimed group of their (sequence, KV head)
-  // with an atomic (the workspace's claims), so that the CTAs of a sequence
-  // end together whatever their SM's load. The fused window CTAs must then
-  // start at once, not in slots freed by early middle CTAs: the middle gets
-  // one wave's slots less one per fused window CTA. Only where the middle
-  // CTAs keep at least kClaimMinTiles tiles each (the planner's choice;
-  // mid_claims 1 forces claims on any fused plan, keeping its chunks).
-  const bool claims_wanted = mid_claims < 0 ? OSCAR_MID_CLAIMS != 0 && tiles_per_chunk <= 0 : mid_claims > 0;
-  if (fuse && claims_wanted && quant_tiles > 0) {
-    if (tiles_per_chunk > 0 || mid_claims > 0) {
-      plan.mid_claims = true;
-    } else {
-      const int64_t slots = int64_t(std::max(num_sms, 1)) * std::max(ctas_per_sm, 1);
-      const int64_t mid_slots = slots - int64_t(batch) * hkv;
-      int64_t pairs = 0;  // (sequence, KV head) pairs with a middle
-      for (int b = 0; b < batch; ++b) pairs += mid_len[b] > 0 ? hkv : 0;
-      const int64_t per = mid_slots >= hkv ? (quant_tiles * hkv + mid_slots - 1) / mid_slots : 0;
-      if (per >= kClaimMinTiles && mid_slots >= kClaimMinCtas * pairs) {
-        plan.mid_claims = true;
-        plan.tiles_per_chunk_quant = static_cast<int>(per);
-        // Chunks of ~per tiles per sequence (their static bounds: equal
-        // shares in whole groups; the kernel claims across them).
-        for (int b = 0; b < batch; ++b) {
-          const int nt = ceil_div(mid_len[b], kTileTokens);
-          count[b] = nt > 0 ? static_cast<int>(std::clamp<int64_t>(nt / per, 1, kFuseMaxChunks)) : 0;
-          bptr[b + 1] = bptr[b] + (count[b] > 0 ? count[b] + 1 : 0);
-        }
-        bounds.assign(size_t(bptr[batch]), 0);
-        for (int b = 0; b < batch; ++b) {
-          if (count[b] == 0) continue;
-          // Equal shares of whole groups (sizes within one group of each
-          // other; the chunks run as planned where claims do not apply).
-          const int nt = ceil_div(mid_len[b], kTileTokens), ng = ceil_div(nt, kRingTiles);
-          int32_t* t = &bounds[size_t(bptr[b])];
-          for (int k = 0; k < count[b]; ++k) t[k] = static_cast<int32_t>(int64_t(k) * ng / count[b] * kRingTiles);
-          t[count[b]] = nt;
-        }
-      }
-    }
-  }
   std::vector<int32_t> first_mid(batch, 0);  // chunk id of sequence b's first middle chunk
   plan.chunks.reserve(4 * (size_t(bptr[batch]) + 4 * size_t(batch)));
   auto add = [&](int b, int region, int ntiles, int per) {
@@ -2273,10 +2138,6 @@ DecodeWorkspace alloc_decode_workspace(int capacity, int max_batch, int max_q_he
     OSCAR_CUDA_CHECK(
         cudaMalloc(&ws.partial_o, sizeof(float) * size_t(capacity) * max_q_heads * head_dim));
     OSCAR_CUDA_CHECK(cudaMalloc(&ws.partial_lse, sizeof(float) * size_t(capacity) * max_q_heads));
-    const size_t claims = sizeof(int32_t) * size_t(max_batch) * max_q_heads * kClaimStride;
-    OSCAR_CUDA_CHECK(cudaMalloc(&ws.claims, claims));
-    OSCAR_CUDA_CHECK(cudaMemset(ws.claims, 0, claims));
-    OSCAR_CUDA_CHECK(cudaDeviceSynchronize());  // the counters are zero before any launch reads them
   } catch (...) {
     free_decode_workspace(ws);
     throw;
@@ -2297,7 +2158,6 @@ void free_decode_workspace(DecodeWorkspace& ws) {
   cudaFree(ws.seq_chunk_ptr);
   cudaFree(ws.partial_o);
   cudaFree(ws.partial_lse);
-  cudaFree(ws.claims);
   ws = DecodeWorkspace{};
 }
 
@@ -2311,13 +2171,12 @@ cudaError_t upload_plan(const DecodePlan& plan, const DecodeWorkspace& ws, cudaS
     return cudaErrorInvalidValue;
   for (int i = 0; i < plan.batch * 3; ++i)
     if (plan.regions[2 * size_t(i)] < 0 || plan.regions[2 * size_t(i) + 1] < 0) return cudaErrorInvalidValue;
-  // Claimed middles need the fused window CTAs (they reset the counters)
-  // and the workspace's counters.
-  if (plan.mid_claims && (!plan.fused_windows || !ws.claims)) return cudaErrorInvalidValue;
   std::vector<bool> seen(size_t(plan.num_chunks), false);
   for (int i = 0; i < plan.num_chunks; ++i) {
     const int32_t id = plan.order[i];
-    if (id < 0 || id >= plan.num_chunks || seen[size_t(id)]) return cudaErrorInvalidValue;  // a permutation
+    // Every chunk once: a repeated one would write its partial twice and
+    // leave another's unwritten (the merge would read stale rows).
+    if (id < 0 || id >= plan.num_chunks || seen[size_t(id)]) return cudaErrorInvalidValue;
     seen[size_t(id)] = true;
     const int32_t* c = &plan.chunks[4 * size_t(id)];
     if (c[0] < 0 || c[0] >= plan.batch || c[1] < 0 || c[1] > 3 || c[2] < 0 || c[3] < c[2])
@@ -2342,11 +2201,6 @@ cudaError_t upload_plan(const DecodePlan& plan, const DecodeWorkspace& ws, cudaS
   // The kernels read 32 bytes per CTA: the plan's chunks in launch order
   // (plan.order), each with its id (the row of its partial result) and its
   // region's page-table offset and length.
-  // Claimed middles: each middle chunk's index k among its sequence's c
-  // middle chunks (its static groups, v36).
-  std::vector<int32_t> mid_k(size_t(plan.num_chunks), 0), mid_count(size_t(plan.batch), 0);
-  for (int id = 0; id < plan.num_chunks; ++id)
-    if (plan.chunks[4 * size_t(id) + 1] == 1) mid_k[size_t(id)] = mid_count[size_t(plan.chunks[4 * size_t(id)])]++;
   std::vector<int32_t> table(8 * size_t(plan.num_chunks), 0);
   for (int i = 0; i < plan.num_chunks; ++i) {
     const int id = plan.order[i];
@@ -2364,10 +2218,6 @@ cudaError_t upload_plan(const DecodePlan& plan, const DecodeWorkspace& ws, cudaS
     } else {
       e[4] = plan.regions[6 * size_t(c[0]) + 2 * c[1]];
       e[5] = plan.regions[6 * size_t(c[0]) + 2 * c[1] + 1];
-      if (c[1] == 1 && plan.mid_claims) {
-        e[6] = mid_k[size_t(id)];
-        e[7] = mid_count[size_t(c[0])];
-      }
     }
   }
   if (plan.num_chunks > 0)
@@ -2417,8 +2267,6 @@ std::string check_decode(const DecodeParams& p, const DecodePlan& plan, const De
   if (plan.batch != kv.batch) return who + "plan batch differs from view batch";
   if (plan.num_quant_chunks > 65535 || plan.num_chunks - plan.num_quant_chunks > 65535)
     return who + "plan has more than 65535 middle or window chunks (one grid dimension)";
-  if (plan.mid_claims && (!plan.fused_windows || !ws.claims))
-    return who + "plan claims middle groups (mid_claims) without fused windows or workspace counters";
   if (plan.num_chunks > ws.capacity)
     return who + "plan has " + std::to_string(plan.num_chunks) + " chunks, workspace holds " +
            std::to_string(ws.capacity);

@@ -130,16 +130,6 @@ struct DecodePlan {
   // when the page size is a multiple of 64: the ring then copies whole
   // groups from one address per array (v34). upload_plan checks it.
   bool mid_groups_aligned = false;
-  // Claimed middles (v36; fused plans only): the middle chunks of a
-  // sequence share its tile groups (4 tiles) through an atomic counter per
-  // (sequence, KV head) in the workspace (claims): each warp takes two
-  // static groups, then claims the next unclaimed one, so that the CTAs of a
-  // sequence end together. The chunks' tile ranges then only say how many
-  // CTAs a sequence has (the kernel ignores them); the results do not
-  // depend on which CTA took which group beyond float rounding. Used where
-  // the whole-group copies run (mid_groups_aligned, page size a multiple of
-  // 64, the default loop); elsewhere the chunks run as planned.
-  bool mid_claims = false;
 };
 
 // Builds the plan from HOST copies of the region tables (HostRegions; every
@@ -150,12 +140,10 @@ struct DecodePlan {
 // rank_skew: the middle chunks' weight lost per dispatch round (v26; < 0:
 // the default, which is 0: equal chunks). fuse_windows: -1 the planner's
 // choice (DecodePlan::fused_windows), 1 wherever the fused kernel can run
-// (tests), 0 never. mid_claims: -1 the planner's choice (DecodePlan::
-// mid_claims, with the middle re-split to leave the fused window CTAs their
-// slots), 1 claims on any fused plan with its chunks as split, 0 never.
+// (tests), 0 never.
 DecodePlan plan_decode(int batch, const HostRegions& regions, int num_kv_heads, int num_sms,
                        int tiles_per_chunk = 0, int ctas_per_sm = 0, float rank_skew = -1.0f,
-                       int fuse_windows = -1, int mid_claims = -1);
+                       int fuse_windows = -1);
 
 // Device buffers the decode kernels use; the caller owns them (kv/ or the
 // engine allocates once, sized for the largest plan).
@@ -168,9 +156,6 @@ struct DecodeWorkspace {
   int32_t* seq_chunk_ptr = nullptr;  // [max_batch+1]
   float* partial_o = nullptr;        // [capacity][max_q_heads][head_dim]
   float* partial_lse = nullptr;      // [capacity][max_q_heads] (log2 domain)
-  int32_t* claims = nullptr;         // [max_batch][max_q_heads][32], zero between calls: the middle's
-                                     // claimed tile groups per (sequence, KV head), one counter per
-                                     // 128 bytes (DecodePlan::mid_claims)
 };
 
 // cudaMalloc/cudaFree helpers for a workspace (throw oscar::Error on failure).
