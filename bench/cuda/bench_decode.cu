@@ -8,8 +8,7 @@
 // `page` steps) against the decode step.
 //
 //   bench_decode [--quick] [--csv FILE] [--iters N] [--warmup N] [--only BATCH,CTX] [--pdl 0|1]
-//                [--ctas N] [--skew S] [--fuse F] [--claims C] [--int2] [--parts] [--trace]
-//                [--trace-dump FILE]
+//                [--ctas N] [--skew S] [--fuse F] [--int2] [--parts] [--trace] [--trace-dump FILE]
 // --parts times the call with plans that leave regions out; --trace (a build
 // with -DOSCAR_DECODE_TRACE) prints the CTA timeline of one call; --trace-dump
 // also appends every CTA (batch,ctx,i,kind,head,position,sm,start,first
@@ -266,7 +265,6 @@ int main(int argc, char** argv) {
   int only_b = 0, only_ctx = 0, pdl = 1, ctas = 0;
   float skew = -1.0f;  // planner rank skew (< 0: the default)
   int fuse = -1;       // planner fuse_windows (-1: its choice, 0: never, 1: wherever it can)
-  int claims = -1;     // planner mid_claims (-1: its choice, 0: never, 1: wherever the plan allows)
   bool parts = false, trace = false, int2_only = false;
   const char* trace_dump = nullptr;  // --trace-dump FILE: CSV of every CTA (appended)
   for (int i = 1; i < argc; ++i) {
@@ -279,7 +277,6 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--ctas") && i + 1 < argc) ctas = std::atoi(argv[++i]);  // planner CTAs per SM
     else if (!std::strcmp(argv[i], "--skew") && i + 1 < argc) skew = std::atof(argv[++i]);  // planner rank skew
     else if (!std::strcmp(argv[i], "--fuse") && i + 1 < argc) fuse = std::atoi(argv[++i]);  // planner fuse_windows
-    else if (!std::strcmp(argv[i], "--claims") && i + 1 < argc) claims = std::atoi(argv[++i]);  // planner mid_claims
     else if (!std::strcmp(argv[i], "--int2")) int2_only = true;  // the default INT2 kernel only
     else if (!std::strcmp(argv[i], "--parts")) parts = true;
     else if (!std::strcmp(argv[i], "--trace")) trace = true;  // needs -DOSCAR_DECODE_TRACE
@@ -365,7 +362,7 @@ int main(int argc, char** argv) {
           hr.indptr[k] = cache.h_indptr[k].data();
         }
         DecodePlan plan = plan_decode(batch, hr, kHkv, prop.multiProcessorCount, 0,
-                                      kind == 2 ? 4 : ctas, skew, fuse, claims);  // the v7 loop: 4 CTAs per SM
+                                      kind == 2 ? 4 : ctas, skew, fuse);  // the v7 loop keeps 4 CTAs per SM
         OSCAR_CUDA_CHECK(upload_plan(plan, ws, nullptr));
         DecodeParams p;
         p.kv = cache.view;
@@ -485,7 +482,7 @@ int main(int argc, char** argv) {
             pr.len[0] = c.s ? L[0] : zero.data();
             pr.len[1] = c.m ? L[1] : zero.data();
             pr.len[2] = c.r ? L[2] : zero.data();
-            DecodePlan pp = plan_decode(batch, pr, kHkv, prop.multiProcessorCount, 0, ctas, skew, fuse, claims);
+            DecodePlan pp = plan_decode(batch, pr, kHkv, prop.multiProcessorCount, 0, ctas, skew, fuse);
             OSCAR_CUDA_CHECK(upload_plan(pp, ws, nullptr));
             const double t = timer.median_ms([&] { OSCAR_CUDA_CHECK(decode_attention(p, pp, ws, nullptr)); }, iters);
             std::printf("parts  %5d %7d %-14s %8.1f us (%d chunks)\n", batch, ctx, c.name, t * 1e3, pp.num_chunks);

@@ -34,7 +34,6 @@ struct Case {
   int tiles_per_chunk;  // 0 = planner's choice
   const char* name;
   int fuse = -1;        // plan_decode's fuse_windows (1: the fused window + merge kernel wherever it can run)
-  int claims = -1;      // plan_decode's mid_claims (claimed middle groups, v38; -1 the planner's choice)
 };
 
 int num_sms() {
@@ -47,7 +46,6 @@ int num_sms() {
 struct Result {
   double err_o, err_lse;
   bool fused = false;  // the plan used the fused window + merge kernel
-  bool claims = false;  // the plan claims middle groups (DecodePlan::mid_claims)
 };
 
 // The plan's host inputs: per region (sink, middle, recent) the lengths and
@@ -108,8 +106,7 @@ Result run_case(const Case& c, uint32_t seed, bool bf16_kernel = false, int vari
   std::vector<float> o_ref(q.size()), lse_ref(size_t(batch) * hq);
   cpu::decode_attention_ref(cache.host_view, q.data(), hq, sm_scale, o_ref.data(), lse_ref.data());
 
-  DecodePlan plan =
-      plan_decode(batch, regions_of(cache), c.hkv, num_sms(), c.tiles_per_chunk, 0, -1.0f, c.fuse, c.claims);
+  DecodePlan plan = plan_decode(batch, regions_of(cache), c.hkv, num_sms(), c.tiles_per_chunk, 0, -1.0f, c.fuse);
   DecodeWorkspace ws = alloc_decode_workspace(std::max(plan.num_chunks, 1), batch, hq, c.d);
   DeviceBuffer<float> d_q(q), d_o(q.size()), d_lse(lse_ref.size());
   DecodeParams p = params_for(cache, d_q.ptr, hq, sm_scale, d_o.ptr, d_lse.ptr);
@@ -117,7 +114,7 @@ Result run_case(const Case& c, uint32_t seed, bool bf16_kernel = false, int vari
   p.pdl = pdl;
   EXPECT_EQ(check_decode(p, plan, ws), "");
   OSCAR_CUDA_CHECK(upload_plan(plan, ws, nullptr));
-  Result r{0.0, 0.0, plan.fused_windows, plan.mid_claims};
+  Result r{0.0, 0.0, plan.fused_windows};
   for (int call = 0; call < calls; ++call) {
     d_o.poison();
     d_lse.poison();
@@ -137,9 +134,9 @@ Result run_case(const Case& c, uint32_t seed, bool bf16_kernel = false, int vari
   }
   free_decode_workspace(ws);
   std::printf("  [%s] d=%d G=%d gqa=%d hkv=%d page=%d variant=%d pdl=%d calls=%d chunks=%d (quant %d): "
-              "claims=%d rel_l2(o)=%.2e max|dlse|=%.2e\n",
+              "rel_l2(o)=%.2e max|dlse|=%.2e\n",
               c.name, c.d, c.group, c.gqa, c.hkv, c.page, variant, pdl, calls, plan.num_chunks,
-              plan.num_quant_chunks, int(plan.mid_claims), r.err_o, r.err_lse);
+              plan.num_quant_chunks, r.err_o, r.err_lse);
   return r;
 }
 
@@ -153,7 +150,6 @@ void expect_ok(const Case& c, uint32_t seed, bool bf16_kernel = false, int varia
                int calls = 1) {
   const Result r = run_case(c, seed, bf16_kernel, variant, pdl, calls);
   if (c.fuse > 0) EXPECT_TRUE(r.fused) << c.name << ": the plan does not fuse";
-  if (c.claims > 0) EXPECT_TRUE(r.claims) << c.name << ": the plan does not claim";
   EXPECT_LE(r.err_o, tol_for(c)) << c.name;  // NaN compares false -> fails
   EXPECT_LE(r.err_lse, 2e-2) << c.name;
 }
@@ -199,43 +195,6 @@ TEST(CudaDecode, FusedWindowsAndMerge) {
     c.seqs = {{64, 4000, 300}, {17, 0, 0}, {0, 0, 0}, {5, 33, 0}, {0, 2048, 1}};
     expect_ok(c, ++seed);
     expect_ok(c, ++seed, false, 0, /*pdl=*/0, /*calls=*/3);
-  }
-  // Claimed middle groups (v38: window launch first, middle claims, the
-  // last CTA of each (sequence, KV head) merges) against the same plans
-  // without claims: 1 to 32 middle chunks per sequence, middles ending inside
-  // a group, empty middles and empty sequences, repeated calls (the last
-  // CTAs reset the counters), plain launches, the other loops and pages of
-  // 16 (which run the plan as a fused plan), GQA 1-4.
-  for (int claims : {0, 1})
-    for (int per : {0, 16, 64}) {
-      Case c{128, 128, 4, 8, 64, mixed_seqs(64), per, claims ? "fused, claimed groups" : "fused, no claims"};
-      c.fuse = 1;
-      c.claims = claims;
-      expect_ok(c, ++seed, false, 0, /*pdl=*/1, /*calls=*/per == 16 ? 3 : 1);
-    }
-  {
-    Case c{128, 128, 4, 2, 64, mixed_seqs(64), 8, "fused, claimed groups, 8-tile chunks"};
-    c.fuse = 1;
-    c.claims = 1;
-    c.seqs = {{64, 4000, 300}, {17, 0, 0}, {0, 0, 0}, {5, 33, 0}, {0, 2048, 1}, {64, 1999, 256}};
-    expect_ok(c, ++seed, false, 0, /*pdl=*/0, /*calls=*/2);
-    for (int variant : {1, 2, 3, 4}) expect_ok(c, ++seed, false, variant);
-    for (int gqa : {1, 2, 3}) {
-      c.gqa = gqa;
-      expect_ok(c, ++seed);
-    }
-    c.gqa = 4;
-    c.page = 16;
-    expect_ok(c, ++seed);
-  }
-  {
-    // The planner's own choice at a batch-8-like load: long middles.
-    Case c{128, 128, 4, 8, 64, {{64, 40000, 256}, {64, 37000 + 33, 200}, {17, 0, 0}, {64, 30001, 256}}, 0,
-           "planner's claims"};
-    const Result r = run_case(c, ++seed, false, 0, 1, 2);
-    EXPECT_TRUE(r.fused && r.claims) << "the planner does not claim here";
-    EXPECT_LE(r.err_o, tol_for(c));
-    EXPECT_LE(r.err_lse, 2e-2);
   }
 #if !defined(OSCAR_CUDA_MIN_INSTANCES)
   for (int d : {64, 256})
@@ -317,7 +276,6 @@ TEST(CudaDecode, UploadPlanRejectsBadPlans) {
   } else {
     ws.capacity = good.num_chunks;
     ws.max_batch = 2;
-    ws.counters = reinterpret_cast<int32_t*>(uintptr_t{64});  // only checked for null on the host
   }
   auto bad = [&](auto edit) {
     DecodePlan p = good;
@@ -346,35 +304,6 @@ TEST(CudaDecode, UploadPlanRejectsBadPlans) {
   EXPECT_EQ(bad([&](DecodePlan& p) { p.chunks[4 * w0 + 1] = 2; }), cudaErrorInvalidValue);  // recent: its tiles run past the window
   EXPECT_EQ(bad([&](DecodePlan& p) { p.batch = 3; }), cudaErrorInvalidValue);          // > max_batch
   EXPECT_EQ(bad([&](DecodePlan& p) { p.order[1] = p.order[0]; }), cudaErrorInvalidValue);  // not a permutation
-  // Claimed middles (v38) need fused windows and the workspace's counters,
-  // and each sequence's window chunk right after its middle chunks.
-  {
-    std::vector<int32_t> m2(2, 20000);
-    const PackedRegions packed2(s, m2, r);
-    const DecodePlan cl = plan_decode(2, packed2.get(), 8, 132, 0, 0, -1.0f, 1);  // fused: forced
-    ASSERT_TRUE(cl.mid_claims && cl.fused_windows);
-    ASSERT_LE(cl.num_chunks, ws.capacity);
-    auto bad_cl = [&](auto edit) {
-      DecodePlan p = cl;
-      edit(p);
-      return upload_plan(p, ws, nullptr);
-    };
-    if (gpu) {
-      EXPECT_EQ(upload_plan(cl, ws, nullptr), cudaSuccess);
-      DecodeWorkspace no_counters = ws;
-      no_counters.counters = nullptr;
-      EXPECT_EQ(upload_plan(cl, no_counters, nullptr), cudaErrorInvalidValue);
-    }
-    EXPECT_EQ(bad_cl([](DecodePlan& p) { p.fused_windows = false; }), cudaErrorInvalidValue);
-    // Sequence 0's window chunk moved off the end of its middle chunks.
-    const int w = cl.seq_chunk_ptr[1] - 1;
-    ASSERT_EQ(cl.chunks[4 * w + 1], 3);
-    EXPECT_EQ(bad_cl([&](DecodePlan& p) { p.chunks[4 * w + 3] -= 1; }), cudaErrorInvalidValue);
-    DecodePlan p = plan_decode(2, packed2.get(), 8, 132, 0, 0, -1.0f, 0);
-    ASSERT_FALSE(p.fused_windows);
-    p.mid_claims = true;
-    EXPECT_EQ(upload_plan(p, ws, nullptr), cudaErrorInvalidValue);
-  }
   // Whole-group copies (v34) read 64 rows from each group's first tile: a
   // plan that claims aligned middle chunks must have them.
   ASSERT_TRUE(good.mid_groups_aligned);
@@ -397,27 +326,6 @@ TEST(CudaDecode, UploadPlanRejectsBadPlans) {
   EXPECT_EQ(upload_plan(good, ws, nullptr), cudaErrorInvalidValue);
   ws.capacity = good.num_chunks;
   if (gpu) free_decode_workspace(ws);
-}
-
-// Claimed middles (v38) go with fused plans whose middle chunks start at
-// whole groups and whose sequences keep at most 31 middle chunks (their
-// rows and the window's fit the merge's 32 lanes).
-TEST(CudaDecode, PlanClaimsMiddleGroups) {
-  auto plan = [](int batch, int ctx, int claims = -1, int tiles_per_chunk = 0) {
-    std::vector<int32_t> s(batch, 64), m(batch, std::max(0, ctx - 320)), r(batch, 256);
-    const PackedRegions packed(s, m, r);
-    return plan_decode(batch, packed.get(), 8, 132, tiles_per_chunk, 0, -1.0f, -1, claims);
-  };
-  for (int batch : {8, 32, 64}) {
-    const DecodePlan p = plan(batch, 32768);
-    EXPECT_TRUE(p.fused_windows && p.mid_claims) << batch;
-  }
-  EXPECT_FALSE(plan(8, 32768, 0).mid_claims);
-  EXPECT_FALSE(plan(1, 131072).mid_claims);  // not fused
-  EXPECT_FALSE(plan(8, 4096).mid_claims);    // not fused
-  EXPECT_FALSE(plan(8, 32768, 1, 6).mid_claims);  // 6-tile chunks: not group-aligned (nor fused)
-  // The chunks do not change with claims.
-  EXPECT_EQ(plan(8, 32768, 1).chunks, plan(8, 32768, 0).chunks);
 }
 
 TEST(CudaDecode, MiddleOnly) {
@@ -645,7 +553,7 @@ TEST(CudaDecode, PlanRankSkew) {
 TEST(CudaDecode, StepWriteSeesTheNewRows) {
   if (!test::have_gpu()) GTEST_SKIP() << "no GPU";
   const int hkv = 2, d = 128, page = 64, gqa = 4, hq = hkv * gqa;
-  for (uint32_t seed : {61u, 62u, 63u, 64u}) {
+  for (uint32_t seed : {61u, 62u, 63u}) {
     std::vector<SeqLens> seqs;
     for (int b = 0; b < 24; ++b) seqs.push_back({64, 1500 + 97 * b, 1 + (37 * b) % 300});
     seqs.push_back({17, 0, 0});  // the new token is the sink's last
@@ -679,13 +587,9 @@ TEST(CudaDecode, StepWriteSeesTheNewRows) {
     cpu::decode_attention_ref(cache.host_view, q.data(), hq, sm_scale, o_ref.data(), lse_ref.data());
 
     // Seeds 61 and 63: the planner's choice (separate window and merge
-    // launches here); 62: the fused window + merge kernel with claimed
-    // middle groups (v38: the write launch first); 64: fused, no claims.
-    const bool fuse = seed == 62 || seed == 64;
-    DecodePlan plan =
-        plan_decode(batch, regions_of(cache), hkv, num_sms(), 0, 0, -1.0f, fuse ? 1 : -1, seed == 62 ? 1 : 0);
-    EXPECT_EQ(plan.fused_windows, fuse);
-    EXPECT_EQ(plan.mid_claims, seed == 62);
+    // launches here); 62: the fused window + merge kernel.
+    DecodePlan plan = plan_decode(batch, regions_of(cache), hkv, num_sms(), 0, 0, -1.0f, seed == 62 ? 1 : -1);
+    EXPECT_EQ(plan.fused_windows, seed == 62);
     DecodeWorkspace ws = alloc_decode_workspace(std::max(plan.num_chunks, 1), batch, hq, d);
     DeviceBuffer<float> d_q(q), d_k(k), d_v(v), d_o(q.size()), d_lse(lse_ref.size());
     DeviceBuffer<int32_t> d_pages(pages), d_slots(slots);

@@ -180,27 +180,8 @@ struct KernelArgs {
   // Fused window + merge launch (v27, plan.fused_windows): the final outputs.
   float* o;                // [batch][Hq][D]
   float* lse;              // [batch][Hq] natural log, or nullptr
-  // Claimed middles (v38, DecodePlan::mid_claims): per (sequence, KV head)
-  // one 128-byte line of the workspace's counters, [0] the middle's claimed
-  // groups, [1] the CTAs done (middle chunks and the window); zero between
-  // calls (the last CTA to finish resets them).
-  int* counters;
-  int merge_last;          // the fused window CTAs count in and the last CTA merges (v38)
 };
 
-// Claimed middles (v38, DecodePlan::mid_claims): the planner's default;
-// groups per claim (one atomic per kClaimGroups steps of a warp, issued as
-// many steps before its first group is needed: v36b measured 1, 2 and 4);
-// the counters' spacing in ints (one line each: counters sharing a line
-// serialize at one L2 slice, v36b).
-#ifndef OSCAR_MID_CLAIMS
-#define OSCAR_MID_CLAIMS 1
-#endif
-#ifndef OSCAR_CLAIM_GROUPS
-#define OSCAR_CLAIM_GROUPS 4
-#endif
-constexpr int kClaimGroups = OSCAR_CLAIM_GROUPS;
-constexpr int kClaimStride = 32;
 // A fused window chunk merges at most this many middle chunks (one lane each).
 constexpr int kFuseMaxChunks = 32;
 // ... and covers at most this many window tiles per (sequence, KV head).
@@ -1155,28 +1136,22 @@ __device__ __forceinline__ void issue_group_copies(uint8_t* dst, const kv::Paged
 
 // The fused window + merge epilogue (v27): warp w takes the q heads w,
 // w + kWarps, ... of KV head h; per head the window's state (the 4 warps'
-// states in shared memory; none without `smem_window`) and the partials of
-// chunks [c0, c1) (one lane per chunk for the log-sum-exp, every lane
-// D/4/32 float4 channel slots of every chunk, all loads in flight at once)
-// give the final output. `wait`: first wait for the launches before this
-// one (the middle's partials); without it (v38's last-arriver merge) the
-// rows were written by CTAs that counted themselves in before this one, so
-// they are read from L2.
+// states in shared memory) and the partials of middle chunks [c0, c1) (one
+// lane per chunk for the log-sum-exp, every lane D/4/32 float4 channel slots
+// of every chunk, all loads in flight at once) give the final output.
 template <int D>
 __device__ __forceinline__ void fused_merge(const KernelArgs& a, int b, int h, int c0, int c1,
                                             const float (*s_o)[kMaxGqa][D], const float (*s_m)[kMaxGqa],
-                                            const float (*s_l)[kMaxGqa], bool smem_window, bool wait, int warp,
-                                            int lane) {
+                                            const float (*s_l)[kMaxGqa], int warp, int lane) {
   constexpr int S = (D / 4 + 31) / 32;  // float4 slots per lane
   constexpr int U = 8;                  // chunks whose outputs are loaded at once
   const int nc = c1 - c0;               // <= kFuseMaxChunks (upload_plan)
-  if (wait) pdl_wait();                 // the middle's partials (and a step write) are complete
+  pdl_wait();                           // the middle's partials (and a step write) are complete
   for (int hd = warp; hd < a.gqa; hd += kWarps) {
     const int hq = h * a.gqa + hd;
     auto chunk_o = [&](int c, int slot) {
       return c < nc && slot < D / 4
-                 ? __ldcg(reinterpret_cast<const float4*>(a.partial_o + (int64_t(c0 + c) * a.num_q_heads + hq) * D +
-                                                          4 * slot))
+                 ? *reinterpret_cast<const float4*>(a.partial_o + (int64_t(c0 + c) * a.num_q_heads + hq) * D + 4 * slot)
                  : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     };
     // Every load of the first U chunks in flight before any arithmetic: the
@@ -1186,18 +1161,16 @@ __device__ __forceinline__ void fused_merge(const KernelArgs& a, int b, int h, i
     for (int si = 0; si < S; ++si)
 #pragma unroll
       for (int u = 0; u < U; ++u) x0[si][u] = chunk_o(u, lane + 32 * si);
-    const float lc = lane < nc ? __ldcg(a.partial_lse + int64_t(c0 + lane) * a.num_q_heads + hq) : -INFINITY;
+    const float lc = lane < nc ? a.partial_lse[int64_t(c0 + lane) * a.num_q_heads + hq] : -INFINITY;
     // The window's state: its 4 warps combined.
     float mw = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) mw = fmaxf(mw, s_m[w][hd]);
     float sc[kWarps], lw = 0.0f;
-    if (smem_window) {
 #pragma unroll
-      for (int w = 0; w < kWarps; ++w) mw = fmaxf(mw, s_m[w][hd]);
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) {
-        sc[w] = mw == -INFINITY ? 0.0f : exp2f(s_m[w][hd] - mw);
-        lw += sc[w] * s_l[w][hd];
-      }
+    for (int w = 0; w < kWarps; ++w) {
+      sc[w] = mw == -INFINITY ? 0.0f : exp2f(s_m[w][hd] - mw);
+      lw += sc[w] * s_l[w][hd];
     }
     float M = fmaxf(lw > 0.0f ? mw : -INFINITY, lc);
 #pragma unroll
@@ -1216,7 +1189,7 @@ __device__ __forceinline__ void fused_merge(const KernelArgs& a, int b, int h, i
     for (int si = 0; si < S; ++si) {
       const int slot = lane + 32 * si;
       float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      if (smem_window && slot < D / 4)
+      if (slot < D / 4)
 #pragma unroll
         for (int w = 0; w < kWarps; ++w) add(acc, sc[w] * fw, *reinterpret_cast<const float4*>(&s_o[w][hd][4 * slot]));
 #pragma unroll
@@ -1242,8 +1215,7 @@ __device__ __forceinline__ void fused_merge(const KernelArgs& a, int b, int h, i
 #ifndef OSCAR_INT8K_MIN_BLOCKS
 #define OSCAR_INT8K_MIN_BLOCKS 4  // 5 spills 88 bytes; with lazy fragment loads (v11) it fits but ran slower
 #endif
-template <int D, int G, bool kQuant, int kVariant = 0, bool kFused = false, bool kGroup = false,
-          bool kClaim = false>
+template <int D, int G, bool kQuant, int kVariant = 0, bool kFused = false, bool kGroup = false>
 __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? OSCAR_INT8K_MIN_BLOCKS
                                             : (D <= 128 && G == 128) ? 4
                                                                      : 1)
@@ -1354,69 +1326,6 @@ __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? O
       // with its register allocation; the per-tile instances' code is
       // byte-identical to before v34 as written.)
       TileRef ref[TPI];
-      if constexpr (kClaim) {
-        // Claimed groups (v38, DecodePlan::mid_claims): the groups of the
-        // whole middle of (b, h); warp w of its chunk k (of c: the
-        // sequence's middle chunks are ids c2.z .. c2.z + c - 1, c = c2.w)
-        // takes the static groups (s c + k) kWarps + w for steps s = 0, 1,
-        // then from step 2 on the groups 2 c kWarps + n kClaimGroups + i
-        // (i = 0 .. kClaimGroups - 1), n from an atomic counter per (b, h).
-        // A warp's groups only grow (one lane's claims on one address are
-        // ordered): its first one past the middle ends it. The same ring as
-        // below; every group starts at a multiple of 4 tiles of the middle.
-        static_assert(kGroup && kVariant == 3 && S == 2, "claims: the 2-stage whole-group ring");
-        const int nt = (len + kTileTokens - 1) / kTileTokens, ngr = (nt + TPI - 1) / TPI, tl = nt - 1;
-        int* const ctr = a.counters + (b * kv.num_kv_heads + h) * kClaimStride;
-        const int base = 2 * c2.w * kWarps;
-        int g0 = (chunk - c2.z) * kWarps + warp, g1 = g0 + c2.w * kWarps;
-        // A claim n gives the kClaimGroups groups base + n kClaimGroups + i
-        // (i = 0 ..): `held` the claim being used, `claim` (lane 0) the next
-        // one, issued kClaimGroups steps before it is used.
-        int claim = 0, held = 0;
-        if (lane == 0) claim = atomicAdd(ctr, 1);
-        ref[0] = tile_ref<true>(pages, tpp, min(TPI * g0, tl));
-        if (g0 < ngr) issue_group_copies<D, G, TPI>(ring, kv, L, ref[0], nt - TPI * g0, h, lane);
-        cp_async_commit();
-        ref[0] = tile_ref<true>(pages, tpp, min(TPI * g1, tl));
-        load_query();
-        for (int j = 0; g0 < ngr; ++j) {
-          if (g1 < ngr) issue_group_copies<D, G, TPI>(ring + ((j + 1) & 1) * TPI * TB, kv, L, ref[0], nt - TPI * g1, h, lane);
-          cp_async_commit();
-          const int ci = j % kClaimGroups;
-          if (ci == 0) {
-            held = __shfl_sync(0xffffffffu, claim, 0);
-            if (lane == 0) claim = atomicAdd(ctr, 1);
-          }
-          const int g2 = base + held * kClaimGroups + ci;
-          ref[0] = tile_ref<true>(pages, tpp, min(TPI * g2, tl));
-          cp_async_wait<S - 1>();
-          __syncwarp();
-          OSCAR_TRACE_MARK(trace_t1);
-          const uint8_t* img = ring + (j & 1) * TPI * TB;
-          const int tg = TPI * g0;
-          g0 = g1;
-          g1 = g2;
-#if defined(OSCAR_DIAG_COPY_ONLY)
-          if (img[lane] == 0xA5 && img[lane + 32] == 0x5A) s_l[warp][0] = 1.0f;
-          __syncwarp();
-          if (a.step_write >= 0) continue;
-#endif
-          bool full = OSCAR_INT8K_FASTPATH != 0;
-#pragma unroll
-          for (int u = 0; u < TPI; ++u) {
-            const uint8_t* ti = img + u * TB;
-            load_quant_fragments<true>(cur[u], ti, ti + 16 * RB, reinterpret_cast<const uint32_t*>(ti + 32 * RB),
-                                       reinterpret_cast<const uint32_t*>(ti + 32 * RB + 64 * (D / G)), g, r);
-            cur[u].valid = tg + u <= tl ? min(kTileTokens, len - (tg + u) * kTileTokens) : 0;
-            full = full && cur[u].valid == kTileTokens;
-          }
-          if (full)
-            compute_int8kv_tiles<TPI, false>(st, cur, Q8, g);
-          else
-            compute_int8kv_tiles<TPI, true>(st, cur, Q8, g);
-          __syncwarp();  // every lane has read this stage before it is refilled
-        }
-      } else {
       // Prologue: groups 0 .. S-2 in flight (one commit group each, empty
       // past the end), then the page ids of group S-1.
 #pragma unroll
@@ -1499,7 +1408,6 @@ __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? O
           compute_quant_tiles(st, cur, Q, g);
         __syncwarp();  // every lane has read this stage before it is refilled
       }
-      }  // !kClaim
       cp_async_wait<0>();
     }
     OSCAR_TRACE_MARK(trace_t2);
@@ -1691,70 +1599,30 @@ __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? O
   }  // kVariant != 2
   __syncthreads();
 
-  // --- merge the warps; write this chunk's partial (normalized o, log2 lse)
-  auto write_partial = [&] {
-    for (int idx = threadIdx.x; idx < a.gqa * D; idx += kThreads) {
-      const int hd = idx / D, ch = idx % D;
-      float M = -INFINITY;
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) M = fmaxf(M, s_m[w][hd]);
-      float L = 0.0f, O = 0.0f;
-      if (M != -INFINITY) {
-#pragma unroll
-        for (int w = 0; w < kWarps; ++w) {
-          const float sc = exp2f(s_m[w][hd] - M);  // warps with no tokens: exp2(-inf) = 0
-          L += sc * s_l[w][hd];
-          O += sc * s_o[w][hd][ch];
-        }
-      }
-      const int64_t row = int64_t(chunk) * a.num_q_heads + h * a.gqa + hd;
-      a.partial_o[row * D + ch] = L > 0.0f ? O / L : 0.0f;
-      if (ch == 0) a.partial_lse[row] = L > 0.0f ? M + log2f(L) : -INFINITY;
-    }
-  };
-  // Last-arriver merge (v38): this CTA's row is written; count it in with
-  // (b, h)'s other CTAs (rows [c0, c1): its middle chunks, then its window);
-  // the last one merges them all (every other row written and fenced before
-  // its count) and resets (b, h)'s counters for the next call. No CTA waits
-  // for another.
-  [[maybe_unused]] auto arrive_and_merge = [&](int c0, int c1) {
-    __shared__ int s_last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      int* ctr = a.counters + (b * kv.num_kv_heads + h) * kClaimStride;
-      const bool last = atomicAdd(ctr + 1, 1) == c1 - c0 - 1;
-      if (last) ctr[0] = ctr[1] = 0;  // every CTA of (b, h) is done claiming and counting
-      s_last = last;
-    }
-    __syncthreads();
-    if (s_last) {
-      __threadfence();
-      fused_merge<D>(a, b, h, c0, c1, s_o, s_m, s_l, false, false, warp, lane);
-    }
-  };
   if constexpr (kFused) {
-    if (a.merge_last) {
-      // v38: the window launch ran first; its row is the chunk after b's
-      // middle chunks [t0, t1), i.e. chunk == t1.
-      write_partial();
-      arrive_and_merge(t0, chunk + 1);
-    } else {
-      // Middle chunks [t0, t1) of sequence b (ids; written by the launches
-      // before this one): wait for them, then merge them with this CTA's window.
-      fused_merge<D>(a, b, h, t0, t1, s_o, s_m, s_l, true, true, warp, lane);
-    }
+    // Middle chunks [t0, t1) of sequence b (ids; written by the launches
+    // before this one): wait for them, then merge them with this CTA's window.
+    fused_merge<D>(a, b, h, t0, t1, s_o, s_m, s_l, warp, lane);
     OSCAR_TRACE_END(1);
   } else {
-  write_partial();
-  if constexpr (kClaim) {
-    // v38: b's rows are its middle chunks c2.z .. c2.z + c2.w - 1 and then
-    // its window's. This grid (a programmatic dependent of the window
-    // launch) completes only after the window launch has.
-    arrive_and_merge(c2.z, c2.z + c2.w + 1);
-    OSCAR_TRACE_END(0);
-    pdl_wait();
-    return;
+  // --- merge the warps; write this chunk's partial (normalized o, log2 lse)
+  for (int idx = threadIdx.x; idx < a.gqa * D; idx += kThreads) {
+    const int hd = idx / D, ch = idx % D;
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, s_m[w][hd]);
+    float L = 0.0f, O = 0.0f;
+    if (M != -INFINITY) {
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        const float sc = exp2f(s_m[w][hd] - M);  // warps with no tokens: exp2(-inf) = 0
+        L += sc * s_l[w][hd];
+        O += sc * s_o[w][hd][ch];
+      }
+    }
+    const int64_t row = int64_t(chunk) * a.num_q_heads + h * a.gqa + hd;
+    a.partial_o[row * D + ch] = L > 0.0f ? O / L : 0.0f;
+    if (ch == 0) a.partial_lse[row] = L > 0.0f ? M + log2f(L) : -INFINITY;
   }
   // A window launch that started early (programmatic dependent of the middle
   // launch or the step write) completes only after that launch has: the
@@ -1929,12 +1797,12 @@ bool group_supported(int d, int gs) {
 // (v33 measured the middle instances with the largest shared-memory
 // carveout too, so that 64 KB fused window CTAs surely fit beside three
 // middle CTAs: no faster at 8 x 32K, 7% slower at 8 x 4K.)
-template <int D, int G, bool kQuant, int kVariant, bool kFused = false, bool kGroup = false, bool kClaim = false>
+template <int D, int G, bool kQuant, int kVariant, bool kFused = false, bool kGroup = false>
 cudaError_t launch_split(dim3 grid, bool pdl, cudaStream_t stream, const KernelArgs& a) {
   constexpr int smem = split_smem_bytes<D, G, kQuant, kVariant, kFused>();
   if constexpr (smem > 48 * 1024) {
     static const cudaError_t raised = [] {
-      auto* k = decode_split_kernel<D, G, kQuant, kVariant, kFused, kGroup, kClaim>;
+      auto* k = decode_split_kernel<D, G, kQuant, kVariant, kFused, kGroup>;
       cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
       if (e == cudaSuccess)
         e = cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
@@ -1942,8 +1810,8 @@ cudaError_t launch_split(dim3 grid, bool pdl, cudaStream_t stream, const KernelA
     }();
     if (raised != cudaSuccess) return raised;
   }
-  return launch_pdl(decode_split_kernel<D, G, kQuant, kVariant, kFused, kGroup, kClaim>, grid, dim3(kThreads), smem,
-                    pdl, stream, a);
+  return launch_pdl(decode_split_kernel<D, G, kQuant, kVariant, kFused, kGroup>, grid, dim3(kThreads), smem, pdl,
+                    stream, a);
 }
 
 // Whole-group copies in the int8 K/V ring where they apply (v34); 0 keeps
@@ -1970,30 +1838,6 @@ cudaError_t launch_quant(dim3 grid, const KernelArgs& a, int variant, bool group
   return launch_split<D, G, true, 1>(grid, pdl, stream, a);
 }
 
-// Claimed middles (v38, DecodePlan::mid_claims) at head_dim 128 / group
-// 128: the step's write first (the window tiles holding its rows wait for
-// it), then the window launch (its CTAs take the wave's free slots at once
-// and count themselves in), then the middle as a programmatic dependent of
-// the window launch (started after it, it needs no wait for q's producer;
-// its CTAs claim groups and the last CTA of each (sequence, KV head) merges),
-// the demotion in its tail.
-cudaError_t launch_claimed(const DecodeParams& p, KernelArgs a, int nq, int nb, bool pdl, cudaStream_t stream) {
-  if (a.step_write)
-    OSCAR_CUDA_RETURN_IF_ERROR(write_bf16_tokens_dependent(p.kv, p.write.n, p.write.pages, p.write.slots, p.write.k,
-                                                           p.write.v, p.write.rot, false, stream));
-  a.first = nq;
-  a.merge_last = 1;
-  OSCAR_CUDA_RETURN_IF_ERROR(
-      (launch_split<128, 128, false, 0, true>(dim3(p.kv.num_kv_heads, nb), pdl && a.step_write, stream, a)));
-  a.first = 0;
-  OSCAR_CUDA_RETURN_IF_ERROR(
-      (launch_split<128, 128, true, 3, false, true, true>(dim3(p.kv.num_kv_heads, nq), pdl, stream, a)));
-  if (p.demote.n > 0)
-    OSCAR_CUDA_RETURN_IF_ERROR(demote_pages_dependent(p.kv, p.demote.n, p.demote.bf16_pages, p.demote.quant_pages,
-                                                      p.demote.clip, p.demote.num_tokens, pdl, stream));
-  return cudaGetLastError();
-}
-
 cudaError_t launch(const DecodeParams& p, const DecodePlan& plan, const DecodeWorkspace& ws,
                    cudaStream_t stream, bool force_bf16) {
   if (!check_decode(p, plan, ws).empty()) return cudaErrorInvalidValue;
@@ -2012,17 +1856,9 @@ cudaError_t launch(const DecodeParams& p, const DecodePlan& plan, const DecodeWo
   a.step_write = p.write.n > 0;
   a.o = p.o;
   a.lse = p.lse;
-  a.counters = ws.counters;
-  a.merge_last = 0;
   const int nq = plan.num_quant_chunks, nb = plan.num_chunks - plan.num_quant_chunks;
   bool launched = false;
   const bool pdl = p.pdl != 0;
-  // Claimed middles (v38) where the claim loop runs (the whole-group ring of
-  // the default loop); elsewhere the plan's chunks run as planned.
-  if (plan.mid_claims && nq > 0 && plan.fused_windows && OSCAR_GROUP_COPIES != 0 && plan.mid_groups_aligned &&
-      p.kv.page_size % (kRingTiles * kTileTokens) == 0 && p.variant == 0 && a.gqa <= 4 && p.kv.head_dim == 128 &&
-      p.kv.group_size == 128 && head_dim_supported(128) && group_supported(128, 128))
-    return launch_claimed(p, a, nq, nb, pdl, stream);
   OSCAR_DISPATCH_HEAD_DIM(p.kv.head_dim, D, {
     if (nq > 0) {
       OSCAR_DISPATCH_GROUP(p.kv.group_size, D, G, {
@@ -2079,8 +1915,7 @@ int ceil_div(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
 
 // ---------------------------------------------------------------------------
 DecodePlan plan_decode(int batch, const HostRegions& regions, int num_kv_heads, int num_sms,
-                       int tiles_per_chunk, int ctas_per_sm, float rank_skew, int fuse_windows,
-                       int mid_claims) {
+                       int tiles_per_chunk, int ctas_per_sm, float rank_skew, int fuse_windows) {
   if (batch < 0) throw Error("plan_decode: batch < 0");
   for (int k = 0; k < 3; ++k)
     if (!regions.len[k] || !regions.indptr[k])
@@ -2274,12 +2109,6 @@ DecodePlan plan_decode(int batch, const HostRegions& regions, int num_kv_heads, 
   // they start at multiples of 4 tiles; forced chunk sizes may not (v34).
   plan.mid_groups_aligned = true;
   for (int32_t id : quant_ids) plan.mid_groups_aligned &= plan.chunks[4 * size_t(id) + 2] % kRingTiles == 0;
-  // Claimed middles (v38): on fused plans whose middle chunks start at whole
-  // groups, where a sequence's middle chunks and its window fit the merge's
-  // 32 rows.
-  plan.mid_claims = (mid_claims < 0 ? OSCAR_MID_CLAIMS != 0 : mid_claims > 0) && fuse && plan.mid_groups_aligned &&
-                    plan.num_quant_chunks > 0;
-  for (int b = 0; b < batch && plan.mid_claims; ++b) plan.mid_claims = count[b] + 1 <= kFuseMaxChunks;
   // Window chunks longest first: their CTAs start as middle CTAs leave, all
   // within a few microseconds, and a short chunk started last ends sooner
   // than a long one would (each tile a warp takes is a chain of dependent
@@ -2309,10 +2138,6 @@ DecodeWorkspace alloc_decode_workspace(int capacity, int max_batch, int max_q_he
     OSCAR_CUDA_CHECK(
         cudaMalloc(&ws.partial_o, sizeof(float) * size_t(capacity) * max_q_heads * head_dim));
     OSCAR_CUDA_CHECK(cudaMalloc(&ws.partial_lse, sizeof(float) * size_t(capacity) * max_q_heads));
-    const size_t counters = sizeof(int32_t) * size_t(max_batch) * max_q_heads * kClaimStride;
-    OSCAR_CUDA_CHECK(cudaMalloc(&ws.counters, counters));
-    OSCAR_CUDA_CHECK(cudaMemset(ws.counters, 0, counters));
-    OSCAR_CUDA_CHECK(cudaDeviceSynchronize());  // zero before any launch reads them
   } catch (...) {
     free_decode_workspace(ws);
     throw;
@@ -2333,7 +2158,6 @@ void free_decode_workspace(DecodeWorkspace& ws) {
   cudaFree(ws.seq_chunk_ptr);
   cudaFree(ws.partial_o);
   cudaFree(ws.partial_lse);
-  cudaFree(ws.counters);
   ws = DecodeWorkspace{};
 }
 
@@ -2347,19 +2171,6 @@ cudaError_t upload_plan(const DecodePlan& plan, const DecodeWorkspace& ws, cudaS
     return cudaErrorInvalidValue;
   for (int i = 0; i < plan.batch * 3; ++i)
     if (plan.regions[2 * size_t(i)] < 0 || plan.regions[2 * size_t(i) + 1] < 0) return cudaErrorInvalidValue;
-  // Claimed middles (v38) need fused windows and the workspace's counters;
-  // each sequence's middle chunks are then [first_mid[b], first_mid[b] +
-  // mid_count[b]) and its window chunk the next id (the kernels find b's
-  // rows from that).
-  if (plan.mid_claims && (!plan.fused_windows || !ws.counters)) return cudaErrorInvalidValue;
-  std::vector<int32_t> first_mid(size_t(plan.batch), -1), mid_count(size_t(plan.batch), 0);
-  for (int id = 0; id < plan.num_chunks; ++id) {
-    const int32_t* c = &plan.chunks[4 * size_t(id)];
-    if (c[0] < 0 || c[0] >= plan.batch) return cudaErrorInvalidValue;
-    if (c[1] != 1) continue;
-    if (first_mid[size_t(c[0])] < 0) first_mid[size_t(c[0])] = id;
-    ++mid_count[size_t(c[0])];
-  }
   std::vector<bool> seen(size_t(plan.num_chunks), false);
   for (int i = 0; i < plan.num_chunks; ++i) {
     const int32_t id = plan.order[i];
@@ -2379,9 +2190,6 @@ cudaError_t upload_plan(const DecodePlan& plan, const DecodeWorkspace& ws, cudaS
       if (c[3] > plan.num_chunks || c[3] - c[2] > kFuseMaxChunks) return cudaErrorInvalidValue;
       for (int k = c[2]; k < c[3]; ++k)
         if (plan.chunks[4 * size_t(k)] != c[0] || plan.chunks[4 * size_t(k) + 1] != 1) return cudaErrorInvalidValue;
-      if (plan.mid_claims && (c[3] != id || c[3] - c[2] != mid_count[size_t(c[0])] ||
-                              (c[3] > c[2] && c[2] != first_mid[size_t(c[0])]) || c[3] - c[2] + 1 > kFuseMaxChunks))
-        return cudaErrorInvalidValue;
       continue;
     }
     // Tiles within the region's length: the kernels trust t1 and the length.
@@ -2410,10 +2218,6 @@ cudaError_t upload_plan(const DecodePlan& plan, const DecodeWorkspace& ws, cudaS
     } else {
       e[4] = plan.regions[6 * size_t(c[0]) + 2 * c[1]];
       e[5] = plan.regions[6 * size_t(c[0]) + 2 * c[1] + 1];
-      if (c[1] == 1 && plan.mid_claims) {  // v38: b's middle chunk ids
-        e[6] = first_mid[size_t(c[0])];
-        e[7] = mid_count[size_t(c[0])];
-      }
     }
   }
   if (plan.num_chunks > 0)
@@ -2463,8 +2267,6 @@ std::string check_decode(const DecodeParams& p, const DecodePlan& plan, const De
   if (plan.batch != kv.batch) return who + "plan batch differs from view batch";
   if (plan.num_quant_chunks > 65535 || plan.num_chunks - plan.num_quant_chunks > 65535)
     return who + "plan has more than 65535 middle or window chunks (one grid dimension)";
-  if (plan.mid_claims && (!plan.fused_windows || !ws.counters))
-    return who + "plan claims middle groups (mid_claims) without fused windows or workspace counters";
   if (plan.num_chunks > ws.capacity)
     return who + "plan has " + std::to_string(plan.num_chunks) + " chunks, workspace holds " +
            std::to_string(ws.capacity);

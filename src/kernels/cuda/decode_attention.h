@@ -130,19 +130,6 @@ struct DecodePlan {
   // when the page size is a multiple of 64: the ring then copies whole
   // groups from one address per array (v34). upload_plan checks it.
   bool mid_groups_aligned = false;
-  // Claimed middles (v38; fused plans with group-aligned middles): the
-  // window launch runs first, in the wave's free slots; the middle launch
-  // follows as its programmatic dependent, and each middle warp takes two
-  // static 4-tile groups of its (sequence, KV head) and then claims the next
-  // unclaimed ones through an atomic counter (the workspace's counters), so
-  // that the CTAs of a sequence end together whatever their SM's load; the
-  // last CTA of each (sequence, KV head) to finish, middle or window,
-  // merges. The chunks' tile ranges then only say how many CTAs a sequence
-  // has. Which CTA takes which group varies from call to call: results
-  // agree to float rounding, not bit for bit. Applies at head_dim 128 /
-  // group 128 with the default loop and page sizes that are multiples of 64;
-  // elsewhere the plan runs as the fused plan it also is.
-  bool mid_claims = false;
 };
 
 // Builds the plan from HOST copies of the region tables (HostRegions; every
@@ -153,11 +140,10 @@ struct DecodePlan {
 // rank_skew: the middle chunks' weight lost per dispatch round (v26; < 0:
 // the default, which is 0: equal chunks). fuse_windows: -1 the planner's
 // choice (DecodePlan::fused_windows), 1 wherever the fused kernel can run
-// (tests), 0 never. mid_claims: -1 the planner's choice (DecodePlan::
-// mid_claims), 1 wherever the plan allows, 0 never.
+// (tests), 0 never.
 DecodePlan plan_decode(int batch, const HostRegions& regions, int num_kv_heads, int num_sms,
                        int tiles_per_chunk = 0, int ctas_per_sm = 0, float rank_skew = -1.0f,
-                       int fuse_windows = -1, int mid_claims = -1);
+                       int fuse_windows = -1);
 
 // Device buffers the decode kernels use; the caller owns them (kv/ or the
 // engine allocates once, sized for the largest plan).
@@ -170,9 +156,6 @@ struct DecodeWorkspace {
   int32_t* seq_chunk_ptr = nullptr;  // [max_batch+1]
   float* partial_o = nullptr;        // [capacity][max_q_heads][head_dim]
   float* partial_lse = nullptr;      // [capacity][max_q_heads] (log2 domain)
-  int32_t* counters = nullptr;       // [max_batch][max_q_heads][32] ints, zeroed once: per (sequence,
-                                     // KV head) the claimed middle groups and the CTAs done, one
-                                     // 128-byte line each (DecodePlan::mid_claims)
 };
 
 // cudaMalloc/cudaFree helpers for a workspace (throw oscar::Error on failure).
@@ -185,9 +168,7 @@ void free_decode_workspace(DecodeWorkspace& ws);
 // fit the workspace or are inconsistent (sizes, chunk ids, regions) gives
 // cudaErrorInvalidValue before anything is copied.
 // Each entry: {b | region << 24, t0, t1, chunk id, page-table offset, region
-// length, 0, 0} (32 bytes, one sector; a middle chunk of a mid_claims plan:
-// {..., first middle chunk id of b, middle chunks of b}); a fused window
-// chunk: {b | 3 << 24,
+// length, 0, 0} (32 bytes, one sector); a fused window chunk: {b | 3 << 24,
 // first middle chunk id, end, chunk id, sink offset, sink length, recent
 // offset, recent length}.
 cudaError_t upload_plan(const DecodePlan& plan, const DecodeWorkspace& ws, cudaStream_t stream);
