@@ -58,7 +58,7 @@ for rep in $(seq "$REPS"); do
         printf "%-3s rep%s %-9s %-14s " "$label" "$rep" "$ob" "${ARGSETS[$k]}"
         # shellcheck disable=SC2086  # the sweep's arguments split into words
         ./build-ab-$v/bench_decode --only "$ob" --int2 --iters "${ITERS:-100}" ${ARGSETS[$k]} 2>&1 | grep -E "^int2 " |
-          awk '{print $4" us  (last column: "$NF")"}'
+          awk '{print $4" us  (step write "$10" us, in the step "$12", demotion in the step "$13"; read floor "$NF")"}'
       done
     done
   done

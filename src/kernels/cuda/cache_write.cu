@@ -159,6 +159,8 @@ struct WriteArgs {
   const float* v;
   WriteRotation rot;
   int clip_idx_k, clip_idx_v;
+  uint32_t* done = nullptr;  // optional {rows written, epoch}: see write_bf16_tokens_dependent
+  uint32_t epoch = 0;
 };
 
 // One block of 4 warps per row (token i, head h, K/V): row = blockIdx.x =
@@ -238,6 +240,17 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock) write_kernel(const WriteAr
     uint16_t* dst = (is_v ? a.kv.bf16.v : a.kv.bf16.k) + pool_row(a.kv, page, h, slot) * D;
 #pragma unroll
     for (int k = 0; k < D / 32; ++k) dst[lane + 32 * k] = f32_to_bf16(y[k]);
+    if (a.done) {
+      // Count this row in; the last row publishes the epoch (and resets the
+      // count for the next call, which starts after this grid completes).
+      __threadfence();
+      __syncwarp();
+      if (lane == 0 && atomicAdd(a.done, 1u) == gridDim.x - 1) {
+        a.done[0] = 0;
+        __threadfence();
+        detail::st_release_gpu(a.done + 1, a.epoch);
+      }
+    }
   }
   // Launched as a programmatic dependent (write_bf16_tokens_dependent): the
   // grid completes only after the previous launch has. No-op otherwise.
@@ -336,11 +349,12 @@ cudaError_t write_quant_tokens(const kv::PagedKvView& kv, int n, const int32_t* 
 
 cudaError_t write_bf16_tokens_dependent(const kv::PagedKvView& kv, int n, const int32_t* pages,
                                         const int32_t* slots, const float* k, const float* v,
-                                        WriteRotation rot, bool programmatic, cudaStream_t stream) {
+                                        WriteRotation rot, bool programmatic, cudaStream_t stream,
+                                        uint32_t* done, uint32_t epoch) {
   if (!format_ok(kv) || n < 0 || !rotation_ok(kv, rot)) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
   if (!pages || !slots || !k || !v || !kv.bf16.k || !kv.bf16.v) return cudaErrorInvalidValue;
-  WriteArgs a{kv, n, pages, slots, k, v, rot, 0, 0};
+  WriteArgs a{kv, n, pages, slots, k, v, rot, 0, 0, done, epoch};
   return launch_write<false>(a, stream, programmatic);
 }
 

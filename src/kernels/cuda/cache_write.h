@@ -52,10 +52,14 @@ cudaError_t write_bf16_tokens(const kv::PagedKvView& kv, int n, const int32_t* p
 // dependent of the previous launch on the stream: it may run concurrently
 // with that launch (which must neither read nor write what it touches) and
 // its grid completes only after that launch's. decode_attention uses it for
-// DecodeParams::write.
+// DecodeParams::write. `done` (optional, device, 2 words, {0, any} before
+// the call): once every row is written, done[1] = epoch (a release store,
+// done[0] back to 0), so that a launch running at the same time can wait
+// for the rows without waiting for this grid to complete.
 cudaError_t write_bf16_tokens_dependent(const kv::PagedKvView& kv, int n, const int32_t* pages,
                                         const int32_t* slots, const float* k, const float* v,
-                                        WriteRotation rot, bool programmatic, cudaStream_t stream);
+                                        WriteRotation rot, bool programmatic, cudaStream_t stream,
+                                        uint32_t* done = nullptr, uint32_t epoch = 0);
 
 // Demotes BF16 pages bf16_pages[i] -> quantized pages quant_pages[i] (all KV
 // heads, K and V, slots [0, num_tokens); num_tokens < 0 means full pages).

@@ -33,6 +33,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <string>
 #include <type_traits>
@@ -180,6 +181,12 @@ struct KernelArgs {
   // Fused window + merge launch (v27, plan.fused_windows): the final outputs.
   float* o;                // [batch][Hq][D]
   float* lse;              // [batch][Hq] natural log, or nullptr
+  // Step write with fused windows (v40): the write launch publishes
+  // write_epoch at write_done[1] once its rows are written; the window tile
+  // holding a new row waits for that instead of for the write grid's
+  // completion (which follows the middle's). nullptr: pdl_wait.
+  const uint32_t* write_done;
+  uint32_t write_epoch;
 };
 
 // A fused window chunk merges at most this many middle chunks (one lane each).
@@ -1449,7 +1456,17 @@ __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? O
     auto issue = [&](int i) {
       const int32_t page = __shfl_sync(0xffffffffu, my_page, i & 31);
       if (i < my_n) {
-        if (warp + i * kWarps == wait_tile) pdl_wait();
+        if (warp + i * kWarps == wait_tile) {
+          if (a.write_done) {
+            // The write's CTAs all started before this launch could (the
+            // write triggers its dependents at its start): they finish.
+            if (lane == 0)
+              while (ld_acquire_gpu(a.write_done + 1) != a.write_epoch) __nanosleep(64);
+            __syncwarp();
+          } else {
+            pdl_wait();
+          }
+        }
         int t, len;
         tile_of(i, t, len);
         const TileLoc loc = tile_loc(page, tpp, len, kv.page_size, kv.num_kv_heads, h, t);
@@ -1856,6 +1873,13 @@ cudaError_t launch(const DecodeParams& p, const DecodePlan& plan, const DecodeWo
   a.step_write = p.write.n > 0;
   a.o = p.o;
   a.lse = p.lse;
+  // v40: the step write publishes its rows to the fused window CTAs.
+  static std::atomic<uint32_t> epochs{0};
+  uint32_t epoch = 0;
+  while (epoch == 0) epoch = ++epochs;  // never 0, the flag's initial value
+  uint32_t* const write_done = a.step_write && plan.fused_windows ? ws.step_sync : nullptr;
+  a.write_done = write_done;
+  a.write_epoch = epoch;
   const int nq = plan.num_quant_chunks, nb = plan.num_chunks - plan.num_quant_chunks;
   bool launched = false;
   const bool pdl = p.pdl != 0;
@@ -1876,7 +1900,7 @@ cudaError_t launch(const DecodeParams& p, const DecodePlan& plan, const DecodeWo
       // window launch, whose tiles holding the rows wait for it.
       OSCAR_CUDA_RETURN_IF_ERROR(write_bf16_tokens_dependent(p.kv, p.write.n, p.write.pages, p.write.slots,
                                                              p.write.k, p.write.v, p.write.rot,
-                                                             pdl && nq > 0, stream));
+                                                             pdl && nq > 0, stream, write_done, epoch));
     }
     if (p.demote.n > 0) {
       // Likewise: reads BF16 pages, writes INT2 pages this step does not
@@ -2138,6 +2162,9 @@ DecodeWorkspace alloc_decode_workspace(int capacity, int max_batch, int max_q_he
     OSCAR_CUDA_CHECK(
         cudaMalloc(&ws.partial_o, sizeof(float) * size_t(capacity) * max_q_heads * head_dim));
     OSCAR_CUDA_CHECK(cudaMalloc(&ws.partial_lse, sizeof(float) * size_t(capacity) * max_q_heads));
+    OSCAR_CUDA_CHECK(cudaMalloc(&ws.step_sync, 2 * sizeof(uint32_t)));
+    OSCAR_CUDA_CHECK(cudaMemset(ws.step_sync, 0, 2 * sizeof(uint32_t)));
+    OSCAR_CUDA_CHECK(cudaDeviceSynchronize());  // zero before any launch reads it
   } catch (...) {
     free_decode_workspace(ws);
     throw;
@@ -2158,6 +2185,7 @@ void free_decode_workspace(DecodeWorkspace& ws) {
   cudaFree(ws.seq_chunk_ptr);
   cudaFree(ws.partial_o);
   cudaFree(ws.partial_lse);
+  cudaFree(ws.step_sync);
   ws = DecodeWorkspace{};
 }
 

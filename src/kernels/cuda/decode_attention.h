@@ -156,6 +156,9 @@ struct DecodeWorkspace {
   int32_t* seq_chunk_ptr = nullptr;  // [max_batch+1]
   float* partial_o = nullptr;        // [capacity][max_q_heads][head_dim]
   float* partial_lse = nullptr;      // [capacity][max_q_heads] (log2 domain)
+  uint32_t* step_sync = nullptr;     // [2], zeroed once: the step write's rows-written count and
+                                     // epoch (DecodeParams::write with fused windows); nullptr: the
+                                     // window waits for the write launch's completion instead
 };
 
 // cudaMalloc/cudaFree helpers for a workspace (throw oscar::Error on failure).

@@ -70,6 +70,19 @@ __device__ __forceinline__ void pdl_wait() {
 #endif
 }
 
+// A flag between grids running at once (the step write and the window
+// launch, v40): the writer stores its data, fences, and publishes with a
+// release store; the reader's acquire load that sees the value orders its
+// later reads after that data.
+__device__ __forceinline__ void st_release_gpu(uint32_t* p, uint32_t v) {
+  asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ uint32_t ld_acquire_gpu(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
 // Transposes an 8x8 matrix of 16-bit values held in C/A-fragment layout
 // (lane holds row g, cols 2r..2r+1) so that the lane holds row g of the
 // transpose: turns the S^T accumulator (tokens x heads) into the B operand
