@@ -8,7 +8,10 @@
 # (d), of the working tree with those CUDA flags, timed in the same rounds.
 # A=none: no other checkout (only the working tree's builds). SWEEP="args1|args2|..."
 # times builds b, c, d once per set of bench_decode arguments (b0, b1, ...: e.g.
-# SWEEP="--wparts 1|--wparts 3"), interleaved in the same rounds.
+# SWEEP="--fuse 0|--fuse 1"), interleaved in the same rounds. T_ARGS: extra
+# bench_decode arguments of the trace runs. Each line: the call's median, the
+# step write alone, the write's and the demotion's cost inside a step, and
+# the read floor.
 # ITERS (default 100): timed calls per shape and build. A fresh process's
 # first few dozen calls run slower (8 x 32K: 54 us median of 15, 49.5 of 200;
 # docs/cuda-notes.md, v34), so short runs understate the steady state.
