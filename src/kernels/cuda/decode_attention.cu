@@ -181,13 +181,29 @@ struct KernelArgs {
   // Fused window + merge launch (v27, plan.fused_windows): the final outputs.
   float* o;                // [batch][Hq][D]
   float* lse;              // [batch][Hq] natural log, or nullptr
-  // Step write with fused windows (v40): the write launch publishes
-  // write_epoch at write_done[1] once its rows are written; the window tile
-  // holding a new row waits for that instead of for the write grid's
-  // completion (which follows the middle's). nullptr: pdl_wait.
+  // Step write (v40): the write launch publishes write_epoch at
+  // write_done[1] once its rows are written; the window tile holding a new
+  // row waits for that instead of for the write grid's completion (which
+  // follows the middle's). nullptr: pdl_wait.
   const uint32_t* write_done;
   uint32_t write_epoch;
 };
+
+// Before a window tile that holds a step write's new row: wait for the
+// write's published rows (v40), else for the write launch to complete
+// (which it does only after the middle launch). The write's CTAs all
+// started before this launch could (the write triggers its dependents at its
+// start, and the demotion between them at its own), and they publish before
+// they wait for anything: the spin ends.
+__device__ __forceinline__ void wait_step_write(const KernelArgs& a, int lane) {
+  if (a.write_done) {
+    if (lane == 0)
+      while (ld_acquire_gpu(a.write_done + 1) != a.write_epoch) __nanosleep(64);
+    __syncwarp();
+  } else {
+    pdl_wait();
+  }
+}
 
 // A fused window chunk merges at most this many middle chunks (one lane each).
 constexpr int kFuseMaxChunks = 32;
@@ -1456,17 +1472,7 @@ __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? O
     auto issue = [&](int i) {
       const int32_t page = __shfl_sync(0xffffffffu, my_page, i & 31);
       if (i < my_n) {
-        if (warp + i * kWarps == wait_tile) {
-          if (a.write_done) {
-            // The write's CTAs all started before this launch could (the
-            // write triggers its dependents at its start): they finish.
-            if (lane == 0)
-              while (ld_acquire_gpu(a.write_done + 1) != a.write_epoch) __nanosleep(64);
-            __syncwarp();
-          } else {
-            pdl_wait();
-          }
-        }
+        if (warp + i * kWarps == wait_tile) wait_step_write(a, lane);
         int t, len;
         tile_of(i, t, len);
         const TileLoc loc = tile_loc(page, tpp, len, kv.page_size, kv.num_kv_heads, h, t);
@@ -1530,7 +1536,7 @@ __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? O
     const int wait_tile = a.step_write && t1 * kTileTokens >= len ? t1 - 1 : -1;
     for (int t = t0 + warp; t < t1; t += kWarps) {
       Bf16Tile<D> T;
-      if (t == wait_tile) pdl_wait();
+      if (t == wait_tile) wait_step_write(a, lane);
       load_bf16_tile(T, kv, pages, a.tiles_per_page, len, h, t, g, r);
       compute_bf16_tile(st, T, Q, g);
       OSCAR_TRACE_MARK(trace_t1);
@@ -1877,7 +1883,7 @@ cudaError_t launch(const DecodeParams& p, const DecodePlan& plan, const DecodeWo
   static std::atomic<uint32_t> epochs{0};
   uint32_t epoch = 0;
   while (epoch == 0) epoch = ++epochs;  // never 0, the flag's initial value
-  uint32_t* const write_done = a.step_write && plan.fused_windows ? ws.step_sync : nullptr;
+  uint32_t* const write_done = a.step_write ? ws.step_sync : nullptr;
   a.write_done = write_done;
   a.write_epoch = epoch;
   const int nq = plan.num_quant_chunks, nb = plan.num_chunks - plan.num_quant_chunks;

@@ -157,8 +157,8 @@ struct DecodeWorkspace {
   float* partial_o = nullptr;        // [capacity][max_q_heads][head_dim]
   float* partial_lse = nullptr;      // [capacity][max_q_heads] (log2 domain)
   uint32_t* step_sync = nullptr;     // [2], zeroed once: the step write's rows-written count and
-                                     // epoch (DecodeParams::write with fused windows); nullptr: the
-                                     // window waits for the write launch's completion instead
+                                     // epoch (DecodeParams::write); nullptr: the window tiles wait
+                                     // for the write launch's completion instead
 };
 
 // cudaMalloc/cudaFree helpers for a workspace (throw oscar::Error on failure).
