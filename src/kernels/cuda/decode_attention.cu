@@ -919,10 +919,17 @@ __device__ __forceinline__ int window_chunk(int row, int c) {
   return c ^ ((((row >> 1) & 3) << 1) ^ ((row & 1) << 2));
 }
 
-template <int D>
+// kCoherent: loads through L2 (ld.global.cg) instead of the read-only
+// path, for a tile a launch running at the same time has just written (the
+// step write's rows, v40b: the read-only path is for data that does not
+// change while the kernel runs).
+template <int D, bool kCoherent = false>
 __device__ __forceinline__ void load_bf16_tile(Bf16Tile<D>& T, const kv::PagedKvView& kv,
                                                const int32_t* pages, const FastDiv& tpp, int len,
                                                int h, int t, int g, int r) {
+  auto load = [](const uint16_t* p) {
+    return kCoherent ? __ldcg(reinterpret_cast<const uint4*>(p)) : __ldg(reinterpret_cast<const uint4*>(p));
+  };
   const TileLoc loc =
       tile_loc(page_of(pages, tpp, t), tpp, len, kv.page_size, kv.num_kv_heads, h, t);
   T.valid = loc.valid;
@@ -932,13 +939,13 @@ __device__ __forceinline__ void load_bf16_tile(Bf16Tile<D>& T, const kv::PagedKv
   for (int tt = 0; tt < 2; ++tt)
 #pragma unroll
     for (int k = 0; k < D / 32; ++k)
-      T.k[tt][k] = __ldg(reinterpret_cast<const uint4*>(kb + (g + 8 * tt) * D + 32 * k + 8 * r));
+      T.k[tt][k] = load(kb + (g + 8 * tt) * D + 32 * k + 8 * r);
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     const int tok = 2 * r + (j & 1) + 8 * (j >> 1);
 #pragma unroll
     for (int k = 0; k < D / 64; ++k) {
-      const uint4 w = __ldg(reinterpret_cast<const uint4*>(vb + tok * D + 64 * k + 8 * g));
+      const uint4 w = load(vb + tok * D + 64 * k + 8 * g);
       // Padding slots may hold NaN bits; p = 0 times NaN would poison O.
       T.v[j][k] = tok < loc.valid ? w : make_uint4(0u, 0u, 0u, 0u);
     }
@@ -1536,8 +1543,12 @@ __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? O
     const int wait_tile = a.step_write && t1 * kTileTokens >= len ? t1 - 1 : -1;
     for (int t = t0 + warp; t < t1; t += kWarps) {
       Bf16Tile<D> T;
-      if (t == wait_tile) wait_step_write(a, lane);
-      load_bf16_tile(T, kv, pages, a.tiles_per_page, len, h, t, g, r);
+      if (t == wait_tile) {
+        wait_step_write(a, lane);
+        load_bf16_tile<D, true>(T, kv, pages, a.tiles_per_page, len, h, t, g, r);
+      } else {
+        load_bf16_tile<D>(T, kv, pages, a.tiles_per_page, len, h, t, g, r);
+      }
       compute_bf16_tile(st, T, Q, g);
       OSCAR_TRACE_MARK(trace_t1);
     }
