@@ -919,20 +919,17 @@ __device__ __forceinline__ int window_chunk(int row, int c) {
   return c ^ ((((row >> 1) & 3) << 1) ^ ((row & 1) << 2));
 }
 
-// kCoherent: loads through L2 (ld.global.cg) instead of the read-only
-// path. The window chunks use it for every tile (v40d): the tile holding a
-// step write's new row was written by a launch running at the same time
-// (v40b), and the read-only path is for data that does not change while the
-// kernel runs; a branch that kept the read-only path for the other tiles
-// measured 0.3 us slower at 8 x 4K (v40c), all tiles through L2 the same as
-// before.
-template <int D, bool kCoherent = false>
+// Loads through L2 (ld.global.cg), not the read-only path (v40d): the tile
+// holding a step write's new row was written by a launch running at the
+// same time (v40b), and the read-only path is for data that does not change
+// while the kernel runs; a branch that kept the read-only path for the
+// other tiles measured 0.3 us slower at 8 x 4K (v40c), every tile through
+// L2 the same as before.
+template <int D>
 __device__ __forceinline__ void load_bf16_tile(Bf16Tile<D>& T, const kv::PagedKvView& kv,
                                                const int32_t* pages, const FastDiv& tpp, int len,
                                                int h, int t, int g, int r) {
-  auto load = [](const uint16_t* p) {
-    return kCoherent ? __ldcg(reinterpret_cast<const uint4*>(p)) : __ldg(reinterpret_cast<const uint4*>(p));
-  };
+  auto load = [](const uint16_t* p) { return __ldcg(reinterpret_cast<const uint4*>(p)); };
   const TileLoc loc =
       tile_loc(page_of(pages, tpp, t), tpp, len, kv.page_size, kv.num_kv_heads, h, t);
   T.valid = loc.valid;
@@ -1547,7 +1544,7 @@ __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? O
     for (int t = t0 + warp; t < t1; t += kWarps) {
       Bf16Tile<D> T;
       if (t == wait_tile) wait_step_write(a, lane);
-      load_bf16_tile<D, true>(T, kv, pages, a.tiles_per_page, len, h, t, g, r);
+      load_bf16_tile(T, kv, pages, a.tiles_per_page, len, h, t, g, r);
       compute_bf16_tile(st, T, Q, g);
       OSCAR_TRACE_MARK(trace_t1);
     }
