@@ -613,8 +613,9 @@ TEST(CudaDecode, StepWriteSeesTheNewRows) {
     OSCAR_CUDA_CHECK(upload_plan(plan, ws, nullptr));
     // The window tiles wait for the write's published epoch (v40), not for
     // its grid: two calls, the new rows NaN again before each, so that a
-    // wait that let a tile read early, or a stale epoch from the first call,
-    // shows in the second.
+    // tile read before its row is written (a missing wait, or an epoch left
+    // from the first call) gives NaN. Such a race need not lose every time:
+    // a pass is evidence, not proof.
     for (int call = 0; call < 2; ++call) {
       if (call > 0) {
         cache.d_bf16_k.upload(dev_k);
