@@ -1886,10 +1886,11 @@ cudaError_t launch(const DecodeParams& p, const DecodePlan& plan, const DecodeWo
   a.step_write = p.write.n > 0;
   a.o = p.o;
   a.lse = p.lse;
-  // v40: the step write publishes its rows to the fused window CTAs.
+  // v40: the step write publishes its rows to the window CTAs, under an
+  // epoch of its own (never 0, the flag's initial value).
   static std::atomic<uint32_t> epochs{0};
   uint32_t epoch = 0;
-  while (epoch == 0) epoch = ++epochs;  // never 0, the flag's initial value
+  while (a.step_write && epoch == 0) epoch = ++epochs;
   uint32_t* const write_done = a.step_write ? ws.step_sync : nullptr;
   a.write_done = write_done;
   a.write_epoch = epoch;
@@ -2030,13 +2031,15 @@ DecodePlan plan_decode(int batch, const HostRegions& regions, int num_kv_heads, 
   }
   // Middle chunk boundaries (tiles), flat: sequence b's are
   // bounds[bptr[b] .. bptr[b + 1]) (count + 1 of them, none without a middle).
-  std::vector<int> count(batch, 0), bptr(size_t(batch) + 1, 0);
+  // mid_per[b]: sequence b's middle chunk size in tiles (the last chunk shorter).
+  std::vector<int> count(batch, 0), mid_per(batch, 0), bptr(size_t(batch) + 1, 0);
   std::vector<int32_t> bounds;
   {
     int max_count = 0;
     for (int b = 0; b < batch; ++b) {
       const int nt = ceil_div(mid_len[b], kTileTokens);
-      if (nt > 0) count[b] = ceil_div(nt, chunk_size(1, nt, plan.tiles_per_chunk_quant));
+      mid_per[b] = chunk_size(1, nt, plan.tiles_per_chunk_quant);
+      if (nt > 0) count[b] = ceil_div(nt, mid_per[b]);
       max_count = std::max(max_count, count[b]);
       bptr[b + 1] = bptr[b] + (count[b] > 0 ? count[b] + 1 : 0);
     }
@@ -2063,24 +2066,23 @@ DecodePlan plan_decode(int batch, const HostRegions& regions, int num_kv_heads, 
       const int nt = ceil_div(mid_len[b], kTileTokens);
       int32_t* t = &bounds[size_t(bptr[b])];
       const double* w = skew != 0.0 ? &weight[size_t(bptr[b])] : nullptr;
-      const int per = chunk_size(1, nt, plan.tiles_per_chunk_quant);
       double wsum = 0.0;
       for (int k = 0; w && k < count[b]; ++k) wsum += w[k];
       // Boundaries at the weights' cumulative shares, in whole tile groups
       // (4 tiles: the warps of a CTA then differ by at most one group), each
-      // chunk at least one step; skew 0 gives the equal split (per tiles
+      // chunk at least one step; skew 0 gives the equal split (mid_per[b] tiles
       // each, the last one shorter).
       constexpr int unit = 4;
       double acc = 0.0;
       t[0] = 0;
       for (int k = 0; k + 1 < count[b]; ++k) {
-        int64_t e = int64_t(k + 1) * per;
+        int64_t e = int64_t(k + 1) * mid_per[b];
         if (w) {
           acc += w[k];
           e = (static_cast<int64_t>(nt * acc / wsum + unit / 2) / unit) * unit;
         }
         const int64_t hi = nt - int64_t(count[b] - 1 - k);  // > t[k]: a tile left for each later chunk
-        e = std::clamp<int64_t>(e, std::min<int64_t>(hi, int64_t(t[k]) + std::min(per, qmin)), hi);
+        e = std::clamp<int64_t>(e, std::min<int64_t>(hi, int64_t(t[k]) + std::min(mid_per[b], qmin)), hi);
         t[k + 1] = static_cast<int32_t>(e);
       }
       t[count[b]] = nt;
