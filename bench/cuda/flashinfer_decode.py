@@ -6,6 +6,9 @@ OSCAR_BENCH_FLUSH=read; CUDA events, median).
     python3 flashinfer_decode.py warm  LOG          # import + JIT-compile, check vs torch
     python3 flashinfer_decode.py bench CSV [--quick]
 
+The CSV also gets one row per batch (kernel "linear", ctx 0): one Qwen3-8B
+layer's linear layers at that batch (time_linear).
+
 If FlashInfer cannot be imported or compiled, falls back to PyTorch SDPA on
 contiguous (unpaged) K/V with enable_gqa (labelled torch-sdpa) and says why.
 """
@@ -105,6 +108,35 @@ def warm(log):
         traceback.print_exc(file=log)
 
 
+# One Qwen3-8B decoder layer's linear layers (hidden 4096, 32 q / 8 KV heads
+# of 128, MLP 12288; bf16 weights, 386 MB, more than L2 holds): the rest of
+# a decode step's layer beside its attention, so that the cache write's cost
+# can be stated as a share of a whole decode step too (report.py). Norms,
+# RoPE and the residual adds are left out (small): the share is overstated.
+HIDDEN, INTER = 4096, 12288
+
+
+def time_linear(batch, flush, gen):
+    dt = torch.bfloat16
+    w_qkv = torch.randn(HQ * D + 2 * HKV * D, HIDDEN, dtype=dt, device="cuda", generator=gen) * 0.02
+    w_o = torch.randn(HIDDEN, HQ * D, dtype=dt, device="cuda", generator=gen) * 0.02
+    w_gu = torch.randn(2 * INTER, HIDDEN, dtype=dt, device="cuda", generator=gen) * 0.02
+    w_d = torch.randn(HIDDEN, INTER, dtype=dt, device="cuda", generator=gen) * 0.02
+    x = torch.randn(batch, HIDDEN, dtype=dt, device="cuda", generator=gen)
+
+    def layer():
+        qkv = x @ w_qkv.t()
+        h = x + qkv[:, :HQ * D] @ w_o.t()  # (attention's output stands in for q)
+        g, u = (h @ w_gu.t()).split(INTER, dim=1)
+        return h + (torch.nn.functional.silu(g) * u) @ w_d.t()
+
+    ms = flush_and_time(layer, 15, flush)
+    nbytes = 2 * (w_qkv.numel() + w_o.numel() + w_gu.numel() + w_d.numel())
+    del w_qkv, w_o, w_gu, w_d, x
+    torch.cuda.empty_cache()
+    return ms, nbytes
+
+
 def bench(csv_path, quick):
     ok = False
     why = ""
@@ -122,6 +154,13 @@ def bench(csv_path, quick):
     gen = torch.Generator(device="cuda").manual_seed(1)
     rows = []
     for batch in batches:
+        try:
+            ms, nbytes = time_linear(batch, flush, gen)
+            rows.append(("linear", batch, 0, ms * 1e3, nbytes, nbytes / (ms * 1e-3) / 1e9))
+            print(f"{'linear':14s} batch {batch:3d} (one layer): {ms*1e3:9.1f} us {rows[-1][5]:7.0f} GB/s",
+                  flush=True)
+        except Exception as e:  # the attention rows matter more
+            print("linear layers not timed:", repr(e), flush=True)
         for ctx in ctxs:
             nbytes = batch * ctx * HKV * D * 2 * 2 + batch * HQ * D * 2 * 2
             best = None

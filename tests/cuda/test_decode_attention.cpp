@@ -555,7 +555,11 @@ TEST(CudaDecode, StepWriteSeesTheNewRows) {
   const int hkv = 2, d = 128, page = 64, gqa = 4, hq = hkv * gqa;
   for (uint32_t seed : {61u, 62u, 63u}) {
     std::vector<SeqLens> seqs;
-    for (int b = 0; b < 24; ++b) seqs.push_back({64, 1500 + 97 * b, 1 + (37 * b) % 300});
+    // Seeds 61 and 62: batch 25 x 2 KV heads, past the write's small-batch
+    // split, whose blocks write K and V together; seed 63: batch 5, K and V
+    // rows in blocks of their own.
+    const int nseq = seed == 63 ? 4 : 24;
+    for (int b = 0; b < nseq; ++b) seqs.push_back({64, 1500 + 97 * b, 1 + (37 * b) % 300});
     seqs.push_back({17, 0, 0});  // the new token is the sink's last
     HostCache cache(seqs, hkv, d, page, 128, seed, 1.5f);
     const int batch = cache.batch;
@@ -566,6 +570,15 @@ TEST(CudaDecode, StepWriteSeesTheNewRows) {
     for (auto& x : k) x = 1.5f * nd(rng);
     for (auto& x : v) x = nd(rng);
     for (auto& x : q) x = nd(rng);
+    // Seed 61: no rotation; 62: one R_K per layer; 63: R_K and R_V per KV
+    // head. The reference holds the rows rotated on the CPU (the GPU's fp32
+    // sums may round a few of them to the neighbouring bf16).
+    const int r_heads = seed == 61 ? 0 : seed == 62 ? 1 : hkv;
+    std::vector<float> Rk(size_t(std::max(r_heads, 1)) * d * d), Rv(Rk.size()), kr = k, vr = v;
+    for (auto& x : Rk) x = nd(rng) / std::sqrt(float(d));
+    for (auto& x : Rv) x = nd(rng) / std::sqrt(float(d));
+    if (r_heads > 0) cpu::rotate_heads_ref(k.data(), batch, hkv, d, Rk.data(), r_heads, kr.data());
+    if (r_heads > 1) cpu::rotate_heads_ref(v.data(), batch, hkv, d, Rv.data(), r_heads, vr.data());
     std::vector<uint16_t> dev_k = cache.bf16_k, dev_v = cache.bf16_v;
     for (int b = 0; b < batch; ++b) {
       const int reg = cache.len[2][b] > 0 ? 2 : 0, n = cache.len[reg][b];
@@ -574,8 +587,8 @@ TEST(CudaDecode, StepWriteSeesTheNewRows) {
       for (int h = 0; h < hkv; ++h) {
         const size_t row = (size_t(pages[b]) * hkv + h) * page + slots[b];
         for (int c = 0; c < d; ++c) {
-          cache.bf16_k[row * d + c] = f32_to_bf16(k[(size_t(b) * hkv + h) * d + c]);
-          cache.bf16_v[row * d + c] = f32_to_bf16(v[(size_t(b) * hkv + h) * d + c]);
+          cache.bf16_k[row * d + c] = f32_to_bf16(kr[(size_t(b) * hkv + h) * d + c]);
+          cache.bf16_v[row * d + c] = f32_to_bf16(vr[(size_t(b) * hkv + h) * d + c]);
           dev_k[row * d + c] = dev_v[row * d + c] = 0x7fc0;  // NaN until written
         }
       }
@@ -586,16 +599,24 @@ TEST(CudaDecode, StepWriteSeesTheNewRows) {
     std::vector<float> o_ref(q.size()), lse_ref(size_t(batch) * hq);
     cpu::decode_attention_ref(cache.host_view, q.data(), hq, sm_scale, o_ref.data(), lse_ref.data());
 
-    // Seeds 61 and 63: the planner's choice (separate window and merge
-    // launches here); 62: the fused window + merge kernel.
-    DecodePlan plan = plan_decode(batch, regions_of(cache), hkv, num_sms(), 0, 0, -1.0f, seed == 62 ? 1 : -1);
+    // Seeds 61 and 63: separate window and merge launches; 62: the fused
+    // window + merge kernel.
+    DecodePlan plan = plan_decode(batch, regions_of(cache), hkv, num_sms(), 0, 0, -1.0f, seed == 62 ? 1 : 0);
     EXPECT_EQ(plan.fused_windows, seed == 62);
     DecodeWorkspace ws = alloc_decode_workspace(std::max(plan.num_chunks, 1), batch, hq, d);
     DeviceBuffer<float> d_q(q), d_k(k), d_v(v), d_o(q.size()), d_lse(lse_ref.size());
     DeviceBuffer<int32_t> d_pages(pages), d_slots(slots);
+    DeviceBuffer<float> d_rk(Rk), d_rv(Rv);
     d_o.poison();
     DecodeParams p = params_for(cache, d_q.ptr, hq, sm_scale, d_o.ptr, d_lse.ptr);
-    p.write = StepWrite{batch, d_pages.ptr, d_slots.ptr, d_k.ptr, d_v.ptr, {}};
+    WriteRotation rot;
+    if (r_heads > 0) rot = {d_rk.ptr, r_heads > 1 ? d_rv.ptr : nullptr, r_heads};
+    p.write = StepWrite{batch, d_pages.ptr, d_slots.ptr, d_k.ptr, d_v.ptr, rot};
+    // One new row per sequence, row b for sequence b: other counts are refused.
+    p.write.n = batch - 1;
+    EXPECT_NE(check_decode(p, plan, ws).find("one new row per sequence"), std::string::npos);
+    EXPECT_EQ(decode_attention(p, plan, ws, nullptr), cudaErrorInvalidValue);
+    p.write.n = batch;
     // And two page demotions in the same step (StepDemote): the sink pages
     // of sequences 0 and 1 (full, not written this step) into INT2 pages no
     // region uses; checked below against a standalone demote_pages.

@@ -1,9 +1,10 @@
-// Cache-write and demotion kernels (see cache_write.h). One warp per row.
+// Cache-write and demotion kernels (see cache_write.h).
 #include "kernels/cuda/cache_write.h"
 
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <type_traits>
 
 #include "core/half.h"
 #include "core/quant_format.h"
@@ -159,7 +160,7 @@ struct WriteArgs {
   const float* v;
   WriteRotation rot;
   int clip_idx_k, clip_idx_v;
-  uint32_t* done = nullptr;  // optional {rows written, epoch}: see write_bf16_tokens_dependent
+  uint32_t* done = nullptr;  // optional per-block flags: see write_bf16_tokens_dependent
   uint32_t epoch = 0;
 };
 
@@ -167,12 +168,10 @@ struct WriteArgs {
 // (i * Hkv + h) * 2 + is_v. The d x d rotation is split over the warps by
 // input channel (each lane then has all its loads of R in flight at once:
 // decode writes few rows, so this kernel is latency-bound), the partial sums
-// meet in shared memory, and warp 0 clips, quantizes and packs.
-template <int D, bool kQuant>
-__global__ void __launch_bounds__(32 * kRowsPerBlock) write_kernel(const WriteArgs a) {
-  // In a decode step (decode_attention.h, StepWrite) the window launch may
-  // start now: it reads these rows only after this grid has completed.
-  detail::pdl_launch_dependents();
+// meet in shared memory, and warp 0 clips, quantizes and packs (the clip
+// needs the whole row: INT2 rows are not split like the BF16 ones below).
+template <int D>
+__global__ void __launch_bounds__(32 * kRowsPerBlock) write_quant_kernel(const WriteArgs a) {
   __shared__ float xs[D];
   __shared__ float part[kRowsPerBlock][D];
   __shared__ uint32_t words[D / 16];
@@ -231,25 +230,132 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock) write_kernel(const WriteAr
     for (int k = 0; k < D / 32; ++k) y[k] = xs[lane + 32 * k];
   }
   const int32_t page = a.pages[i], slot = a.slots[i];
-  if constexpr (kQuant) {
-    const int64_t qr = pool_row(a.kv, page, h, slot);
-    uint8_t* codes = (is_v ? a.kv.quant.v_codes : a.kv.quant.k_codes) + qr * (D / 4);
-    uint16_t* params = (is_v ? a.kv.quant.v_params : a.kv.quant.k_params) + qr * (D / a.kv.group_size) * 2;
-    clip_quantize_store<D>(y, is_v ? a.clip_idx_v : a.clip_idx_k, a.kv.group_size, codes, params, words);
-  } else {
-    uint16_t* dst = (is_v ? a.kv.bf16.v : a.kv.bf16.k) + pool_row(a.kv, page, h, slot) * D;
+  const int64_t qr = pool_row(a.kv, page, h, slot);
+  uint8_t* codes = (is_v ? a.kv.quant.v_codes : a.kv.quant.k_codes) + qr * (D / 4);
+  uint16_t* params = (is_v ? a.kv.quant.v_params : a.kv.quant.k_params) + qr * (D / a.kv.group_size) * 2;
+  clip_quantize_store<D>(y, is_v ? a.clip_idx_v : a.clip_idx_k, a.kv.group_size, codes, params, words);
+}
+
+// BF16 rows (window writes, the decode step's new tokens): no clip, so a
+// row's output channels are independent and its d x d rotation splits over
+// P = d / (32 NPB) blocks by output channel (32 NPB each: at d = 128 and
+// NPB = 1 a 128 x 32 slice of R, 16 KB, instead of all 64 KB on one SM).
+// kBoth: block = (token i, KV head h, part), blockIdx.x = (i * Hkv + h) * P
+// + part, both K and V (an unrotated row is a copy, its loads in flight
+// beside the rotation's: half the blocks); else
+// block = (i, h, K or V, part), blockIdx.x = ((i * Hkv + h) * 2 + is_v) * P
+// + part (twice the blocks, each with half the work). Warp w takes input channels
+// [w d/4, (w+1) d/4): per load instruction 4 input channels (lane / 8) x 32
+// outputs (8 lanes x 4), the d/16 loads of x and a part's d/16 loads of R
+// issued before any arithmetic (one memory latency per part, not two), then
+// shuffles and a shared-memory sum. With `done`, the block publishes its
+// channels: done[blockIdx.x] = epoch (a release store after
+// its writes), so that the decode launch's window tile holding the rows
+// waits for exactly them.
+template <int D, int NPB, bool kBoth>
+__global__ void __launch_bounds__(32 * kRowsPerBlock) write_bf16_kernel(const WriteArgs a) {
+  // In a decode step (decode_attention.h, StepWrite) the window launch may
+  // start now: it waits for these rows (done) or for this grid.
+  detail::pdl_launch_dependents();
+  constexpr int P = D / 32 / NPB, JW = D / kRowsPerBlock, L = JW / 4;
+  static_assert(P >= 1 && P * NPB * 32 == D, "NPB divides d/32");
+  __shared__ float part[kRowsPerBlock][32 * NPB];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int Hkv = a.kv.num_kv_heads;
+  const int64_t blk = blockIdx.x;
+  const int c0 = static_cast<int>(blk % P) * 32 * NPB;  // the block's first output channel
+  const int64_t ih = kBoth ? blk / P : blk / P / 2;
+  const int kv0 = kBoth ? 0 : static_cast<int>((blk / P) & 1), kv1 = kBoth ? 2 : kv0 + 1;  // K = 0, V = 1
+  const int i = static_cast<int>(ih / Hkv), h = static_cast<int>(ih % Hkv);
+  const int64_t dst0 = pool_row(a.kv, a.pages[i], h, a.slots[i]) * D + c0;
+  // Warp 0 stores every output of the block (so that its lane 0 alone can
+  // publish them): unrotated rows are copies, loaded first, stored last.
+  float copy[2][NPB];
+  if (warp == 0)
 #pragma unroll
-    for (int k = 0; k < D / 32; ++k) dst[lane + 32 * k] = f32_to_bf16(y[k]);
-    if (a.done) {
-      // Count this row in; the last row publishes the epoch (and resets the
-      // count for the next call, which starts after this grid completes).
-      __threadfence();
-      __syncwarp();
-      if (lane == 0 && atomicAdd(a.done, 1u) == gridDim.x - 1) {
-        a.done[0] = 0;
-        __threadfence();
-        detail::st_release_gpu(a.done + 1, a.epoch);
+    for (int kv = 0; kv < 2; ++kv)
+      if (kv >= kv0 && kv < kv1 && !(kv ? a.rot.v : a.rot.k))
+#pragma unroll
+        for (int q = 0; q < NPB; ++q) copy[kv][q] = (kv ? a.v : a.k)[ih * D + c0 + 32 * q + lane];
+#pragma unroll 1
+  for (int kv = kv0; kv < kv1; ++kv) {
+    const float* R = kv ? a.rot.v : a.rot.k;
+    if (!R) continue;
+    if (a.rot.r_heads != 1) R += int64_t(h) * D * D;
+    const float* x = (kv ? a.v : a.k) + ih * D;
+    const int j0 = warp * JW + (lane >> 3), c = c0 + 4 * (lane & 7);
+    float xj[L];
+#pragma unroll
+    for (int k = 0; k < L; ++k) xj[k] = __ldg(x + j0 + 4 * k);
+    // Part q's 32 outputs from its loads of R: FMAs, then the sum of the
+    // warp's 4 input-channel groups (lanes l, l ^ 8, l ^ 16, l ^ 24).
+    auto part_sum = [&](const float4(&r)[L], int q) {
+      float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+      for (int k = 0; k < L; ++k) {
+        acc[0] = fmaf(xj[k], r[k].x, acc[0]);
+        acc[1] = fmaf(xj[k], r[k].y, acc[1]);
+        acc[2] = fmaf(xj[k], r[k].z, acc[2]);
+        acc[3] = fmaf(xj[k], r[k].w, acc[3]);
       }
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        acc[e] += __shfl_xor_sync(0xffffffffu, acc[e], 8);
+        acc[e] += __shfl_xor_sync(0xffffffffu, acc[e], 16);
+      }
+      if (lane < 8)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) part[warp][32 * q + 4 * lane + e] = acc[e];
+    };
+    auto load_r = [&](float4(&r)[L], int q) {
+#pragma unroll
+      for (int k = 0; k < L; ++k)
+        r[k] = __ldg(reinterpret_cast<const float4*>(R + int64_t(j0 + 4 * k) * D + c + 32 * q));
+    };
+    if constexpr (kBoth) {
+      // (Large batches.) One part at a time: few registers, so that the
+      // blocks, which run in the middle launch's tail, fit in the slots its
+      // CTAs free; part 0's loads of R are issued with those of x.
+#pragma unroll 1
+      for (int q = 0; q < NPB; ++q) {
+        float4 r[L];
+        load_r(r, q);
+        part_sum(r, q);
+      }
+    } else {
+      // (Small batches, whose write latency shows.) Every part's loads at once.
+      float4 r[NPB][L];
+#pragma unroll
+      for (int q = 0; q < NPB; ++q) load_r(r[q], q);
+#pragma unroll
+      for (int q = 0; q < NPB; ++q) part_sum(r[q], q);
+    }
+    __syncthreads();
+    if (warp == 0) {
+      uint16_t* dst = (kv ? a.kv.bf16.v : a.kv.bf16.k) + dst0;
+#pragma unroll
+      for (int q = 0; q < NPB; ++q) {
+        float y = 0.0f;
+#pragma unroll
+        for (int w = 0; w < kRowsPerBlock; ++w) y += part[w][32 * q + lane];
+        dst[32 * q + lane] = f32_to_bf16(y);
+      }
+    }
+    if (kv + 1 < kv1) __syncthreads();  // part is reused by the V rotation
+  }
+  if (warp != 0) return;
+#pragma unroll
+  for (int kv = 0; kv < 2; ++kv)
+    if (kv >= kv0 && kv < kv1 && !(kv ? a.rot.v : a.rot.k)) {
+      uint16_t* dst = (kv ? a.kv.bf16.v : a.kv.bf16.k) + dst0;
+#pragma unroll
+      for (int q = 0; q < NPB; ++q) dst[32 * q + lane] = f32_to_bf16(copy[kv][q]);
+    }
+  if (a.done) {
+    __syncwarp();  // the warp's stores before lane 0's release
+    if (lane == 0) {
+      __threadfence();
+      detail::st_release_gpu(a.done + blk, a.epoch);
     }
   }
   // Launched as a programmatic dependent (write_bf16_tokens_dependent): the
@@ -311,17 +417,51 @@ unsigned blocks_for(int64_t rows) {
   return static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
 }
 
+// INT2 rows: one block per row. BF16 rows: `parts` blocks per (token, KV
+// head) and K/V (1, 2, 4, ... up to d/32; 0: d/32), or with `both` per
+// (token, KV head) for K and V together.
+template <int D, bool kBoth>
+cudaError_t launch_bf16_write(const WriteArgs& a, int parts, dim3 grid, bool programmatic, cudaStream_t stream) {
+  const dim3 block(32 * kRowsPerBlock);
+  auto go = [&](auto kernel) { return detail::launch_pdl(kernel, grid, block, 0, programmatic, stream, a); };
+  constexpr int P = D / 32;
+  if (parts == P) return go(write_bf16_kernel<D, 1, kBoth>);
+  if (parts * 2 == P) return go(write_bf16_kernel<D, 2, kBoth>);
+  if constexpr (P >= 4)
+    if (parts * 4 == P) return go(write_bf16_kernel<D, 4, kBoth>);
+  if constexpr (P >= 8)
+    if (parts * 8 == P) return go(write_bf16_kernel<D, 8, kBoth>);
+  return cudaErrorInvalidValue;
+}
+
 template <bool kQuant>
-cudaError_t launch_write(const WriteArgs& a, cudaStream_t stream, bool programmatic = false) {
-  const int64_t rows = int64_t(a.n) * a.kv.num_kv_heads * 2;
-  if (rows == 0) return cudaSuccess;
-  if (rows > 0x7fffffff) return cudaErrorInvalidValue;
-  const dim3 grid(static_cast<unsigned>(rows)), block(32 * kRowsPerBlock);
-  switch (a.kv.head_dim) {
-    case 64: return detail::launch_pdl(write_kernel<64, kQuant>, grid, block, 0, programmatic, stream, a);
-    case 128: return detail::launch_pdl(write_kernel<128, kQuant>, grid, block, 0, programmatic, stream, a);
-    case 256: return detail::launch_pdl(write_kernel<256, kQuant>, grid, block, 0, programmatic, stream, a);
-    default: return cudaErrorInvalidValue;
+cudaError_t launch_write(const WriteArgs& a, cudaStream_t stream, bool programmatic = false, int parts = 0,
+                         bool both = false) {
+  if (!kQuant && parts == 0) parts = a.kv.head_dim / 32;
+  const int64_t blocks = int64_t(a.n) * a.kv.num_kv_heads * (kQuant ? 2 : parts * (both ? 1 : 2));
+  if (blocks == 0) return cudaSuccess;
+  if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
+  const dim3 grid(static_cast<unsigned>(blocks));
+  if constexpr (kQuant) {
+    const dim3 block(32 * kRowsPerBlock);
+    switch (a.kv.head_dim) {
+      case 64: return detail::launch_pdl(write_quant_kernel<64>, grid, block, 0, programmatic, stream, a);
+      case 128: return detail::launch_pdl(write_quant_kernel<128>, grid, block, 0, programmatic, stream, a);
+      case 256: return detail::launch_pdl(write_quant_kernel<256>, grid, block, 0, programmatic, stream, a);
+      default: return cudaErrorInvalidValue;
+    }
+  } else {
+    auto go = [&](auto d_tag) {
+      constexpr int D = decltype(d_tag)::value;
+      return both ? launch_bf16_write<D, true>(a, parts, grid, programmatic, stream)
+                  : launch_bf16_write<D, false>(a, parts, grid, programmatic, stream);
+    };
+    switch (a.kv.head_dim) {
+      case 64: return go(std::integral_constant<int, 64>{});
+      case 128: return go(std::integral_constant<int, 128>{});
+      case 256: return go(std::integral_constant<int, 256>{});
+      default: return cudaErrorInvalidValue;
+    }
   }
 }
 
@@ -350,12 +490,14 @@ cudaError_t write_quant_tokens(const kv::PagedKvView& kv, int n, const int32_t* 
 cudaError_t write_bf16_tokens_dependent(const kv::PagedKvView& kv, int n, const int32_t* pages,
                                         const int32_t* slots, const float* k, const float* v,
                                         WriteRotation rot, bool programmatic, cudaStream_t stream,
-                                        uint32_t* done, uint32_t epoch) {
-  if (!format_ok(kv) || n < 0 || !rotation_ok(kv, rot)) return cudaErrorInvalidValue;
+                                        uint32_t* done, uint32_t epoch, int parts, bool both) {
+  if (!format_ok(kv) || n < 0 || !rotation_ok(kv, rot) || parts < 0 || parts > kv.head_dim / 32 ||
+      (parts > 0 && (kv.head_dim / 32) % parts != 0))
+    return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
   if (!pages || !slots || !k || !v || !kv.bf16.k || !kv.bf16.v) return cudaErrorInvalidValue;
   WriteArgs a{kv, n, pages, slots, k, v, rot, 0, 0, done, epoch};
-  return launch_write<false>(a, stream, programmatic);
+  return launch_write<false>(a, stream, programmatic, parts, both);
 }
 
 cudaError_t write_bf16_tokens(const kv::PagedKvView& kv, int n, const int32_t* pages,

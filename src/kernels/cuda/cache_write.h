@@ -7,8 +7,10 @@
 // IEEE division), rotation accumulates in fp32 in a different order than the
 // CPU, so rotated rows agree to fp32 rounding only.
 //
-// One warp handles one row (token, KV head, K or V): d/32 channels per lane,
-// clip threshold by an exact rank count over the row, min/max by shuffles.
+// INT2 rows: one block per row (token, KV head, K or V), the rotation split
+// over its warps, then one warp clips (bitonic sort of |x|), quantizes and
+// packs. BF16 rows: up to d/32 blocks per (token, KV head), 32 or more
+// output channels of K and V each.
 // Works for prefill chunks (n = chunk length) and decode steps (n = batch).
 // All pointers are device pointers; launchers return cudaError_t (never
 // throw) and reject bad shapes with cudaErrorInvalidValue. This header
@@ -52,14 +54,19 @@ cudaError_t write_bf16_tokens(const kv::PagedKvView& kv, int n, const int32_t* p
 // dependent of the previous launch on the stream: it may run concurrently
 // with that launch (which must neither read nor write what it touches) and
 // its grid completes only after that launch's. decode_attention uses it for
-// DecodeParams::write. `done` (optional, device, 2 words, {0, any} before
-// the call): once every row is written, done[1] = epoch (a release store,
-// done[0] back to 0), so that a launch running at the same time can wait
-// for the rows without waiting for this grid to complete.
+// DecodeParams::write. Each row is written by `parts` blocks (a divisor of
+// d/32; 0 means d/32) of d / parts channels each; with `both`, one block
+// writes its channels of a token's K and V rows (half the blocks). Blocks
+// per (token i, KV head h): F = parts (both) or 2 parts (K's, then V's).
+// `done` (optional, device, n * Hkv * F words): block (i * Hkv + h) * F + f
+// release-stores `epoch` in its word once its channels are written, so that
+// a launch running at the same time can wait for one token's rows without
+// waiting for this grid to complete.
 cudaError_t write_bf16_tokens_dependent(const kv::PagedKvView& kv, int n, const int32_t* pages,
                                         const int32_t* slots, const float* k, const float* v,
                                         WriteRotation rot, bool programmatic, cudaStream_t stream,
-                                        uint32_t* done = nullptr, uint32_t epoch = 0);
+                                        uint32_t* done = nullptr, uint32_t epoch = 0, int parts = 0,
+                                        bool both = false);
 
 // Demotes BF16 pages bf16_pages[i] -> quantized pages quant_pages[i] (all KV
 // heads, K and V, slots [0, num_tokens); num_tokens < 0 means full pages).

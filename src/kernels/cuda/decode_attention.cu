@@ -181,24 +181,31 @@ struct KernelArgs {
   // Fused window + merge launch (v27, plan.fused_windows): the final outputs.
   float* o;                // [batch][Hq][D]
   float* lse;              // [batch][Hq] natural log, or nullptr
-  // Step write (v40): the write launch publishes write_epoch at
-  // write_done[1] once its rows are written; the window tile holding a new
-  // row waits for that instead of for the write grid's completion (which
-  // follows the middle's). nullptr: pdl_wait.
+  // Step write (v40, v42): each block of the write launch publishes
+  // write_epoch in its flag once its channels of the new K and/or V row are
+  // written (flags of sequence b, KV head h: [(b Hkv + h) F, + F), F =
+  // write_flags blocks per token and head, write_bf16_tokens_dependent);
+  // the window tile holding the new rows waits for those instead of for the
+  // write grid's completion (which follows the middle's). nullptr: pdl_wait.
   const uint32_t* write_done;
   uint32_t write_epoch;
+  int write_flags;
 };
 
-// Before a window tile that holds a step write's new row: wait for the
-// write's published rows (v40), else for the write launch to complete
-// (which it does only after the middle launch). The write's CTAs all
-// started before this launch could (the write triggers its dependents at its
+// Before a window tile that holds a step write's new row (sequence b, KV
+// head h): wait for that row's published parts (v40, v42: lane l < F
+// polls flag l of the pair), else for the write launch to complete (which
+// it does only after the middle launch). The write's CTAs all started
+// before this launch could (the write triggers its dependents at its
 // start, and the demotion between them at its own), and they publish before
 // they wait for anything: the spin ends.
-__device__ __forceinline__ void wait_step_write(const KernelArgs& a, int lane) {
+__device__ __forceinline__ void wait_step_write(const KernelArgs& a, int b, int h, int lane) {
   if (a.write_done) {
-    if (lane == 0)
-      while (ld_acquire_gpu(a.write_done + 1) != a.write_epoch) __nanosleep(64);
+    const int flags = a.write_flags;  // <= 2 D/32 <= 16
+    if (lane < flags) {
+      const uint32_t* f = a.write_done + (int64_t(b) * a.kv.num_kv_heads + h) * flags + lane;
+      while (ld_acquire_gpu(f) != a.write_epoch) __nanosleep(64);
+    }
     __syncwarp();
   } else {
     pdl_wait();
@@ -1479,7 +1486,7 @@ __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? O
     auto issue = [&](int i) {
       const int32_t page = __shfl_sync(0xffffffffu, my_page, i & 31);
       if (i < my_n) {
-        if (warp + i * kWarps == wait_tile) wait_step_write(a, lane);
+        if (warp + i * kWarps == wait_tile) wait_step_write(a, b, h, lane);
         int t, len;
         tile_of(i, t, len);
         const TileLoc loc = tile_loc(page, tpp, len, kv.page_size, kv.num_kv_heads, h, t);
@@ -1543,7 +1550,7 @@ __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? O
     const int wait_tile = a.step_write && t1 * kTileTokens >= len ? t1 - 1 : -1;
     for (int t = t0 + warp; t < t1; t += kWarps) {
       Bf16Tile<D> T;
-      if (t == wait_tile) wait_step_write(a, lane);
+      if (t == wait_tile) wait_step_write(a, b, h, lane);
       load_bf16_tile(T, kv, pages, a.tiles_per_page, len, h, t, g, r);
       compute_bf16_tile(st, T, Q, g);
       OSCAR_TRACE_MARK(trace_t1);
@@ -1868,6 +1875,34 @@ cudaError_t launch_quant(dim3 grid, const KernelArgs& a, int variant, bool group
   return launch_split<D, G, true, 1>(grid, pdl, stream, a);
 }
 
+// How the step write's blocks split its rows (v42; same-call A/Bs in
+// docs/cuda-notes.md). Its blocks run where the middle launch leaves room:
+// at once where it does not fill the GPU, else in its tail, each in a slot
+// that the window launch waits for (more blocks there delay the windows:
+// 256 blocks at 8 x 4K, 512 at 32 x 32K cost 2-7 us). Where every row's
+// d/32 parts fit in kStepWriteBlocks blocks with K and V rows in blocks of
+// their own (batch <= 2 at 8 KV heads, d = 128), so: the parts of a row on
+// as many SMs (1 x 4K: 3.7 -> 1.2 us in the step). Beyond, one block writes
+// a (token, KV head)'s K and V, with as many parts per row as fit, and its
+// parts one after the other (few registers: the tail's slots).
+#ifndef OSCAR_STEP_WRITE_BLOCKS
+#define OSCAR_STEP_WRITE_BLOCKS 128
+#endif
+constexpr int kStepWriteBlocks = OSCAR_STEP_WRITE_BLOCKS;
+struct StepWriteSplit {
+  int parts;  // blocks per row
+  bool both;  // one block writes K and V
+  int flags() const { return both ? parts : 2 * parts; }  // blocks per (token, KV head)
+};
+StepWriteSplit step_write_split(const DecodeParams& p) {
+  const int64_t pairs = int64_t(p.write.n) * p.kv.num_kv_heads;
+  const int all = p.kv.head_dim / 32;
+  if (pairs * 2 * all <= kStepWriteBlocks) return {all, false};
+  int parts = all;
+  while (parts > 1 && pairs * parts > kStepWriteBlocks) parts /= 2;
+  return {parts, true};
+}
+
 cudaError_t launch(const DecodeParams& p, const DecodePlan& plan, const DecodeWorkspace& ws,
                    cudaStream_t stream, bool force_bf16) {
   if (!check_decode(p, plan, ws).empty()) return cudaErrorInvalidValue;
@@ -1894,6 +1929,8 @@ cudaError_t launch(const DecodeParams& p, const DecodePlan& plan, const DecodeWo
   uint32_t* const write_done = a.step_write ? ws.step_sync : nullptr;
   a.write_done = write_done;
   a.write_epoch = epoch;
+  const StepWriteSplit split = step_write_split(p);
+  a.write_flags = split.flags();
   const int nq = plan.num_quant_chunks, nb = plan.num_chunks - plan.num_quant_chunks;
   bool launched = false;
   const bool pdl = p.pdl != 0;
@@ -1914,7 +1951,8 @@ cudaError_t launch(const DecodeParams& p, const DecodePlan& plan, const DecodeWo
       // window launch, whose tiles holding the rows wait for it.
       OSCAR_CUDA_RETURN_IF_ERROR(write_bf16_tokens_dependent(p.kv, p.write.n, p.write.pages, p.write.slots,
                                                              p.write.k, p.write.v, p.write.rot,
-                                                             pdl && nq > 0, stream, write_done, epoch));
+                                                             pdl && nq > 0, stream, write_done, epoch,
+                                                             split.parts, split.both));
     }
     if (p.demote.n > 0) {
       // Likewise: reads BF16 pages, writes INT2 pages this step does not
@@ -2177,8 +2215,11 @@ DecodeWorkspace alloc_decode_workspace(int capacity, int max_batch, int max_q_he
     OSCAR_CUDA_CHECK(
         cudaMalloc(&ws.partial_o, sizeof(float) * size_t(capacity) * max_q_heads * head_dim));
     OSCAR_CUDA_CHECK(cudaMalloc(&ws.partial_lse, sizeof(float) * size_t(capacity) * max_q_heads));
-    OSCAR_CUDA_CHECK(cudaMalloc(&ws.step_sync, 2 * sizeof(uint32_t)));
-    OSCAR_CUDA_CHECK(cudaMemset(ws.step_sync, 0, 2 * sizeof(uint32_t)));
+    // The write's flags (one per block: KV head, K/V, 32 channels); the heads
+    // are bounded by the q heads.
+    const size_t flags = size_t(max_batch) * max_q_heads * 2 * std::max(head_dim / 32, 1);
+    OSCAR_CUDA_CHECK(cudaMalloc(&ws.step_sync, flags * sizeof(uint32_t)));
+    OSCAR_CUDA_CHECK(cudaMemset(ws.step_sync, 0, flags * sizeof(uint32_t)));
     OSCAR_CUDA_CHECK(cudaDeviceSynchronize());  // zero before any launch reads it
   } catch (...) {
     free_decode_workspace(ws);
@@ -2329,6 +2370,9 @@ std::string check_decode(const DecodeParams& p, const DecodePlan& plan, const De
     if (p.demote.num_tokens > kv.page_size) return who + "demote: num_tokens > page_size";
   }
   if (p.write.n > 0) {
+    if (p.write.n != kv.batch)
+      return who + "write.n " + std::to_string(p.write.n) + " != batch " + std::to_string(kv.batch) +
+             " (one new row per sequence)";
     if (!p.write.pages || !p.write.slots || !p.write.k || !p.write.v || !kv.bf16.k || !kv.bf16.v)
       return who + "write: null pages, slots, k, v or BF16 pool";
     if (reinterpret_cast<uintptr_t>(p.write.rot.k) % 16 || reinterpret_cast<uintptr_t>(p.write.rot.v) % 16 ||

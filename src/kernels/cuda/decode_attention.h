@@ -38,11 +38,12 @@ namespace oscar::kernels::cuda {
 // This step's new rows, written into the BF16 windows by the decode launch
 // sequence itself (rotate keys, round to BF16; write_bf16_tokens): between
 // the middle launch (which reads no BF16 row) and the window launch, so that
-// the write runs in the middle launch's tail instead of before it. Each new
-// row must be the newest token of its sequence (the last slot of its last
-// non-empty window region); the window tile holding it waits for the write.
+// the write runs in the middle launch's tail instead of before it. One row
+// per sequence: row b is sequence b's newest token (the last slot of its
+// last non-empty window region); the window tile holding it waits for that
+// row only.
 struct StepWrite {
-  int n = 0;                       // rows; 0 = no write
+  int n = 0;                       // rows: 0 = no write, else the batch
   const int32_t* pages = nullptr;  // [n] BF16 page of each row (device)
   const int32_t* slots = nullptr;  // [n] slot in that page
   const float* k = nullptr;        // [n][Hkv][d] f32 post-RoPE keys, not yet rotated
@@ -156,9 +157,10 @@ struct DecodeWorkspace {
   int32_t* seq_chunk_ptr = nullptr;  // [max_batch+1]
   float* partial_o = nullptr;        // [capacity][max_q_heads][head_dim]
   float* partial_lse = nullptr;      // [capacity][max_q_heads] (log2 domain)
-  uint32_t* step_sync = nullptr;     // [2], zeroed once: the step write's rows-written count and
-                                     // epoch (DecodeParams::write); nullptr: the window tiles wait
-                                     // for the write launch's completion instead
+  uint32_t* step_sync = nullptr;     // [max_batch][max_q_heads][2][head_dim / 32], zeroed once:
+                                     // the step write's per-block flags (DecodeParams::write, v42);
+                                     // nullptr: the window tiles wait for the write launch's
+                                     // completion instead
 };
 
 // cudaMalloc/cudaFree helpers for a workspace (throw oscar::Error on failure).
