@@ -1879,10 +1879,11 @@ cudaError_t launch_quant(dim3 grid, const KernelArgs& a, int variant, bool group
 // docs/cuda-notes.md). Its blocks run where the middle launch leaves room:
 // at once where it does not fill the GPU, else in its tail, each in a slot
 // that the window launch waits for (more blocks there delay the windows:
-// 256 blocks at 8 x 4K, 512 at 32 x 32K cost 2-7 us). Where every row's
-// d/32 parts fit in kStepWriteBlocks blocks with K and V rows in blocks of
-// their own (batch <= 2 at 8 KV heads, d = 128), so: the parts of a row on
-// as many SMs (1 x 4K: 3.7 -> 1.2 us in the step). Beyond, one block writes
+// 512 blocks at 8 x 32K cost ~1.5 us more than 128, 1024-2048 at 32 x 32K
+// ~6.5 us more than 512). Where every row's d/32 parts fit in
+// kStepWriteBlocks blocks with K and V rows in blocks of their own (batch
+// <= 2 at 8 KV heads, d = 128), so: the parts of a row on as many SMs (1 x
+// 4K: 3.7 -> 1.1 us in the step). Beyond, one block writes
 // a (token, KV head)'s K and V, with as many parts per row as fit, and its
 // parts one after the other (few registers: the tail's slots).
 #ifndef OSCAR_STEP_WRITE_BLOCKS
