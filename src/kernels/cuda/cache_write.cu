@@ -240,18 +240,17 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock) write_quant_kernel(const W
 // row's output channels are independent and its d x d rotation splits over
 // P = d / (32 NPB) blocks by output channel (32 NPB each: at d = 128 and
 // NPB = 1 a 128 x 32 slice of R, 16 KB, instead of all 64 KB on one SM).
-// kBoth: block = (token i, KV head h, part), blockIdx.x = (i * Hkv + h) * P
-// + part, both K and V (an unrotated row is a copy, its loads in flight
-// beside the rotation's: half the blocks); else
-// block = (i, h, K or V, part), blockIdx.x = ((i * Hkv + h) * 2 + is_v) * P
-// + part (twice the blocks, each with half the work). Warp w takes input channels
-// [w d/4, (w+1) d/4): per load instruction 4 input channels (lane / 8) x 32
-// outputs (8 lanes x 4), the d/16 loads of x and a part's d/16 loads of R
-// issued before any arithmetic (one memory latency per part, not two), then
-// shuffles and a shared-memory sum. With `done`, the block publishes its
-// channels: done[blockIdx.x] = epoch (a release store after
-// its writes), so that the decode launch's window tile holding the rows
-// waits for exactly them.
+// Block = (token i, KV head h, K or V, part): blockIdx.x = ((i * Hkv + h) *
+// 2 + is_v) * P + part; with kBoth, block = (i, h, part), blockIdx.x =
+// (i * Hkv + h) * P + part, for K and V (half the blocks; an unrotated row
+// is a copy whose loads fly beside the rotation's). Warp w takes input
+// channels [w d/4, (w+1) d/4): per load instruction 4 input channels
+// (lane / 8) x 32 outputs (8 lanes x 4), the d/16 loads of x and a part's
+// d/16 loads of R issued before any arithmetic (one memory latency per
+// part, not two), then shuffles and a shared-memory sum; warp 0 stores.
+// With `done`, the block publishes its channels: done[blockIdx.x] = epoch
+// (a release store after its writes), so that the decode launch's window
+// tile holding the rows waits for exactly them.
 template <int D, int NPB, bool kBoth>
 __global__ void __launch_bounds__(32 * kRowsPerBlock) write_bf16_kernel(const WriteArgs a) {
   // In a decode step (decode_attention.h, StepWrite) the window launch may
