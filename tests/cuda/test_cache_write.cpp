@@ -200,13 +200,14 @@ TEST(CudaCacheWrite, Bf16TokensExactAndRotated) {
     // Rotated rows: within one bf16 rounding of the reference. The device
     // pools start from the poison bytes (uploaded before the reference
     // write), so a row the kernel leaves unwritten fails. Two cases: one R_K
-    // per layer (values unrotated), and per-KV-head R_K and R_V.
+    // per layer (values unrotated), and per-KV-head R_K and R_V (at one KV
+    // head, one R_K and one R_V).
     std::normal_distribution<float> nd(0.0f, 1.0f);
-    for (const int r_heads : {1, s.hkv}) {
+    for (const bool rot_v : {false, true}) {
+      const int r_heads = rot_v ? s.hkv : 1;
       std::vector<float> Rk(size_t(r_heads) * s.d * s.d), Rv(Rk.size()), kr(k.size()), vr(v.size());
       for (auto& x : Rk) x = nd(rng) / std::sqrt(float(s.d));
       for (auto& x : Rv) x = nd(rng) / std::sqrt(float(s.d));
-      const bool rot_v = r_heads != 1;
       cpu::rotate_heads_ref(k.data(), n, s.hkv, s.d, Rk.data(), r_heads, kr.data());
       if (rot_v) cpu::rotate_heads_ref(v.data(), n, s.hkv, s.d, Rv.data(), r_heads, vr.data());
       DeviceBuffer<float> dRk(Rk), dRv(Rv);
