@@ -246,6 +246,107 @@ TEST(CudaDecode, LoopVariantsD128) {
     }
 }
 
+// A corrupt quantized row (a NaN scale of a VALID middle token) or a NaN in
+// a query reaches the output as it reaches the reference's: NaN exactly where
+// the reference has NaN (a key scale: every output and the lse of the KV
+// head's query heads in that sequence; a value scale: the channels of its
+// group; a query: that head), every other output within the usual tolerance.
+// Tokens in a full tile (unmasked code) and in a chunk's partial last tile, in
+// a middle-only sequence and in one with BF16 windows (the fused window +
+// merge). Before v43 the kernels returned finite garbage for all but the
+// value scale: the chunk epilogues and merges took L > 0 for "not empty"
+// (a NaN L is not), and the int8 loops' maxima (fmaxf) dropped NaN.
+TEST(CudaDecode, NanInputsReachTheOutput) {
+  if (!test::have_gpu()) GTEST_SKIP() << "no GPU";
+  struct Shape {
+    int d, group, gqa, variant;
+  };
+  const Shape shapes[] = {{128, 128, 4, 0}, {128, 128, 4, 1}, {128, 128, 4, 2}, {128, 128, 4, 3},
+                          {128, 128, 4, 4}, {128, 128, 8, 0}, {64, 64, 4, 0},   {128, 32, 2, 0}};
+  const int hkv = 2, page = 64, h = 1;
+  const std::vector<SeqLens> seqs = {{0, 64 * 9 + 17, 0}, {16, 700, 40}};
+  enum Kind { kValueScale, kKeyScale, kQuery };
+  uint32_t seed = 900;
+  size_t runs = 0;
+  for (const Shape& sh : shapes)
+    for (Kind kind : {kValueScale, kKeyScale, kQuery})
+      for (int b : {0, 1})
+        for (bool last : {false, true}) {  // token 300 (a full tile) or the middle's last (a partial tile)
+          if (kind == kQuery && last) continue;
+          ++seed;
+          HostCache cache(seqs, hkv, sh.d, page, sh.group, seed, 1.5f);
+          const int hq = hkv * sh.gqa, batch = cache.batch;
+          std::mt19937 rng(seed);
+          std::normal_distribution<float> nd(0.0f, 1.0f);
+          std::vector<float> q(size_t(batch) * hq * sh.d);
+          for (auto& x : q) x = nd(rng);
+          const int ng = sh.d / sh.group, gm = ng - 1;
+          if (kind == kQuery) {
+            q[(size_t(b) * hq + h * sh.gqa) * sh.d + 5] = NAN;
+          } else {
+            const int tok = last ? seqs[b].mid - 1 : 300;
+            const int32_t id = cache.indices[1][cache.indptr[1][b] + tok / page];
+            const size_t row = (size_t(id) * hkv + h) * page + tok % page;
+            std::vector<uint16_t>& params = kind == kKeyScale ? cache.k_params : cache.v_params;
+            params[(row * ng + gm) * 2] = 0x7e00;  // fp16 NaN scale
+            (kind == kKeyScale ? cache.d_k_params : cache.d_v_params) = DeviceBuffer<uint16_t>(params);
+            cache.dev_view.quant = {cache.d_k_codes.ptr, cache.d_v_codes.ptr, cache.d_k_params.ptr,
+                                    cache.d_v_params.ptr};
+          }
+          const float sm_scale = 1.0f / std::sqrt(float(sh.d));
+          std::vector<float> o_ref(q.size()), lse_ref(size_t(batch) * hq);
+          cpu::decode_attention_ref(cache.host_view, q.data(), hq, sm_scale, o_ref.data(), lse_ref.data());
+
+          DecodePlan plan = plan_decode(batch, regions_of(cache), hkv, num_sms(), 0, 0, -1.0f, -1);
+          DecodeWorkspace ws = alloc_decode_workspace(std::max(plan.num_chunks, 1), batch, hq, sh.d);
+          DeviceBuffer<float> d_q(q), d_o(q.size()), d_lse(lse_ref.size());
+          DecodeParams p = params_for(cache, d_q.ptr, hq, sm_scale, d_o.ptr, d_lse.ptr);
+          p.variant = sh.variant;
+          ASSERT_EQ(check_decode(p, plan, ws), "");
+          OSCAR_CUDA_CHECK(upload_plan(plan, ws, nullptr));
+          d_o.poison();
+          d_lse.poison();
+          OSCAR_CUDA_CHECK(decode_attention(p, plan, ws, nullptr));
+          OSCAR_CUDA_CHECK(cudaDeviceSynchronize());
+          free_decode_workspace(ws);
+          const std::vector<float> o = d_o.download(), lse = d_lse.download();
+
+          size_t nan_ref = 0, nan_out = 0, mismatch = 0, lse_mismatch = 0;
+          double num = 0.0, den = 0.0;
+          for (size_t i = 0; i < o.size(); ++i) {
+            const bool rn = std::isnan(o_ref[i]);
+            nan_ref += rn;
+            nan_out += std::isnan(o[i]);
+            if (rn != std::isnan(o[i]) || (!rn && !std::isfinite(o[i]))) {
+              ++mismatch;
+            } else if (!rn) {
+              num += (double(o[i]) - o_ref[i]) * (double(o[i]) - o_ref[i]);
+              den += double(o_ref[i]) * o_ref[i];
+            }
+          }
+          for (size_t i = 0; i < lse.size(); ++i) {
+            const bool rn = std::isnan(lse_ref[i]);
+            if (rn != std::isnan(lse[i]) || (!rn && !(std::fabs(double(lse[i]) - lse_ref[i]) <= 2e-2)))
+              ++lse_mismatch;
+          }
+          const size_t expect_nan = kind == kQuery      ? size_t(sh.d)
+                                    : kind == kKeyScale ? size_t(sh.gqa) * sh.d
+                                                        : size_t(sh.gqa) * sh.group;
+          const double err = den > 0 ? std::sqrt(num / den) : INFINITY;
+          const char* what = kind == kQuery ? "query" : kind == kKeyScale ? "K scale" : "V scale";
+          std::printf("  [NaN %s] d=%d G=%d gqa=%d variant=%d seq %d%s: NaN outputs %zu (reference %zu), "
+                      "mismatches %zu, lse mismatches %zu, rel_l2(rest)=%.2e\n",
+                      what, sh.d, sh.group, sh.gqa, sh.variant, b, last ? " last token" : "", nan_out, nan_ref,
+                      mismatch, lse_mismatch, err);
+          EXPECT_EQ(nan_ref, expect_nan) << what << ": the reference does not see the NaN";
+          EXPECT_EQ(mismatch, 0u) << what << ": NaN where the reference has none, or none where it has";
+          EXPECT_EQ(lse_mismatch, 0u) << what;
+          EXPECT_LE(err, 1e-2) << what;
+          ++runs;
+        }
+  EXPECT_EQ(runs, std::size(shapes) * 10);
+}
+
 // One plan and workspace for several calls in a row, as for the layers of a
 // step (outputs poisoned before each call), with and without PDL, and a plan
 // whose small chunks give the merge many partials per sequence.

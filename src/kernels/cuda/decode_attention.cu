@@ -446,10 +446,10 @@ __device__ __forceinline__ void load_quant_query(QuantQuery<D, G>& Q, const floa
     for (int k = 0; k < 4; ++k) {
       const int kpos = 2 * r + (k & 1) + 8 * (k >> 1);
       v[j][k] = head_ok ? __ldg(qrow + kq_channel(G, j / KTG, j % KTG, kpos)) : 0.0f;
-      amax = fmaxf(amax, fabsf(v[j][k]));
+      amax = fmax_nan(amax, fabsf(v[j][k]));  // a NaN query gives NaN logits
     }
-  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+  amax = fmax_nan(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+  amax = fmax_nan(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
   // Normalizing by max|q| keeps fp16 far from overflow (|q'| <= 16); the
   // factor returns in f. (A zero query gives zero logits either way.)
   const float inv = amax > 0.0f ? 1.0f / amax : 0.0f;
@@ -662,10 +662,10 @@ __device__ __forceinline__ void load_int8_query(Int8Query& Q, const float* qhead
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       v[s][i] = ok ? __ldg(qhead + 8 * r + i + 32 * s) : 0.0f;
-      amax = fmaxf(amax, fabsf(v[s][i]));
+      amax = fmax_nan(amax, fabsf(v[s][i]));  // a NaN query gives NaN logits
     }
-  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+  amax = fmax_nan(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+  amax = fmax_nan(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
   const float inv = amax > 0.0f ? kQ16 / amax : 0.0f;
   int part = 0;
 #pragma unroll
@@ -861,12 +861,16 @@ __device__ __forceinline__ void compute_int8kv_tiles(WarpState2<128>& st, const 
   const float pmax = softmax_step_lane(st, s);
   // The value scales are the same for every head: the bound over the step's
   // tokens is a reduction over the 8 lanes of a column quad (padding slots: 0).
+  // A NaN scale (a corrupt cache row) must reach the output as the reference's
+  // does, so the maximum propagates NaN (fmaxf would drop it and turn the
+  // step's weights into integers of garbage): S = NaN then makes every
+  // output channel NaN below.
   float vmax = 0.0f;
 #pragma unroll
-  for (int u = 0; u < N; ++u) vmax = fmaxf(vmax, fmaxf(vs[u][0], vs[u][1]));
-  vmax = fmaxf(vmax, __shfl_xor_sync(0xffffffffu, vmax, 4));
-  vmax = fmaxf(vmax, __shfl_xor_sync(0xffffffffu, vmax, 8));
-  vmax = fmaxf(vmax, __shfl_xor_sync(0xffffffffu, vmax, 16));
+  for (int u = 0; u < N; ++u) vmax = fmax_nan(vmax, fmax_nan(vs[u][0], vs[u][1]));
+  vmax = fmax_nan(vmax, __shfl_xor_sync(0xffffffffu, vmax, 4));
+  vmax = fmax_nan(vmax, __shfl_xor_sync(0xffffffffu, vmax, 8));
+  vmax = fmax_nan(vmax, __shfl_xor_sync(0xffffffffu, vmax, 16));
   const float S = pmax * vmax;
   const float inv = S > 0.0f ? kPQ / S : 0.0f;
   const uint32_t bsel = (g & 1) ? 0x2064u : 0x7531u;  // lo bytes (e = 1) / hi bytes (e = 0)
@@ -976,10 +980,10 @@ __device__ __forceinline__ void load_bf16_query(Bf16Query<D>& Q, const float* qr
     for (int k = 0; k < 4; ++k) {
       const int kpos = 2 * r + (k & 1) + 8 * (k >> 1);
       v[j][k] = head_ok ? __ldg(qrow + kb_channel(j, kpos)) : 0.0f;
-      amax = fmaxf(amax, fabsf(v[j][k]));
+      amax = fmax_nan(amax, fabsf(v[j][k]));  // a NaN query gives NaN logits
     }
-  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+  amax = fmax_nan(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+  amax = fmax_nan(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
   const float inv = amax > 0.0f ? 1.0f / amax : 0.0f;
 #pragma unroll
   for (int j = 0; j < D / 16; ++j) {
@@ -1203,22 +1207,24 @@ __device__ __forceinline__ void fused_merge(const KernelArgs& a, int b, int h, i
     float mw = -INFINITY;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) mw = fmaxf(mw, s_m[w][hd]);
+    // NaN (a corrupt row) propagates as in the split kernel's epilogue: the
+    // maximum over chunks keeps a NaN log-sum-exp, empty is L == 0 exactly.
     float sc[kWarps], lw = 0.0f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) {
-      sc[w] = mw == -INFINITY ? 0.0f : exp2f(s_m[w][hd] - mw);
+      sc[w] = mw == -INFINITY ? 1.0f : exp2f(s_m[w][hd] - mw);
       lw += sc[w] * s_l[w][hd];
     }
-    float M = fmaxf(lw > 0.0f ? mw : -INFINITY, lc);
+    float M = fmax_nan(lw != 0.0f ? mw : -INFINITY, lc);
 #pragma unroll
-    for (int o = 16; o >= 1; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+    for (int o = 16; o >= 1; o >>= 1) M = fmax_nan(M, __shfl_xor_sync(0xffffffffu, M, o));
     const float wc = M == -INFINITY ? 0.0f : exp2f(lc - M);  // lane c's chunk weight; -inf: 0
     float L = wc;
 #pragma unroll
     for (int o = 16; o >= 1; o >>= 1) L += __shfl_xor_sync(0xffffffffu, L, o);
-    const float fw = lw > 0.0f ? exp2f(mw - M) : 0.0f;
+    const float fw = lw != 0.0f ? exp2f(mw - M) : 0.0f;
     L += lw * fw;
-    const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+    const float inv = L != 0.0f ? 1.0f / L : 0.0f;
     auto add = [](float4& acc, float f, const float4& x) {
       acc.x += f * x.x, acc.y += f * x.y, acc.z += f * x.z, acc.w += f * x.w;
     };
@@ -1243,7 +1249,7 @@ __device__ __forceinline__ void fused_merge(const KernelArgs& a, int b, int h, i
             make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
     }
     if (a.lse && lane == 0)
-      a.lse[int64_t(b) * a.num_q_heads + hq] = L > 0.0f ? (M + log2f(L)) * 0.6931471805599453f : -INFINITY;
+      a.lse[int64_t(b) * a.num_q_heads + hq] = L != 0.0f ? (M + log2f(L)) * 0.6931471805599453f : -INFINITY;
   }
 }
 
@@ -1648,18 +1654,20 @@ __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? O
     float M = -INFINITY;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) M = fmaxf(M, s_m[w][hd]);
+    // Empty is L == 0 exactly. NaN (a corrupt row: a NaN logit leaves the
+    // running max alone but makes p, and so l, NaN) must survive to the
+    // output as in the reference: no "L > 0" tests, and a warp whose max is
+    // -inf still adds its sums (0, or NaN) when no warp has a finite max.
     float L = 0.0f, O = 0.0f;
-    if (M != -INFINITY) {
 #pragma unroll
-      for (int w = 0; w < kWarps; ++w) {
-        const float sc = exp2f(s_m[w][hd] - M);  // warps with no tokens: exp2(-inf) = 0
-        L += sc * s_l[w][hd];
-        O += sc * s_o[w][hd][ch];
-      }
+    for (int w = 0; w < kWarps; ++w) {
+      const float sc = M == -INFINITY ? 1.0f : exp2f(s_m[w][hd] - M);  // warps with no tokens: 0
+      L += sc * s_l[w][hd];
+      O += sc * s_o[w][hd][ch];
     }
     const int64_t row = int64_t(chunk) * a.num_q_heads + h * a.gqa + hd;
-    a.partial_o[row * D + ch] = L > 0.0f ? O / L : 0.0f;
-    if (ch == 0) a.partial_lse[row] = L > 0.0f ? M + log2f(L) : -INFINITY;
+    a.partial_o[row * D + ch] = L != 0.0f ? O / L : 0.0f;
+    if (ch == 0) a.partial_lse[row] = L != 0.0f ? M + log2f(L) : -INFINITY;
   }
   // A window launch that started early (programmatic dependent of the middle
   // launch or the step write) completes only after that launch has: the
@@ -1717,7 +1725,7 @@ __global__ void __launch_bounds__(32 * kMergeWarps) merge_kernel(const int32_t* 
     }
     float Mn = M;
 #pragma unroll
-    for (int u = 0; u < U; ++u) Mn = fmaxf(Mn, wt[u]);
+    for (int u = 0; u < U; ++u) Mn = fmax_nan(Mn, wt[u]);  // a NaN lse (corrupt row) propagates
     if (Mn == -INFINITY) continue;  // no tokens so far (empty chunks)
     const float sc = exp2f(M - Mn);  // M = -inf -> 0
     L *= sc;
@@ -1741,7 +1749,7 @@ __global__ void __launch_bounds__(32 * kMergeWarps) merge_kernel(const int32_t* 
   __syncthreads();
   float Mt = -INFINITY;
 #pragma unroll
-  for (int w = 0; w < kMergeWarps; ++w) Mt = fmaxf(Mt, s_m[w]);
+  for (int w = 0; w < kMergeWarps; ++w) Mt = fmax_nan(Mt, s_m[w]);
   float sw[kMergeWarps], Lt = 0.0f;
 #pragma unroll
   for (int w = 0; w < kMergeWarps; ++w) {
@@ -1753,9 +1761,9 @@ __global__ void __launch_bounds__(32 * kMergeWarps) merge_kernel(const int32_t* 
     float O = 0.0f;
 #pragma unroll
     for (int w = 0; w < kMergeWarps; ++w) O += sw[w] * s_o[w][ch];
-    o[orow * D + ch] = Lt > 0.0f ? O / Lt : 0.0f;
+    o[orow * D + ch] = Lt != 0.0f ? O / Lt : 0.0f;  // empty: Lt == 0 exactly; NaN stays NaN
   }
-  if (lse && tid == 0) lse[orow] = Lt > 0.0f ? (Mt + log2f(Lt)) * 0.6931471805599453f : -INFINITY;
+  if (lse && tid == 0) lse[orow] = Lt != 0.0f ? (Mt + log2f(Lt)) * 0.6931471805599453f : -INFINITY;
   OSCAR_TRACE_END(2);
 }
 

@@ -154,6 +154,12 @@ struct CodeWord {
   }
 };
 
+// max(a, b) that returns NaN if either is NaN (fmaxf returns the other).
+__device__ __forceinline__ float fmax_nan(float a, float b) {
+  float y;
+  asm("max.NaN.f32 %0, %1, %2;\n" : "=f"(y) : "f"(a), "f"(b));
+  return y;
+}
 // 2^x for x <= 0 (softmax weights): one MUFU.EX2; results below 2^-126 flush to 0.
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
