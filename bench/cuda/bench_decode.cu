@@ -8,7 +8,10 @@
 // `page` steps) against the decode step.
 //
 //   bench_decode [--quick] [--csv FILE] [--iters N] [--warmup N] [--only BATCH,CTX] [--pdl 0|1]
-//                [--ctas N] [--skew S] [--fuse F] [--int2] [--parts] [--trace] [--trace-dump FILE]
+//                [--ctas N] [--skew S] [--fuse F] [--first-pages 0|1] [--int2] [--parts] [--trace]
+//                [--trace-dump FILE]
+// --first-pages 0: plans without the host page table (every CTA looks its
+// first pages up behind its chunk entry; v44 default 1: the plan carries them).
 // --parts times the call with plans that leave regions out; --trace (a build
 // with -DOSCAR_DECODE_TRACE) prints the CTA timeline of one call; --trace-dump
 // also appends every CTA (batch,ctx,i,kind,head,position,sm,start,first
@@ -173,7 +176,7 @@ unsigned grid_for(size_t n) { return static_cast<unsigned>(std::min<size_t>((n +
 struct BenchCache {
   bool int2;
   int batch, ctx;
-  std::vector<int32_t> h_len[3], h_indptr[3];  // host copies of the region tables (the plan's input)
+  std::vector<int32_t> h_len[3], h_indptr[3], h_indices[3];  // host copies of the region tables (the plan's input)
   int32_t *indptr[3] = {}, *indices[3] = {}, *len[3] = {};
   uint16_t *bk = nullptr, *bv = nullptr, *kp = nullptr, *vp = nullptr;
   uint8_t *kc = nullptr, *vc = nullptr;
@@ -185,7 +188,6 @@ struct BenchCache {
   BenchCache(bool int2_, int batch_, int ctx_, std::mt19937& rng) : int2(int2_), batch(batch_), ctx(ctx_) {
     const int lens[3] = {int2 ? std::min(ctx, kSink) : ctx, int2 ? std::max(ctx - kSink - kRecent, 0) : 0,
                          int2 ? std::min(std::max(ctx - kSink, 0), kRecent) : 0};
-    std::vector<int32_t> h_indices[3];
     int next[2] = {0, 0};
     for (int r = 0; r < 3; ++r) h_indptr[r].push_back(0);
     for (int b = 0; b < batch; ++b)
@@ -265,6 +267,7 @@ int main(int argc, char** argv) {
   int only_b = 0, only_ctx = 0, pdl = 1, ctas = 0;
   float skew = -1.0f;  // planner rank skew (< 0: the default)
   int fuse = -1;       // planner fuse_windows (-1: its choice, 0: never, 1: wherever it can)
+  int first_pages = 1;  // plans get the host page table (DecodePlan::first_pages, v44)
   bool parts = false, trace = false, int2_only = false;
   const char* trace_dump = nullptr;  // --trace-dump FILE: CSV of every CTA (appended)
   for (int i = 1; i < argc; ++i) {
@@ -277,6 +280,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--ctas") && i + 1 < argc) ctas = std::atoi(argv[++i]);  // planner CTAs per SM
     else if (!std::strcmp(argv[i], "--skew") && i + 1 < argc) skew = std::atof(argv[++i]);  // planner rank skew
     else if (!std::strcmp(argv[i], "--fuse") && i + 1 < argc) fuse = std::atoi(argv[++i]);  // planner fuse_windows
+    else if (!std::strcmp(argv[i], "--first-pages") && i + 1 < argc) first_pages = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--int2")) int2_only = true;  // the default INT2 kernel only
     else if (!std::strcmp(argv[i], "--parts")) parts = true;
     else if (!std::strcmp(argv[i], "--trace")) trace = true;  // needs -DOSCAR_DECODE_TRACE
@@ -360,6 +364,10 @@ int main(int argc, char** argv) {
         for (int k = 0; k < 3; ++k) {
           hr.len[k] = cache.h_len[k].data();
           hr.indptr[k] = cache.h_indptr[k].data();
+        }
+        if (first_pages) {
+          hr.mid_indices = cache.h_indices[1].data();
+          hr.page_size = kPage;
         }
         DecodePlan plan = plan_decode(batch, hr, kHkv, prop.multiProcessorCount, 0,
                                       kind == 2 ? 4 : ctas, skew, fuse);  // the v7 loop keeps 4 CTAs per SM

@@ -34,6 +34,7 @@ struct Case {
   int tiles_per_chunk;  // 0 = planner's choice
   const char* name;
   int fuse = -1;        // plan_decode's fuse_windows (1: the fused window + merge kernel wherever it can run)
+  bool host_pages = true;  // the plan gets the host page table (DecodePlan::first_pages, v44)
 };
 
 int num_sms() {
@@ -59,8 +60,16 @@ HostRegions host_regions(const std::vector<int32_t> (&len)[3], const std::vector
   return hr;
 }
 
-// ... of a test cache (its host region tables).
-HostRegions regions_of(const HostCache& cache) { return host_regions(cache.len, cache.indptr); }
+// ... of a test cache (its host region tables; host_pages: with the middle's
+// page table and page size, so that the plan records first pages, v44).
+HostRegions regions_of(const HostCache& cache, bool host_pages = true) {
+  HostRegions hr = host_regions(cache.len, cache.indptr);
+  if (host_pages) {
+    hr.mid_indices = cache.indices[1].data();
+    hr.page_size = cache.page;
+  }
+  return hr;
+}
 
 // Region lengths with page tables packed back to back (pages of 64 tokens),
 // for tests of the plan alone.
@@ -106,7 +115,8 @@ Result run_case(const Case& c, uint32_t seed, bool bf16_kernel = false, int vari
   std::vector<float> o_ref(q.size()), lse_ref(size_t(batch) * hq);
   cpu::decode_attention_ref(cache.host_view, q.data(), hq, sm_scale, o_ref.data(), lse_ref.data());
 
-  DecodePlan plan = plan_decode(batch, regions_of(cache), c.hkv, num_sms(), c.tiles_per_chunk, 0, -1.0f, c.fuse);
+  DecodePlan plan =
+      plan_decode(batch, regions_of(cache, c.host_pages), c.hkv, num_sms(), c.tiles_per_chunk, 0, -1.0f, c.fuse);
   DecodeWorkspace ws = alloc_decode_workspace(std::max(plan.num_chunks, 1), batch, hq, c.d);
   DeviceBuffer<float> d_q(q), d_o(q.size()), d_lse(lse_ref.size());
   DecodeParams p = params_for(cache, d_q.ptr, hq, sm_scale, d_o.ptr, d_lse.ptr);
@@ -237,13 +247,17 @@ TEST(CudaDecode, LoopVariantsD128) {
   // 64 (v34): page 128 (two groups per page), forced 4- and 12-tile chunks
   // (aligned) against 6 tiles (not: per-tile copies), middles ending inside
   // a group and a page.
+  // Each with the plan's first pages (v44, the default) and without.
   for (int page : {64, 128})
-    for (int per : {0, 4, 6, 12}) {
-      const std::string name = "groups page " + std::to_string(page) + " chunks " + std::to_string(per);
-      expect_ok({128, 128, 4, 2, page, {{0, 2001, 0}, {0, 16, 0}, {0, 64 * 9 + 17, 0}, {0, 48, 0}}, per, name.c_str()},
-                ++seed);
-      expect_ok({128, 128, 3, 2, page, mixed_seqs(page), per, name.c_str()}, ++seed);
-    }
+    for (int per : {0, 4, 6, 12})
+      for (bool host_pages : {true, false}) {
+        const std::string name = "groups page " + std::to_string(page) + " chunks " + std::to_string(per) +
+                                 (host_pages ? " first pages" : " looked up");
+        expect_ok({128, 128, 4, 2, page, {{0, 2001, 0}, {0, 16, 0}, {0, 64 * 9 + 17, 0}, {0, 48, 0}}, per,
+                   name.c_str(), -1, host_pages},
+                  ++seed);
+        expect_ok({128, 128, 3, 2, page, mixed_seqs(page), per, name.c_str(), -1, host_pages}, ++seed);
+      }
 }
 
 // A corrupt quantized row (a NaN scale of a VALID middle token) or a NaN in
@@ -419,6 +433,27 @@ TEST(CudaDecode, UploadPlanRejectsBadPlans) {
                 p.mid_groups_aligned = false;
               }),
               cudaSuccess);
+  // First pages (v44): one per warp and chunk, none below -1, and a
+  // workspace to hold them.
+  {
+    std::vector<int32_t> ids(size_t(packed.indptr[1].back()));
+    std::iota(ids.begin(), ids.end(), 0);
+    HostRegions hp = packed.get();
+    hp.mid_indices = ids.data();
+    hp.page_size = 64;
+    const DecodePlan with = plan_decode(2, hp, 8, 132, 0);
+    ASSERT_EQ(with.first_pages.size(), 4 * size_t(with.num_chunks));
+    DecodePlan p = with;
+    p.first_pages.pop_back();
+    EXPECT_EQ(upload_plan(p, ws, nullptr), cudaErrorInvalidValue);
+    p = with;
+    p.first_pages[1] = -2;
+    EXPECT_EQ(upload_plan(p, ws, nullptr), cudaErrorInvalidValue);
+    DecodeWorkspace no_pages = ws;
+    no_pages.first_pages = nullptr;
+    EXPECT_EQ(upload_plan(with, no_pages, nullptr), cudaErrorInvalidValue);
+    if (gpu) EXPECT_EQ(upload_plan(with, ws, nullptr), cudaSuccess);
+  }
   // A plan needs every region's lengths and page-table offsets.
   HostRegions missing = packed.get();
   missing.indptr[1] = nullptr;
@@ -593,6 +628,51 @@ TEST(CudaDecode, PlanMarksGroupAlignedMiddles) {
     for (int i = 0; i < plan.num_quant_chunks; ++i) aligned &= plan.chunks[4 * plan.order[i] + 2] % 4 == 0;
     EXPECT_EQ(plan.mid_groups_aligned, aligned) << "chunks of " << per;
     EXPECT_EQ(plan.mid_groups_aligned, per % 4 == 0) << "chunks of " << per;
+  }
+}
+
+// v44: with the host page table the plan records the page of each middle
+// warp's first 4-tile group (tile t0 + 4 w), -1 past the chunk's end and for
+// window chunks; without it, nothing; a page size that is not a positive
+// multiple of 16 is refused.
+TEST(CudaDecode, PlanRecordsFirstPages) {
+  const std::vector<int32_t> s = {64, 0, 0, 16}, m = {2001, 16, 64 * 9 + 17, 300}, r = {256, 0, 40, 3};
+  std::mt19937 rng(7);
+  for (int page : {16, 64, 128}) {
+    std::vector<int32_t> len[3] = {s, m, r}, indptr[3];
+    for (int k = 0; k < 3; ++k) {
+      indptr[k].push_back(0);
+      for (int32_t n : len[k]) indptr[k].push_back(indptr[k].back() + (n + page - 1) / page);
+    }
+    std::vector<int32_t> ids(size_t(indptr[1].back()));
+    std::iota(ids.begin(), ids.end(), 100);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    HostRegions hr = host_regions(len, indptr);
+    EXPECT_TRUE(plan_decode(4, hr, 2, 132, 0).first_pages.empty());
+    hr.mid_indices = ids.data();
+    hr.page_size = page;
+    for (int per : {0, 3, 6, 12}) {
+      const DecodePlan plan = plan_decode(4, hr, 2, 132, per);
+      ASSERT_EQ(plan.first_pages.size(), 4 * size_t(plan.num_chunks));
+      EXPECT_EQ(plan.first_pages_page_size, page);
+      int set = 0, unset_mid = 0;
+      for (int id = 0; id < plan.num_chunks; ++id) {
+        const int32_t* c = &plan.chunks[4 * id];
+        for (int w = 0; w < 4; ++w) {
+          const int t = c[2] + 4 * w;
+          const int32_t want = c[1] == 1 && t < c[3] ? ids[size_t(indptr[1][c[0]] + t / (page / 16))] : -1;
+          EXPECT_EQ(plan.first_pages[4 * id + w], want) << "page " << page << " chunks " << per << " id " << id;
+          set += want >= 0;
+          unset_mid += c[1] == 1 && want < 0;
+        }
+      }
+      EXPECT_GT(set, 0);
+      if (per == 3 || per == 6) EXPECT_GT(unset_mid, 0);  // chunks shorter than 4 warps' groups
+    }
+    for (int bad_page : {0, 24, -16}) {
+      hr.page_size = bad_page;
+      EXPECT_THROW(plan_decode(4, hr, 2, 132, 0), Error) << bad_page;
+    }
   }
 }
 
@@ -794,6 +874,10 @@ TEST(CudaDecode, RejectsUnsupportedShapes) {
   EXPECT_NE(check_decode(p, plan, ws).find("per-channel"), std::string::npos);
   EXPECT_EQ(decode_attention(p, plan, ws, nullptr), cudaErrorInvalidValue);
   p.kv.key_axis = kv::KeyAxis::kToken;
+  ASSERT_FALSE(plan.first_pages.empty());
+  p.kv.page_size = 32;  // the plan's first pages (v44) are pages of 16 tokens
+  EXPECT_NE(check_decode(p, plan, ws).find("first pages"), std::string::npos);
+  p.kv.page_size = 16;
   EXPECT_EQ(check_decode(p, plan, ws), "");
   free_decode_workspace(ws);
 }

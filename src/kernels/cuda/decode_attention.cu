@@ -175,6 +175,7 @@ struct KernelArgs {
                            // chunks (region 3): t0..t1 = the middle chunk ids, then {sink offset,
                            // sink length, recent offset, recent length}
   int first;               // this launch's first entry (blockIdx.y counts from it)
+  const int32_t* first_pages;  // [num_chunks][4] in launch order (v44: DecodePlan::first_pages) or nullptr
   float* partial_o;        // [num_chunks][Hq][D]
   float* partial_lse;      // [num_chunks][Hq], log2 domain
   int step_write;          // the launch sequence writes new rows (DecodeParams::write)
@@ -1283,6 +1284,11 @@ __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? O
   // dispatched together; the planner's rounds count positions, v26).
   const int4 c = a.chunks[2 * (a.first + blockIdx.y)];
   const int4 c2 = a.chunks[2 * (a.first + blockIdx.y) + 1];
+  // v44: the page of this warp's first tile group, from the plan (loaded
+  // beside the chunk entry, not after it); -1: look it up.
+  [[maybe_unused]] int first_page = -1;
+  if constexpr (kGroup)
+    if (a.first_pages) first_page = __ldg(a.first_pages + 4 * (a.first + blockIdx.y) + (threadIdx.x >> 5));
   const int h = blockIdx.x;
   const int b = c.x & 0xffffff, region = c.x >> 24, t0 = c.y, t1 = c.z, chunk = c.w;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -1374,7 +1380,12 @@ __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? O
 #pragma unroll
       for (int sg = 0; sg < S - 1; ++sg) {
         if constexpr (kGroup) {
-          ref[0] = tile_ref<true>(pages, tpp, min(t + sg * kStep, tlast));
+          if (sg == 0 && first_page >= 0) {  // v44: the plan's page; only the slot is computed
+            const uint32_t tu = static_cast<uint32_t>(t);
+            ref[0] = {first_page, (tu - tpp.div(tu) * tpp.d) * kTileTokens};
+          } else {
+            ref[0] = tile_ref<true>(pages, tpp, min(t + sg * kStep, tlast));
+          }
           if (sg < ngroups)
             issue_group_copies<D, G, TPI>(ring + sg * TPI * TB, kv, L, ref[0], tlast + 1 - (t + sg * kStep), h, lane);
         } else {
@@ -1925,6 +1936,7 @@ cudaError_t launch(const DecodeParams& p, const DecodePlan& plan, const DecodeWo
   a.sm_scale_log2 = p.sm_scale * kLog2e;
   a.tiles_per_page = FastDiv(static_cast<uint32_t>(p.kv.page_size / kTileTokens));
   a.chunks = reinterpret_cast<const int4*>(ws.chunks);
+  a.first_pages = plan.first_pages.empty() ? nullptr : ws.first_pages;
   a.partial_o = ws.partial_o;
   a.partial_lse = ws.partial_lse;
   a.step_write = p.write.n > 0;
@@ -2195,6 +2207,23 @@ DecodePlan plan_decode(int batch, const HostRegions& regions, int num_kv_heads, 
   // they start at multiples of 4 tiles; forced chunk sizes may not (v34).
   plan.mid_groups_aligned = true;
   for (int32_t id : quant_ids) plan.mid_groups_aligned &= plan.chunks[4 * size_t(id) + 2] % kRingTiles == 0;
+  // v44: each middle warp's first group page, from the host page table.
+  if (regions.mid_indices) {
+    if (regions.page_size <= 0 || regions.page_size % kTileTokens != 0)
+      throw Error("plan_decode: HostRegions::mid_indices needs page_size, a positive multiple of 16 (got " +
+                  std::to_string(regions.page_size) + ")");
+    static_assert(kWarps == 4, "DecodePlan::first_pages holds one page per warp, 4 per chunk");
+    const int tpp = regions.page_size / kTileTokens;
+    plan.first_pages_page_size = regions.page_size;
+    plan.first_pages.assign(4 * size_t(plan.num_chunks), -1);
+    for (int32_t id : quant_ids) {
+      const int32_t* c = &plan.chunks[4 * size_t(id)];
+      for (int w = 0; w < kWarps; ++w) {
+        const int t = c[2] + kRingTiles * w;
+        if (t < c[3]) plan.first_pages[4 * size_t(id) + w] = regions.mid_indices[regions.indptr[1][c[0]] + t / tpp];
+      }
+    }
+  }
   // Window chunks longest first: their CTAs start as middle CTAs leave, all
   // within a few microseconds, and a short chunk started last ends sooner
   // than a long one would (each tile a warp takes is a chain of dependent
@@ -2221,6 +2250,7 @@ DecodeWorkspace alloc_decode_workspace(int capacity, int max_batch, int max_q_he
   try {  // a failed allocation frees the earlier ones
     OSCAR_CUDA_CHECK(cudaMalloc(&ws.chunks, sizeof(int32_t) * 8 * size_t(capacity)));
     OSCAR_CUDA_CHECK(cudaMalloc(&ws.seq_chunk_ptr, sizeof(int32_t) * (size_t(max_batch) + 1)));
+    OSCAR_CUDA_CHECK(cudaMalloc(&ws.first_pages, sizeof(int32_t) * 4 * size_t(capacity)));
     OSCAR_CUDA_CHECK(
         cudaMalloc(&ws.partial_o, sizeof(float) * size_t(capacity) * max_q_heads * head_dim));
     OSCAR_CUDA_CHECK(cudaMalloc(&ws.partial_lse, sizeof(float) * size_t(capacity) * max_q_heads));
@@ -2248,6 +2278,7 @@ cudaError_t set_decode_trace(unsigned long long* buf, int capacity) {
 void free_decode_workspace(DecodeWorkspace& ws) {
   cudaFree(ws.chunks);
   cudaFree(ws.seq_chunk_ptr);
+  cudaFree(ws.first_pages);
   cudaFree(ws.partial_o);
   cudaFree(ws.partial_lse);
   cudaFree(ws.step_sync);
@@ -2264,6 +2295,11 @@ cudaError_t upload_plan(const DecodePlan& plan, const DecodeWorkspace& ws, cudaS
     return cudaErrorInvalidValue;
   for (int i = 0; i < plan.batch * 3; ++i)
     if (plan.regions[2 * size_t(i)] < 0 || plan.regions[2 * size_t(i) + 1] < 0) return cudaErrorInvalidValue;
+  if (!plan.first_pages.empty()) {
+    if (plan.first_pages.size() != 4 * size_t(plan.num_chunks) || !ws.first_pages) return cudaErrorInvalidValue;
+    for (int32_t pg : plan.first_pages)
+      if (pg < -1) return cudaErrorInvalidValue;
+  }
   std::vector<bool> seen(size_t(plan.num_chunks), false);
   for (int i = 0; i < plan.num_chunks; ++i) {
     const int32_t id = plan.order[i];
@@ -2316,6 +2352,15 @@ cudaError_t upload_plan(const DecodePlan& plan, const DecodeWorkspace& ws, cudaS
   if (plan.num_chunks > 0)
     OSCAR_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(ws.chunks, table.data(), sizeof(int32_t) * table.size(),
                                                cudaMemcpyHostToDevice, stream));
+  std::vector<int32_t> first_pages;
+  if (!plan.first_pages.empty() && plan.num_chunks > 0) {
+    first_pages.resize(4 * size_t(plan.num_chunks));
+    for (int i = 0; i < plan.num_chunks; ++i)
+      for (int w = 0; w < 4; ++w) first_pages[4 * size_t(i) + w] = plan.first_pages[4 * size_t(plan.order[i]) + w];
+    OSCAR_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(ws.first_pages, first_pages.data(),
+                                               sizeof(int32_t) * first_pages.size(), cudaMemcpyHostToDevice,
+                                               stream));
+  }
   OSCAR_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(ws.seq_chunk_ptr, plan.seq_chunk_ptr.data(),
                                              sizeof(int32_t) * plan.seq_chunk_ptr.size(),
                                              cudaMemcpyHostToDevice, stream));
@@ -2358,6 +2403,9 @@ std::string check_decode(const DecodeParams& p, const DecodePlan& plan, const De
     bf16_tokens = bf16_tokens || plan.regions[6 * b + 1] > 0 || plan.regions[6 * b + 5] > 0;
   if (bf16_tokens && (!kv.bf16.k || !kv.bf16.v)) return who + "BF16 pages present but BF16 pool pointers are null";
   if (plan.batch != kv.batch) return who + "plan batch differs from view batch";
+  if (!plan.first_pages.empty() && plan.first_pages_page_size != kv.page_size)
+    return who + "plan's first pages were computed for page size " + std::to_string(plan.first_pages_page_size) +
+           ", the view's is " + std::to_string(kv.page_size);
   if (plan.num_quant_chunks > 65535 || plan.num_chunks - plan.num_quant_chunks > 65535)
     return who + "plan has more than 65535 middle or window chunks (one grid dimension)";
   if (plan.num_chunks > ws.capacity)

@@ -97,6 +97,14 @@ struct DecodeParams {
 struct HostRegions {
   const int32_t* len[3] = {nullptr, nullptr, nullptr};
   const int32_t* indptr[3] = {nullptr, nullptr, nullptr};
+  // Optional (v44): the host copy of the middle's page table (the same ids as
+  // kv::RegionTable::indices of the view the plan runs on) and the page size.
+  // With both, the plan records the page of each middle CTA warp's first tile
+  // group (DecodePlan::first_pages), so that the CTA's first copies do not
+  // wait for a page-id load behind its chunk entry. Ids that differ from the
+  // device table make the kernels read the wrong pages.
+  const int32_t* mid_indices = nullptr;
+  int page_size = 0;
 };
 
 // Host-side split-KV schedule. chunks[i] = {b, region, first tile, end tile}
@@ -131,6 +139,12 @@ struct DecodePlan {
   // when the page size is a multiple of 64: the ring then copies whole
   // groups from one address per array (v34). upload_plan checks it.
   bool mid_groups_aligned = false;
+  // v44, with HostRegions::mid_indices: [num_chunks][4] by chunk id: for a
+  // middle chunk, the page of tile t0 + 4 w (the first group of warp w), -1
+  // past the chunk's end; -1 for window chunks. Empty: the kernels look the
+  // pages up. upload_plan copies it in launch order.
+  std::vector<int32_t> first_pages;
+  int first_pages_page_size = 0;  // the page size they were computed for (check_decode compares)
 };
 
 // Builds the plan from HOST copies of the region tables (HostRegions; every
@@ -157,6 +171,7 @@ struct DecodeWorkspace {
   int32_t* seq_chunk_ptr = nullptr;  // [max_batch+1]
   float* partial_o = nullptr;        // [capacity][max_q_heads][head_dim]
   float* partial_lse = nullptr;      // [capacity][max_q_heads] (log2 domain)
+  int32_t* first_pages = nullptr;    // [capacity][4]: DecodePlan::first_pages in launch order
   uint32_t* step_sync = nullptr;     // [max_batch][max_q_heads][2][head_dim / 32], zeroed once:
                                      // the step write's per-block flags (DecodeParams::write, v42);
                                      // nullptr: the window tiles wait for the write launch's
