@@ -122,12 +122,21 @@ TEST(CudaCacheWrite, QuantTokensBitExactWithoutRotation) {
   }
 }
 
+// Rotations: one R_K per layer, one per KV head, and R_K + R_V per KV head
+// (at one KV head the per-head case is the per-layer one and is skipped).
+// Rotated rows are compared dequantized, within one quantization step, with
+// < 1% of codes differing (fp32 rotation here, fp64 in the reference); rows
+// written unrotated are bit-exact.
 TEST(CudaCacheWrite, QuantTokensWithRotationWithinOneStep) {
   if (!test::have_gpu()) GTEST_SKIP() << "no GPU";
   std::mt19937 rng(2);
-  for (const Shape& s : kShapes) {
-    const int n = 29, npages = 3;
-    for (int r_heads : {1, s.hkv}) {
+  struct Rot {
+    bool per_head, rot_v;
+  };
+  for (const Shape& s : kShapes)
+    for (const Rot cfg : {Rot{false, false}, Rot{true, false}, Rot{true, true}}) {
+      if (cfg.per_head && !cfg.rot_v && s.hkv == 1) continue;  // the same case as per layer
+      const int n = 29, npages = 3, r_heads = cfg.per_head ? s.hkv : 1;
       Pools host(s.d, s.hkv, s.page, s.group, npages);
       DevPools dev(host);
       std::vector<int32_t> pages, slots;
@@ -135,46 +144,53 @@ TEST(CudaCacheWrite, QuantTokensWithRotationWithinOneStep) {
       const auto k = random_rows(size_t(n) * s.hkv * s.d, rng, false);
       const auto v = random_rows(size_t(n) * s.hkv * s.d, rng, false);
       std::normal_distribution<float> nd(0.0f, 1.0f);
-      std::vector<float> R(size_t(r_heads) * s.d * s.d);
-      for (auto& x : R) x = nd(rng) / std::sqrt(float(s.d));
-      std::vector<float> kr(k.size());
-      cpu::rotate_heads_ref(k.data(), n, s.hkv, s.d, R.data(), r_heads, kr.data());
+      std::vector<float> Rk(size_t(r_heads) * s.d * s.d), Rv(Rk.size());
+      for (auto& x : Rk) x = nd(rng) / std::sqrt(float(s.d));
+      for (auto& x : Rv) x = nd(rng) / std::sqrt(float(s.d));
+      std::vector<float> kr(k.size()), vr(v);
+      cpu::rotate_heads_ref(k.data(), n, s.hkv, s.d, Rk.data(), r_heads, kr.data());
+      if (cfg.rot_v) cpu::rotate_heads_ref(v.data(), n, s.hkv, s.d, Rv.data(), r_heads, vr.data());
       const cpu::ClipRatios clip{0.96f, 0.92f};
-      cpu::write_quant_tokens_ref(host.host(), n, pages.data(), slots.data(), kr.data(), v.data(), clip);
+      cpu::write_quant_tokens_ref(host.host(), n, pages.data(), slots.data(), kr.data(), vr.data(), clip);
       DeviceBuffer<int32_t> dp(pages), ds(slots);
-      DeviceBuffer<float> dk(k), dv(v), dR(R);
-      WriteRotation rot{dR.ptr, nullptr, r_heads};
+      DeviceBuffer<float> dk(k), dv(v), dRk(Rk), dRv(Rv);
+      WriteRotation rot{dRk.ptr, cfg.rot_v ? dRv.ptr : nullptr, r_heads};
       OSCAR_CUDA_CHECK(write_quant_tokens(dev.view(host), n, dp.ptr, ds.ptr, dk.ptr, dv.ptr, rot, clip, nullptr));
       OSCAR_CUDA_CHECK(cudaDeviceSynchronize());
-      const auto kc = dev.kc.download();
-      const auto kp = dev.kp.download();
-      // Values are not rotated: bit-exact.
-      EXPECT_EQ(count_diff(dev.vc.download(), host.vc), 0u);
-      EXPECT_EQ(count_diff(dev.vp.download(), host.vp), 0u);
-      // Keys: compare dequantized rows of every written slot.
       const QuantSpec spec{2, s.group, ScaleDtype::kF16};
       const int rb = s.d / 4, np = 2 * (s.d / s.group);
-      size_t code_diff = 0, total = 0;
-      double worst = 0.0;
-      std::vector<float> a(s.d), b(s.d);
-      for (int t = 0; t < n; ++t)
-        for (int h = 0; h < s.hkv; ++h) {
-          const size_t row = (size_t(pages[t]) * s.hkv + h) * s.page + slots[t];
-          dequantize_row(kc.data() + row * rb, kp.data() + row * np, s.d, spec, a.data());
-          dequantize_row(host.kc.data() + row * rb, host.kp.data() + row * np, s.d, spec, b.data());
-          for (int c = 0; c < s.d; ++c) {
-            const float step = f16_to_f32(host.kp[row * np + 2 * (c / s.group)]);
-            ASSERT_TRUE(std::isfinite(a[c]));
-            worst = std::max(worst, std::fabs(double(a[c]) - b[c]) / (step * 1.01 + 1e-3));
-            code_diff += get_code(kc.data() + row * rb, c, s.group, 2) !=
-                         get_code(host.kc.data() + row * rb, c, s.group, 2);
-            ++total;
+      // Dequantized rows of every written slot against the reference's.
+      auto within_a_step = [&](const std::vector<uint8_t>& codes, const std::vector<uint16_t>& params,
+                               const std::vector<uint8_t>& ref_codes, const std::vector<uint16_t>& ref_params,
+                               const char* what) {
+        size_t code_diff = 0, total = 0;
+        double worst = 0.0;
+        std::vector<float> a(s.d), b(s.d);
+        for (int t = 0; t < n; ++t)
+          for (int h = 0; h < s.hkv; ++h) {
+            const size_t row = (size_t(pages[t]) * s.hkv + h) * s.page + slots[t];
+            dequantize_row(codes.data() + row * rb, params.data() + row * np, s.d, spec, a.data());
+            dequantize_row(ref_codes.data() + row * rb, ref_params.data() + row * np, s.d, spec, b.data());
+            for (int c = 0; c < s.d; ++c) {
+              const float step = f16_to_f32(ref_params[row * np + 2 * (c / s.group)]);
+              ASSERT_TRUE(std::isfinite(a[c])) << what;
+              worst = std::max(worst, std::fabs(double(a[c]) - b[c]) / (step * 1.01 + 1e-3));
+              code_diff += get_code(codes.data() + row * rb, c, s.group, 2) !=
+                           get_code(ref_codes.data() + row * rb, c, s.group, 2);
+              ++total;
+            }
           }
-        }
-      EXPECT_LE(worst, 1.0) << "d=" << s.d << " G=" << s.group;
-      EXPECT_LT(double(code_diff) / total, 0.01);
+        EXPECT_LE(worst, 1.0) << what << " d=" << s.d << " G=" << s.group << " r_heads=" << r_heads;
+        EXPECT_LT(double(code_diff) / total, 0.01) << what << " d=" << s.d << " G=" << s.group;
+      };
+      within_a_step(dev.kc.download(), dev.kp.download(), host.kc, host.kp, "K");
+      if (cfg.rot_v) {
+        within_a_step(dev.vc.download(), dev.vp.download(), host.vc, host.vp, "V");
+      } else {  // values not rotated: bit-exact
+        EXPECT_EQ(count_diff(dev.vc.download(), host.vc), 0u);
+        EXPECT_EQ(count_diff(dev.vp.download(), host.vp), 0u);
+      }
     }
-  }
 }
 
 TEST(CudaCacheWrite, Bf16TokensExactAndRotated) {
