@@ -130,7 +130,26 @@ def time_linear(batch, flush, gen):
         g, u = (h @ w_gu.t()).split(INTER, dim=1)
         return h + (torch.nn.functional.silu(g) * u) @ w_d.t()
 
-    ms = flush_and_time(layer, 15, flush)
+    # Replayed from a CUDA graph, as a decode engine runs its step: timed
+    # eagerly, the ~10 PyTorch launches from Python leave gaps on the GPU
+    # that made this time move by 30-70% between machines (v44's table: 124
+    # to 220 us at batch 1). Eager only if the capture fails.
+    fn, how = layer, "eager"
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):  # cuBLAS handles and workspaces before the capture
+                layer()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            layer()
+        fn, how = graph.replay, "graph"
+    except Exception as e:  # the eager time is still a (pessimistic) denominator
+        print("linear layers: CUDA graph capture failed, timed eagerly:", repr(e), flush=True)
+    ms = flush_and_time(fn, 15, flush)
+    print(f"linear layers timed as a {how}", flush=True)
     nbytes = 2 * (w_qkv.numel() + w_o.numel() + w_gu.numel() + w_d.numel())
     del w_qkv, w_o, w_gu, w_d, x
     torch.cuda.empty_cache()

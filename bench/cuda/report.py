@@ -4,7 +4,7 @@ measured copy bandwidth, floor (the bytes at copy bandwidth), read floor (the
 same bytes read by a plain streaming kernel timed the same way: launch and
 ramp included), speedups, write+demotion as % of the INT2 attention time
 of the same layer, and as % of the layer's decode step (its attention with
-the write and demotion plus its linear layers, timed by
+the write and demotion plus its linear layers, replayed from a CUDA graph by
 flashinfer_decode.py).
 
     python3 report.py OURS.csv FLASHINFER.csv COPY_GBS > table.md
