@@ -2,7 +2,8 @@
 # One GPU-machine call: standalone build of the CUDA kernels (tests/cuda/gpu_build,
 # no Debian deps needed), the GPU tests against the CPU references, the decode
 # benchmark (INT2 vs our BF16 kernel) and FlashInfer's BF16 paged decode on the
-# same shapes, then one table (bench/cuda/report.py). Logs go to $OUT.
+# same shapes, then one table (bench/cuda/report.py) and, with matplotlib, a plot
+# of it (bench/cuda/plot_shapes.py). Logs go to $OUT.
 #
 #   bash scripts/gpu_run.sh [quick|full|tests|bench|tune|shapes]
 #   shapes: only the shapes in SHAPES ("B,CTX B,CTX ...", default the batch-8
@@ -112,6 +113,10 @@ else
 fi
 COPY=$(grep -oP 'copy_gbs=\K[0-9.]+' "$OUT/bench.log" | tail -1)
 python3 bench/cuda/report.py "$OUT/ours.csv" "$OUT/fi.csv" "${COPY:-4300}" > "$OUT/table.md"
+# The same run as a plot (times and speedups per shape) where matplotlib exists.
+if python3 -c 'import matplotlib' 2> /dev/null; then
+  python3 bench/cuda/plot_shapes.py "$OUT/ours.csv" "$OUT/fi.csv" "$OUT/shapes.png" || true
+fi
 # Optional profile of one INT2 launch (Nsight Compute works on the Firecracker machines).
 if [[ ${NCU:-0} == 1 ]] && command -v ncu > /dev/null; then
   timeout 240 ncu --clock-control none -k regex:decode_split_kernel -c 1 --section SpeedOfLight \
