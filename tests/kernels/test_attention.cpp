@@ -326,6 +326,60 @@ TEST(DecodeAttention, ValuesLargeLogitsStayFinite) {
   }
 }
 
+// A corrupt cache row (a NaN key or value scale of a VALID middle token) or a
+// NaN in one query reaches the output of every kernel set as it reaches the
+// reference's: NaN exactly where the reference has NaN (a key scale or the
+// query: every channel and the lse of the affected heads; a value scale: the
+// channels of its group), every other output close (loose 1e-2 here, which
+// covers the approximate tier: the point is the NaN pattern).
+TEST(DecodeAttention, NanInputsReachTheOutput) {
+  std::mt19937 rng(11);
+  enum Kind { kValueScale, kKeyScale, kQuery };
+  int runs = 0;
+  for (int group : {128, 32})
+    for (Kind kind : {kValueScale, kKeyScale, kQuery})
+      for (int tok : {37, 199}) {  // a middle row inside a tile; the middle's last row
+        CacheSpec s;
+        s.hkv = 2;
+        s.d = 128;
+        s.group = group;
+        s.page = 16;
+        s.sink = {4, 0};
+        s.mid = {200, 120};
+        s.recent = {20, 0};
+        TestCache tc = make_cache(s, rng);
+        const int hq = 8, gqa = hq / s.hkv, h = 1, b = 0, ng = s.d / s.group, gm = ng - 1;
+        auto q = random_vec(rng, size_t(2) * hq * s.d, 1.5f);
+        if (kind == kQuery) {
+          q[(size_t(b) * hq + h * gqa + 1) * s.d + 9] = NAN;
+        } else {
+          const int32_t page = tc.idx[1][size_t(tc.indptr[1][b] + tok / s.page)];
+          const int64_t row = tc.view.quant_row_index(page, h, tok % s.page);
+          (kind == kKeyScale ? tc.kp : tc.vp)[size_t((row * ng + gm) * 2)] = test::kF16NaN;
+        }
+        const float sm = 1.0f / std::sqrt(float(s.d));
+        std::vector<float> o_ref(q.size(), NAN), lse_ref(size_t(2) * hq, NAN);
+        decode_attention_ref(tc.view, q.data(), hq, sm, o_ref.data(), lse_ref.data());
+        size_t nan_ref = 0;
+        for (float x : o_ref) nan_ref += std::isnan(x);
+        const size_t expect = kind == kQuery ? size_t(s.d) : kind == kKeyScale ? size_t(gqa) * s.d : size_t(gqa) * s.group;
+        ASSERT_EQ(nan_ref, expect) << "the reference does not see the NaN";
+        for (const detail::RowKernels* k : kernel_sets()) {
+          ForceKernels force(k);
+          std::vector<float> o(q.size(), 0.0f), lse(size_t(2) * hq, 0.0f);  // not NaN-poisoned: NaN must come from the kernel
+          decode_attention(tc.view, q.data(), hq, sm, o.data(), lse.data());
+          size_t mismatch = 0;
+          for (size_t i = 0; i < o.size(); ++i)
+            mismatch += std::isnan(o_ref[i]) ? !std::isnan(o[i]) : !close(o[i], o_ref[i], 1e-2, 1e-2);
+          for (size_t i = 0; i < lse.size(); ++i)
+            mismatch += std::isnan(lse_ref[i]) ? !std::isnan(lse[i]) : !close(lse[i], lse_ref[i], 1e-2, 1e-2);
+          EXPECT_EQ(mismatch, 0u) << k->name << " G=" << group << " kind " << int(kind) << " token " << tok;
+          ++runs;
+        }
+      }
+  EXPECT_GE(runs, 12);
+}
+
 TEST(DecodeAttention, RejectsBadViews) {
   std::mt19937 rng(3);
   CacheSpec s;
