@@ -282,9 +282,10 @@ TEST(CudaDecode, LoopVariantsD128) {
 // group; a query: that head), every other output within the usual tolerance.
 // Tokens in a full tile (unmasked code) and in a chunk's partial last tile, in
 // a middle-only sequence and in one with BF16 windows (the fused window +
-// merge). Before v43 the kernels returned finite garbage for all but the
-// value scale: the chunk epilogues and merges took L > 0 for "not empty"
-// (a NaN L is not), and the int8 loops' maxima (fmaxf) dropped NaN.
+// merge). Before v43b a NaN key scale gave finite outputs in every loop
+// variant (the chunk epilogues and merges took L > 0 for "not empty", and a
+// NaN L is not) and a NaN value scale did in the int8 K+V loop (its value
+// bound used fmaxf, which drops NaN).
 TEST(CudaDecode, NanInputsReachTheOutput) {
   if (!test::have_gpu()) GTEST_SKIP() << "no GPU";
   struct Shape {
