@@ -132,8 +132,8 @@ def time_linear(batch, flush, gen):
 
     # Replayed from a CUDA graph, as a decode engine runs its step: timed
     # eagerly, the ~10 PyTorch launches from Python leave gaps on the GPU
-    # that made this time move by 30-70% between machines (v44's table: 124
-    # to 220 us at batch 1). Eager only if the capture fails.
+    # that made this time move by up to 80% between machines (batch 1: 123.6 us
+    # in v42's table, 220.3 in v44's first). Eager only if the capture fails.
     fn, how = layer, "eager"
     try:
         side = torch.cuda.Stream()

@@ -7,7 +7,7 @@ of the measured copy bandwidth.
 
     python3 plot_shapes.py OURS.csv FLASHINFER.csv OUT.png [TITLE]
 """
-import csv
+import os
 import sys
 
 import matplotlib
@@ -15,23 +15,15 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-
-def load(path):
-    with open(path) as f:
-        return list(csv.DictReader(f))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from report import join  # noqa: E402
 
 
 def main():
-    ours, fi = load(sys.argv[1]), load(sys.argv[2])
+    t, _, keys = join(sys.argv[1], sys.argv[2])  # report.py's join of the two CSVs
     out = sys.argv[3]
     title = sys.argv[4] if len(sys.argv) > 4 else "decode attention, one Qwen3-8B layer, H200"
-    t = {}
-    for r in ours:
-        t[(r["kernel"], int(r["batch"]), int(r["ctx"]))] = r
-    for r in fi:
-        if r["kernel"] != "linear":
-            t[("fi", int(r["batch"]), int(r["ctx"]))] = r
-    shapes = sorted({(b, c) for k, b, c in t if k == "int2" and ("fi", b, c) in t})
+    shapes = [(b, c) for b, c in keys if ("int2", b, c) in t and ("fi", b, c) in t]
     if not shapes:
         sys.exit("no shape has both an INT2 and a FlashInfer row")
     lab = [f"{b}x{c // 1024}K" for b, c in shapes]

@@ -627,10 +627,6 @@ TEST(CudaDecode, PlanSplitsRegionsEvenly) {
     }
 }
 
-// Fused windows (v27) where a window's tiles, one after another per warp, do
-// not outlast the middle: 8 x 16K and up at these windows (20 tiles), not at
-// batch 1 (short chunks, or more than 32 of them), not for a sequence
-// without a middle, not with forced chunking.
 // Whole-group copies (v34) are chosen from DecodePlan::mid_groups_aligned:
 // set exactly when every middle chunk starts at a multiple of 4 tiles (the
 // GPU cases of LoopVariantsD128 take the group path for chunks of 4 and 12
@@ -692,6 +688,10 @@ TEST(CudaDecode, PlanRecordsFirstPages) {
   }
 }
 
+// Fused windows (v27) where a window's tiles, one after another per warp, do
+// not outlast the middle: 8 x 16K and up at these windows (20 tiles), not at
+// batch 1 (short chunks, or more than 32 of them), not for a sequence
+// without a middle, not with forced chunking.
 TEST(CudaDecode, PlanFusesShortWindows) {
   auto fused = [](int batch, int ctx, int sink, int recent, int tiles_per_chunk = 0) {
     std::vector<int32_t> s(batch, sink), m(batch, std::max(0, ctx - sink - recent)), r(batch, recent);

@@ -416,9 +416,9 @@ unsigned blocks_for(int64_t rows) {
   return static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
 }
 
-// INT2 rows: one block per row. BF16 rows: `parts` blocks per (token, KV
-// head) and K/V (1, 2, 4, ... up to d/32; 0: d/32), or with `both` per
-// (token, KV head) for K and V together.
+// BF16 rows: `parts` blocks per (token, KV head) and K/V (1, 2, 4, ... up
+// to d/32), or with `both` per (token, KV head) for K and V together; the
+// instance whose NPB = d/32/parts. (INT2 rows: one block per row, below.)
 template <int D, bool kBoth>
 cudaError_t launch_bf16_write(const WriteArgs& a, int parts, dim3 grid, bool programmatic, cudaStream_t stream) {
   const dim3 block(32 * kRowsPerBlock);
