@@ -34,6 +34,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cfloat>
 #include <cmath>
 #include <string>
 #include <type_traits>
@@ -402,6 +403,44 @@ __device__ __forceinline__ void load_quant_fragments(QuantTile<D, G>& T, const u
   }
 }
 
+// v48: the lane's byte offsets into a shared-memory tile image (the ring),
+// computed once per kernel: load_quant_fragments<true> recomputed them from
+// the lane index at every step (the loop is short of registers, and the
+// compiler rematerialized the whole chain there instead of keeping them).
+struct RingFrag {
+  uint32_t k, ve, vo, p;  // K codes, V codes of even and odd rows, K params (V params: +64 D/G)
+};
+template <int D, int G>
+__device__ __forceinline__ RingFrag ring_frag(int g, int r) {
+  constexpr int NG = D / G, RB = D / 4;
+  constexpr int KB = G == 128 ? 8 : G == 64 ? 4 : 2;
+  constexpr int VB = G / 32;
+  const int sw = r >> 1;
+  RingFrag F{static_cast<uint32_t>(g * RB + KB * r), static_cast<uint32_t>(16 * RB + (2 * r + sw) * RB + VB * g),
+             static_cast<uint32_t>(16 * RB + (2 * r + 1 - sw) * RB + VB * g),
+             static_cast<uint32_t>(32 * RB + 4 * g * NG)};
+  // Opaque to the compiler, so that it keeps them instead of recomputing.
+  asm("" : "+r"(F.k), "+r"(F.ve), "+r"(F.vo), "+r"(F.p));
+  return F;
+}
+// load_quant_fragments<true> on the tile image at ti, from the lane's offsets.
+template <int D, int G>
+__device__ __forceinline__ void load_ring_fragments(QuantTile<D, G>& T, const uint8_t* ti, const RingFrag& F) {
+  static_assert(D == 128 && G == 128, "the int8 rings: head_dim 128, group 128");
+  constexpr int RB = D / 4;
+#pragma unroll
+  for (int tt = 0; tt < 2; ++tt) {
+    const uint2 w = *reinterpret_cast<const uint2*>(ti + F.k + 8 * tt * RB);
+    T.kw[tt][0][0] = w.x;
+    T.kw[tt][0][1] = w.y;
+    T.kp[tt][0] = *reinterpret_cast<const uint32_t*>(ti + F.p + 32 * tt);
+    T.vp[tt][0] = *reinterpret_cast<const uint32_t*>(ti + F.p + 64 + 32 * tt);
+  }
+#pragma unroll
+  for (int k = 0; k < 4; ++k)
+    T.vw[k][0] = *reinterpret_cast<const uint32_t*>(ti + ((k & 1) ? F.vo : F.ve) + 8 * (k >> 1) * RB);
+}
+
 template <int D, int G>
 __device__ __forceinline__ void load_quant_tile(QuantTile<D, G>& T, const kv::PagedKvView& kv,
                                                 int32_t page, const FastDiv& tpp, int len, int h,
@@ -690,11 +729,18 @@ __device__ __forceinline__ void load_int8_query(Int8Query& Q, const float* qhead
   // Lane (g, r) holds head g/2's values; it needs head r's: lane 4 * (2r).
   Q.qsum = 64.0f * static_cast<float>(__shfl_sync(0xffffffffu, part, 8 * r));  // x64 like the codes
   Q.f = __shfl_sync(0xffffffffu, f, 8 * r);
+  // v48: the loops apply f inside the softmax's exp2 (and to the step max),
+  // so masked logits (-inf) are multiplied by it: f must be > 0 there. A
+  // zero query (f = 0, all its logits 0) gets the smallest normal float
+  // instead; a NaN f stays NaN.
+  if (Q.f == 0.0f) Q.f = FLT_MIN;
 }
 
-// Logits of one tile for head r, tokens g and g+8 (log2 domain, masked -inf),
-// and the value params of those tokens (zero for padding slots). kMasked =
-// false: the caller knows every token of the tile is valid (no selects).
+// Logits of one tile for head r, tokens g and g+8, masked -inf, and the
+// value params of those tokens (zero for padding slots). kMasked = false: the
+// caller knows every token of the tile is valid (no selects). v48: the logits
+// are not yet multiplied by Q.f (> 0): softmax_step_lane folds it into its
+// exp2 argument (one FFMA there instead of an FMUL per logit here).
 template <bool kMasked>
 __device__ __forceinline__ void int8k_logits(const QuantTile<128, 128>& T, const Int8Query& Q, int g,
                                              float (&s)[2], float (&vs)[2], float (&vm)[2]) {
@@ -716,7 +762,7 @@ __device__ __forceinline__ void int8k_logits(const QuantTile<128, 128>& T, const
     const bool ok = !kMasked || g + 8 * tt < T.valid;
     const float dot = static_cast<float>(acc[2 * tt] * 256 + acc[2 * tt + 1]);
     const float ks = half_lo(T.kp[tt][0]), km = half_hi(T.kp[tt][0]);
-    s[tt] = ok ? Q.f * (ks * dot + km * Q.qsum) : -INFINITY;
+    s[tt] = ok ? fmaf(ks, dot, km * Q.qsum) : -INFINITY;
     vs[tt] = ok ? half_lo(T.vp[tt][0]) : 0.0f;
     vm[tt] = ok ? half_hi(T.vp[tt][0]) : 0.0f;
   }
@@ -747,17 +793,19 @@ __device__ __forceinline__ void scale_accumulators(WarpState2<D>& st, float sc) 
 }
 
 // Online softmax step for a lane that owns one head (int8 loops, WarpState1
-// or WarpState2): s[u] = logits of tokens g, g+8 of tile u, p in place.
+// or WarpState2): f * s[u] = logits (log2 domain) of tokens g, g+8 of tile u
+// (f > 0, so the maximum of s gives the logits'), p in place.
 // Returns 2^(step max - base), the largest p of the step (0 if the step has
 // no finite logit); the v13 loop scales its weights by it.
 template <class State, int N>
-__device__ __forceinline__ float softmax_step_lane(State& st, float (&s)[N][2]) {
+__device__ __forceinline__ float softmax_step_lane(State& st, float (&s)[N][2], float f) {
   float mx = fmaxf(s[0][0], s[0][1]);
 #pragma unroll
   for (int u = 1; u < N; ++u) mx = fmaxf(mx, fmaxf(s[u][0], s[u][1]));
   mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
   mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
   mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+  mx *= f;
   const float mn = fmaxf(st.m, mx);
   if (__any_sync(0xffffffffu, mn > st.m)) {
     const float sc = mn > st.m ? fast_exp2(st.m - mn) : 1.0f;
@@ -769,8 +817,8 @@ __device__ __forceinline__ float softmax_step_lane(State& st, float (&s)[N][2]) 
   const float b = st.m == -INFINITY ? 0.0f : st.m;
 #pragma unroll
   for (int u = 0; u < N; ++u) {
-    s[u][0] = fast_exp2(s[u][0] - b);
-    s[u][1] = fast_exp2(s[u][1] - b);
+    s[u][0] = fast_exp2(fmaf(s[u][0], f, -b));
+    s[u][1] = fast_exp2(fmaf(s[u][1], f, -b));
     st.l += s[u][0] + s[u][1];
   }
   return fast_exp2(mx - b);
@@ -804,7 +852,7 @@ __device__ __forceinline__ void compute_int8k_tiles(WarpState1<128>& st, const Q
   float s[N][2], vs[N][2], vm[N][2];
 #pragma unroll
   for (int u = 0; u < N; ++u) int8k_logits<kMasked>(T[u], Q, g, s[u], vs[u], vm[u]);
-  softmax_step_lane(st, s);
+  softmax_step_lane(st, s, Q.f);
 #pragma unroll
   for (int u = 0; u < N; ++u) int8k_pv(st, T[u], s[u], vs[u], vm[u], g);
 }
@@ -859,7 +907,7 @@ __device__ __forceinline__ void compute_int8kv_tiles(WarpState2<128>& st, const 
   float s[N][2], vs[N][2], vm[N][2];
 #pragma unroll
   for (int u = 0; u < N; ++u) int8k_logits<kMasked>(T[u], Q, g, s[u], vs[u], vm[u]);
-  const float pmax = softmax_step_lane(st, s);
+  const float pmax = softmax_step_lane(st, s, Q.f);
   // The value scales are the same for every head: the bound over the step's
   // tokens is a reduction over the 8 lanes of a column quad (padding slots: 0).
   // A NaN scale (a corrupt cache row) must reach the output as the reference's
@@ -873,7 +921,12 @@ __device__ __forceinline__ void compute_int8kv_tiles(WarpState2<128>& st, const 
   vmax = fmax_nan(vmax, __shfl_xor_sync(0xffffffffu, vmax, 8));
   vmax = fmax_nan(vmax, __shfl_xor_sync(0xffffffffu, vmax, 16));
   const float S = pmax * vmax;
-  const float inv = S > 0.0f ? kPQ / S : 0.0f;
+  // kPQ / S by the approximate reciprocal (v48: no IEEE division and its
+  // slow path): a relative error of ~1e-7 in inv only scales the rounded
+  // weights, which stay far below 2^16. S below ~2^-112 gives inv = inf, as
+  // the division did; the step's weights are then < 2^-112 of the largest so
+  // far, and so is their share of the output whatever they round to.
+  const float inv = S > 0.0f ? kPQ * fast_rcp(S) : 0.0f;
   const uint32_t bsel = (g & 1) ? 0x2064u : 0x7531u;  // lo bytes (e = 1) / hi bytes (e = 0)
   uint32_t bf[N];
 #pragma unroll
@@ -1367,6 +1420,8 @@ __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? O
         L = group_lane<D, G>(kv, lane);
       else if constexpr (kVariant != 0)
         L = ring_lane<D, G>(kv, lane);
+      [[maybe_unused]] RingFrag frag{};
+      if constexpr (kVariant == 3) frag = ring_frag<D, G>(g, r);
       constexpr int S = kRingStages;
       // kGroup (v34): one ref per group (its first tile's page and slot);
       // groups that are issued start at or before tlast. (The two ways are
@@ -1434,19 +1489,30 @@ __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? O
         __syncwarp();
         if (a.step_write >= 0) continue;  // always (not provably: no unreachable-code warning)
 #endif
+        const auto tile_valid = [&](int u) {
+          return t + u <= tlast ? min(kTileTokens, len - (t + u) * kTileTokens) : 0;
+        };
 #pragma unroll
         for (int u = 0; u < TPI; ++u) {
           const uint8_t* ti = img + u * TB;
-          load_quant_fragments<true>(cur[u], ti, ti + 16 * RB, reinterpret_cast<const uint32_t*>(ti + 32 * RB),
-                                     reinterpret_cast<const uint32_t*>(ti + 32 * RB + 64 * (D / G)), g, r);
-          cur[u].valid = t + u <= tlast ? min(kTileTokens, len - (t + u) * kTileTokens) : 0;
+          if constexpr (kVariant == 3)  // (the int8-key loop has no registers to spare for the offsets)
+            load_ring_fragments(cur[u], ti, frag);
+          else
+            load_quant_fragments<true>(cur[u], ti, ti + 16 * RB, reinterpret_cast<const uint32_t*>(ti + 32 * RB),
+                                       reinterpret_cast<const uint32_t*>(ti + 32 * RB + 64 * (D / G)), g, r);
+          if constexpr (kVariant < 2) cur[u].valid = tile_valid(u);
         }
         if constexpr (kVariant >= 2) {
           // Steps whose tiles are all full (all but the last of a chunk) skip
-          // the masking selects; `valid` is the same in every lane.
-          bool full = OSCAR_INT8K_FASTPATH != 0;
+          // the masking selects: every tile u < TPI has t + u <= tlast and
+          // 16 (t + u + 1) <= len, i.e. the step's last one does. `valid`
+          // (the same in every lane) is only needed by the masked code (v48:
+          // computed there, not per step).
+          const bool full = OSCAR_INT8K_FASTPATH != 0 && t + TPI - 1 <= tlast && (t + TPI) * kTileTokens <= len;
+          if (!full) {
 #pragma unroll
-          for (int u = 0; u < TPI; ++u) full = full && cur[u].valid == kTileTokens;
+            for (int u = 0; u < TPI; ++u) cur[u].valid = tile_valid(u);
+          }
           if constexpr (kVariant == 3) {
             if (full)
               compute_int8kv_tiles<TPI, false>(st, cur, Q8, g);
