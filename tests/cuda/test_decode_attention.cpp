@@ -895,6 +895,14 @@ TEST(CudaDecode, RejectsUnsupportedShapes) {
   EXPECT_NE(check_decode(p, plan, ws).find("first pages"), std::string::npos);
   p.kv.page_size = 16;
   EXPECT_EQ(check_decode(p, plan, ws), "");
+  p.q = q.ptr + 1;  // q and o are read and written 16 bytes at a time
+  EXPECT_NE(check_decode(p, plan, ws).find("16-byte aligned"), std::string::npos);
+  EXPECT_EQ(decode_attention(p, plan, ws, nullptr), cudaErrorInvalidValue);
+  p.q = q.ptr;
+  p.o = o.ptr + 2;
+  EXPECT_NE(check_decode(p, plan, ws).find("16-byte aligned"), std::string::npos);
+  p.o = o.ptr;
+  EXPECT_EQ(check_decode(p, plan, ws), "");
   free_decode_workspace(ws);
 }
 
