@@ -70,10 +70,10 @@ inline constexpr int kTileTokens = 16;
 
 struct DecodeParams {
   kv::PagedKvView kv;      // device pointers (pools, region tables, lengths)
-  const float* q = nullptr;  // [batch][Hq][d] f32 device, already rotated by R_K
+  const float* q = nullptr;  // [batch][Hq][d] f32 device, already rotated by R_K (16-byte aligned, as o)
   int num_q_heads = 0;       // Hq, a multiple of kv.num_kv_heads, Hq/Hkv <= 8
   float sm_scale = 0.0f;     // usually 1/sqrt(d)
-  float* o = nullptr;        // [batch][Hq][d] f32 device, R_V basis
+  float* o = nullptr;        // [batch][Hq][d] f32 device, R_V basis (16-byte aligned: check_decode)
   float* lse = nullptr;      // [batch][Hq] f32 device (natural log) or nullptr
   int variant = 0;           // INT2 loop shape for d=128/G=128 (benchmarking; docs/cuda-notes.md):
                              // 0 = default (= 4 where it applies, else 2; with whole-group
