@@ -1157,6 +1157,11 @@ __device__ __forceinline__ TileRef tile_ref(const int32_t* pages, const FastDiv&
   const uint32_t q = tpp.div(static_cast<uint32_t>(t));
   return {__ldg(pages + q), kSlot ? (static_cast<uint32_t>(t) - q * tpp.d) * kTileTokens : 0u};
 }
+// The same for a tile whose page is known (v44: DecodePlan::first_pages).
+__device__ __forceinline__ TileRef tile_ref_at(int32_t page, const FastDiv& tpp, int t) {
+  const uint32_t tu = static_cast<uint32_t>(t);
+  return {page, (tu - tpp.div(tu) * tpp.d) * kTileTokens};
+}
 
 // The lane's share of one tile image (head_dim 128: 32 chunks of 16 bytes
 // per code array, one per lane; params: 4 chunks each for K and V), with the
@@ -1363,7 +1368,7 @@ __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? O
   // beside the chunk entry, not after it); -1: look it up.
   [[maybe_unused]] int first_page = -1;
   if constexpr (kGroup)
-    if (a.first_pages) first_page = __ldg(a.first_pages + 4 * (a.first + blockIdx.y) + (threadIdx.x >> 5));
+    if (a.first_pages) first_page = __ldg(a.first_pages + kWarps * (a.first + blockIdx.y) + (threadIdx.x >> 5));
   const int h = blockIdx.x;
   const int b = c.x & 0xffffff, region = c.x >> 24, t0 = c.y, t1 = c.z, chunk = c.w;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -1465,8 +1470,7 @@ __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? O
       for (int sg = 0; sg < S - 1; ++sg) {
         if constexpr (kGroup) {
           if (sg == 0 && first_page >= 0) {  // v44: the plan's page; only the slot is computed
-            const uint32_t tu = static_cast<uint32_t>(t);
-            ref[0] = {first_page, (tu - tpp.div(tu) * tpp.d) * kTileTokens};
+            ref[0] = tile_ref_at(first_page, tpp, t);
           } else {
             ref[0] = tile_ref<true>(pages, tpp, min(t + sg * kStep, tlast));
           }
@@ -2310,12 +2314,13 @@ DecodePlan plan_decode(int batch, const HostRegions& regions, int num_kv_heads, 
     static_assert(kWarps == 4, "DecodePlan::first_pages holds one page per warp, 4 per chunk");
     const int tpp = regions.page_size / kTileTokens;
     plan.first_pages_page_size = regions.page_size;
-    plan.first_pages.assign(4 * size_t(plan.num_chunks), -1);
+    plan.first_pages.assign(kWarps * size_t(plan.num_chunks), -1);
     for (int32_t id : quant_ids) {
       const int32_t* c = &plan.chunks[4 * size_t(id)];
       for (int w = 0; w < kWarps; ++w) {
         const int t = c[2] + kRingTiles * w;
-        if (t < c[3]) plan.first_pages[4 * size_t(id) + w] = regions.mid_indices[regions.indptr[1][c[0]] + t / tpp];
+        if (t < c[3])
+          plan.first_pages[kWarps * size_t(id) + w] = regions.mid_indices[regions.indptr[1][c[0]] + t / tpp];
       }
     }
   }
@@ -2345,7 +2350,7 @@ DecodeWorkspace alloc_decode_workspace(int capacity, int max_batch, int max_q_he
   try {  // a failed allocation frees the earlier ones
     OSCAR_CUDA_CHECK(cudaMalloc(&ws.chunks, sizeof(int32_t) * 8 * size_t(capacity)));
     OSCAR_CUDA_CHECK(cudaMalloc(&ws.seq_chunk_ptr, sizeof(int32_t) * (size_t(max_batch) + 1)));
-    OSCAR_CUDA_CHECK(cudaMalloc(&ws.first_pages, sizeof(int32_t) * 4 * size_t(capacity)));
+    OSCAR_CUDA_CHECK(cudaMalloc(&ws.first_pages, sizeof(int32_t) * kWarps * size_t(capacity)));
     OSCAR_CUDA_CHECK(
         cudaMalloc(&ws.partial_o, sizeof(float) * size_t(capacity) * max_q_heads * head_dim));
     OSCAR_CUDA_CHECK(cudaMalloc(&ws.partial_lse, sizeof(float) * size_t(capacity) * max_q_heads));
@@ -2391,7 +2396,7 @@ cudaError_t upload_plan(const DecodePlan& plan, const DecodeWorkspace& ws, cudaS
   for (int i = 0; i < plan.batch * 3; ++i)
     if (plan.regions[2 * size_t(i)] < 0 || plan.regions[2 * size_t(i) + 1] < 0) return cudaErrorInvalidValue;
   if (!plan.first_pages.empty()) {
-    if (plan.first_pages.size() != 4 * size_t(plan.num_chunks) || !ws.first_pages) return cudaErrorInvalidValue;
+    if (plan.first_pages.size() != kWarps * size_t(plan.num_chunks) || !ws.first_pages) return cudaErrorInvalidValue;
     for (int32_t pg : plan.first_pages)
       if (pg < -1) return cudaErrorInvalidValue;
   }
@@ -2449,9 +2454,9 @@ cudaError_t upload_plan(const DecodePlan& plan, const DecodeWorkspace& ws, cudaS
                                                cudaMemcpyHostToDevice, stream));
   std::vector<int32_t> first_pages;
   if (!plan.first_pages.empty() && plan.num_chunks > 0) {
-    first_pages.resize(4 * size_t(plan.num_chunks));
+    first_pages.resize(kWarps * size_t(plan.num_chunks));
     for (int i = 0; i < plan.num_chunks; ++i)
-      for (int w = 0; w < 4; ++w) first_pages[4 * size_t(i) + w] = plan.first_pages[4 * size_t(plan.order[i]) + w];
+      std::copy_n(&plan.first_pages[kWarps * size_t(plan.order[i])], kWarps, &first_pages[kWarps * size_t(i)]);
     OSCAR_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(ws.first_pages, first_pages.data(),
                                                sizeof(int32_t) * first_pages.size(), cudaMemcpyHostToDevice,
                                                stream));
