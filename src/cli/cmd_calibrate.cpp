@@ -28,12 +28,29 @@ std::vector<float> parse_grid(const std::string& s) {
   return out;
 }
 
+// One line: which layers got which key transform (DESIGN §3.6).
+void print_key_transform(const oscar::Calibration& c) {
+  std::string center, scale;
+  int nc = 0, ns = 0;
+  for (size_t l = 0; l < c.layers.size(); ++l) {
+    const auto& L = c.layers[l];
+    bool any_c = false, any_s = false;
+    for (float x : L.k_mean) any_c = any_c || x != 0.0f;
+    for (float x : L.k_scale) any_s = any_s || x != 1.0f;
+    if (any_c) center += fmt::format("{}{}", nc++ ? "," : "", l);
+    if (any_s) scale += fmt::format("{}{}", ns++ ? "," : "", l);
+  }
+  std::printf("key transform %s: centered layers [%s] (%d of %zu), scaled layers [%s] (%d)\n",
+              c.key_transform.c_str(), center.c_str(), nc, c.layers.size(), scale.c_str(), ns);
+}
+
 const oscar::cli::Registrar reg({"calibrate", "Calibrate OSCAR rotations and clip ratios from an activation dump",
                                  [](CLI::App& app) {
   struct Opts {
     std::string dump, out, composition = "UHP", key_target = "query", value_target = "key-weighted",
-                           granularity = "layer", scale_dtype = "f16", grid, arch, weights_hash;
-    int group = 128, bits = 2, sample_tokens = 256, sink = 64, recent = 256;
+                           granularity = "layer", scale_dtype = "f16", grid, arch, weights_hash,
+                           key_transform = "auto";
+    int group = 128, bits = 2, sample_tokens = 512, sink = 64, recent = 256;
     int64_t max_tokens = 0;
     float k_clip = 0.96f, v_clip = 0.92f;
     bool clip_search = false, quiet = false;
@@ -57,11 +74,14 @@ const oscar::cli::Registrar reg({"calibrate", "Calibrate OSCAR rotations and cli
       ->capture_default_str();
   app.add_option("--bits", o->bits, "Code bits: 2 or 4")->capture_default_str();
   app.add_option("--scale-dtype", o->scale_dtype, "f16 | f32 (scale/min storage)")->capture_default_str();
+  app.add_option("--key-transform", o->key_transform,
+                 "off | center | center+scale | auto (per rotation, the one with the least key error on the sample)")
+      ->capture_default_str();
   app.add_flag("--clip-search", o->clip_search, "Search clip ratios per layer (attention-aware error)");
   app.add_option("--clip-grid", o->grid, "Comma-separated ratios for --clip-search (default 0.80..1.0)");
   app.add_option("--k-clip", o->k_clip, "Key clip ratio when not searching")->capture_default_str();
   app.add_option("--v-clip", o->v_clip, "Value clip ratio when not searching")->capture_default_str();
-  app.add_option("--sample-tokens", o->sample_tokens, "Tokens sampled per layer for --clip-search")
+  app.add_option("--sample-tokens", o->sample_tokens, "Tokens sampled per layer for --clip-search and --key-transform auto")
       ->capture_default_str();
   app.add_option("--max-tokens", o->max_tokens, "Use only the first N tokens of the dump (0 = all)");
   app.add_option("--seed", o->seed, "Seed (random composition, clip-search sampling)")->capture_default_str();
@@ -87,6 +107,7 @@ const oscar::cli::Registrar reg({"calibrate", "Calibrate OSCAR rotations and cli
       throw Error(fmt::format("--scale-dtype '{}': expected f16 or f32", o->scale_dtype));
     cfg.quant.scale_dtype = o->scale_dtype == "f16" ? ScaleDtype::kF16 : ScaleDtype::kF32;
     cfg.clip_search = o->clip_search;
+    cfg.key_transform = parse_key_transform(o->key_transform);
     if (!o->grid.empty()) cfg.clip_grid = parse_grid(o->grid);
     cfg.k_clip = o->k_clip;
     cfg.v_clip = o->v_clip;
@@ -102,6 +123,7 @@ const oscar::cli::Registrar reg({"calibrate", "Calibrate OSCAR rotations and cli
                   o->out.c_str(), c.model.n_layers, composition_name(c.composition), granularity_name(c.granularity),
                   key_target_name(c.key_target), value_target_name(c.value_target),
                   static_cast<long long>(c.calib_tokens), s);
+      print_key_transform(c);
       return 0;
     }
     const ActivationDump dump = ActivationDump::open(o->dump);
@@ -123,6 +145,7 @@ const oscar::cli::Registrar reg({"calibrate", "Calibrate OSCAR rotations and cli
                 o->out.c_str(), c.model.n_layers, composition_name(c.composition), granularity_name(c.granularity),
                 key_target_name(c.key_target), value_target_name(c.value_target),
                 static_cast<long long>(c.calib_tokens), s);
+    print_key_transform(c);
     return 0;
   };
 }});

@@ -23,7 +23,10 @@ std::string lower_alnum(const std::string& s) {
 }
 
 constexpr const char* kFormat = "oscar-calibration";
-constexpr int kFormatVersion = 1;
+// Version 2 adds the optional key transform (k_mean, k_scale); version-1 files still read.
+// A file with a key transform is written as version 2, so that an older reader refuses it
+// instead of silently ignoring the tensors.
+constexpr int kFormatVersion = 2;
 
 int meta_int(const st::File& f, const std::string& key) {
   auto it = f.metadata().find(key);
@@ -102,6 +105,28 @@ Granularity parse_granularity(const std::string& s) {
   throw Error(fmt::format("unknown granularity '{}' (layer, head)", s));
 }
 
+const char* key_transform_name(KeyTransformMode m) {
+  switch (m) {
+    case KeyTransformMode::kOff:
+      return "off";
+    case KeyTransformMode::kCenter:
+      return "center";
+    case KeyTransformMode::kCenterScale:
+      return "center+scale";
+    case KeyTransformMode::kAuto:
+      return "auto";
+  }
+  return "?";
+}
+KeyTransformMode parse_key_transform(const std::string& s) {
+  const auto k = lower_alnum(s);
+  if (k == "off" || k == "none") return KeyTransformMode::kOff;
+  if (k == "center") return KeyTransformMode::kCenter;
+  if (k == "centerscale") return KeyTransformMode::kCenterScale;
+  if (k == "auto") return KeyTransformMode::kAuto;
+  throw Error(fmt::format("unknown key transform '{}' (off, center, center+scale, auto)", s));
+}
+
 void write_calibration(const Calibration& c, const std::string& path) {
   const int d = c.head_dim();
   if (d <= 0 || static_cast<int>(c.layers.size()) != c.model.n_layers)
@@ -109,7 +134,10 @@ void write_calibration(const Calibration& c, const std::string& path) {
                             path, c.layers.size(), c.model.n_layers, d));
   st::Writer w;
   w.set_metadata("format", kFormat);
-  w.set_metadata("format_version", std::to_string(kFormatVersion));
+  bool transform = false;
+  for (const LayerCalibration& L : c.layers) transform = transform || L.has_key_transform();
+  w.set_metadata("format_version", transform ? std::to_string(kFormatVersion) : "1");
+  w.set_metadata("key_transform", c.key_transform);
   w.set_metadata("method", c.method);
   w.set_metadata("composition", composition_name(c.composition));
   w.set_metadata("key_target", key_target_name(c.key_target));
@@ -155,6 +183,15 @@ void write_calibration(const Calibration& c, const std::string& path) {
       need(L.v_eigenvalues, static_cast<size_t>(n * d), "v_eigenvalues");
       w.add_f32(p + "v_eigenvalues", {n, d}, L.v_eigenvalues.data());
     }
+    const int64_t H = c.model.n_kv_heads;
+    if (!L.k_mean.empty()) {
+      need(L.k_mean, static_cast<size_t>(H * d), "k_mean");
+      w.add_f32(p + "k_mean", {H, d}, L.k_mean.data());
+    }
+    if (!L.k_scale.empty()) {
+      need(L.k_scale, static_cast<size_t>(H * d), "k_scale");
+      w.add_f32(p + "k_scale", {H, d}, L.k_scale.data());
+    }
   }
   w.write(path);
 }
@@ -165,7 +202,7 @@ Calibration read_calibration(const std::string& path) {
     throw Error(fmt::format("{}: not an OSCAR calibration file (metadata format = '{}')", path,
                             f.meta("format")));
   const int version = meta_int(f, "format_version");
-  if (version != kFormatVersion)
+  if (version < 1 || version > kFormatVersion)
     throw Error(
         fmt::format("{}: calibration format version {} is not supported (this build reads {})",
                     path, version, kFormatVersion));
@@ -184,6 +221,7 @@ Calibration read_calibration(const std::string& path) {
   c.sink = meta_int(f, "sink");
   c.recent = meta_int(f, "recent");
   c.clip_search = f.meta("clip_search") == "true";
+  c.key_transform = f.meta("key_transform", "off");
   c.model.architecture = f.meta("model.architecture");
   c.model.n_layers = meta_int(f, "model.n_layers");
   c.model.n_q_heads = meta_int(f, "model.n_q_heads");
@@ -213,6 +251,14 @@ Calibration read_calibration(const std::string& path) {
     L.v_clip = read_checked(f, p + "v_clip", {n});
     if (f.find(p + "k_eigenvalues")) L.k_eigenvalues = read_checked(f, p + "k_eigenvalues", {n, d});
     if (f.find(p + "v_eigenvalues")) L.v_eigenvalues = read_checked(f, p + "v_eigenvalues", {n, d});
+    if (version >= 2 && f.find(p + "k_mean")) L.k_mean = read_checked(f, p + "k_mean", {H, d});
+    if (version >= 2 && f.find(p + "k_scale")) {
+      L.k_scale = read_checked(f, p + "k_scale", {H, d});
+      for (size_t j = 0; j < L.k_scale.size(); ++j)
+        if (!(L.k_scale[j] > 1e-6f && L.k_scale[j] < 1e6f))
+          throw Error(fmt::format("{}: layer {} k_scale[{}] = {} is outside (1e-6, 1e6)", path, i,
+                                  j, L.k_scale[j]));
+    }
     for (int64_t r = 0; r < n; ++r) {
       for (const auto* rot : {&L.k_rotation, &L.v_rotation}) {
         const double e = orthogonality_error(rot->data() + r * d * d, d);

@@ -7,11 +7,21 @@
 //   layers.{i}.v_eigenvalues  [n_rot, d]    f32
 //   layers.{i}.k_clip         [n_rot]       f32   clip ratio c (index floor(c·d))
 //   layers.{i}.v_clip         [n_rot]       f32
+//   layers.{i}.k_mean         [n_kv_heads, d] f32  optional (format_version 2): key centering
+//   layers.{i}.k_scale        [n_kv_heads, d] f32  optional (format_version 2): key smoothing
 // __metadata__ (all strings): format=oscar-calibration, format_version=1,
 //   method, composition, key_target, value_target, granularity, bits,
 //   group_size, scale_dtype, sink, recent, clip_search,
 //   model.architecture, model.n_layers, model.n_q_heads, model.n_kv_heads,
-//   model.head_dim, model.weights_hash, calib.tokens, calib.text_hash, calib.source.
+//   model.head_dim, model.weights_hash, calib.tokens, calib.text_hash, calib.source,
+//   key_transform (version 2: "off", "center", "center+scale" or "auto").
+//
+// The key transform (DESIGN §3.6) is exact: with μ_h = k_mean[h] and s_h = k_scale[h]
+// (absent: μ = 0, s = 1), the stored key of KV head h is k̃ = (k − μ_h)·diag(1/s_h)·R_h and
+// the query is q̃ = q·diag(s_h)·R_h, so q̃·k̃ = q·k − q·μ_h: every logit of one query row
+// moves by the same amount, which softmax ignores. It removes what a per-token 2-bit range
+// cannot afford to spend on: a large constant key offset (Qwen2's k_proj bias) and channels
+// whose key range dwarfs their query weight. core/key_transform.h prepares it for the kernels.
 #pragma once
 
 #include <cstdint>
@@ -26,6 +36,10 @@ namespace oscar {
 enum class KeyTarget { kQuery, kRaw };
 enum class ValueTarget { kAttnOutput, kKeyWeighted, kRaw };
 enum class Granularity { kLayer, kHead };
+// Key transform at calibration (DESIGN §3.6): none, centering, centering + channel
+// smoothing, or auto = per rotation (layer or KV head) whichever of the three gives the
+// smallest attention-aware key error on the calibration sample.
+enum class KeyTransformMode { kOff, kCenter, kCenterScale, kAuto };
 
 const char* key_target_name(KeyTarget);      // "query", "raw"
 const char* value_target_name(ValueTarget);  // "attn-output", "key-weighted", "raw"
@@ -33,6 +47,8 @@ const char* granularity_name(Granularity);   // "layer", "head"
 KeyTarget parse_key_target(const std::string&);
 ValueTarget parse_value_target(const std::string&);
 Granularity parse_granularity(const std::string&);
+const char* key_transform_name(KeyTransformMode);  // "off", "center", "center+scale", "auto"
+KeyTransformMode parse_key_transform(const std::string&);
 
 // What a calibration belongs to. Empty strings / zeros mean "unknown".
 struct ModelFingerprint {
@@ -51,6 +67,10 @@ struct LayerCalibration {
   std::vector<float> k_eigenvalues;   // [n_rot][d] or empty
   std::vector<float> v_eigenvalues;   // [n_rot][d] or empty
   std::vector<float> k_clip, v_clip;  // [n_rot]
+  // Key transform, per KV head (any granularity): empty = none.
+  std::vector<float> k_mean;   // [n_kv_heads][d] μ, post-RoPE, original basis
+  std::vector<float> k_scale;  // [n_kv_heads][d] s > 0, tied over each RoPE pair (c, c + d/2)
+  bool has_key_transform() const { return !k_mean.empty() || !k_scale.empty(); }
 
   // Per KV head accessors (a per-layer rotation serves every head).
   const float* k_rot(int kv_head, int d) const { return k_rotation.data() + idx(kv_head) * d * d; }
@@ -75,6 +95,7 @@ struct Calibration {
   int sink = 64;
   int recent = 256;
   bool clip_search = false;
+  std::string key_transform = "off";  // what calibration was asked for (the tensors say what is)
   int64_t calib_tokens = 0;
   std::string text_hash;  // of the calibration text / dump
   std::string source;     // e.g. the dump path

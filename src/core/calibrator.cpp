@@ -10,6 +10,7 @@
 
 #include "core/eigen_sym.h"
 #include "core/error.h"
+#include "core/key_transform.h"
 #include "core/linalg.h"
 #include "core/parallel.h"
 #include "core/quant_error.h"
@@ -25,6 +26,7 @@ struct LayerAcc {
   int64_t tokens = 0;
   bool done = false;
   std::vector<double> sum_qq, sum_kk, sum_vv, sum_oo;  // [H][d][d], upper triangles
+  std::vector<double> sum_k, sum_k2;                  // [H][d] key sums (key transform)
   // key-weighted: the K and V rows of every add() call, [T_i][H][d] each
   // (one block per call: no reallocation/copy as the layer grows).
   std::vector<std::vector<float>> kblocks, vblocks;
@@ -102,8 +104,16 @@ struct Calibrator::Impl {
       if (need_kk) a.sum_kk.assign(mat, 0.0);
       if (need_vv) a.sum_vv.assign(mat, 0.0);
       if (need_oo) a.sum_oo.assign(mat, 0.0);
+      if (cfg.key_transform != KeyTransformMode::kOff) {
+        a.sum_k.assign(static_cast<size_t>(H) * d, 0.0);
+        a.sum_k2.assign(static_cast<size_t>(H) * d, 0.0);
+      }
       a.rng.seed(cfg.seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(l) + 1);
     }
+  }
+
+  bool want_sample() const {
+    return cfg.clip_search || cfg.key_transform == KeyTransformMode::kAuto;
   }
 
   void log2_check() const {
@@ -167,7 +177,14 @@ struct Calibrator::Impl {
       a.kblocks.emplace_back(k, k + T * row);
       a.vblocks.emplace_back(v, v + T * row);
     }
-    if (cfg.clip_search && cfg.sample_tokens > 0) {
+    if (!a.sum_k.empty())
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t i = 0; i < row; ++i) {
+          const double x = k[t * row + i];
+          a.sum_k[static_cast<size_t>(i)] += x;
+          a.sum_k2[static_cast<size_t>(i)] += x * x;
+        }
+    if (want_sample() && cfg.sample_tokens > 0) {
       const int64_t S = cfg.sample_tokens;
       if (a.sample_k.empty()) {
         a.sample_k.resize(static_cast<size_t>(S * row));
@@ -299,23 +316,39 @@ struct Calibrator::Impl {
     return t;
   }
 
-  // Picks the clip ratio minimizing Σ over `heads` of the weighted error.
-  float search_clip(const LayerAcc& a, bool keys, const std::vector<double>& R,
-                    const std::vector<int>& heads, const LayerTargets& t) const {
-    const int n = static_cast<int>(cfg.clip_grid.size());
+  // The best clip ratio in `grid` and its summed error over `heads`: rows[h] are head h's
+  // sample rows ([S][d], already transformed), C[h] its weight (fp64 [d][d]).
+  std::pair<float, double> best_clip(const std::vector<std::vector<float>>& rows,
+                                     const std::vector<const double*>& C, int64_t S,
+                                     const std::vector<double>& R, const std::vector<int>& heads,
+                                     const std::vector<float>& grid) const {
+    const int n = static_cast<int>(grid.size());
     std::vector<ErrorSums> total(static_cast<size_t>(n)), part(static_cast<size_t>(n));
-    const int64_t row = int64_t(H) * d;
     for (int h : heads) {
-      const float* rows = (keys ? a.sample_k.data() : a.sample_v.data()) + int64_t(h) * d;
-      const double* C = keys ? t.q(h) : t.v(h);
-      quant_error_sweep(rows, a.sample_filled, row, d, R.data(), cfg.clip_grid.data(), n, cfg.quant,
-                        C, part.data());
+      quant_error_sweep(rows[static_cast<size_t>(h)].data(), S, d, d, R.data(), grid.data(), n,
+                        cfg.quant, C[static_cast<size_t>(h)], part.data());
       for (int i = 0; i < n; ++i) total[static_cast<size_t>(i)] += part[static_cast<size_t>(i)];
     }
     int best = 0;
     for (int i = 1; i < n; ++i)
       if (total[static_cast<size_t>(i)].err_w < total[static_cast<size_t>(best)].err_w) best = i;
-    return cfg.clip_grid[static_cast<size_t>(best)];
+    return {grid[static_cast<size_t>(best)], total[static_cast<size_t>(best)].err_w};
+  }
+
+  // Head h's sample rows ([S][d] contiguous), optionally centered by mu and divided by s.
+  std::vector<float> sample_rows(const LayerAcc& a, bool keys, int h, const double* mu,
+                                 const float* s) const {
+    const int64_t S = a.sample_filled, row = int64_t(H) * d;
+    std::vector<float> out(static_cast<size_t>(S * d));
+    const float* src = (keys ? a.sample_k.data() : a.sample_v.data()) + int64_t(h) * d;
+    for (int64_t t = 0; t < S; ++t)
+      for (int c = 0; c < d; ++c) {
+        double x = src[t * row + c];
+        if (mu) x -= mu[c];
+        if (s) x /= s[c];
+        out[static_cast<size_t>(t * d + c)] = static_cast<float>(x);
+      }
+    return out;
   }
 
   void finish_layer(int l) {
@@ -333,6 +366,51 @@ struct Calibrator::Impl {
     out.v_eigenvalues.resize(static_cast<size_t>(n_rot) * d);
     out.k_clip.assign(static_cast<size_t>(n_rot), cfg.k_clip);
     out.v_clip.assign(static_cast<size_t>(n_rot), cfg.v_clip);
+    const bool sampled = want_sample() && a.sample_filled > 0;
+    const std::vector<float> fixed_k{cfg.k_clip}, fixed_v{cfg.v_clip};
+
+    // Key transform statistics per head: mean, centered variance, query second moment.
+    const double n_tok = static_cast<double>(a.tokens);
+    std::vector<double> mu(static_cast<size_t>(H) * d, 0.0), var(mu.size(), 0.0);
+    std::vector<float> scales(mu.size(), 1.0f);
+    if (!a.sum_k.empty()) {
+      std::vector<double> qms(static_cast<size_t>(d));
+      for (int h = 0; h < H; ++h) {
+        for (int c = 0; c < d; ++c) {
+          const size_t i = static_cast<size_t>(h) * d + c;
+          mu[i] = a.sum_k[i] / n_tok;
+          var[i] = std::max(0.0, a.sum_k2[i] / n_tok - mu[i] * mu[i]);
+          qms[static_cast<size_t>(c)] = t.q(h)[static_cast<size_t>(c) * d + c];
+        }
+        const std::vector<float> sh = smoothing_scales(var.data() + size_t(h) * d, qms.data(), d);
+        std::copy(sh.begin(), sh.end(), scales.begin() + static_cast<ptrdiff_t>(h) * d);
+      }
+    }
+    // Candidates for the key transform: (center, scale).
+    std::vector<std::pair<bool, bool>> cands;
+    switch (cfg.key_transform) {
+      case KeyTransformMode::kOff: cands = {{false, false}}; break;
+      case KeyTransformMode::kCenter: cands = {{true, false}}; break;
+      case KeyTransformMode::kCenterScale: cands = {{true, true}}; break;
+      case KeyTransformMode::kAuto: cands = {{false, false}, {true, false}, {true, true}}; break;
+    }
+    if (!sampled && cands.size() > 1) cands = {{true, true}};
+    // Head h's key target under a candidate (fp64 [d][d]).
+    auto key_target = [&](int h, bool center, bool scale) {
+      std::vector<double> C(t.k(h), t.k(h) + dd);
+      const double* m = mu.data() + static_cast<size_t>(h) * d;
+      const float* s = scales.data() + static_cast<size_t>(h) * d;
+      const bool raw = cfg.key_target == KeyTarget::kRaw;
+      for (int i = 0; i < d; ++i)
+        for (int j = 0; j < d; ++j) {
+          double& x = C[static_cast<size_t>(i) * d + j];
+          if (raw && center) x -= m[i] * m[j];
+          if (scale) x = raw ? x / (double(s[i]) * s[j]) : x * (double(s[i]) * s[j]);
+        }
+      return C;
+    };
+    std::vector<char> centered(static_cast<size_t>(H), 0), scaled(static_cast<size_t>(H), 0);
+
     for (int r = 0; r < n_rot; ++r) {
       std::vector<int> heads;
       if (per_head)
@@ -341,29 +419,93 @@ struct Calibrator::Impl {
         for (int h = 0; h < H; ++h) heads.push_back(h);
       for (int kv = 0; kv < 2; ++kv) {
         const bool keys = kv == 0;
-        // The target this rotation diagonalizes: the head's, or the mean over heads.
-        std::vector<double> C(dd, 0.0);
-        for (int h : heads) {
-          const double* src = keys ? t.k(h) : t.v(h);
-          for (size_t i = 0; i < dd; ++i) C[i] += src[i];
-        }
-        for (double& x : C) x /= static_cast<double>(heads.size());
         const std::string what =
             fmt::format("layer {} {}{} {} target", l, per_head ? "kv head " : "",
                         per_head ? std::to_string(r) : "", keys ? "key" : "value");
-        const SymEig eig = sym_eig(C.data(), d, what.c_str());
         const uint64_t seed = cfg.seed + 1000003ull * static_cast<uint64_t>(l) +
                               2ull * static_cast<uint64_t>(r) + static_cast<uint64_t>(kv);
-        const std::vector<double> R = compose_rotation(cfg.composition, &eig, d, seed);
+        // One candidate (the value side has exactly one): its pooled target, rotation,
+        // and (when sampled) best clip and error.
+        struct Result {
+          std::vector<double> R;
+          SymEig eig;
+          float clip;
+          double err;
+        };
+        auto evaluate = [&](bool center, bool scale) {
+          std::vector<std::vector<double>> Ch(static_cast<size_t>(H));
+          std::vector<double> C(dd, 0.0);
+          for (int h : heads) {
+            Ch[static_cast<size_t>(h)] =
+                keys ? key_target(h, center, scale) : std::vector<double>(t.v(h), t.v(h) + dd);
+            for (size_t i = 0; i < dd; ++i) C[i] += Ch[static_cast<size_t>(h)][i];
+          }
+          for (double& x : C) x /= static_cast<double>(heads.size());
+          Result res{{}, sym_eig(C.data(), d, what.c_str()), keys ? cfg.k_clip : cfg.v_clip, 0.0};
+          res.R = compose_rotation(cfg.composition, &res.eig, d, seed);
+          const bool need_err = keys && cands.size() > 1;
+          if (sampled && (cfg.clip_search || need_err)) {
+            std::vector<std::vector<float>> rows(static_cast<size_t>(H));
+            std::vector<const double*> W(static_cast<size_t>(H), nullptr);
+            for (int h : heads) {
+              rows[static_cast<size_t>(h)] = sample_rows(
+                  a, keys, h, keys && center ? mu.data() + size_t(h) * d : nullptr,
+                  keys && scale ? scales.data() + size_t(h) * d : nullptr);
+              // Keys are weighted by the transformed query covariance diag(s)·C_Q·diag(s)
+              // (the logit error, whatever the key target), values by their target.
+              if (keys && cfg.key_target == KeyTarget::kRaw) {
+                std::vector<double>& c = Ch[static_cast<size_t>(h)];
+                const double* q = t.q(h);
+                const float* s = scales.data() + size_t(h) * d;
+                for (int i = 0; i < d; ++i)
+                  for (int j = 0; j < d; ++j)
+                    c[size_t(i) * d + j] = q[size_t(i) * d + j] * (scale ? double(s[i]) * s[j] : 1.0);
+              }
+              W[static_cast<size_t>(h)] = Ch[static_cast<size_t>(h)].data();
+            }
+            const std::vector<float>& grid =
+                cfg.clip_search ? cfg.clip_grid : (keys ? fixed_k : fixed_v);
+            std::tie(res.clip, res.err) = best_clip(rows, W, a.sample_filled, res.R, heads, grid);
+          }
+          return res;
+        };
+        Result best;
+        size_t chosen = 0;
+        if (keys) {
+          for (size_t c = 0; c < cands.size(); ++c) {
+            Result res = evaluate(cands[c].first, cands[c].second);
+            if (c == 0 || res.err < best.err) best = std::move(res), chosen = c;
+          }
+          for (int h : heads) {
+            centered[static_cast<size_t>(h)] = cands[chosen].first;
+            scaled[static_cast<size_t>(h)] = cands[chosen].second;
+          }
+        } else {
+          best = evaluate(false, false);
+        }
         float* rot = (keys ? out.k_rotation : out.v_rotation).data() + r * dd;
         float* ev =
             (keys ? out.k_eigenvalues : out.v_eigenvalues).data() + static_cast<size_t>(r) * d;
-        for (size_t i = 0; i < dd; ++i) rot[i] = static_cast<float>(R[i]);
-        for (int i = 0; i < d; ++i) ev[i] = static_cast<float>(eig.values[static_cast<size_t>(i)]);
-        if (cfg.clip_search && a.sample_filled > 0)
-          (keys ? out.k_clip : out.v_clip)[static_cast<size_t>(r)] =
-              search_clip(a, keys, R, heads, t);
+        for (size_t i = 0; i < dd; ++i) rot[i] = static_cast<float>(best.R[i]);
+        for (int i = 0; i < d; ++i) ev[i] = static_cast<float>(best.eig.values[static_cast<size_t>(i)]);
+        (keys ? out.k_clip : out.v_clip)[static_cast<size_t>(r)] = best.clip;
       }
+    }
+    // The key transform's tensors, only when some head uses them.
+    out.k_mean.clear();
+    out.k_scale.clear();
+    if (std::any_of(centered.begin(), centered.end(), [](char c) { return c; })) {
+      out.k_mean.assign(static_cast<size_t>(H) * d, 0.0f);
+      for (int h = 0; h < H; ++h)
+        if (centered[static_cast<size_t>(h)])
+          for (int c = 0; c < d; ++c)
+            out.k_mean[size_t(h) * d + c] = static_cast<float>(mu[size_t(h) * d + c]);
+    }
+    if (std::any_of(scaled.begin(), scaled.end(), [](char c) { return c; })) {
+      out.k_scale.assign(static_cast<size_t>(H) * d, 1.0f);
+      for (int h = 0; h < H; ++h)
+        if (scaled[static_cast<size_t>(h)])
+          for (int c = 0; c < d; ++c) out.k_scale[size_t(h) * d + c] = scales[size_t(h) * d + c];
     }
     if (keep) a.kept = std::move(t);
     a.done = true;
@@ -376,6 +518,8 @@ struct Calibrator::Impl {
     std::vector<std::vector<float>>().swap(a.vblocks);
     std::vector<float>().swap(a.sample_k);
     std::vector<float>().swap(a.sample_v);
+    std::vector<double>().swap(a.sum_k);
+    std::vector<double>().swap(a.sum_k2);
   }
 };
 
@@ -450,6 +594,7 @@ Calibration Calibrator::finish(ModelFingerprint model) {
   c.sink = m.cfg.sink;
   c.recent = m.cfg.recent;
   c.clip_search = m.cfg.clip_search;
+  c.key_transform = key_transform_name(m.cfg.key_transform);
   c.calib_tokens = tokens;
   for (int l = 0; l < m.L; ++l) {
     m.finish_layer(l);

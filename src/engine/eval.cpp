@@ -11,7 +11,9 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "core/quantizer.h"
+#include "core/key_transform.h"
 #include "kernels/cpu/cache_write.h"
+#include "kv/key_transform.h"
 #include "model/backend_cpu.h"
 #include "model/fold_rotation.h"
 #include "model/ops_threads.h"
@@ -69,18 +71,19 @@ class SimHook : public model::DenseHooks {
       : fwd_(fwd), m_(m), c_(fwd.config()), page_(page_size), score_from_(score_from), sums_(sums) {}
 
   void on_qkv(int layer, float* q, float* k, float* v, int T) override {
-    if (m_.kind != kv::KvMethod::Kind::kRow || m_.calib->composition == Composition::kNone) return;
+    if (m_.kind != kv::KvMethod::Kind::kRow) return;
     const LayerCalibration& lc = m_.calib->layers.at(layer);
-    const int d = c_.head_dim, Hq = c_.n_heads, Hkv = c_.n_kv_heads, group = Hq / Hkv;
-    kernels::cpu::rotate_heads(k, T, Hkv, d, lc.k_rotation.data(), lc.n_rot, k);
-    if (lc.n_rot == 1) {
-      kernels::cpu::rotate_heads(q, T, Hq, d, lc.k_rotation.data(), 1, q);
-    } else {
-      std::vector<float> R(size_t(Hq) * d * d);
-      for (int g = 0; g < Hq; ++g)
-        std::copy(lc.k_rot(g / group, d), lc.k_rot(g / group, d) + d * d, R.data() + size_t(g) * d * d);
-      kernels::cpu::rotate_heads(q, T, Hq, d, R.data(), Hq, q);
+    if (m_.calib->composition == Composition::kNone && !lc.has_key_transform()) return;
+    xf_ = prepare_key_transform(lc, c_.n_kv_heads, c_.head_dim);
+    const KeyTransform& xf = xf_;
+    if (sums_ && lc.has_key_transform()) {
+      // The cache error is reported in the original basis: keep the keys and the
+      // inverse map, x = k̃·Rᵀ·diag(s) + μ (see attention()).
+      k_orig_.assign(k, k + size_t(T) * c_.n_kv_heads * c_.head_dim);
+      layer_ = layer;
     }
+    kv::transform_keys(xf, k, T, c_.n_kv_heads);
+    kv::transform_queries(xf, q, T, c_.n_heads, c_.n_kv_heads);
   }
 
   bool attention(int layer, const float* q, const float* k, const float* v, int T,
@@ -92,6 +95,9 @@ class SimHook : public model::DenseHooks {
   const model::ModelConfig& c_;
   int page_, score_from_;
   LocalErrorSums* sums_;
+  KeyTransform xf_;            // the layer's prepared key transform
+  std::vector<float> k_orig_;  // keys before the key transform (when it has one)
+  int layer_ = -1;             // the layer k_orig_ belongs to
 };
 
 bool SimHook::attention(int layer, const float* q, const float* k, const float* v, int T,
@@ -115,10 +121,28 @@ bool SimHook::attention(int layer, const float* q, const float* k, const float* 
     // Cache error over the rows quantized at the end of the sequence, against
     // the unrounded rows (orthogonal rotations keep the relative MSE).
     const LoRange r = lo[T - 1];
+    const bool back = layer_ == layer && !k_orig_.empty();
+    if (back) {
+      // Keys with a key transform: k − μ = k̃·M_Qᵀ (M_Q = diag(s)·R, M_K⁻¹ = Rᵀ·diag(s)),
+      // so the error of a stored key maps back by the same product.
+      for (int t = r.begin; t < r.end; ++t)
+        for (int h = 0; h < Hkv; ++h) {
+          const size_t base = (size_t(t) * Hkv + h) * d;
+          const float* M = xf_.query_matrix(h);
+          for (int j = 0; j < d; ++j) {
+            double e = 0;
+            for (int i = 0; i < d; ++i) e += double(klo[base + i] - k[base + i]) * M[size_t(j) * d + i];
+            sums_->k_num += e * e;
+            sums_->k_den += double(k_orig_[base + j]) * k_orig_[base + j];
+          }
+        }
+    }
     for (int t = r.begin; t < r.end; ++t)
       for (size_t i = size_t(t) * Hkv * d; i < size_t(t + 1) * Hkv * d; ++i) {
-        sums_->k_num += double(klo[i] - k[i]) * (klo[i] - k[i]);
-        sums_->k_den += double(k[i]) * k[i];
+        if (!back) {
+          sums_->k_num += double(klo[i] - k[i]) * (klo[i] - k[i]);
+          sums_->k_den += double(k[i]) * k[i];
+        }
         sums_->v_num += double(vlo[i] - v[i]) * (vlo[i] - v[i]);
         sums_->v_den += double(v[i]) * v[i];
       }

@@ -9,6 +9,7 @@
 #include "core/half.h"
 #include "core/quantizer.h"
 #include "kernels/cpu/cache_write.h"
+#include "kv/key_transform.h"
 
 namespace oscar::kv {
 
@@ -51,6 +52,8 @@ OscarKvCache::OscarKvCache(const KvCacheShape& shape, std::shared_ptr<const Cali
                             opts_.label, kKeySpan, kKeySpan, ps));
   identity_ = calib_->composition == Composition::kNone;
   for (const LayerCalibration& lc : calib_->layers) {
+    identity_ = identity_ && !lc.has_key_transform();
+    xf_.push_back(prepare_key_transform(lc, shape_.num_kv_heads, d));
     if (lc.n_rot != 1 && lc.n_rot != shape_.num_kv_heads)
       throw Error(fmt::format("{} kv cache: calibration has {} rotations per layer for {} KV heads",
                               opts_.label, lc.n_rot, shape_.num_kv_heads));
@@ -350,28 +353,12 @@ void OscarKvCache::make_batch(std::span<const SeqId> seqs, std::span<const int> 
 
 void OscarKvCache::rotate_keys(int layer, float* k, int n) const {
   if (identity_ || n == 0) return;
-  const LayerCalibration& lc = calib_->layers.at(layer);
-  kernels::cpu::rotate_heads(k, n, shape_.num_kv_heads, shape_.head_dim, lc.k_rotation.data(),
-                             lc.n_rot, k);
+  transform_keys(xf_.at(size_t(layer)), k, n, shape_.num_kv_heads);
 }
 
 void OscarKvCache::rotate_queries(int layer, float* q, int n, int n_q_heads) const {
   if (identity_ || n == 0) return;
-  const LayerCalibration& lc = calib_->layers.at(layer);
-  const int d = shape_.head_dim;
-  if (lc.n_rot == 1) {
-    kernels::cpu::rotate_heads(q, n, n_q_heads, d, lc.k_rotation.data(), 1, q);
-    return;
-  }
-  // Per-head rotations: query head g uses R_K of KV head g / (Hq / Hkv).
-  if (n_q_heads % shape_.num_kv_heads != 0)
-    throw Error(fmt::format("{} kv cache: {} query heads for {} KV heads", opts_.label, n_q_heads,
-                            shape_.num_kv_heads));
-  const int group = n_q_heads / shape_.num_kv_heads;
-  std::vector<float> R(size_t(n_q_heads) * d * d);
-  for (int g = 0; g < n_q_heads; ++g)
-    std::memcpy(R.data() + size_t(g) * d * d, lc.k_rot(g / group, d), sizeof(float) * d * d);
-  kernels::cpu::rotate_heads(q, n, n_q_heads, d, R.data(), n_q_heads, q);
+  transform_queries(xf_.at(size_t(layer)), q, n, n_q_heads, shape_.num_kv_heads);
 }
 
 int64_t OscarKvCache::bytes_in_use() const {

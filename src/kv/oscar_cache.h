@@ -2,8 +2,10 @@
 // (the first S0 tokens, kept forever), a BF16 recent window (the newest W..W+page-1
 // tokens) and a quantized (INT2 / INT4) middle, in pages.
 //
-// Life of a token: the forward rotates its key after RoPE (rotate_keys, R_K of
-// its KV head; the query gets the same R_K in rotate_queries, so q̃·k̃ = q·k) and
+// Life of a token: the forward rotates its key after RoPE (rotate_keys: the
+// layer's key transform, core/key_transform.h, normally R_K of its KV head; the
+// query gets the matching matrix in rotate_queries, so q̃·k̃ = q·k up to a shift
+// shared by every key of a query row) and
 // writes it, BF16, into the sink or the recent window; its value arrives
 // already rotated (R_V is folded into W_v, model/fold_rotation.h). On commit,
 // while the recent window holds W + page tokens, its oldest (full) page is
@@ -27,6 +29,7 @@
 #include <vector>
 
 #include "core/calibration.h"
+#include "core/key_transform.h"
 #include "kv/kv_cache.h"
 #include "kv/page_pool.h"
 
@@ -101,7 +104,8 @@ class OscarKvCache : public KvCache {
   std::shared_ptr<const Calibration> calib_;
   OscarCacheOptions opts_;
   int group_ = 128;
-  bool identity_ = false;        // no rotation at all (int2-naive)
+  bool identity_ = false;        // no rotation and no key transform at all (int2-naive)
+  std::vector<KeyTransform> xf_;  // per layer: the key/query matrices and key offset
   bool uniform_clip_ = true;     // every head of a layer has the same clips
   PagePool bf16_pool_, quant_pool_;
   std::vector<std::unique_ptr<uint16_t[]>> k_, v_;       // [L][pages * page elems] bf16

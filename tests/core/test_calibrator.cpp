@@ -115,6 +115,7 @@ TEST(Calibrator, GranularityAndRotations) {
   for (auto gran : {Granularity::kLayer, Granularity::kHead}) {
     CalibConfig cfg;
     cfg.granularity = gran;
+    cfg.key_transform = KeyTransformMode::kOff;  // eigenvalues of the untransformed target
     Calibrator cal(cfg, kL, kHq, kH, kD);
     cal.keep_targets(true);
     for (int l = 0; l < kL; ++l) {
@@ -153,6 +154,7 @@ TEST(Calibrator, ClipSearchNeverWorseThanDefaultOnItsSample) {
   const auto a = synthetic_layer(s, 0);
   CalibConfig cfg;
   cfg.clip_search = true;
+  cfg.key_transform = KeyTransformMode::kOff;  // the errors below are of the untransformed rows
   cfg.sample_tokens = 1000;  // > T: the sample is every token, so we can recompute
   cfg.clip_grid = {0.80f, 0.88f, 0.92f, 0.96f, 1.0f};
   Calibrator cal(cfg, 1, kHq, kH, kD);

@@ -32,9 +32,12 @@ std::vector<int32_t> random_tokens(int n, int vocab, uint64_t seed) {
   return t;
 }
 
-std::shared_ptr<const Calibration> tiny_calibration(const model::ModelWeights& w, Granularity g) {
+std::shared_ptr<const Calibration> tiny_calibration(
+    const model::ModelWeights& w, Granularity g,
+    KeyTransformMode kt = KeyTransformMode::kAuto) {
   CalibConfig cfg;
   cfg.granularity = g;
+  cfg.key_transform = kt;
   cfg.value_target = ValueTarget::kAttnOutput;
   engine::ModelCalibOptions o;
   o.tokens = 384;
@@ -107,6 +110,21 @@ TEST(OscarSim, MatchesDecodeWithOscarRotation) {
 TEST(OscarSim, MatchesDecodePerHeadRotationQwen2) {
   const auto w = model::random_weights(model::tiny_config(model::Arch::kQwen2), 4);
   compare(w, row_method(tiny_calibration(w, Granularity::kHead)));
+}
+
+// Qwen2 with a large planted k_proj bias (the family's failure case) and the
+// key transform forced on: centering and smoothing are applied the same way by
+// the cache (rotate_keys / rotate_queries) and by the simulation.
+TEST(OscarSim, MatchesDecodeWithKeyTransformQwen2) {
+  auto w = model::random_weights(model::tiny_config(model::Arch::kQwen2), 8);
+  ASSERT_FALSE(w.layers[0].bk.empty());
+  for (size_t i = 0; i < w.layers[0].bk.data.size(); i += 5) w.layers[0].bk.data[i] += 30.0f;
+  for (auto g : {Granularity::kLayer, Granularity::kHead}) {
+    auto c = tiny_calibration(w, g, KeyTransformMode::kCenterScale);
+    ASSERT_FALSE(c->layers[0].k_mean.empty());
+    ASSERT_FALSE(c->layers[0].k_scale.empty());
+    compare(w, row_method(c));
+  }
 }
 
 TEST(OscarSim, MatchesDecodeWithoutRotationAndBf16) {

@@ -1,0 +1,230 @@
+// The key transform (DESIGN §3.6, core/key_transform.h): exact up to a shift
+// shared by every key of a query row; smoothing scales tied over RoPE pairs;
+// the calibrator finds a planted key offset and never picks a transform with
+// more error than no transform on its own sample; calibration files carry it.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <random>
+#include <vector>
+
+#include "core/calibration.h"
+#include "core/calibrator.h"
+#include "core/error.h"
+#include "core/key_transform.h"
+#include "core/quant_error.h"
+#include "core/rotation.h"
+#include "core/synthetic.h"
+
+using namespace oscar;
+
+namespace {
+
+std::vector<float> randn(size_t n, std::mt19937_64& rng, float scale = 1.0f) {
+  std::normal_distribution<float> N(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = N(rng);
+  return v;
+}
+
+LayerCalibration random_layer(int n_rot, int H, int d, bool center, bool scale, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  LayerCalibration L;
+  L.n_rot = n_rot;
+  for (int r = 0; r < n_rot; ++r) {
+    const auto R = compose_rotation(Composition::kRandom, nullptr, d, seed + r);
+    L.k_rotation.insert(L.k_rotation.end(), R.begin(), R.end());
+  }
+  L.v_rotation = L.k_rotation;
+  L.k_clip.assign(n_rot, 0.96f);
+  L.v_clip.assign(n_rot, 0.92f);
+  if (center) L.k_mean = randn(size_t(H) * d, rng, 20.0f);
+  if (scale) {
+    std::uniform_real_distribution<float> U(-2.0f, 2.0f);
+    L.k_scale.resize(size_t(H) * d);
+    for (auto& s : L.k_scale) s = std::exp(U(rng));
+  }
+  return L;
+}
+
+}  // namespace
+
+// q̃·k̃ = q·k − q·μ_h for every (query head, key) pair, per-layer and per-head
+// rotations, with and without centering / scaling.
+TEST(KeyTransform, ExactUpToAShiftPerQueryRow) {
+  constexpr int Hq = 4, H = 2, d = 64, T = 5;
+  for (int n_rot : {1, H})
+    for (int mode = 0; mode < 4; ++mode) {
+      const bool center = mode & 1, scale = mode & 2;
+      const LayerCalibration L = random_layer(n_rot, H, d, center, scale, 17 + mode + 10 * n_rot);
+      const KeyTransform t = prepare_key_transform(L, H, d);
+      EXPECT_EQ(t.n, scale ? H : n_rot);
+      EXPECT_EQ(t.offset.empty(), !center);
+      std::mt19937_64 rng(5 + mode);
+      std::vector<float> q = randn(size_t(T) * Hq * d, rng), k = randn(size_t(T) * H * d, rng, 3.0f);
+      std::vector<float> qt = q, kt = k;
+      apply_key_transform_ref(t, kt.data(), T, H);
+      apply_query_transform_ref(t, qt.data(), T, Hq, H);
+      for (int i = 0; i < T; ++i)
+        for (int g = 0; g < Hq; ++g)
+          for (int j = 0; j < T; ++j) {
+            const int h = g / (Hq / H);
+            const float* qa = q.data() + (size_t(i) * Hq + g) * d;
+            const float* ka = k.data() + (size_t(j) * H + h) * d;
+            const float* qb = qt.data() + (size_t(i) * Hq + g) * d;
+            const float* kb = kt.data() + (size_t(j) * H + h) * d;
+            double want = 0, got = 0, mag = 0;
+            for (int c = 0; c < d; ++c) {
+              const double mu = center ? L.k_mean[size_t(h) * d + c] : 0.0;
+              want += double(qa[c]) * (ka[c] - mu);
+              got += double(qb[c]) * kb[c];
+              mag += std::fabs(double(qa[c]) * ka[c]) + std::fabs(double(qa[c]) * mu);
+            }
+            ASSERT_NEAR(got, want, 1e-5 * mag) << "n_rot " << n_rot << " mode " << mode;
+          }
+    }
+}
+
+TEST(KeyTransform, BadShapesAreClearErrors) {
+  LayerCalibration L = random_layer(1, 2, 32, true, true, 3);
+  L.k_mean.pop_back();
+  EXPECT_THROW(prepare_key_transform(L, 2, 32), Error);
+  L = random_layer(1, 2, 32, true, true, 3);
+  EXPECT_THROW(prepare_key_transform(L, 3, 32), Error);  // k_scale sized for 2 heads
+  L = random_layer(2, 2, 32, false, false, 3);
+  EXPECT_THROW(prepare_key_transform(L, 4, 32), Error);  // 2 rotations for 4 heads
+}
+
+// s_c = (a_c / b_c)^(1/4) over RoPE pairs, geometric mean 1, clamped; silent channels 1.
+TEST(KeyTransform, SmoothingScalesTiedOverRopePairs) {
+  constexpr int d = 16;
+  std::mt19937_64 rng(2);
+  std::uniform_real_distribution<double> U(0.01, 100.0);
+  std::vector<double> a(d), b(d);
+  for (int c = 0; c < d; ++c) a[c] = U(rng), b[c] = U(rng);
+  a[3] = a[3 + d / 2] = 0.0;  // a pair without key variance
+  const std::vector<float> s = smoothing_scales(a.data(), b.data(), d);
+  double logsum = 0;
+  int n = 0;
+  for (int c = 0; c < d / 2; ++c) {
+    ASSERT_TRUE(std::isfinite(s[c]) && s[c] > 0);
+    EXPECT_EQ(s[c], s[c + d / 2]);
+    if (c == 3) {
+      EXPECT_EQ(s[c], 1.0f);
+      continue;
+    }
+    logsum += std::log(s[c]);
+    ++n;
+  }
+  EXPECT_NEAR(logsum / n, 0.0, 1e-5);
+  // Ratios follow the fourth root of the pair ratios.
+  auto r = [&](int c) { return (a[c] + a[c + d / 2]) / (b[c] + b[c + d / 2]); };
+  EXPECT_NEAR(std::log(s[0] / s[1]), 0.25 * std::log(r(0) / r(1)), 1e-5);
+  EXPECT_NEAR(std::log(s[5] / s[2]), 0.25 * std::log(r(5) / r(2)), 1e-5);
+  // Extreme ratios are clamped to [1/64, 64] around the mean.
+  std::vector<double> a2(d, 1.0), b2(d, 1.0);
+  a2[0] = a2[d / 2] = 1e30;
+  const std::vector<float> s2 = smoothing_scales(a2.data(), b2.data(), d);
+  for (float x : s2) EXPECT_TRUE(x <= 64.0f * 1.0001f && x >= 1.0f / 64 / 1.0001f) << x;
+}
+
+// A planted key offset (Qwen2's k_proj bias) in one KV head: auto centers it,
+// recovers the mean, and its sample error is below the untransformed one.
+TEST(KeyTransform, CalibratorFindsAPlantedOffset) {
+  SyntheticSpec s;
+  s.n_layers = 1;
+  s.n_q_heads = 4;
+  s.n_kv_heads = 2;
+  s.head_dim = 32;
+  s.tokens = 400;
+  s.seed = 4;
+  SyntheticLayer a = synthetic_layer(s, 0);
+  const int H = 2, d = 32;
+  std::vector<double> planted(d, 0.0);
+  for (int c = 0; c < 4; ++c) planted[c] = 40.0 * (c + 1);
+  for (int t = 0; t < s.tokens; ++t)
+    for (int c = 0; c < d; ++c) a.k[(size_t(t) * H + 1) * d + c] += float(planted[c]);
+  auto run = [&](KeyTransformMode m) {
+    CalibConfig cfg;
+    cfg.key_transform = m;
+    cfg.sample_tokens = 1000;  // every token: the error below is the calibrator's own
+    Calibrator cal(cfg, 1, 4, H, d);
+    cal.keep_targets(true);
+    cal.add(0, a.q.data(), a.k.data(), a.v.data(), nullptr, s.tokens);
+    Calibration c = cal.finish();
+    return std::make_pair(c, cal.kept_targets(0));
+  };
+  const auto [off, t_off] = run(KeyTransformMode::kOff);
+  const auto [aut, t_aut] = run(KeyTransformMode::kAuto);
+  EXPECT_FALSE(off.layers[0].has_key_transform());
+  ASSERT_FALSE(aut.layers[0].k_mean.empty());
+  EXPECT_EQ(aut.key_transform, "auto");
+  // The mean of head 1 is the planted offset plus the data's own mean.
+  for (int c = 0; c < d; ++c) {
+    double m = 0;
+    for (int t = 0; t < s.tokens; ++t) m += a.k[(size_t(t) * H + 1) * d + c];
+    EXPECT_NEAR(aut.layers[0].k_mean[size_t(d) + c], m / s.tokens, 1e-3 * (1 + std::fabs(m / s.tokens)));
+  }
+  // Logit error (q-weighted, absolute) of the stored keys, with and without.
+  auto err = [&](const Calibration& c) {
+    const LayerCalibration& L = c.layers[0];
+    double e = 0;
+    for (int h = 0; h < H; ++h) {
+      std::vector<float> rows(size_t(s.tokens) * d);
+      std::vector<double> W(t_off.q(h), t_off.q(h) + size_t(d) * d), R(size_t(d) * d);
+      for (int t = 0; t < s.tokens; ++t)
+        for (int cc = 0; cc < d; ++cc) {
+          const float mu = L.k_mean.empty() ? 0.0f : L.k_mean[size_t(h) * d + cc];
+          const float sc = L.k_scale.empty() ? 1.0f : L.k_scale[size_t(h) * d + cc];
+          rows[size_t(t) * d + cc] = (a.k[(size_t(t) * H + h) * d + cc] - mu) / sc;
+        }
+      if (!L.k_scale.empty())
+        for (int i = 0; i < d; ++i)
+          for (int j = 0; j < d; ++j) W[size_t(i) * d + j] *= double(L.k_scale[size_t(h) * d + i]) * L.k_scale[size_t(h) * d + j];
+      for (size_t i = 0; i < R.size(); ++i) R[i] = L.k_rot(h, d)[i];
+      e += quant_error_sums(rows.data(), s.tokens, d, d, R.data(), L.k_clip_of(h), {2, 32, ScaleDtype::kF16},
+                            W.data()).err_w;
+    }
+    return e;
+  };
+  const double e_off = err(off), e_auto = err(aut);
+  std::printf("planted offset: key logit error off %.4g, auto %.4g\n", e_off, e_auto);
+  EXPECT_LT(e_auto, 0.5 * e_off);
+}
+
+TEST(KeyTransform, CalibrationFileRoundTripAndValidation) {
+  namespace fs = std::filesystem;
+  const std::string path =
+      (fs::temp_directory_path() / ("oscar_test_kt_" + std::to_string(::getpid()) + ".safetensors")).string();
+  Calibration c;
+  c.model.n_layers = 2;
+  c.model.n_q_heads = 4;
+  c.model.n_kv_heads = 2;
+  c.model.head_dim = 32;
+  c.group_size = 32;
+  c.key_transform = "auto";
+  c.layers = {random_layer(1, 2, 32, true, true, 1), random_layer(1, 2, 32, false, false, 2)};
+  write_calibration(c, path);
+  const Calibration r = read_calibration(path);
+  EXPECT_EQ(r.key_transform, "auto");
+  EXPECT_EQ(r.layers[0].k_mean, c.layers[0].k_mean);
+  EXPECT_EQ(r.layers[0].k_scale, c.layers[0].k_scale);
+  EXPECT_FALSE(r.layers[1].has_key_transform());
+  // A zero scale is refused by name.
+  c.layers[0].k_scale[7] = 0.0f;
+  write_calibration(c, path);
+  try {
+    read_calibration(path);
+    FAIL() << "a zero k_scale was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("k_scale"), std::string::npos) << e.what();
+  }
+  // A NaN mean is refused.
+  c.layers[0].k_scale[7] = 1.0f;
+  c.layers[0].k_mean[3] = std::nanf("");
+  write_calibration(c, path);
+  EXPECT_THROW(read_calibration(path), Error);
+  fs::remove(path);
+}
