@@ -39,18 +39,7 @@ KeyTransform prepare_key_transform(const LayerCalibration& L, int H, int d) {
       }
     }
   }
-  if (!L.k_mean.empty()) {
-    t.offset.assign(size_t(H) * d, 0.0f);
-    for (int h = 0; h < H; ++h) {
-      const float* K = t.key_matrix(h);
-      const float* mu = L.k_mean.data() + size_t(h) * d;
-      for (int j = 0; j < d; ++j) {
-        double acc = 0;
-        for (int i = 0; i < d; ++i) acc += double(mu[i]) * K[size_t(i) * d + j];
-        t.offset[size_t(h) * d + j] = float(acc);
-      }
-    }
-  }
+  t.mean = L.k_mean;
   return t;
 }
 
@@ -70,8 +59,10 @@ void apply_key_transform_ref(const KeyTransform& t, float* k, int64_t T, int Hkv
   for (int64_t r = 0; r < T; ++r)
     for (int h = 0; h < Hkv; ++h) {
       float* x = k + (size_t(r) * Hkv + h) * d;
+      if (!t.mean.empty())
+        for (int j = 0; j < d; ++j) x[j] -= t.mean[size_t(h) * d + j];
       mul_row(x, t.key_matrix(h), d, tmp.data());
-      for (int j = 0; j < d; ++j) x[j] = tmp[j] - (t.offset.empty() ? 0.0f : t.offset[size_t(h) * d + j]);
+      std::copy(tmp.begin(), tmp.end(), x);
     }
 }
 

@@ -1,14 +1,16 @@
 // The key transform of one layer (core/calibration.h, DESIGN §3.6), prepared as the
 // matrices the cache write and the query rotation apply:
 //
-//   stored key    k̃ = k·M_K[h] − o[h]     M_K = diag(1/s_h)·R_h,  o[h] = μ_h·M_K[h]
+//   stored key    k̃ = (k − μ_h)·M_K[h]    M_K = diag(1/s_h)·R_h
 //   query         q̃ = q·M_Q[h]            M_Q = diag(s_h)·R_h    (h = the query's KV head)
 //
 // so q̃·k̃ = q·diag(s)·R·Rᵀ·diag(1/s)·(k − μ)ᵀ = q·k − q·μ_h: the same shift for every key
 // a query sees (BF16 windows and INT2 middle alike), which softmax ignores. Without a
 // transform M_K = M_Q = R and there is no offset. R is the calibration's orthogonal
 // rotation (one per layer or per KV head); with per-head means or scales the prepared
-// matrices are per KV head even when R is shared.
+// matrices are per KV head even when R is shared. The mean is subtracted before the
+// matrix (in the original basis) on every backend: CPU (kv/key_transform.h) and CUDA
+// (kernels/cuda/cache_write.h, WriteRotation::k_mean) compute the same thing.
 #pragma once
 
 #include <vector>
@@ -22,7 +24,7 @@ struct KeyTransform {
   int n = 1;                  // matrices: 1 (shared by every KV head) or n_kv_heads
   std::vector<float> key;     // [n][d][d] M_K
   std::vector<float> query;   // [n][d][d] M_Q (equal to key when there is no scale)
-  std::vector<float> offset;  // [n_kv_heads][d] μ·M_K, or empty (no centering)
+  std::vector<float> mean;    // [n_kv_heads][d] μ (original basis), or empty (no centering)
   const float* key_matrix(int h) const { return key.data() + size_t(n == 1 ? 0 : h) * d * d; }
   const float* query_matrix(int h) const { return query.data() + size_t(n == 1 ? 0 : h) * d * d; }
 };

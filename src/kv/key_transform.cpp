@@ -14,14 +14,14 @@ void transform_keys(const KeyTransform& t, float* k, int64_t n, int Hkv) {
   const int d = t.d;
   if (t.n != 1 && t.n != Hkv)
     throw Error(fmt::format("key transform: {} matrices for {} KV heads", t.n, Hkv));
+  if (!t.mean.empty())
+    for (int64_t r = 0; r < n; ++r)
+      for (int h = 0; h < Hkv; ++h) {
+        float* x = k + (r * Hkv + h) * d;
+        const float* m = t.mean.data() + int64_t(h) * d;
+        for (int c = 0; c < d; ++c) x[c] -= m[c];
+      }
   kernels::cpu::rotate_heads(k, n, Hkv, d, t.key.data(), t.n, k);
-  if (t.offset.empty()) return;
-  for (int64_t r = 0; r < n; ++r)
-    for (int h = 0; h < Hkv; ++h) {
-      float* x = k + (r * Hkv + h) * d;
-      const float* o = t.offset.data() + int64_t(h) * d;
-      for (int c = 0; c < d; ++c) x[c] -= o[c];
-    }
 }
 
 void transform_queries(const KeyTransform& t, float* q, int64_t n, int Hq, int Hkv) {

@@ -10,7 +10,7 @@
 
 namespace oscar::kv {
 
-// k [n][Hkv][d] -> k·M_K[h] − offset[h], in place.
+// k [n][Hkv][d] -> (k − μ[h])·M_K[h], in place.
 void transform_keys(const KeyTransform& t, float* k, int64_t n, int Hkv);
 // q [n][Hq][d] -> q·M_Q[g / (Hq / Hkv)], in place. Throws when Hq % Hkv != 0.
 void transform_queries(const KeyTransform& t, float* q, int64_t n, int Hq, int Hkv);

@@ -61,7 +61,7 @@ TEST(KeyTransform, ExactUpToAShiftPerQueryRow) {
       const LayerCalibration L = random_layer(n_rot, H, d, center, scale, 17 + mode + 10 * n_rot);
       const KeyTransform t = prepare_key_transform(L, H, d);
       EXPECT_EQ(t.n, scale ? H : n_rot);
-      EXPECT_EQ(t.offset.empty(), !center);
+      EXPECT_EQ(t.mean.empty(), !center);
       std::mt19937_64 rng(5 + mode);
       std::vector<float> q = randn(size_t(T) * Hq * d, rng), k = randn(size_t(T) * H * d, rng, 3.0f);
       std::vector<float> qt = q, kt = k;

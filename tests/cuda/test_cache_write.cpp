@@ -131,10 +131,11 @@ TEST(CudaCacheWrite, QuantTokensWithRotationWithinOneStep) {
   if (!test::have_gpu()) GTEST_SKIP() << "no GPU";
   std::mt19937 rng(2);
   struct Rot {
-    bool per_head, rot_v;
+    bool per_head, rot_v, mean;  // mean: the key transform's centering (WriteRotation::k_mean)
   };
   for (const Shape& s : kShapes)
-    for (const Rot cfg : {Rot{false, false}, Rot{true, false}, Rot{true, true}}) {
+    for (const Rot cfg : {Rot{false, false, false}, Rot{true, false, false}, Rot{true, true, false},
+                          Rot{false, false, true}, Rot{true, true, true}}) {
       if (cfg.per_head && !cfg.rot_v && s.hkv == 1) continue;  // the same case as per layer
       const int n = 29, npages = 3, r_heads = cfg.per_head ? s.hkv : 1;
       Pools host(s.d, s.hkv, s.page, s.group, npages);
@@ -147,14 +148,19 @@ TEST(CudaCacheWrite, QuantTokensWithRotationWithinOneStep) {
       std::vector<float> Rk(size_t(r_heads) * s.d * s.d), Rv(Rk.size());
       for (auto& x : Rk) x = nd(rng) / std::sqrt(float(s.d));
       for (auto& x : Rv) x = nd(rng) / std::sqrt(float(s.d));
-      std::vector<float> kr(k.size()), vr(v);
-      cpu::rotate_heads_ref(k.data(), n, s.hkv, s.d, Rk.data(), r_heads, kr.data());
+      std::vector<float> kr(k.size()), vr(v), mean(size_t(s.hkv) * s.d, 0.0f), kc = k;
+      if (cfg.mean) {  // a large per-head key offset, as Qwen2's k_proj bias makes
+        for (auto& x : mean) x = 40.0f * nd(rng);
+        for (int t = 0; t < n; ++t)
+          for (int i = 0; i < s.hkv * s.d; ++i) kc[size_t(t) * s.hkv * s.d + i] -= mean[i];
+      }
+      cpu::rotate_heads_ref(kc.data(), n, s.hkv, s.d, Rk.data(), r_heads, kr.data());
       if (cfg.rot_v) cpu::rotate_heads_ref(v.data(), n, s.hkv, s.d, Rv.data(), r_heads, vr.data());
       const cpu::ClipRatios clip{0.96f, 0.92f};
       cpu::write_quant_tokens_ref(host.host(), n, pages.data(), slots.data(), kr.data(), vr.data(), clip);
       DeviceBuffer<int32_t> dp(pages), ds(slots);
-      DeviceBuffer<float> dk(k), dv(v), dRk(Rk), dRv(Rv);
-      WriteRotation rot{dRk.ptr, cfg.rot_v ? dRv.ptr : nullptr, r_heads};
+      DeviceBuffer<float> dk(k), dv(v), dRk(Rk), dRv(Rv), dmean(mean);
+      WriteRotation rot{dRk.ptr, cfg.rot_v ? dRv.ptr : nullptr, r_heads, cfg.mean ? dmean.ptr : nullptr};
       OSCAR_CUDA_CHECK(write_quant_tokens(dev.view(host), n, dp.ptr, ds.ptr, dk.ptr, dv.ptr, rot, clip, nullptr));
       OSCAR_CUDA_CHECK(cudaDeviceSynchronize());
       const QuantSpec spec{2, s.group, ScaleDtype::kF16};
@@ -180,7 +186,8 @@ TEST(CudaCacheWrite, QuantTokensWithRotationWithinOneStep) {
               ++total;
             }
           }
-        EXPECT_LE(worst, 1.0) << what << " d=" << s.d << " G=" << s.group << " r_heads=" << r_heads;
+        EXPECT_LE(worst, 1.0) << what << " d=" << s.d << " G=" << s.group << " r_heads=" << r_heads
+                              << " mean=" << cfg.mean;
         EXPECT_LT(double(code_diff) / total, 0.01) << what << " d=" << s.d << " G=" << s.group;
       };
       within_a_step(dev.kc.download(), dev.kp.download(), host.kc, host.kp, "K");
@@ -219,14 +226,36 @@ TEST(CudaCacheWrite, Bf16TokensExactAndRotated) {
     // per layer (values unrotated), and per-KV-head R_K and R_V (at one KV
     // head, one R_K and one R_V).
     std::normal_distribution<float> nd(0.0f, 1.0f);
+    {  // Unrotated keys with the key transform's mean: bf16(k − mean), bit-exact.
+      std::vector<float> mean(size_t(s.hkv) * s.d), kc = k;
+      for (auto& x : mean) x = 40.0f * nd(rng);
+      for (int t = 0; t < n; ++t)
+        for (int i = 0; i < s.hkv * s.d; ++i) kc[size_t(t) * s.hkv * s.d + i] -= mean[i];
+      Pools host3(s.d, s.hkv, s.page, s.group, npages);
+      DevPools dev3(host3);
+      cpu::write_bf16_tokens(host3.host(), n, pages.data(), slots.data(), kc.data(), v.data());
+      DeviceBuffer<float> dmean(mean);
+      OSCAR_CUDA_CHECK(write_bf16_tokens(dev3.view(host3), n, dp.ptr, ds.ptr, dk.ptr, dv.ptr,
+                                         {nullptr, nullptr, 1, dmean.ptr}, nullptr));
+      OSCAR_CUDA_CHECK(cudaDeviceSynchronize());
+      EXPECT_EQ(count_diff(dev3.bk.download(), host3.bk), 0u) << "centered keys, d=" << s.d;
+      EXPECT_EQ(count_diff(dev3.bv.download(), host3.bv), 0u) << "values untouched by k_mean, d=" << s.d;
+    }
+    // With rot_v, keys are also centered (WriteRotation::k_mean, the key transform).
     for (const bool rot_v : {false, true}) {
       const int r_heads = rot_v ? s.hkv : 1;
       std::vector<float> Rk(size_t(r_heads) * s.d * s.d), Rv(Rk.size()), kr(k.size()), vr(v.size());
       for (auto& x : Rk) x = nd(rng) / std::sqrt(float(s.d));
       for (auto& x : Rv) x = nd(rng) / std::sqrt(float(s.d));
-      cpu::rotate_heads_ref(k.data(), n, s.hkv, s.d, Rk.data(), r_heads, kr.data());
+      std::vector<float> mean(size_t(s.hkv) * s.d, 0.0f), kc = k;
+      if (rot_v) {
+        for (auto& x : mean) x = 40.0f * nd(rng);
+        for (int t = 0; t < n; ++t)
+          for (int i = 0; i < s.hkv * s.d; ++i) kc[size_t(t) * s.hkv * s.d + i] -= mean[i];
+      }
+      cpu::rotate_heads_ref(kc.data(), n, s.hkv, s.d, Rk.data(), r_heads, kr.data());
       if (rot_v) cpu::rotate_heads_ref(v.data(), n, s.hkv, s.d, Rv.data(), r_heads, vr.data());
-      DeviceBuffer<float> dRk(Rk), dRv(Rv);
+      DeviceBuffer<float> dRk(Rk), dRv(Rv), dmean(mean);
       // Every way the decode step may split the rows over blocks (parts per
       // row, K and V in one block or not), each block's flag checked too.
       for (int parts = s.d / 32; parts >= 1; parts /= 2)
@@ -238,7 +267,9 @@ TEST(CudaCacheWrite, Bf16TokensExactAndRotated) {
           DeviceBuffer<uint32_t> done(std::vector<uint32_t>(nflags + 1, 0u));
           const uint32_t epoch = 1000u + uint32_t(parts) * 2 + both;
           OSCAR_CUDA_CHECK(write_bf16_tokens_dependent(dev2.view(host2), n, dp.ptr, ds.ptr, dk.ptr, dv.ptr,
-                                                       {dRk.ptr, rot_v ? dRv.ptr : nullptr, r_heads}, false, nullptr,
+                                                       {dRk.ptr, rot_v ? dRv.ptr : nullptr, r_heads,
+                                                        rot_v ? dmean.ptr : nullptr},
+                                                       false, nullptr,
                                                        done.ptr, epoch, parts, both));
           OSCAR_CUDA_CHECK(cudaDeviceSynchronize());
           const std::vector<uint32_t> flags = done.download();

@@ -184,7 +184,8 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock) write_quant_kernel(const W
   const float* x = (is_v ? a.v : a.k) + ih * D;
   const float* R = is_v ? a.rot.v : a.rot.k;
   if (R && a.rot.r_heads != 1) R += int64_t(h) * D * D;
-  for (int c = threadIdx.x; c < D; c += 32 * kRowsPerBlock) xs[c] = x[c];
+  const float* mean = is_v || !a.rot.k_mean ? nullptr : a.rot.k_mean + int64_t(h) * D;
+  for (int c = threadIdx.x; c < D; c += 32 * kRowsPerBlock) xs[c] = mean ? x[c] - mean[c] : x[c];
   __syncthreads();
   float y[D / 32];
   if (R) {
@@ -275,7 +276,10 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock) write_bf16_kernel(const Wr
     for (int kv = 0; kv < 2; ++kv)
       if (kv >= kv0 && kv < kv1 && !(kv ? a.rot.v : a.rot.k))
 #pragma unroll
-        for (int q = 0; q < NPB; ++q) copy[kv][q] = (kv ? a.v : a.k)[ih * D + c0 + 32 * q + lane];
+        for (int q = 0; q < NPB; ++q) {
+          const int c = c0 + 32 * q + lane;
+          copy[kv][q] = (kv ? a.v : a.k)[ih * D + c] - (!kv && a.rot.k_mean ? a.rot.k_mean[h * D + c] : 0.0f);
+        }
 #pragma unroll 1
   for (int kv = kv0; kv < kv1; ++kv) {
     const float* R = kv ? a.rot.v : a.rot.k;
@@ -286,6 +290,11 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock) write_bf16_kernel(const Wr
     float xj[L];
 #pragma unroll
     for (int k = 0; k < L; ++k) xj[k] = __ldg(x + j0 + 4 * k);
+    if (!kv && a.rot.k_mean) {
+      const float* m = a.rot.k_mean + int64_t(h) * D;
+#pragma unroll
+      for (int k = 0; k < L; ++k) xj[k] -= __ldg(m + j0 + 4 * k);
+    }
     // Part q's 32 outputs from its loads of R: FMAs, then the sum of the
     // warp's 4 input-channel groups (lanes l, l ^ 8, l ^ 16, l ^ 24).
     auto part_sum = [&](const float4(&r)[L], int q) {

@@ -33,10 +33,14 @@ using cpu::ClipRatios;
 // or Hkv. Keys are
 // rotated after RoPE here; values usually arrive rotated (R_V folded into W_v)
 // and pass rot_v = nullptr.
+// k_mean ([Hkv][d] f32 or nullptr) is the key transform's centering (core/key_transform.h):
+// key rows are written as (k − k_mean[h])·R (R may then be M_K = diag(1/s)·R_K, which
+// need not be orthogonal), exactly as the CPU's kv::transform_keys.
 struct WriteRotation {
   const float* k = nullptr;
   const float* v = nullptr;
   int r_heads = 1;
+  const float* k_mean = nullptr;
 };
 
 // n tokens -> quantized page slots (kv.bits must be 2 or 4... only 2 here).
