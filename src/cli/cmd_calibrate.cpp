@@ -28,7 +28,7 @@ std::vector<float> parse_grid(const std::string& s) {
   return out;
 }
 
-// One line: which layers got which key transform (DESIGN §3.6).
+// One line: which layers got which key transform (docs/core.md "Key transform").
 void print_key_transform(const oscar::Calibration& c) {
   std::string center, scale;
   int nc = 0, ns = 0;

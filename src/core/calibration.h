@@ -16,7 +16,7 @@
 //   model.head_dim, model.weights_hash, calib.tokens, calib.text_hash, calib.source,
 //   key_transform (version 2: "off", "center", "center+scale" or "auto").
 //
-// The key transform (DESIGN §3.6) is exact: with μ_h = k_mean[h] and s_h = k_scale[h]
+// The key transform (docs/core.md "Key transform") is exact: with μ_h = k_mean[h] and s_h = k_scale[h]
 // (absent: μ = 0, s = 1), the stored key of KV head h is k̃ = (k − μ_h)·diag(1/s_h)·R_h and
 // the query is q̃ = q·diag(s_h)·R_h, so q̃·k̃ = q·k − q·μ_h: every logit of one query row
 // moves by the same amount, which softmax ignores. It removes what a per-token 2-bit range
@@ -36,7 +36,7 @@ namespace oscar {
 enum class KeyTarget { kQuery, kRaw };
 enum class ValueTarget { kAttnOutput, kKeyWeighted, kRaw };
 enum class Granularity { kLayer, kHead };
-// Key transform at calibration (DESIGN §3.6): none, centering, centering + channel
+// Key transform at calibration (docs/core.md "Key transform"): none, centering, centering + channel
 // smoothing, or auto = per rotation (layer or KV head) whichever of the three gives the
 // smallest attention-aware key error on the calibration sample.
 enum class KeyTransformMode { kOff, kCenter, kCenterScale, kAuto };

@@ -20,7 +20,7 @@
 // target is already a mean, so this is the pooled mean); with "head" every KV
 // head gets its own rotation.
 //
-// Key transform (cfg.key_transform, DESIGN §3.6): per KV head the post-RoPE key mean
+// Key transform (cfg.key_transform, docs/core.md "Key transform"): per KV head the post-RoPE key mean
 // μ and the key variance / query second moment per channel are accumulated too; the
 // transform's keys are (k − μ)·diag(1/s), whose query target is diag(s)·C_Q·diag(s) (raw:
 // diag(1/s)·(E[k kᵀ] − μ μᵀ)·diag(1/s)), and the rotation diagonalizes that. With kAuto

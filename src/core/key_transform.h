@@ -1,4 +1,4 @@
-// The key transform of one layer (core/calibration.h, DESIGN §3.6), prepared as the
+// The key transform of one layer (core/calibration.h, docs/core.md "Key transform"), prepared as the
 // matrices the cache write and the query rotation apply:
 //
 //   stored key    k̃ = (k − μ_h)·M_K[h]    M_K = diag(1/s_h)·R_h
@@ -37,7 +37,7 @@ KeyTransform prepare_key_transform(const LayerCalibration& L, int n_kv_heads, in
 void apply_key_transform_ref(const KeyTransform& t, float* k, int64_t T, int Hkv);
 void apply_query_transform_ref(const KeyTransform& t, float* q, int64_t T, int Hq, int Hkv);
 
-// Channel scales of one KV head from its statistics (DESIGN §3.6): s_c = (a_c / b_c)^(1/4)
+// Channel scales of one KV head from its statistics (docs/core.md "Key transform"): s_c = (a_c / b_c)^(1/4)
 // with a = the centered key variance, b = the query second moment, both summed over the
 // RoPE pair (c, c + d/2) so that s commutes with RoPE; normalized to geometric mean 1,
 // clamped to [1/64, 64]. Channels without signal (a or b ~ 0) get 1.

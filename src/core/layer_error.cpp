@@ -19,7 +19,7 @@ KvErrors layer_kv_errors(const LayerTargets& t, const float* k, const float* v, 
       out.k += quant_error_sums(k + int64_t(h) * d, T, stride, d, Rk.data(), L.k_clip_of(h), spec,
                                 t.q(h));
     } else {
-      // Key transform (DESIGN §3.6): rows (k − μ)/s, weight diag(s)·C_Q·diag(s); the
+      // Key transform (docs/core.md "Key transform"): rows (k − μ)/s, weight diag(s)·C_Q·diag(s); the
       // weighted error is the logit error either way, the raw error is in the scaled basis.
       const float* mu = L.k_mean.empty() ? nullptr : L.k_mean.data() + size_t(h) * d;
       const float* sc = L.k_scale.empty() ? nullptr : L.k_scale.data() + size_t(h) * d;

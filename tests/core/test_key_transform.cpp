@@ -1,4 +1,4 @@
-// The key transform (DESIGN §3.6, core/key_transform.h): exact up to a shift
+// The key transform (docs/core.md "Key transform", core/key_transform.h): exact up to a shift
 // shared by every key of a query row; smoothing scales tied over RoPE pairs;
 // the calibrator finds a planted key offset and never picks a transform with
 // more error than no transform on its own sample; calibration files carry it.
