@@ -42,6 +42,16 @@ void print_key_transform(const oscar::Calibration& c) {
   }
   std::printf("key transform %s: centered layers [%s] (%d of %zu), scaled layers [%s] (%d)\n",
               c.key_transform.c_str(), center.c_str(), nc, c.layers.size(), scale.c_str(), ns);
+  if (c.key_transform != "auto") return;
+  // The sample's key error of center and center+scale relative to none, per layer.
+  std::string rc, rs;
+  for (size_t l = 0; l < c.layers.size(); ++l) {
+    const double* e = c.layers[l].key_error;
+    rc += fmt::format("{}{:.3g}", l ? " " : "", e[0] > 0 ? e[1] / e[0] : 0.0);
+    rs += fmt::format("{}{:.3g}", l ? " " : "", e[0] > 0 ? e[2] / e[0] : 0.0);
+  }
+  std::printf("  sample key error / none, per layer: center [%s]\n  center+scale [%s]\n", rc.c_str(),
+              rs.c_str());
 }
 
 const oscar::cli::Registrar reg({"calibrate", "Calibrate OSCAR rotations and clip ratios from an activation dump",

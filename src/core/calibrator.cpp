@@ -318,10 +318,12 @@ struct Calibrator::Impl {
 
   // The best clip ratio in `grid` and its summed error over `heads`: rows[h] are head h's
   // sample rows ([S][d], already transformed), C[h] its weight (fp64 [d][d]).
+  // Keys are compared by err_w_centered (the logit error that differs between keys; a
+  // shared one is invisible to softmax), values by err_w.
   std::pair<float, double> best_clip(const std::vector<std::vector<float>>& rows,
                                      const std::vector<const double*>& C, int64_t S,
                                      const std::vector<double>& R, const std::vector<int>& heads,
-                                     const std::vector<float>& grid) const {
+                                     const std::vector<float>& grid, bool keys) const {
     const int n = static_cast<int>(grid.size());
     std::vector<ErrorSums> total(static_cast<size_t>(n)), part(static_cast<size_t>(n));
     for (int h : heads) {
@@ -329,10 +331,13 @@ struct Calibrator::Impl {
                         cfg.quant, C[static_cast<size_t>(h)], part.data());
       for (int i = 0; i < n; ++i) total[static_cast<size_t>(i)] += part[static_cast<size_t>(i)];
     }
+    auto err = [&](int i) {
+      return keys ? total[static_cast<size_t>(i)].err_w_centered : total[static_cast<size_t>(i)].err_w;
+    };
     int best = 0;
     for (int i = 1; i < n; ++i)
-      if (total[static_cast<size_t>(i)].err_w < total[static_cast<size_t>(best)].err_w) best = i;
-    return {grid[static_cast<size_t>(best)], total[static_cast<size_t>(best)].err_w};
+      if (err(i) < err(best)) best = i;
+    return {grid[static_cast<size_t>(best)], err(best)};
   }
 
   // Head h's sample rows ([S][d] contiguous), optionally centered by mu and divided by s.
@@ -465,7 +470,7 @@ struct Calibrator::Impl {
             }
             const std::vector<float>& grid =
                 cfg.clip_search ? cfg.clip_grid : (keys ? fixed_k : fixed_v);
-            std::tie(res.clip, res.err) = best_clip(rows, W, a.sample_filled, res.R, heads, grid);
+            std::tie(res.clip, res.err) = best_clip(rows, W, a.sample_filled, res.R, heads, grid, keys);
           }
           return res;
         };
@@ -474,6 +479,7 @@ struct Calibrator::Impl {
         if (keys) {
           for (size_t c = 0; c < cands.size(); ++c) {
             Result res = evaluate(cands[c].first, cands[c].second);
+            out.key_error[int(cands[c].first) + int(cands[c].second)] += res.err;
             if (c == 0 || res.err < best.err) best = std::move(res), chosen = c;
           }
           for (int h : heads) {
