@@ -42,16 +42,14 @@ void print_key_transform(const oscar::Calibration& c) {
   }
   std::printf("key transform %s: centered layers [%s] (%d of %zu), scaled layers [%s] (%d)\n",
               c.key_transform.c_str(), center.c_str(), nc, c.layers.size(), scale.c_str(), ns);
-  if (c.key_transform != "auto") return;
-  // The sample's key error of center and center+scale relative to none, per layer.
-  std::string rc, rs;
+  // Per layer, the largest share of a head's key energy in its mean (auto's criterion).
+  std::string shares;
   for (size_t l = 0; l < c.layers.size(); ++l) {
-    const double* e = c.layers[l].key_error;
-    rc += fmt::format("{}{:.3g}", l ? " " : "", e[0] > 0 ? e[1] / e[0] : 0.0);
-    rs += fmt::format("{}{:.3g}", l ? " " : "", e[0] > 0 ? e[2] / e[0] : 0.0);
+    float mx = 0;
+    for (float x : c.layers[l].key_offset_share) mx = std::max(mx, x);
+    shares += fmt::format("{}{:.2f}", l ? " " : "", mx);
   }
-  std::printf("  sample key error / none, per layer: center [%s]\n  center+scale [%s]\n", rc.c_str(),
-              rs.c_str());
+  std::printf("  key energy in the mean (max over heads), per layer: [%s]\n", shares.c_str());
 }
 
 const oscar::cli::Registrar reg({"calibrate", "Calibrate OSCAR rotations and clip ratios from an activation dump",
@@ -60,9 +58,9 @@ const oscar::cli::Registrar reg({"calibrate", "Calibrate OSCAR rotations and cli
     std::string dump, out, composition = "UHP", key_target = "query", value_target = "key-weighted",
                            granularity = "layer", scale_dtype = "f16", grid, arch, weights_hash,
                            key_transform = "auto";
-    int group = 128, bits = 2, sample_tokens = 512, sink = 64, recent = 256;
+    int group = 128, bits = 2, sample_tokens = 256, sink = 64, recent = 256;
     int64_t max_tokens = 0;
-    float k_clip = 0.96f, v_clip = 0.92f;
+    float k_clip = 0.96f, v_clip = 0.92f, key_offset_share = 0.85f;
     bool clip_search = false, quiet = false;
     uint64_t seed = 0;
   };
@@ -85,13 +83,15 @@ const oscar::cli::Registrar reg({"calibrate", "Calibrate OSCAR rotations and cli
   app.add_option("--bits", o->bits, "Code bits: 2 or 4")->capture_default_str();
   app.add_option("--scale-dtype", o->scale_dtype, "f16 | f32 (scale/min storage)")->capture_default_str();
   app.add_option("--key-transform", o->key_transform,
-                 "off | center | center+scale | auto (per rotation, the one with the least key error on the sample)")
+                 "off | center | center+scale | auto (center+scale the KV heads whose key mean holds >= --key-offset-share of their key energy)")
+      ->capture_default_str();
+  app.add_option("--key-offset-share", o->key_offset_share, "Threshold of --key-transform auto")
       ->capture_default_str();
   app.add_flag("--clip-search", o->clip_search, "Search clip ratios per layer (attention-aware error)");
   app.add_option("--clip-grid", o->grid, "Comma-separated ratios for --clip-search (default 0.80..1.0)");
   app.add_option("--k-clip", o->k_clip, "Key clip ratio when not searching")->capture_default_str();
   app.add_option("--v-clip", o->v_clip, "Value clip ratio when not searching")->capture_default_str();
-  app.add_option("--sample-tokens", o->sample_tokens, "Tokens sampled per layer for --clip-search and --key-transform auto")
+  app.add_option("--sample-tokens", o->sample_tokens, "Tokens sampled per layer for --clip-search")
       ->capture_default_str();
   app.add_option("--max-tokens", o->max_tokens, "Use only the first N tokens of the dump (0 = all)");
   app.add_option("--seed", o->seed, "Seed (random composition, clip-search sampling)")->capture_default_str();
@@ -118,6 +118,7 @@ const oscar::cli::Registrar reg({"calibrate", "Calibrate OSCAR rotations and cli
     cfg.quant.scale_dtype = o->scale_dtype == "f16" ? ScaleDtype::kF16 : ScaleDtype::kF32;
     cfg.clip_search = o->clip_search;
     cfg.key_transform = parse_key_transform(o->key_transform);
+    cfg.key_offset_share = o->key_offset_share;
     if (!o->grid.empty()) cfg.clip_grid = parse_grid(o->grid);
     cfg.k_clip = o->k_clip;
     cfg.v_clip = o->v_clip;

@@ -71,9 +71,8 @@ struct LayerCalibration {
   std::vector<float> k_mean;   // [n_kv_heads][d] μ, post-RoPE, original basis
   std::vector<float> k_scale;  // [n_kv_heads][d] s > 0, tied over each RoPE pair (c, c + d/2)
   bool has_key_transform() const { return !k_mean.empty() || !k_scale.empty(); }
-  // Not stored: the calibration sample's q-weighted key error of the candidates off,
-  // center, center+scale (summed over the layer's rotations; 0 = not evaluated), for reports.
-  double key_error[3] = {0, 0, 0};
+  // Not stored (reports): per KV head, the share of the key energy in its mean, Σμ² / Σ E[k²].
+  std::vector<float> key_offset_share;
 
   // Per KV head accessors (a per-layer rotation serves every head).
   const float* k_rot(int kv_head, int d) const { return k_rotation.data() + idx(kv_head) * d * d; }

@@ -88,6 +88,9 @@ struct Calibrator::Impl {
     for (float c : cfg.clip_grid)
       if (!(c > 0.0f && c <= 1.0f))
         throw Error(fmt::format("calibrator: clip ratio {} outside (0, 1]", c));
+    if (!(cfg.key_offset_share >= 0.0f) || !std::isfinite(cfg.key_offset_share))
+      throw Error(fmt::format("calibrator: key offset share {} must be a finite number >= 0",
+                              cfg.key_offset_share));
     for (float c : {cfg.k_clip, cfg.v_clip})
       if (!(c > 0.0f && c <= 1.0f))
         throw Error(fmt::format("calibrator: clip ratio {} outside (0, 1]", c));
@@ -112,9 +115,7 @@ struct Calibrator::Impl {
     }
   }
 
-  bool want_sample() const {
-    return cfg.clip_search || cfg.key_transform == KeyTransformMode::kAuto;
-  }
+  bool want_sample() const { return cfg.clip_search; }
 
   void log2_check() const {
     if (d <= 0 || (d & (d - 1)) != 0)
@@ -372,7 +373,6 @@ struct Calibrator::Impl {
     out.k_clip.assign(static_cast<size_t>(n_rot), cfg.k_clip);
     out.v_clip.assign(static_cast<size_t>(n_rot), cfg.v_clip);
     const bool sampled = want_sample() && a.sample_filled > 0;
-    const std::vector<float> fixed_k{cfg.k_clip}, fixed_v{cfg.v_clip};
 
     // Key transform statistics per head: mean, centered variance, query second moment.
     const double n_tok = static_cast<double>(a.tokens);
@@ -391,15 +391,25 @@ struct Calibrator::Impl {
         std::copy(sh.begin(), sh.end(), scales.begin() + static_cast<ptrdiff_t>(h) * d);
       }
     }
-    // Candidates for the key transform: (center, scale).
-    std::vector<std::pair<bool, bool>> cands;
-    switch (cfg.key_transform) {
-      case KeyTransformMode::kOff: cands = {{false, false}}; break;
-      case KeyTransformMode::kCenter: cands = {{true, false}}; break;
-      case KeyTransformMode::kCenterScale: cands = {{true, true}}; break;
-      case KeyTransformMode::kAuto: cands = {{false, false}, {true, false}, {true, true}}; break;
+    // Which heads get the key transform. auto: those whose mean carries at least
+    // cfg.key_offset_share of the key energy, Σμ² / Σ E[k²] (an offset dominates the rows).
+    std::vector<char> centered(static_cast<size_t>(H), 0), scaled(static_cast<size_t>(H), 0);
+    out.key_offset_share.assign(static_cast<size_t>(H), 0.0f);
+    for (int h = 0; h < H && !a.sum_k.empty(); ++h) {
+      double m2 = 0, e2 = 0;
+      for (int c = 0; c < d; ++c) {
+        const size_t i = static_cast<size_t>(h) * d + c;
+        m2 += mu[i] * mu[i];
+        e2 += var[i] + mu[i] * mu[i];
+      }
+      const double rho = e2 > 0 ? m2 / e2 : 0.0;
+      out.key_offset_share[static_cast<size_t>(h)] = static_cast<float>(rho);
+      const KeyTransformMode m = cfg.key_transform;
+      const bool on = m == KeyTransformMode::kCenter || m == KeyTransformMode::kCenterScale ||
+                      (m == KeyTransformMode::kAuto && rho >= cfg.key_offset_share);
+      centered[static_cast<size_t>(h)] = on;
+      scaled[static_cast<size_t>(h)] = on && m != KeyTransformMode::kCenter;
     }
-    if (!sampled && cands.size() > 1) cands = {{true, true}};
     // Head h's key target under a candidate (fp64 [d][d]).
     auto key_target = [&](int h, bool center, bool scale) {
       std::vector<double> C(t.k(h), t.k(h) + dd);
@@ -414,7 +424,6 @@ struct Calibrator::Impl {
         }
       return C;
     };
-    std::vector<char> centered(static_cast<size_t>(H), 0), scaled(static_cast<size_t>(H), 0);
 
     for (int r = 0; r < n_rot; ++r) {
       std::vector<int> heads;
@@ -437,22 +446,23 @@ struct Calibrator::Impl {
           float clip;
           double err;
         };
-        auto evaluate = [&](bool center, bool scale) {
+        auto evaluate = [&]() {
           std::vector<std::vector<double>> Ch(static_cast<size_t>(H));
           std::vector<double> C(dd, 0.0);
           for (int h : heads) {
             Ch[static_cast<size_t>(h)] =
-                keys ? key_target(h, center, scale) : std::vector<double>(t.v(h), t.v(h) + dd);
+                keys ? key_target(h, centered[size_t(h)], scaled[size_t(h)])
+                     : std::vector<double>(t.v(h), t.v(h) + dd);
             for (size_t i = 0; i < dd; ++i) C[i] += Ch[static_cast<size_t>(h)][i];
           }
           for (double& x : C) x /= static_cast<double>(heads.size());
           Result res{{}, sym_eig(C.data(), d, what.c_str()), keys ? cfg.k_clip : cfg.v_clip, 0.0};
           res.R = compose_rotation(cfg.composition, &res.eig, d, seed);
-          const bool need_err = keys && cands.size() > 1;
-          if (sampled && (cfg.clip_search || need_err)) {
+          if (sampled && cfg.clip_search) {
             std::vector<std::vector<float>> rows(static_cast<size_t>(H));
             std::vector<const double*> W(static_cast<size_t>(H), nullptr);
             for (int h : heads) {
+              const bool center = centered[size_t(h)], scale = scaled[size_t(h)];
               rows[static_cast<size_t>(h)] = sample_rows(
                   a, keys, h, keys && center ? mu.data() + size_t(h) * d : nullptr,
                   keys && scale ? scales.data() + size_t(h) * d : nullptr);
@@ -468,27 +478,12 @@ struct Calibrator::Impl {
               }
               W[static_cast<size_t>(h)] = Ch[static_cast<size_t>(h)].data();
             }
-            const std::vector<float>& grid =
-                cfg.clip_search ? cfg.clip_grid : (keys ? fixed_k : fixed_v);
-            std::tie(res.clip, res.err) = best_clip(rows, W, a.sample_filled, res.R, heads, grid, keys);
+            std::tie(res.clip, res.err) =
+                best_clip(rows, W, a.sample_filled, res.R, heads, cfg.clip_grid, keys);
           }
           return res;
         };
-        Result best;
-        size_t chosen = 0;
-        if (keys) {
-          for (size_t c = 0; c < cands.size(); ++c) {
-            Result res = evaluate(cands[c].first, cands[c].second);
-            out.key_error[int(cands[c].first) + int(cands[c].second)] += res.err;
-            if (c == 0 || res.err < best.err) best = std::move(res), chosen = c;
-          }
-          for (int h : heads) {
-            centered[static_cast<size_t>(h)] = cands[chosen].first;
-            scaled[static_cast<size_t>(h)] = cands[chosen].second;
-          }
-        } else {
-          best = evaluate(false, false);
-        }
+        const Result best = evaluate();
         float* rot = (keys ? out.k_rotation : out.v_rotation).data() + r * dd;
         float* ev =
             (keys ? out.k_eigenvalues : out.v_eigenvalues).data() + static_cast<size_t>(r) * d;

@@ -161,7 +161,26 @@ TEST(KeyTransform, CalibratorFindsAPlantedOffset) {
   const auto [aut, t_aut] = run(KeyTransformMode::kAuto);
   EXPECT_FALSE(off.layers[0].has_key_transform());
   ASSERT_FALSE(aut.layers[0].k_mean.empty());
+  ASSERT_FALSE(aut.layers[0].k_scale.empty());
   EXPECT_EQ(aut.key_transform, "auto");
+  // auto's rule: a head is transformed iff its mean holds >= 0.85 of its key energy.
+  ASSERT_EQ(aut.layers[0].key_offset_share.size(), 2u);
+  for (int h = 0; h < H; ++h) {
+    double m2 = 0, e2 = 0;
+    for (int c = 0; c < d; ++c) {
+      double m = 0, q = 0;
+      for (int t = 0; t < s.tokens; ++t) {
+        const double x = a.k[(size_t(t) * H + h) * d + c];
+        m += x / s.tokens, q += x * x / s.tokens;
+      }
+      m2 += m * m, e2 += q;
+    }
+    EXPECT_NEAR(aut.layers[0].key_offset_share[h], m2 / e2, 1e-4);
+    bool centered = false;
+    for (int c = 0; c < d; ++c) centered = centered || aut.layers[0].k_mean[size_t(h) * d + c] != 0.0f;
+    EXPECT_EQ(centered, m2 / e2 >= 0.85) << "head " << h << " share " << m2 / e2;
+  }
+  EXPECT_GT(aut.layers[0].key_offset_share[1], 0.95f);  // the planted offset dominates head 1
   // The mean of head 1 is the planted offset plus the data's own mean.
   for (int c = 0; c < d; ++c) {
     double m = 0;
