@@ -96,6 +96,13 @@ TEST(KeyTransform, BadShapesAreClearErrors) {
   EXPECT_THROW(prepare_key_transform(L, 3, 32), Error);  // k_scale sized for 2 heads
   L = random_layer(2, 2, 32, false, false, 3);
   EXPECT_THROW(prepare_key_transform(L, 4, 32), Error);  // 2 rotations for 4 heads
+  CalibConfig bad;
+  bad.key_offset_share = std::nanf("");
+  EXPECT_THROW(Calibrator(bad, 1, 4, 2, 32), Error);
+  bad.key_offset_share = -0.5f;
+  EXPECT_THROW(Calibrator(bad, 1, 4, 2, 32), Error);
+  EXPECT_THROW(parse_key_transform("sideways"), Error);
+  EXPECT_EQ(parse_key_transform("center+scale"), KeyTransformMode::kCenterScale);
 }
 
 // s_c = (a_c / b_c)^(1/4) over RoPE pairs, geometric mean 1, clamped; silent channels 1.
