@@ -319,12 +319,10 @@ struct Calibrator::Impl {
 
   // The best clip ratio in `grid` and its summed error over `heads`: rows[h] are head h's
   // sample rows ([S][d], already transformed), C[h] its weight (fp64 [d][d]).
-  // Keys are compared by err_w_centered (the logit error that differs between keys; a
-  // shared one is invisible to softmax), values by err_w.
   std::pair<float, double> best_clip(const std::vector<std::vector<float>>& rows,
                                      const std::vector<const double*>& C, int64_t S,
                                      const std::vector<double>& R, const std::vector<int>& heads,
-                                     const std::vector<float>& grid, bool keys) const {
+                                     const std::vector<float>& grid) const {
     const int n = static_cast<int>(grid.size());
     std::vector<ErrorSums> total(static_cast<size_t>(n)), part(static_cast<size_t>(n));
     for (int h : heads) {
@@ -332,9 +330,7 @@ struct Calibrator::Impl {
                         cfg.quant, C[static_cast<size_t>(h)], part.data());
       for (int i = 0; i < n; ++i) total[static_cast<size_t>(i)] += part[static_cast<size_t>(i)];
     }
-    auto err = [&](int i) {
-      return keys ? total[static_cast<size_t>(i)].err_w_centered : total[static_cast<size_t>(i)].err_w;
-    };
+    auto err = [&](int i) { return total[static_cast<size_t>(i)].err_w; };
     int best = 0;
     for (int i = 1; i < n; ++i)
       if (err(i) < err(best)) best = i;
@@ -479,7 +475,7 @@ struct Calibrator::Impl {
               W[static_cast<size_t>(h)] = Ch[static_cast<size_t>(h)].data();
             }
             std::tie(res.clip, res.err) =
-                best_clip(rows, W, a.sample_filled, res.R, heads, cfg.clip_grid, keys);
+                best_clip(rows, W, a.sample_filled, res.R, heads, cfg.clip_grid);
           }
           return res;
         };

@@ -23,8 +23,6 @@ void quant_error_sweep(const float* rows, int64_t n, int64_t row_stride, int d, 
   RowMat Ct;  // C̃ = Rᵀ C R
   if (C) Ct = Rm.transpose() * Eigen::Map<const RowMat>(C, d, d) * Rm;
   constexpr int64_t kChunk = 2048;
-  // Per ratio: the sum of the error rows (rotated basis), for err_w_centered.
-  std::vector<std::vector<double>> esum(static_cast<size_t>(n_ratios), std::vector<double>(size_t(d), 0.0));
   RowMat X, Xt, E, EC;
   std::vector<float> row(static_cast<size_t>(d)), deq(static_cast<size_t>(d));
   std::vector<uint8_t> codes(static_cast<size_t>(row_code_bytes(d, spec)));
@@ -54,8 +52,6 @@ void quant_error_sweep(const float* rows, int64_t n, int64_t row_stride, int d, 
         dequantize_row(codes.data(), params.data(), d, spec, deq.data());
         for (int c = 0; c < d; ++c) E(r, c) = static_cast<double>(deq[c]) - Xt(r, c);
       }
-      for (int64_t r = 0; r < m; ++r)
-        for (int c = 0; c < d; ++c) esum[size_t(i)][size_t(c)] += E(r, c);
       ErrorSums s;
       s.err_raw = E.squaredNorm();
       s.den_raw = den_raw;
@@ -68,15 +64,6 @@ void quant_error_sweep(const float* rows, int64_t n, int64_t row_stride, int d, 
       s.den_w = den_w;
       out[i] += s;
     }
-  }
-  // err_w_centered = Σ e C̃ eᵀ − n ē C̃ ēᵀ.
-  for (int i = 0; i < n_ratios; ++i) {
-    std::vector<double>& m = esum[size_t(i)];
-    for (double& x : m) x /= double(n);
-    double q = 0;
-    for (int a = 0; a < d; ++a)
-      for (int b = 0; b < d; ++b) q += m[size_t(a)] * (C ? Ct(a, b) : (a == b ? 1.0 : 0.0)) * m[size_t(b)];
-    out[i].err_w_centered = out[i].err_w - double(n) * q;
   }
 }
 

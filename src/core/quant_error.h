@@ -18,16 +18,10 @@ namespace oscar {
 struct ErrorSums {
   double err_w = 0, den_w = 0;      // Σ e C eᵀ, Σ x C xᵀ
   double err_raw = 0, den_raw = 0;  // Σ ‖e‖², Σ ‖x‖²
-  // Σ (e − ē) C (e − ē)ᵀ, ē the mean error over the rows: for keys, the part of the
-  // logit error that differs between keys. An error shared by every key of a query's
-  // row moves all its logits equally, which softmax ignores; comparing key transforms
-  // (centering changes exactly that shared part) needs this one, not err_w.
-  double err_w_centered = 0;
   double rel_w() const { return den_w > 0 ? err_w / den_w : 0.0; }
   double rel_raw() const { return den_raw > 0 ? err_raw / den_raw : 0.0; }
   ErrorSums& operator+=(const ErrorSums& o) {
     err_w += o.err_w, den_w += o.den_w, err_raw += o.err_raw, den_raw += o.den_raw;
-    err_w_centered += o.err_w_centered;
     return *this;
   }
 };
