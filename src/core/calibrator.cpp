@@ -317,9 +317,9 @@ struct Calibrator::Impl {
     return t;
   }
 
-  // The best clip ratio in `grid` and its summed error over `heads`: rows[h] are head h's
-  // sample rows ([S][d], already transformed), C[h] its weight (fp64 [d][d]).
-  std::pair<float, double> best_clip(const std::vector<std::vector<float>>& rows,
+  // The clip ratio in `grid` minimizing the weighted error summed over `heads`: rows[h]
+  // are head h's sample rows ([S][d], already transformed), C[h] its weight (fp64 [d][d]).
+  float best_clip(const std::vector<std::vector<float>>& rows,
                                      const std::vector<const double*>& C, int64_t S,
                                      const std::vector<double>& R, const std::vector<int>& heads,
                                      const std::vector<float>& grid) const {
@@ -330,11 +330,10 @@ struct Calibrator::Impl {
                         cfg.quant, C[static_cast<size_t>(h)], part.data());
       for (int i = 0; i < n; ++i) total[static_cast<size_t>(i)] += part[static_cast<size_t>(i)];
     }
-    auto err = [&](int i) { return total[static_cast<size_t>(i)].err_w; };
     int best = 0;
     for (int i = 1; i < n; ++i)
-      if (err(i) < err(best)) best = i;
-    return {grid[static_cast<size_t>(best)], err(best)};
+      if (total[static_cast<size_t>(i)].err_w < total[static_cast<size_t>(best)].err_w) best = i;
+    return grid[static_cast<size_t>(best)];
   }
 
   // Head h's sample rows ([S][d] contiguous), optionally centered by mu and divided by s.
@@ -406,7 +405,7 @@ struct Calibrator::Impl {
       centered[static_cast<size_t>(h)] = on;
       scaled[static_cast<size_t>(h)] = on && m != KeyTransformMode::kCenter;
     }
-    // Head h's key target under a candidate (fp64 [d][d]).
+    // Head h's key target in its stored basis (fp64 [d][d]).
     auto key_target = [&](int h, bool center, bool scale) {
       std::vector<double> C(t.k(h), t.k(h) + dd);
       const double* m = mu.data() + static_cast<size_t>(h) * d;
@@ -434,13 +433,12 @@ struct Calibrator::Impl {
                         per_head ? std::to_string(r) : "", keys ? "key" : "value");
         const uint64_t seed = cfg.seed + 1000003ull * static_cast<uint64_t>(l) +
                               2ull * static_cast<uint64_t>(r) + static_cast<uint64_t>(kv);
-        // One candidate (the value side has exactly one): its pooled target, rotation,
-        // and (when sampled) best clip and error.
+        // The pooled target of the rotation's heads (keys: each head in its transformed
+        // basis), its eigenbasis and rotation, and the clip ratio (searched when asked).
         struct Result {
           std::vector<double> R;
           SymEig eig;
           float clip;
-          double err;
         };
         auto evaluate = [&]() {
           std::vector<std::vector<double>> Ch(static_cast<size_t>(H));
@@ -452,7 +450,7 @@ struct Calibrator::Impl {
             for (size_t i = 0; i < dd; ++i) C[i] += Ch[static_cast<size_t>(h)][i];
           }
           for (double& x : C) x /= static_cast<double>(heads.size());
-          Result res{{}, sym_eig(C.data(), d, what.c_str()), keys ? cfg.k_clip : cfg.v_clip, 0.0};
+          Result res{{}, sym_eig(C.data(), d, what.c_str()), keys ? cfg.k_clip : cfg.v_clip};
           res.R = compose_rotation(cfg.composition, &res.eig, d, seed);
           if (sampled && cfg.clip_search) {
             std::vector<std::vector<float>> rows(static_cast<size_t>(H));
@@ -474,8 +472,7 @@ struct Calibrator::Impl {
               }
               W[static_cast<size_t>(h)] = Ch[static_cast<size_t>(h)].data();
             }
-            std::tie(res.clip, res.err) =
-                best_clip(rows, W, a.sample_filled, res.R, heads, cfg.clip_grid);
+            res.clip = best_clip(rows, W, a.sample_filled, res.R, heads, cfg.clip_grid);
           }
           return res;
         };
