@@ -52,11 +52,11 @@ OscarKvCache::OscarKvCache(const KvCacheShape& shape, std::shared_ptr<const Cali
                             opts_.label, kKeySpan, kKeySpan, ps));
   identity_ = calib_->composition == Composition::kNone;
   for (const LayerCalibration& lc : calib_->layers) {
-    identity_ = identity_ && !lc.has_key_transform();
-    xf_.push_back(prepare_key_transform(lc, shape_.num_kv_heads, d));
     if (lc.n_rot != 1 && lc.n_rot != shape_.num_kv_heads)
       throw Error(fmt::format("{} kv cache: calibration has {} rotations per layer for {} KV heads",
                               opts_.label, lc.n_rot, shape_.num_kv_heads));
+    identity_ = identity_ && !lc.has_key_transform();
+    xf_.push_back(prepare_key_transform(lc, shape_.num_kv_heads, d));
     for (int h = 1; h < shape_.num_kv_heads; ++h)
       if (lc.k_clip_of(h) != lc.k_clip_of(0) || lc.v_clip_of(h) != lc.v_clip_of(0))
         uniform_clip_ = false;
