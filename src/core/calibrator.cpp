@@ -115,8 +115,6 @@ struct Calibrator::Impl {
     }
   }
 
-  bool want_sample() const { return cfg.clip_search; }
-
   void log2_check() const {
     if (d <= 0 || (d & (d - 1)) != 0)
       throw Error(fmt::format(
@@ -185,7 +183,7 @@ struct Calibrator::Impl {
           a.sum_k[static_cast<size_t>(i)] += x;
           a.sum_k2[static_cast<size_t>(i)] += x * x;
         }
-    if (want_sample() && cfg.sample_tokens > 0) {
+    if (cfg.clip_search && cfg.sample_tokens > 0) {
       const int64_t S = cfg.sample_tokens;
       if (a.sample_k.empty()) {
         a.sample_k.resize(static_cast<size_t>(S * row));
@@ -367,7 +365,7 @@ struct Calibrator::Impl {
     out.v_eigenvalues.resize(static_cast<size_t>(n_rot) * d);
     out.k_clip.assign(static_cast<size_t>(n_rot), cfg.k_clip);
     out.v_clip.assign(static_cast<size_t>(n_rot), cfg.v_clip);
-    const bool sampled = want_sample() && a.sample_filled > 0;
+    const bool sampled = cfg.clip_search && a.sample_filled > 0;
 
     // Key transform statistics per head: mean, centered variance, query second moment.
     const double n_tok = static_cast<double>(a.tokens);
@@ -452,7 +450,7 @@ struct Calibrator::Impl {
           for (double& x : C) x /= static_cast<double>(heads.size());
           Result res{{}, sym_eig(C.data(), d, what.c_str()), keys ? cfg.k_clip : cfg.v_clip};
           res.R = compose_rotation(cfg.composition, &res.eig, d, seed);
-          if (sampled && cfg.clip_search) {
+          if (sampled) {
             std::vector<std::vector<float>> rows(static_cast<size_t>(H));
             std::vector<const double*> W(static_cast<size_t>(H), nullptr);
             for (int h : heads) {

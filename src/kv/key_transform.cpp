@@ -2,8 +2,6 @@
 
 #include <fmt/format.h>
 
-#include <vector>
-
 #include "core/error.h"
 #include "kernels/cpu/cache_write.h"
 
@@ -33,13 +31,15 @@ void transform_queries(const KeyTransform& t, float* q, int64_t n, int Hq, int H
   }
   if (Hkv <= 0 || Hq % Hkv != 0 || t.n != Hkv)
     throw Error(fmt::format("key transform: {} query heads for {} KV heads ({} matrices)", Hq, Hkv, t.n));
-  // Query head g uses the matrix of KV head g / (Hq / Hkv).
+  // Query head g uses the matrix of KV head g / (Hq / Hkv): per token, a group's heads are
+  // `group` contiguous rows, rotated in place with their KV head's matrix (no per-call copy
+  // of the matrices: this runs every decode step).
   const int group = Hq / Hkv;
-  std::vector<float> M(size_t(Hq) * d * d);
-  for (int g = 0; g < Hq; ++g)
-    std::copy(t.query_matrix(g / group), t.query_matrix(g / group) + size_t(d) * d,
-              M.begin() + ptrdiff_t(g) * d * d);
-  kernels::cpu::rotate_heads(q, n, Hq, d, M.data(), Hq, q);
+  for (int64_t r = 0; r < n; ++r)
+    for (int h = 0; h < Hkv; ++h) {
+      float* x = q + (r * Hq + int64_t(h) * group) * d;
+      kernels::cpu::rotate_rows(x, group, d, t.query_matrix(h), x);
+    }
 }
 
 }  // namespace oscar::kv
