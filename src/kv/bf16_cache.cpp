@@ -176,6 +176,28 @@ void Bf16KvCache::make_batch(std::span<const SeqId> seqs, std::span<const int> l
   if (out.recent_indices.empty()) out.recent_indices.reserve(1);
 }
 
+PageCounts Bf16KvCache::pages_needed(SeqId seq, int n) const {
+  int64_t len = 0, have = 0;
+  if (seq != kNewSeq) {
+    auto it = seqs_.find(seq);
+    if (it != seqs_.end()) {
+      len = it->second.length;
+      have = int64_t(it->second.pages.size());
+    }
+  }
+  const int64_t ps = shape_.page_size;
+  return {std::max<int64_t>(0, (len + std::max(0, n) + ps - 1) / ps - have), 0};
+}
+
+KvUsage Bf16KvCache::usage() const {
+  KvUsage u;
+  u.total = {pool_.num_pages(), 0};
+  u.used = {pool_.num_used(), 0};
+  for (const auto& [id, s] : seqs_) u.recent_tokens += s.length;
+  u.sequences = int(seqs_.size());
+  return u;
+}
+
 int64_t Bf16KvCache::bytes_in_use() const {
   return int64_t(pool_.num_used()) * page_elems() * 2 /*K,V*/ * 2 /*bytes*/ * shape_.n_layers;
 }

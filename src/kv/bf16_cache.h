@@ -27,6 +27,12 @@ class Bf16KvCache : public KvCache {
   void commit(SeqId seq, int n) override;
   void make_batch(std::span<const SeqId> seqs, std::span<const int> lens,
                   KvBatch& out) const override;
+  PageCounts pages_needed(SeqId seq, int n) const override;
+  PageCounts pages_free() const override { return {pool_.num_free(), 0}; }
+  PageCounts pages_to_hold(int64_t tokens, int chunk) const override {
+    return {(tokens + shape_.page_size - 1) / shape_.page_size, 0};
+  }
+  KvUsage usage() const override;
   int64_t bytes_in_use() const override;
 
   const PagePool& pool() const { return pool_; }

@@ -54,8 +54,30 @@ class KvBatch {
   const std::vector<QuantPagePool>* quant_pools = nullptr; // [n_layers] or null
 };
 
+// Pages of the two pools (BF16: sink and recent windows, or every token of the
+// BF16 cache; quantized: the middle).
+struct PageCounts {
+  int64_t bf16 = 0, quant = 0;
+  bool fits_in(const PageCounts& free) const { return bf16 <= free.bf16 && quant <= free.quant; }
+  PageCounts& operator+=(const PageCounts& o) {
+    bf16 += o.bf16;
+    quant += o.quant;
+    return *this;
+  }
+};
+
+// What the cache holds now (for /metrics and reports).
+struct KvUsage {
+  PageCounts total, used;   // pool sizes and pages in use (a shared page counts once)
+  int64_t sink_tokens = 0, mid_tokens = 0, recent_tokens = 0;  // committed, summed over sequences
+  int sequences = 0;
+};
+
 class KvCache {
  public:
+  // pages_needed's stand-in for a sequence not created yet.
+  static constexpr SeqId kNewSeq = -1;
+
   virtual ~KvCache() = default;
 
   virtual const KvCacheShape& shape() const = 0;
@@ -92,6 +114,19 @@ class KvCache {
   // g belongs to KV head g / (n_q_heads / num_kv_heads)).
   virtual void rotate_keys(int layer, float* k, int n) const {}
   virtual void rotate_queries(int layer, float* q, int n, int n_q_heads) const {}
+
+  // Admission control (never throws for a live or kNewSeq id): the pages that
+  // reserve(seq, n) would take now, counting the quantized pages its commit will
+  // demote into, and the pages free for new reservations. A step whose summed
+  // needs fit in pages_free() cannot fail for lack of pages.
+  virtual PageCounts pages_needed(SeqId seq, int n) const = 0;
+  virtual PageCounts pages_free() const = 0;
+  // The most pages one sequence of `tokens` tokens ever holds when it is
+  // written `chunk` tokens per step (a request that needs more than the whole
+  // cache can never run).
+  virtual PageCounts pages_to_hold(int64_t tokens, int chunk) const = 0;
+  bool can_reserve(SeqId seq, int n) const { return pages_needed(seq, n).fits_in(pages_free()); }
+  virtual KvUsage usage() const = 0;
 
   // Bytes of page storage held by live pages (for reports).
   virtual int64_t bytes_in_use() const = 0;

@@ -117,6 +117,7 @@ SeqId OscarKvCache::fork(SeqId src) {
   const int ps = shape_.page_size;
   Seq d = s;
   d.reserved = 0;
+  d.promised = 0;
   // Full pages are shared; a partial last page (sink or recent) is copied,
   // because the source keeps appending into it.
   const int sink_tokens = std::min(s.length, opts_.sink);
@@ -162,28 +163,75 @@ void OscarKvCache::release(SeqId seq) {
   for (int32_t p : s.sink) bf16_pool_.release(p);
   for (int32_t p : s.recent) bf16_pool_.release(p);
   for (int32_t p : s.mid) quant_pool_.release(p);
+  quant_promised_ -= s.promised;
   seqs_.erase(seq);
 }
 
 int OscarKvCache::length(SeqId seq) const { return get(seq).length; }
 
-void OscarKvCache::reserve(SeqId seq, int n) {
-  if (n < 0) throw Error(fmt::format("{} kv cache: reserve of {} tokens", opts_.label, n));
-  Seq& s = get(seq);
+std::pair<int, int64_t> OscarKvCache::reservation(const Seq& s, int64_t end) const {
   const int ps = shape_.page_size;
-  const int64_t end = int64_t(s.length) + n;
   const int need_sink = pages_for(std::min<int64_t>(end, opts_.sink), ps);
   const int need_recent = pages_for(std::max<int64_t>(0, end - opts_.sink - s.mid_len), ps);
   const int more = std::max(0, need_sink - int(s.sink.size())) +
                    std::max(0, need_recent - int(s.recent.size()));
-  // Demotions at commit take quantized pages: check now, so commit cannot fail.
+  // Demotions at commit take quantized pages (the window ends in [W, W + page)).
   const int64_t recent_after = std::max<int64_t>(0, end - opts_.sink - s.mid_len);
   const int64_t demotions =
       recent_after >= opts_.recent + ps ? (recent_after - opts_.recent) / ps : 0;
-  if (demotions > quant_pool_.num_free())
+  return {more, demotions};
+}
+
+PageCounts OscarKvCache::pages_needed(SeqId seq, int n) const {
+  static const Seq empty;
+  auto it = seq == kNewSeq ? seqs_.end() : seqs_.find(seq);
+  const Seq& s = it == seqs_.end() ? empty : it->second;
+  const auto [more, demotions] = reservation(s, int64_t(s.length) + std::max(0, n));
+  return {more, std::max<int64_t>(0, demotions - s.promised)};
+}
+
+PageCounts OscarKvCache::pages_to_hold(int64_t tokens, int chunk) const {
+  const int ps = shape_.page_size;
+  tokens = std::max<int64_t>(0, tokens);
+  // Before a commit the window holds < W + page committed tokens plus one chunk;
+  // the middle holds whatever was demoted by the end.
+  const int64_t sink = std::min<int64_t>(tokens, opts_.sink);
+  const int64_t recent = std::min<int64_t>(tokens - sink, int64_t(opts_.recent) + ps + std::max(1, chunk));
+  const int64_t after = tokens - sink;
+  const int64_t demoted = after >= opts_.recent + ps ? (after - opts_.recent) / ps : 0;
+  return {pages_for(sink, ps) + pages_for(recent, ps) + 1, demoted};
+}
+
+PageCounts OscarKvCache::pages_free() const {
+  return {bf16_pool_.num_free(), quant_pool_.num_free() - quant_promised_};
+}
+
+KvUsage OscarKvCache::usage() const {
+  KvUsage u;
+  u.total = {bf16_pool_.num_pages(), quant_pool_.num_pages()};
+  u.used = {bf16_pool_.num_used(), quant_pool_.num_used()};
+  for (const auto& [id, s] : seqs_) {
+    u.sink_tokens += std::min(s.length, opts_.sink);
+    u.mid_tokens += s.mid_len;
+    u.recent_tokens += std::max(0, s.length - opts_.sink - s.mid_len);
+  }
+  u.sequences = int(seqs_.size());
+  return u;
+}
+
+void OscarKvCache::reserve(SeqId seq, int n) {
+  if (n < 0) throw Error(fmt::format("{} kv cache: reserve of {} tokens", opts_.label, n));
+  Seq& s = get(seq);
+  const int64_t end = int64_t(s.length) + n;
+  const int need_sink = pages_for(std::min<int64_t>(end, opts_.sink), shape_.page_size);
+  const auto [more, demotions] = reservation(s, end);
+  // Quantized pages for the demotions are promised now (to this sequence, over
+  // every other sequence's promises), so commit cannot fail.
+  const int64_t extra = std::max<int64_t>(0, demotions - s.promised);
+  if (extra > quant_pool_.num_free() - quant_promised_)
     throw Error(fmt::format("{}: out of pages ({} needed for demotion, {} free)",
-                            opts_.label + " quantized page pool", demotions,
-                            quant_pool_.num_free()));
+                            opts_.label + " quantized page pool", extra,
+                            quant_pool_.num_free() - quant_promised_));
   std::vector<int32_t> fresh;
   try {
     for (int i = 0; i < more; ++i) fresh.push_back(bf16_pool_.acquire());
@@ -193,7 +241,9 @@ void OscarKvCache::reserve(SeqId seq, int n) {
   }
   size_t f = 0;
   while (int(s.sink.size()) < need_sink) s.sink.push_back(fresh[f++]);
-  while (int(s.recent.size()) < need_recent) s.recent.push_back(fresh[f++]);
+  while (f < fresh.size()) s.recent.push_back(fresh[f++]);
+  s.promised += int(extra);
+  quant_promised_ += extra;
   s.reserved = std::max(s.reserved, n);
 }
 
@@ -280,7 +330,15 @@ void OscarKvCache::commit(SeqId seq, int n) {
   s.reserved -= n;
   // Page-granular demotion: the window ends in [W, W + page).
   const int ps = shape_.page_size;
-  while (s.length - opts_.sink - s.mid_len >= opts_.recent + ps) demote_one(s);
+  while (s.length - opts_.sink - s.mid_len >= opts_.recent + ps) {
+    // The promise is released before the page is taken, so the pool check in
+    // acquire sees it free.
+    if (s.promised > 0) {
+      --s.promised;
+      --quant_promised_;
+    }
+    demote_one(s);
+  }
 }
 
 OscarKvCache::Regions OscarKvCache::regions(SeqId seq) const {

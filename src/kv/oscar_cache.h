@@ -70,6 +70,10 @@ class OscarKvCache : public KvCache {
                   KvBatch& out) const override;
   void rotate_keys(int layer, float* k, int n) const override;
   void rotate_queries(int layer, float* q, int n, int n_q_heads) const override;
+  PageCounts pages_needed(SeqId seq, int n) const override;
+  PageCounts pages_free() const override;
+  PageCounts pages_to_hold(int64_t tokens, int chunk) const override;
+  KvUsage usage() const override;
   int64_t bytes_in_use() const override;
 
   // Region sizes of a sequence's committed tokens (tests, reports).
@@ -91,7 +95,10 @@ class OscarKvCache : public KvCache {
     std::vector<int32_t> sink, mid, recent;  // page ids (bf16, quant, bf16)
     int length = 0, reserved = 0;
     int mid_len = 0;  // tokens in the middle (a multiple of the page size)
+    int promised = 0; // quantized pages its commit may still take (reserved demotions)
   };
+  // New BF16 pages and total demotions a reservation of tokens up to `end` implies.
+  std::pair<int, int64_t> reservation(const Seq& s, int64_t end) const;
   Seq& get(SeqId seq);
   const Seq& get(SeqId seq) const;
   // (bf16 page, slot) of position p of a sequence (p in the sink or recent window).
@@ -114,6 +121,7 @@ class OscarKvCache : public KvCache {
   std::vector<Bf16PagePool> bf16_pools_;
   std::vector<QuantPagePool> quant_pools_;
   std::unordered_map<SeqId, Seq> seqs_;
+  int64_t quant_promised_ = 0;  // sum of Seq::promised: quantized pages kept for commits
   SeqId next_id_ = 0;
 };
 

@@ -1,0 +1,147 @@
+// `oscar serve -m MODEL [--kv oscar --calib FILE]`: the OpenAI-compatible HTTP
+// server (serve/server.h) over the continuous-batching scheduler. SIGINT or
+// SIGTERM stops it gracefully: new requests get 503, running ones finish.
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <pthread.h>
+#include <string>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "cli/registry.h"
+#include "core/error.h"
+#include "engine/async_engine.h"
+#include "engine/scheduler.h"
+#include "kv/kv_cache.h"
+#include "kv/quant_methods.h"
+#include "model/backend_cpu.h"
+#include "model/fold_rotation.h"
+#include "model/forward.h"
+#include "model/loader.h"
+#include "model/tokenizer.h"
+#include "serve/server.h"
+
+namespace {
+
+struct Opts {
+  std::string model = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+  std::string name;
+  std::string host = "127.0.0.1";
+  int port = 8080;
+  std::string api_key;
+  std::string kv = "bf16";
+  std::string calib;
+  int page_size = 64;
+  int64_t max_kv_tokens = 0;
+  std::string weights = "bf16";
+  int threads = 0;
+  int max_running = 32, max_waiting = 1024, max_batch_tokens = 512, max_model_len = 0;
+  int http_threads = 0;
+  size_t max_body = 8 << 20;
+};
+
+const oscar::cli::Registrar reg({"serve", "Serve a model over an OpenAI-compatible HTTP API (CPU)",
+                                 [](CLI::App& app) {
+  auto o = std::make_shared<Opts>();
+  app.add_option("-m,--model", o->model, "GGUF file or Hugging Face directory")->capture_default_str();
+  app.add_option("--served-model-name", o->name, "The id clients give as \"model\" (default: file name)");
+  app.add_option("--host", o->host, "Address to listen on")->capture_default_str();
+  app.add_option("--port", o->port, "Port (0 = any free port)")->capture_default_str();
+  app.add_option("--api-key", o->api_key, "Require 'Authorization: Bearer KEY' on /v1 routes");
+  app.add_option("--kv", o->kv, "KV cache method: bf16, oscar, kivi2, int2-hadamard, ...")->capture_default_str();
+  app.add_option("--calib", o->calib, "Calibration file for --kv oscar (oscar calibrate)");
+  app.add_option("--page-size", o->page_size, "KV page size in tokens")->capture_default_str();
+  app.add_option("--max-kv-tokens", o->max_kv_tokens,
+                 "KV memory budget in tokens over all requests (0 = 32768)");
+  app.add_option("--weights", o->weights, "Weight storage: bf16 or f32")->capture_default_str();
+  app.add_option("-t,--threads", o->threads, "Compute threads (0 = all cores)");
+  app.add_option("--max-running", o->max_running, "Most requests in the running batch")->capture_default_str();
+  app.add_option("--max-waiting", o->max_waiting, "Queued requests beyond which new ones get 503")->capture_default_str();
+  app.add_option("--max-batch-tokens", o->max_batch_tokens,
+                 "Tokens per forward step (decode tokens + prefill chunks)")->capture_default_str();
+  app.add_option("--max-model-len", o->max_model_len, "Prompt + generation limit (0 = the model's)");
+  app.add_option("--http-threads", o->http_threads, "HTTP worker threads (0 = 2 * max-running + 8)");
+  app.add_option("--max-body-bytes", o->max_body, "Largest request body")->capture_default_str();
+  return [o]() -> int {
+    using namespace oscar;
+    if (!std::filesystem::exists(o->model))
+      throw Error(o->model + ": no such model (scripts/fetch_model.sh fetches the default)");
+    // Signals go to one thread (sigwait below); every thread made from here on
+    // inherits the mask. A client that vanishes must not kill the process.
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+    std::signal(SIGPIPE, SIG_IGN);
+
+    model::Tokenizer tok = model::load_tokenizer(o->model);
+    std::unique_ptr<model::Backend> be;
+    std::unique_ptr<model::Model> m;
+    kv::KvMethod km;
+    {
+      model::ModelWeights w = model::load_model(o->model);
+      if (o->kv != "bf16") {
+        kv::KvMethodOptions mo;
+        mo.calib_path = o->calib;
+        mo.model = model::model_fingerprint(w);
+        km = kv::resolve_kv_method(o->kv, mo);
+        if (km.folds_values()) model::fold_value_rotation(w, *km.calib);
+      }
+      be = model::make_cpu_backend({model::weight_dtype_from_string(o->weights), o->threads});
+      m = std::make_unique<model::Model>(w, *be);
+    }
+    kv::KvCacheOptions ko;
+    ko.method = o->kv;
+    ko.page_size = o->page_size;
+    ko.max_tokens = o->max_kv_tokens > 0 ? o->max_kv_tokens : 32768;
+    auto cache = o->kv == "bf16" ? kv::make_kv_cache(m->cache_shape(o->page_size), ko)
+                                 : kv::make_method_cache(km, m->cache_shape(o->page_size), ko.max_tokens);
+
+    engine::SchedulerConfig sc;
+    sc.max_running = o->max_running;
+    sc.max_waiting = o->max_waiting;
+    sc.max_batch_tokens = o->max_batch_tokens;
+    sc.max_model_len = o->max_model_len;
+    engine::Scheduler sched(*m, *cache, [&tok](int id) { return tok.token_str(id); }, sc);
+    engine::AsyncEngine eng(sched);
+
+    serve::ServerOptions so;
+    so.host = o->host;
+    so.port = o->port;
+    so.api_key = o->api_key;
+    so.model_name = o->name.empty() ? std::filesystem::path(o->model).filename().string() : o->name;
+    so.http_threads = o->http_threads;
+    so.max_body_bytes = o->max_body;
+    serve::Server server(eng, sched, tok, so);
+    server.bind();
+    const auto usage = cache->usage();
+    std::fprintf(stderr,
+                 "oscar serve: %s as \"%s\", kv %s (%lld bf16 + %lld quantized pages of %d tokens), "
+                 "max %d running, %d tokens per step, context %d\n"
+                 "listening on http://%s:%d  (Ctrl-C stops: running requests finish first)\n",
+                 m->config().name.c_str(), so.model_name.c_str(), cache->method().c_str(),
+                 static_cast<long long>(usage.total.bf16), static_cast<long long>(usage.total.quant),
+                 o->page_size, sc.max_running, sc.max_batch_tokens, sched.config().max_model_len,
+                 o->host.c_str(), server.port());
+    std::fflush(stderr);
+
+    std::thread waiter([&] {
+      int sig = 0;
+      sigwait(&sigs, &sig);
+      std::fprintf(stderr, "oscar serve: signal %d, finishing running requests...\n", sig);
+      server.stop();
+    });
+    server.listen();
+    // listen() returns after stop(), or when the socket failed: wake the waiter then.
+    pthread_kill(waiter.native_handle(), SIGTERM);
+    waiter.join();
+    std::fprintf(stderr, "oscar serve: stopped\n");
+    return 0;
+  };
+}});
+
+}  // namespace

@@ -1,0 +1,222 @@
+#include "serve/openai.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <limits>
+
+namespace oscar::serve {
+
+using json = nlohmann::json;
+
+json ApiError::body() const {
+  json e = {{"message", what()}, {"type", type}, {"param", nullptr}, {"code", nullptr}};
+  if (!param.empty()) e["param"] = param;
+  if (!code.empty()) e["code"] = code;
+  return {{"error", e}};
+}
+
+namespace {
+
+ApiError bad(const std::string& param, const std::string& msg) {
+  return ApiError(400, msg, "invalid_request_error", param);
+}
+
+// A number field that must be finite and in [lo, hi]; absent or null = keep.
+template <typename T>
+void number(const nlohmann::ordered_json& j, const char* key, T& out, double lo, double hi) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return;
+  if (!it->is_number()) throw bad(key, fmt::format("'{}' must be a number", key));
+  if constexpr (std::is_integral_v<T>) {
+    if (!it->is_number_integer() && !(it->is_number_float() && std::floor(it->get<double>()) == it->get<double>()))
+      throw bad(key, fmt::format("'{}' must be an integer", key));
+  }
+  const double v = it->get<double>();
+  if (!std::isfinite(v) || v < lo || v > hi)
+    throw bad(key, fmt::format("'{}' must be in [{}, {}] (got {})", key, lo, hi, it->dump()));
+  out = static_cast<T>(v);
+}
+
+bool boolean(const nlohmann::ordered_json& j, const char* key, bool def) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return def;
+  if (!it->is_boolean()) throw bad(key, fmt::format("'{}' must be a boolean", key));
+  return it->get<bool>();
+}
+
+std::vector<int> token_list(const nlohmann::ordered_json& a) {
+  std::vector<int> out;
+  out.reserve(a.size());
+  for (const auto& t : a) {
+    if (!t.is_number_integer())
+      throw bad("prompt", "a token-id prompt must hold integers only");
+    const int64_t v = t.get<int64_t>();
+    if (v < 0 || v > std::numeric_limits<int>::max())
+      throw bad("prompt", fmt::format("token id {} is out of range", v));
+    out.push_back(static_cast<int>(v));
+  }
+  return out;
+}
+
+}  // namespace
+
+CompletionRequest parse_completion_request(const std::string& body, bool chat) {
+  nlohmann::ordered_json j;
+  try {
+    j = nlohmann::ordered_json::parse(body);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw ApiError(400, std::string("the body is not valid JSON: ") + e.what());
+  }
+  if (!j.is_object()) throw ApiError(400, "the body must be a JSON object");
+  CompletionRequest r;
+  r.chat = chat;
+  if (auto it = j.find("model"); it != j.end() && !it->is_null()) {
+    if (!it->is_string()) throw bad("model", "'model' must be a string");
+    r.model = it->get<std::string>();
+  }
+  if (chat) {
+    auto it = j.find("messages");
+    if (it == j.end()) throw bad("messages", "'messages' is required");
+    if (!it->is_array() || it->empty())
+      throw bad("messages", "'messages' must be a non-empty array");
+    r.messages = *it;
+  } else {
+    auto it = j.find("prompt");
+    if (it == j.end() || it->is_null()) throw bad("prompt", "'prompt' is required");
+    const auto& p = *it;
+    if (p.is_string()) {
+      r.prompt_text = p.get<std::string>();
+    } else if (p.is_array()) {
+      // One prompt only (n = 1): a string, a list of token ids, or a list of one of those.
+      if (p.empty()) throw bad("prompt", "'prompt' is empty");
+      if (p[0].is_number()) {
+        r.prompt_tokens = token_list(p);
+        r.prompt_is_tokens = true;
+      } else if (p.size() != 1) {
+        throw bad("prompt", "only one prompt per request is supported");
+      } else if (p[0].is_string()) {
+        r.prompt_text = p[0].get<std::string>();
+      } else if (p[0].is_array()) {
+        r.prompt_tokens = token_list(p[0]);
+        r.prompt_is_tokens = true;
+      } else {
+        throw bad("prompt", "'prompt' must be a string, a list of token ids or a list of one of those");
+      }
+    } else {
+      throw bad("prompt", "'prompt' must be a string or an array");
+    }
+    if (!r.prompt_is_tokens && r.prompt_text.empty()) throw bad("prompt", "'prompt' is empty");
+    if (r.prompt_is_tokens && r.prompt_tokens.empty()) throw bad("prompt", "'prompt' is empty");
+  }
+
+  const double kMaxTok = 1 << 30;
+  number(j, "max_tokens", r.max_tokens, 0, kMaxTok);
+  if (chat) number(j, "max_completion_tokens", r.max_tokens, 0, kMaxTok);
+  if (!chat && r.max_tokens < 0) r.max_tokens = 16;  // the OpenAI default for completions
+  number(j, "temperature", r.sampling.temperature, 0, 2);
+  number(j, "top_p", r.sampling.top_p, 0, 1);
+  if (j.contains("top_p") && r.sampling.top_p <= 0) throw bad("top_p", "'top_p' must be > 0");
+  int top_k = 0;
+  number(j, "top_k", top_k, -1, 1 << 30);
+  r.sampling.top_k = top_k < 0 ? 0 : top_k;
+  number(j, "repetition_penalty", r.sampling.repetition_penalty, 1e-3, 100);
+  int64_t seed = 0;
+  number(j, "seed", seed, static_cast<double>(std::numeric_limits<int64_t>::min()),
+         static_cast<double>(std::numeric_limits<int64_t>::max()));
+  r.sampling.seed = static_cast<uint64_t>(seed);
+  int n = 1;
+  number(j, "n", n, 1, 1 << 20);
+  if (n != 1) throw bad("n", "only n = 1 is supported");
+  for (const char* k : {"presence_penalty", "frequency_penalty"}) {
+    double v = 0;
+    number(j, k, v, -2, 2);
+    if (v != 0) throw bad(k, fmt::format("'{}' is not supported (only 0)", k));
+  }
+  if (auto it = j.find("logprobs"); it != j.end() && !it->is_null() && *it != false)
+    throw bad("logprobs", "'logprobs' is not supported");
+  if (boolean(j, "echo", false)) throw bad("echo", "'echo' is not supported");
+  if (auto it = j.find("best_of"); it != j.end() && !it->is_null() && *it != 1)
+    throw bad("best_of", "only best_of = 1 is supported");
+
+  if (auto it = j.find("stop"); it != j.end() && !it->is_null()) {
+    if (it->is_string()) {
+      r.stop.push_back(it->get<std::string>());
+    } else if (it->is_array()) {
+      if (it->size() > 16) throw bad("stop", "at most 16 stop strings");
+      for (const auto& s : *it) {
+        if (!s.is_string()) throw bad("stop", "'stop' must hold strings");
+        r.stop.push_back(s.get<std::string>());
+      }
+    } else {
+      throw bad("stop", "'stop' must be a string or an array of strings");
+    }
+    for (const auto& s : r.stop)
+      if (s.empty()) throw bad("stop", "stop strings must not be empty");
+  }
+  r.stream = boolean(j, "stream", false);
+  if (auto it = j.find("stream_options"); it != j.end() && !it->is_null()) {
+    if (!it->is_object()) throw bad("stream_options", "'stream_options' must be an object");
+    r.include_usage = boolean(*it, "include_usage", false);
+  }
+  r.ignore_eos = boolean(j, "ignore_eos", false);
+  return r;
+}
+
+json usage_json(int prompt_tokens, int completion_tokens) {
+  return {{"prompt_tokens", prompt_tokens},
+          {"completion_tokens", completion_tokens},
+          {"total_tokens", prompt_tokens + completion_tokens}};
+}
+
+static json head(const ResponseMeta& m, const char* object) {
+  return {{"id", m.id}, {"object", object}, {"created", m.created}, {"model", m.model}};
+}
+
+static json reason(const std::string& r) { return r.empty() ? json(nullptr) : json(r); }
+
+json completion_response(const ResponseMeta& m, const std::string& text,
+                         const std::string& finish_reason, int prompt_tokens,
+                         int completion_tokens) {
+  json out = head(m, m.chat ? "chat.completion" : "text_completion");
+  json choice = {{"index", 0}, {"finish_reason", reason(finish_reason)}};
+  if (m.chat) {
+    choice["message"] = {{"role", "assistant"}, {"content", text}};
+  } else {
+    choice["text"] = text;
+    choice["logprobs"] = nullptr;
+  }
+  out["choices"] = json::array({choice});
+  out["usage"] = usage_json(prompt_tokens, completion_tokens);
+  return out;
+}
+
+json completion_chunk(const ResponseMeta& m, const std::string& text,
+                      const std::string& finish_reason, bool first) {
+  json out = head(m, m.chat ? "chat.completion.chunk" : "text_completion");
+  json choice = {{"index", 0}, {"finish_reason", reason(finish_reason)}};
+  if (m.chat) {
+    json delta = json::object();
+    if (first) delta["role"] = "assistant";
+    if (!text.empty() || first) delta["content"] = text;
+    choice["delta"] = delta;
+  } else {
+    choice["text"] = text;
+    choice["logprobs"] = nullptr;
+  }
+  out["choices"] = json::array({choice});
+  return out;
+}
+
+json usage_chunk(const ResponseMeta& m, int prompt_tokens, int completion_tokens) {
+  json out = head(m, m.chat ? "chat.completion.chunk" : "text_completion");
+  out["choices"] = json::array();
+  out["usage"] = usage_json(prompt_tokens, completion_tokens);
+  return out;
+}
+
+std::string dump_json(const json& j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+}  // namespace oscar::serve

@@ -1,0 +1,384 @@
+#include "serve/server.h"
+
+#include <fmt/format.h>
+#include <httplib.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <limits>
+#include <mutex>
+
+#include "serve/openai.h"
+
+namespace oscar::serve {
+
+using json = nlohmann::json;
+using engine::RequestEvent;
+
+namespace {
+
+// Events of one request, filled by the engine's loop thread, drained by the
+// HTTP worker that serves the request.
+struct Channel {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<RequestEvent> q;
+  void push(const RequestEvent& e) {
+    {
+      std::lock_guard lk(mu);
+      q.push_back(e);
+    }
+    cv.notify_one();
+  }
+  // Waits up to `timeout` for an event.
+  bool pop(RequestEvent& out, std::chrono::milliseconds timeout) {
+    std::unique_lock lk(mu);
+    if (!cv.wait_for(lk, timeout, [&] { return !q.empty(); })) return false;
+    out = std::move(q.front());
+    q.pop_front();
+    return true;
+  }
+};
+
+int64_t unix_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+void send_error(httplib::Response& res, const ApiError& e) {
+  res.status = e.status;
+  res.set_content(dump_json(e.body()), "application/json");
+}
+
+std::string sse(const json& j) { return "data: " + dump_json(j) + "\n\n"; }
+
+}  // namespace
+
+struct Server::Impl {
+  engine::AsyncEngine& engine;
+  const engine::Scheduler& sched;
+  const model::Tokenizer& tok;
+  ServerOptions opts;
+  ChatTemplate tmpl;
+  std::vector<int> eos;  // stop tokens unless ignore_eos
+  httplib::Server http;
+  std::atomic<bool> stopping{false};
+  std::atomic<int64_t> next_id{1};
+  std::atomic<int64_t> http_errors_4xx{0}, http_errors_5xx{0};
+  std::mutex rate_mu;
+  std::chrono::steady_clock::time_point rate_t = std::chrono::steady_clock::now();
+  int64_t rate_tokens = 0;
+  double rate = 0;
+
+  Impl(engine::AsyncEngine& e, const engine::Scheduler& s, const model::Tokenizer& t,
+       ServerOptions o)
+      : engine(e), sched(s), tok(t), opts(std::move(o)), tmpl(ChatTemplate::from_tokenizer(t)) {
+    eos = tok.eos();
+    // Chat turns end with the template's end-of-turn token even when the model's
+    // metadata names another end-of-sequence token.
+    for (const char* s : {"<|im_end|>", "<|eot_id|>", "<|endoftext|>", "<|end|>"}) {
+      const int id = tok.token_id(s);
+      if (id >= 0 && std::find(eos.begin(), eos.end(), id) == eos.end()) eos.push_back(id);
+    }
+  }
+
+  void check_auth(const httplib::Request& req) const {
+    if (opts.api_key.empty()) return;
+    const std::string want = "Bearer " + opts.api_key;
+    if (req.get_header_value("Authorization") != want)
+      throw ApiError(401, "invalid or missing API key (send 'Authorization: Bearer <key>')",
+                     "invalid_request_error", "", "invalid_api_key");
+  }
+
+  engine::Request to_engine(const CompletionRequest& cr) const {
+    if (!cr.model.empty() && cr.model != opts.model_name)
+      throw ApiError(404, fmt::format("the model '{}' does not exist; this server serves '{}'",
+                                      cr.model, opts.model_name),
+                     "invalid_request_error", "model", "model_not_found");
+    engine::Request r;
+    if (cr.chat) {
+      std::string text;
+      try {
+        text = tmpl.render(cr.messages, true);
+      } catch (const Error& e) {
+        throw ApiError(400, e.what(), "invalid_request_error", "messages");
+      }
+      // Templates that write the BOS themselves must not get a second one.
+      const int bos = tok.bos();
+      const bool has_bos = bos >= 0 && text.starts_with(tok.token_text(bos));
+      r.prompt = tok.encode(text, !has_bos);
+    } else if (cr.prompt_is_tokens) {
+      r.prompt = cr.prompt_tokens;
+    } else {
+      r.prompt = tok.encode(cr.prompt_text, true);
+    }
+    if (r.prompt.empty()) throw ApiError(400, "the prompt encodes to no tokens", "invalid_request_error", "prompt");
+    r.max_new_tokens = cr.max_tokens < 0 ? std::numeric_limits<int>::max() : cr.max_tokens;
+    r.sampling = cr.sampling;
+    r.stop_strings = cr.stop;
+    if (!cr.ignore_eos) r.stop_tokens = eos;
+    return r;
+  }
+
+  void completions(const httplib::Request& req, httplib::Response& res, bool chat) {
+    try {
+      check_auth(req);
+      if (stopping) throw ApiError(503, "the server is shutting down", "server_error");
+      const CompletionRequest cr = parse_completion_request(req.body, chat);
+      engine::Request er = to_engine(cr);
+      auto ch = std::make_shared<Channel>();
+      engine::RequestId id = 0;
+      try {
+        id = engine.submit(std::move(er), [ch](const RequestEvent& e) { ch->push(e); });
+      } catch (const engine::Rejected& e) {
+        throw ApiError(e.kind == engine::Rejected::kInvalid ? 400 : 503, e.what(),
+                       e.kind == engine::Rejected::kInvalid ? "invalid_request_error"
+                                                            : "server_error");
+      }
+      ResponseMeta meta{fmt::format("{}-{}", chat ? "chatcmpl" : "cmpl", next_id++),
+                        opts.model_name, unix_now(), chat};
+      if (!cr.stream) {
+        std::string text;
+        RequestEvent e;
+        for (;;) {
+          if (!ch->pop(e, std::chrono::milliseconds(1000))) continue;
+          text += e.text;
+          if (e.finished) break;
+        }
+        if (e.finish_reason == "error")
+          throw ApiError(e.error.find("forward failed") == std::string::npos ? 400 : 500, e.error,
+                         "server_error");
+        res.set_content(dump_json(completion_response(meta, text, e.finish_reason, e.prompt_tokens,
+                                                      e.completion_tokens)),
+                        "application/json");
+        return;
+      }
+      stream(res, ch, id, meta, cr.include_usage);
+    } catch (const ApiError& e) {
+      ++(e.status >= 500 ? http_errors_5xx : http_errors_4xx);
+      send_error(res, e);
+    } catch (const std::exception& e) {
+      ++http_errors_5xx;
+      send_error(res, ApiError(500, e.what(), "server_error"));
+    }
+  }
+
+  void stream(httplib::Response& res, std::shared_ptr<Channel> ch, engine::RequestId id,
+              ResponseMeta meta, bool include_usage) {
+    struct State {
+      bool first = true, done = false;
+    };
+    auto st = std::make_shared<State>();
+    res.set_header("Cache-Control", "no-cache");
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [this, ch, id, meta, include_usage, st](size_t, httplib::DataSink& sink) {
+          auto write = [&](const std::string& s) {
+            if (!sink.write(s.data(), s.size())) throw std::runtime_error("client gone");
+          };
+          try {
+            RequestEvent e;
+            auto idle = std::chrono::steady_clock::now();
+            for (;;) {
+              if (!ch->pop(e, std::chrono::milliseconds(100))) {
+                if (!sink.is_writable()) throw std::runtime_error("client gone");
+                // A comment line now and then, so a vanished client is noticed
+                // while the request waits in the queue.
+                if (std::chrono::steady_clock::now() - idle > std::chrono::seconds(1)) {
+                  write(": keep-alive\n\n");
+                  idle = std::chrono::steady_clock::now();
+                }
+                continue;
+              }
+              idle = std::chrono::steady_clock::now();
+              if (e.finished && e.finish_reason == "error") {
+                write(sse(ApiError(500, e.error, "server_error").body()));
+                break;
+              }
+              if (e.finished && e.finish_reason == "abort") break;
+              // Chat's first chunk carries the role even without text.
+              if (!e.text.empty() || e.finished || (meta.chat && st->first)) {
+                write(sse(completion_chunk(meta, e.text, e.finished ? e.finish_reason : "", st->first)));
+                st->first = false;
+              }
+              if (e.finished) {
+                if (include_usage) write(sse(usage_chunk(meta, e.prompt_tokens, e.completion_tokens)));
+                break;
+              }
+            }
+            write("data: [DONE]\n\n");
+            st->done = true;
+            sink.done();
+            return true;
+          } catch (const std::exception&) {
+            engine.abort(id);  // frees its pages
+            return false;
+          }
+        },
+        [this, id, st](bool success) {
+          if (!success || !st->done) engine.abort(id);
+        });
+  }
+
+  std::string metrics_text() {
+    const auto s = engine.snapshot();
+    const auto& m = s.metrics;
+    std::string o;
+    auto metric = [&](const char* name, const char* type, const char* help) {
+      o += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
+    };
+    auto line = [&](const std::string& name, double v) { o += fmt::format("{} {}\n", name, v); };
+    auto hist = [&](const char* name, const char* help, const engine::Histogram& h) {
+      metric(name, "histogram", help);
+      for (size_t i = 0; i < h.le.size(); ++i)
+        o += fmt::format("{}_bucket{{le=\"{}\"}} {}\n", name, h.le[i], h.counts[i]);
+      o += fmt::format("{}_bucket{{le=\"+Inf\"}} {}\n{}_sum {}\n{}_count {}\n", name, h.count, name,
+                       h.sum, name, h.count);
+    };
+    metric("oscar_requests_running", "gauge", "Requests in the running batch.");
+    line("oscar_requests_running", s.running);
+    metric("oscar_requests_waiting", "gauge", "Requests waiting to be admitted.");
+    line("oscar_requests_waiting", s.waiting);
+    const std::string qd = sched.cache().method() == "bf16" ? "bf16" : "quant";
+    metric("oscar_kv_pages_total", "gauge", "KV pages in the pools, by dtype.");
+    o += fmt::format("oscar_kv_pages_total{{dtype=\"bf16\"}} {}\n", s.kv.total.bf16);
+    o += fmt::format("oscar_kv_pages_total{{dtype=\"quant\"}} {}\n", s.kv.total.quant);
+    metric("oscar_kv_pages_used", "gauge", "KV pages in use, by dtype.");
+    o += fmt::format("oscar_kv_pages_used{{dtype=\"bf16\"}} {}\n", s.kv.used.bf16);
+    o += fmt::format("oscar_kv_pages_used{{dtype=\"quant\"}} {}\n", s.kv.used.quant);
+    metric("oscar_kv_tokens", "gauge", "Cached tokens of live sequences, by region (sink and recent: BF16; middle: quantized).");
+    o += fmt::format("oscar_kv_tokens{{region=\"sink\"}} {}\n", s.kv.sink_tokens);
+    o += fmt::format("oscar_kv_tokens{{region=\"middle\"}} {}\n", s.kv.mid_tokens);
+    o += fmt::format("oscar_kv_tokens{{region=\"recent\"}} {}\n", s.kv.recent_tokens);
+    metric("oscar_kv_sequences", "gauge", "Sequences holding KV pages.");
+    line("oscar_kv_sequences", s.kv.sequences);
+    metric("oscar_prompt_tokens_total", "counter", "Prompt tokens of finished requests.");
+    line("oscar_prompt_tokens_total", double(m.prompt_tokens));
+    metric("oscar_generation_tokens_total", "counter", "Tokens generated.");
+    line("oscar_generation_tokens_total", double(m.generation_tokens));
+    metric("oscar_prefill_tokens_total", "counter", "Tokens run as prefill (recomputation after preemption included).");
+    line("oscar_prefill_tokens_total", double(m.prefill_tokens));
+    metric("oscar_preemptions_total", "counter", "Sequences preempted for lack of KV pages.");
+    line("oscar_preemptions_total", double(m.preemptions));
+    metric("oscar_engine_steps_total", "counter", "Forward steps.");
+    line("oscar_engine_steps_total", double(m.steps));
+    metric("oscar_engine_busy_seconds_total", "counter", "Time spent in forward steps.");
+    line("oscar_engine_busy_seconds_total", m.busy_s);
+    metric("oscar_request_success_total", "counter", "Finished requests by finish reason.");
+    o += fmt::format("oscar_request_success_total{{finished_reason=\"stop\"}} {}\n", m.finished_stop);
+    o += fmt::format("oscar_request_success_total{{finished_reason=\"length\"}} {}\n", m.finished_length);
+    o += fmt::format("oscar_request_success_total{{finished_reason=\"abort\"}} {}\n", m.finished_abort);
+    o += fmt::format("oscar_request_success_total{{finished_reason=\"error\"}} {}\n", m.finished_error);
+    metric("oscar_requests_rejected_total", "counter", "Requests refused by the scheduler (invalid or queue full).");
+    line("oscar_requests_rejected_total", double(m.requests_rejected));
+    metric("oscar_http_errors_total", "counter", "HTTP error responses of the completion endpoints.");
+    o += fmt::format("oscar_http_errors_total{{class=\"4xx\"}} {}\n", http_errors_4xx.load());
+    o += fmt::format("oscar_http_errors_total{{class=\"5xx\"}} {}\n", http_errors_5xx.load());
+    {
+      // Generation throughput since the previous scrape (or start).
+      std::lock_guard lk(rate_mu);
+      const auto now = std::chrono::steady_clock::now();
+      const double dt = std::chrono::duration<double>(now - rate_t).count();
+      if (dt >= 0.5) {
+        rate = (m.generation_tokens - rate_tokens) / dt;
+        rate_t = now;
+        rate_tokens = m.generation_tokens;
+      }
+      metric("oscar_generation_tokens_per_second", "gauge", "Generated tokens per second since the previous scrape.");
+      line("oscar_generation_tokens_per_second", rate);
+    }
+    hist("oscar_time_to_first_token_seconds", "Time from arrival to the first generated token.", m.ttft);
+    hist("oscar_time_per_output_token_seconds", "Mean time between tokens of a finished request.", m.tpot);
+    hist("oscar_inter_token_latency_seconds", "Time between successive tokens.", m.itl);
+    hist("oscar_e2e_request_latency_seconds", "Time from arrival to the last token.", m.e2e);
+    hist("oscar_request_queue_time_seconds", "Time from arrival to the first admission.", m.queue);
+    return o;
+  }
+};
+
+Server::Server(engine::AsyncEngine& engine, const engine::Scheduler& sched,
+               const model::Tokenizer& tok, ServerOptions opts)
+    : impl_(std::make_unique<Impl>(engine, sched, tok, std::move(opts))) {
+  Impl& I = *impl_;
+  auto& http = I.http;
+  const int threads = I.opts.http_threads > 0 ? I.opts.http_threads
+                                              : 2 * sched.config().max_running + 8;
+  http.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
+  http.set_payload_max_length(I.opts.max_body_bytes);
+  http.set_read_timeout(30, 0);
+  http.set_write_timeout(30, 0);
+  http.set_keep_alive_max_count(1000);
+
+  http.Post("/v1/completions", [&I](const httplib::Request& q, httplib::Response& r) {
+    I.completions(q, r, false);
+  });
+  http.Post("/v1/chat/completions", [&I](const httplib::Request& q, httplib::Response& r) {
+    I.completions(q, r, true);
+  });
+  http.Get("/v1/models", [&I](const httplib::Request& q, httplib::Response& r) {
+    try {
+      I.check_auth(q);
+      json m = {{"id", I.opts.model_name},
+                {"object", "model"},
+                {"created", unix_now()},
+                {"owned_by", "oscar"},
+                {"max_model_len", I.sched.config().max_model_len},
+                {"kv_cache", I.sched.cache().method()}};
+      r.set_content(dump_json({{"object", "list"}, {"data", json::array({m})}}), "application/json");
+    } catch (const ApiError& e) {
+      send_error(r, e);
+    }
+  });
+  http.Get("/health", [&I](const httplib::Request&, httplib::Response& r) {
+    if (I.stopping) {
+      r.status = 503;
+      r.set_content(R"({"status":"shutting down"})", "application/json");
+    } else {
+      r.set_content(R"({"status":"ok"})", "application/json");
+    }
+  });
+  http.Get("/metrics", [&I](const httplib::Request&, httplib::Response& r) {
+    r.set_content(I.metrics_text(), "text/plain; version=0.0.4");
+  });
+  // Errors the library produces itself (unknown route, body too large, ...) in
+  // the same JSON shape.
+  http.set_error_handler([](const httplib::Request& q, httplib::Response& r) {
+    if (!r.body.empty()) return;
+    const std::string msg =
+        r.status == 404   ? fmt::format("no route {} {}", q.method, q.path)
+        : r.status == 413 ? std::string("the request body is too large")
+                          : fmt::format("HTTP {}", r.status);
+    r.set_content(dump_json(ApiError(r.status, msg, r.status >= 500 ? "server_error"
+                                                                    : "invalid_request_error")
+                                .body()),
+                  "application/json");
+  });
+}
+
+Server::~Server() = default;
+
+void Server::bind() {
+  if (impl_->opts.port == 0) {
+    port_ = impl_->http.bind_to_any_port(impl_->opts.host);
+    if (port_ <= 0) throw Error(fmt::format("serve: cannot bind {}", impl_->opts.host));
+  } else {
+    if (!impl_->http.bind_to_port(impl_->opts.host, impl_->opts.port))
+      throw Error(fmt::format("serve: cannot bind {}:{} (in use?)", impl_->opts.host,
+                              impl_->opts.port));
+    port_ = impl_->opts.port;
+  }
+}
+
+void Server::listen() { impl_->http.listen_after_bind(); }
+
+void Server::stop() {
+  impl_->stopping = true;
+  impl_->engine.shutdown(/*drain=*/true);  // finishes what runs and waits
+  impl_->http.stop();
+}
+
+std::string Server::metrics_text() { return impl_->metrics_text(); }
+
+}  // namespace oscar::serve
