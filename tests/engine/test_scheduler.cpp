@@ -1,0 +1,391 @@
+// The continuous-batching scheduler (engine/scheduler.h) and its thread
+// (engine/async_engine.h) on a random tiny model: greedy tokens equal the
+// static Generator's for each request alone, whatever arrives when, whatever is
+// preempted; pages all come back; aborts, refusals and the queue limit; the OSCAR
+// cache's page promises (kv::KvCache::pages_needed) under the scheduler.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <random>
+#include <thread>
+
+#include "engine/async_engine.h"
+#include "engine/scheduler.h"
+#include "kv/bf16_cache.h"
+#include "kv/oscar_cache.h"
+#include "core/calibration.h"
+#include "kv/quant_methods.h"
+#include "model/backend_cpu.h"
+#include "model/forward_random.h"
+
+namespace oscar::engine {
+namespace {
+
+struct Rig {
+  Rig()
+      : w(model::random_weights(model::tiny_config(model::Arch::kLlama), 3)),
+        be(model::make_cpu_backend({model::WeightDtype::kF32, 0})),
+        m(w, *be) {}
+  model::ModelWeights w;
+  std::unique_ptr<model::Backend> be;
+  model::Model m;
+};
+
+std::vector<Request> requests(int n, int vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<Request> out(n);
+  for (int i = 0; i < n; ++i) {
+    const int len = 1 + int(rng() % 40);
+    for (int t = 0; t < len; ++t) out[i].prompt.push_back(int(rng() % vocab));
+    out[i].max_new_tokens = 4 + int(rng() % 14);
+  }
+  return out;
+}
+
+// Each request alone through the static generator (the reference).
+std::vector<std::vector<int>> alone(Rig& r, const std::vector<Request>& reqs, kv::KvCache& cache) {
+  std::vector<std::vector<int>> out;
+  for (const auto& q : reqs) {
+    Generator g(r.m, cache);
+    out.push_back(g.run({&q, 1})[0].tokens);
+  }
+  return out;
+}
+
+struct Collected {
+  std::vector<int> tokens;
+  std::string reason;
+  int finished = 0;
+  int completion_tokens = -1;
+};
+
+TEST(Scheduler, GreedyTokensEqualEachRequestAloneWhileRequestsArriveAndLeave) {
+  Rig r;
+  kv::Bf16KvCache big(r.m.cache_shape(16), 256);
+  const auto reqs = requests(9, r.m.config().vocab_size, 7);
+  const auto want = alone(r, reqs, big);
+
+  kv::Bf16KvCache cache(r.m.cache_shape(16), 256);
+  SchedulerConfig cfg;
+  cfg.max_batch_tokens = 13;  // prompts split over steps, mixed with decodes
+  cfg.max_running = 4;        // the rest wait
+  Scheduler s(r.m, cache, nullptr, cfg);
+  std::map<RequestId, Collected> got;
+  std::vector<RequestId> ids;
+  auto add = [&](int i) {
+    ids.push_back(s.add(reqs[i], [&got](const RequestEvent& e) {
+      auto& c = got[e.id];
+      c.tokens.insert(c.tokens.end(), e.tokens.begin(), e.tokens.end());
+      if (e.finished) {
+        ++c.finished;
+        c.reason = e.finish_reason;
+        c.completion_tokens = e.completion_tokens;
+      }
+    }));
+  };
+  for (int i = 0; i < 3; ++i) add(i);
+  int steps = 0, next = 3;
+  while (!s.idle() || next < int(reqs.size())) {
+    if (next < int(reqs.size()) && steps % 3 == 0) add(next++);  // arrivals mid-run
+    s.step();
+    ++steps;
+    ASSERT_LT(steps, 1000);
+  }
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const auto& c = got[ids[i]];
+    EXPECT_EQ(c.tokens, want[i]) << "request " << i;
+    EXPECT_EQ(c.finished, 1);
+    EXPECT_EQ(c.reason, "length");
+    EXPECT_EQ(c.completion_tokens, reqs[i].max_new_tokens);
+  }
+  EXPECT_EQ(cache.pool().num_used(), 0);
+  EXPECT_EQ(s.metrics().preemptions, 0);
+  EXPECT_EQ(s.metrics().finished_length, int64_t(reqs.size()));
+  EXPECT_EQ(s.metrics().ttft.count, int64_t(reqs.size()));
+}
+
+TEST(Scheduler, PreemptsWhenPagesRunOutAndEveryRequestStillFinishesWithTheSameTokens) {
+  Rig r;
+  kv::Bf16KvCache big(r.m.cache_shape(16), 256);
+  auto reqs = requests(6, r.m.config().vocab_size, 11);
+  for (auto& q : reqs) {
+    while (q.prompt.size() < 30) q.prompt.push_back(q.prompt.size() % 50 + 1);
+    q.max_new_tokens = 20;  // each sequence grows to ~50 tokens = 4 pages
+  }
+  const auto want = alone(r, reqs, big);
+
+  kv::Bf16KvCache cache(r.m.cache_shape(16), 9);  // room for two such sequences at once
+  SchedulerConfig cfg;
+  cfg.max_batch_tokens = 64;
+  cfg.max_running = 6;
+  Scheduler s(r.m, cache, nullptr, cfg);
+  std::map<RequestId, Collected> got;
+  std::vector<RequestId> ids;
+  for (const auto& q : reqs)
+    ids.push_back(s.add(q, [&got](const RequestEvent& e) {
+      auto& c = got[e.id];
+      c.tokens.insert(c.tokens.end(), e.tokens.begin(), e.tokens.end());
+      if (e.finished) {
+        ++c.finished;
+        c.reason = e.finish_reason;
+      }
+    }));
+  for (int steps = 0; !s.idle(); ++steps) {
+    s.step();
+    ASSERT_LT(steps, 5000);
+    ASSERT_LE(cache.pool().num_used(), cache.pool().num_pages());
+  }
+  EXPECT_GT(s.metrics().preemptions, 0);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ(got[ids[i]].tokens, want[i]) << "request " << i;
+    EXPECT_EQ(got[ids[i]].finished, 1);
+    EXPECT_EQ(got[ids[i]].reason, "length");
+  }
+  EXPECT_EQ(cache.pool().num_used(), 0);
+}
+
+TEST(Scheduler, RefusesWhatCanNeverRunAndWhatIsMalformed) {
+  Rig r;
+  kv::Bf16KvCache cache(r.m.cache_shape(16), 4);  // 64 tokens
+  SchedulerConfig cfg;
+  cfg.max_waiting = 2;
+  cfg.max_model_len = 100;
+  Scheduler s(r.m, cache, nullptr, cfg);
+  auto kind = [&](Request q) {
+    try {
+      s.add(std::move(q), nullptr);
+    } catch (const Rejected& e) {
+      EXPECT_FALSE(std::string(e.what()).empty());
+      return int(e.kind);
+    }
+    return -1;
+  };
+  Request ok;
+  ok.prompt = {1, 2, 3};
+  ok.max_new_tokens = 4;
+  Request q = ok;
+  q.prompt.clear();
+  EXPECT_EQ(kind(q), Rejected::kInvalid);
+  q = ok;
+  q.prompt.push_back(r.m.config().vocab_size);
+  EXPECT_EQ(kind(q), Rejected::kInvalid);
+  q = ok;
+  q.max_new_tokens = -1;
+  EXPECT_EQ(kind(q), Rejected::kInvalid);
+  q = ok;
+  q.prompt.assign(100, 1);  // the whole context
+  EXPECT_EQ(kind(q), Rejected::kInvalid);
+  q = ok;
+  q.max_new_tokens = 90;  // fits the context (100) but not the cache (64 tokens)
+  EXPECT_EQ(kind(q), Rejected::kInvalid);
+  q = ok;
+  q.sampling.temperature = -1;
+  EXPECT_EQ(kind(q), Rejected::kInvalid);
+  q = ok;
+  q.stop_strings = {"x"};  // no tokenizer
+  EXPECT_EQ(kind(q), Rejected::kInvalid);
+  EXPECT_EQ(kind(ok), -1);
+  EXPECT_EQ(kind(ok), -1);
+  EXPECT_EQ(kind(ok), Rejected::kBusy);  // queue limit 2
+  EXPECT_EQ(s.metrics().requests_rejected, 8);
+  while (!s.idle()) s.step();
+  EXPECT_EQ(cache.pool().num_used(), 0);
+}
+
+TEST(Scheduler, AbortFinishesOnceAndFreesPages) {
+  Rig r;
+  kv::Bf16KvCache cache(r.m.cache_shape(16), 64);
+  Scheduler s(r.m, cache, nullptr);
+  std::map<RequestId, Collected> got;
+  auto on = [&got](const RequestEvent& e) {
+    auto& c = got[e.id];
+    c.tokens.insert(c.tokens.end(), e.tokens.begin(), e.tokens.end());
+    if (e.finished) {
+      ++c.finished;
+      c.reason = e.finish_reason;
+    }
+  };
+  Request q;
+  q.prompt = {4, 5, 6, 7};
+  q.max_new_tokens = 50;
+  const RequestId a = s.add(q, on), b = s.add(q, on), c = s.add(q, on);
+  s.step();
+  s.step();
+  EXPECT_GT(cache.pool().num_used(), 0);
+  s.abort(a);
+  s.abort(a);      // twice: still one finished event
+  s.abort(12345);  // unknown: ignored
+  s.step();
+  EXPECT_EQ(got[a].finished, 1);
+  EXPECT_EQ(got[a].reason, "abort");
+  EXPECT_LT(got[a].tokens.size(), 50u);
+  s.abort_all();
+  s.step();
+  EXPECT_EQ(got[b].reason, "abort");
+  EXPECT_EQ(got[c].reason, "abort");
+  EXPECT_TRUE(s.idle());
+  EXPECT_EQ(cache.pool().num_used(), 0);
+  EXPECT_EQ(s.metrics().finished_abort, 3);
+}
+
+TEST(Scheduler, StopTokensAndMaxTokensZero) {
+  Rig r;
+  kv::Bf16KvCache cache(r.m.cache_shape(16), 64);
+  Request q;
+  q.prompt = {9, 8, 7};
+  q.max_new_tokens = 12;
+  Generator g(r.m, cache);
+  const auto ref = g.run({&q, 1})[0].tokens;
+  ASSERT_GE(ref.size(), 4u);
+  Scheduler s(r.m, cache, nullptr);
+  std::map<RequestId, Collected> got;
+  auto on = [&got](const RequestEvent& e) {
+    auto& c = got[e.id];
+    c.tokens.insert(c.tokens.end(), e.tokens.begin(), e.tokens.end());
+    if (e.finished) c.reason = e.finish_reason;
+  };
+  Request stop = q;
+  stop.stop_tokens = {ref[2]};
+  Request zero = q;
+  zero.max_new_tokens = 0;
+  const RequestId a = s.add(stop, on), b = s.add(zero, on);
+  while (!s.idle()) s.step();
+  const auto first = std::find(ref.begin(), ref.end(), ref[2]);
+  EXPECT_EQ(got[a].tokens, std::vector<int>(ref.begin(), first + 1));
+  EXPECT_EQ(got[a].reason, "stop");
+  EXPECT_TRUE(got[b].tokens.empty());
+  EXPECT_EQ(got[b].reason, "length");
+  EXPECT_EQ(cache.pool().num_used(), 0);
+}
+
+// The OSCAR cache: demotions at commit take quantized pages; with several
+// sequences growing in one step the cache must promise them up front.
+TEST(Scheduler, OscarCacheUnderPreemptionFinishesEverythingAndReturnsEveryPage) {
+  Rig r;
+  const auto& cfg_m = r.m.config();
+  ModelFingerprint fp;
+  fp.architecture = "llama";
+  fp.n_layers = cfg_m.n_layers;
+  fp.n_q_heads = cfg_m.n_heads;
+  fp.n_kv_heads = cfg_m.n_kv_heads;
+  fp.head_dim = cfg_m.head_dim;
+  fp.weights_hash = "t";
+  auto calib = std::make_shared<Calibration>(
+      data_free_calibration(Composition::kHadamard, fp, 1.0f, 1.0f, 2, cfg_m.head_dim));
+  kv::OscarCacheOptions o;
+  o.sink = 16;
+  o.recent = 16;
+  o.group_size = cfg_m.head_dim;
+  o.bf16_pages = 10;
+  o.quant_pages = 6;
+  kv::OscarKvCache cache(r.m.cache_shape(16), calib, o);
+  SchedulerConfig cfg;
+  cfg.max_batch_tokens = 24;
+  Scheduler s(r.m, cache, nullptr, cfg);
+  auto reqs = requests(6, cfg_m.vocab_size, 5);
+  for (auto& q : reqs) q.max_new_tokens = 40;  // > sink + window + page: demotes
+  int finished = 0;
+  for (const auto& q : reqs)
+    s.add(q, [&](const RequestEvent& e) {
+      if (e.finished) {
+        ++finished;
+        EXPECT_EQ(e.finish_reason, "length");
+        EXPECT_EQ(e.completion_tokens, 40);
+      }
+    });
+  for (int steps = 0; !s.idle(); ++steps) {
+    s.step();
+    ASSERT_LT(steps, 5000);
+    const auto f = cache.pages_free();
+    ASSERT_GE(f.bf16, 0);
+    ASSERT_GE(f.quant, 0);
+  }
+  EXPECT_EQ(finished, 6);
+  EXPECT_GT(cache.usage().total.quant, 0);
+  EXPECT_EQ(cache.usage().used.bf16, 0);
+  EXPECT_EQ(cache.usage().used.quant, 0);
+  EXPECT_EQ(cache.pages_free().quant, 6);
+  EXPECT_EQ(s.metrics().finished_error, 0);
+}
+
+TEST(OscarCachePromises, ASecondSequenceCannotTakeTheQuantizedPagesPromisedToTheFirst) {
+  Rig r;
+  const auto& c = r.m.config();
+  ModelFingerprint fp{"llama", c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim, "t"};
+  auto calib = std::make_shared<Calibration>(
+      data_free_calibration(Composition::kHadamard, fp, 1.0f, 1.0f, 2, c.head_dim));
+  kv::OscarCacheOptions o;
+  o.sink = 16;
+  o.recent = 16;
+  o.group_size = c.head_dim;
+  o.bf16_pages = 20;
+  o.quant_pages = 1;
+  kv::OscarKvCache cache(r.m.cache_shape(16), calib, o);
+  const kv::SeqId a = cache.create(), b = cache.create();
+  // 48 tokens: sink 16 + 32 recent >= W + page: one demotion at commit.
+  EXPECT_EQ(cache.pages_needed(a, 48).quant, 1);
+  EXPECT_TRUE(cache.can_reserve(a, 48));
+  cache.reserve(a, 48);
+  EXPECT_EQ(cache.pages_free().quant, 0);
+  EXPECT_EQ(cache.pages_needed(a, 48).quant, 0);  // already promised
+  EXPECT_FALSE(cache.can_reserve(b, 48));
+  EXPECT_THROW(cache.reserve(b, 48), Error);
+  cache.release(a);
+  EXPECT_EQ(cache.pages_free().quant, 1);
+  EXPECT_TRUE(cache.can_reserve(b, 48));
+}
+
+TEST(AsyncEngine, ServesManyThreadsAndDrainsOnShutdown) {
+  Rig r;
+  kv::Bf16KvCache big(r.m.cache_shape(16), 256);
+  const auto reqs = requests(8, r.m.config().vocab_size, 3);
+  const auto want = alone(r, reqs, big);
+  kv::Bf16KvCache cache(r.m.cache_shape(16), 256);
+  SchedulerConfig cfg;
+  cfg.max_batch_tokens = 16;
+  Scheduler s(r.m, cache, nullptr, cfg);
+  std::mutex mu;
+  std::map<RequestId, Collected> got;
+  std::vector<RequestId> ids(reqs.size());
+  {
+    AsyncEngine eng(s);
+    std::vector<std::thread> th;
+    for (size_t i = 0; i < reqs.size(); ++i)
+      th.emplace_back([&, i] {
+        ids[i] = eng.submit(reqs[i], [&](const RequestEvent& e) {
+          std::lock_guard lk(mu);
+          auto& c = got[e.id];
+          c.tokens.insert(c.tokens.end(), e.tokens.begin(), e.tokens.end());
+          if (e.finished) {
+            ++c.finished;
+            c.reason = e.finish_reason;
+          }
+        });
+      });
+    for (auto& t : th) t.join();
+    eng.shutdown(/*drain=*/true);
+    EXPECT_THROW(eng.submit(reqs[0], nullptr), Rejected);
+    const auto snap = eng.snapshot();
+    EXPECT_EQ(snap.running + snap.waiting, 0);
+    EXPECT_EQ(snap.metrics.finished_length, int64_t(reqs.size()));
+  }
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ(got[ids[i]].tokens, want[i]) << "request " << i;
+    EXPECT_EQ(got[ids[i]].finished, 1);
+  }
+  EXPECT_EQ(cache.pool().num_used(), 0);
+}
+
+TEST(Utf8, CompletePrefixHoldsBackAnUnfinishedCharacter) {
+  EXPECT_EQ(utf8_complete_prefix(""), 0u);
+  EXPECT_EQ(utf8_complete_prefix("abc"), 3u);
+  const std::string e_acute = "\xC3\xA9", euro = "\xE2\x82\xAC", emoji = "\xF0\x9F\x98\x80";
+  EXPECT_EQ(utf8_complete_prefix("a" + e_acute), 3u);
+  EXPECT_EQ(utf8_complete_prefix("a" + e_acute.substr(0, 1)), 1u);
+  EXPECT_EQ(utf8_complete_prefix("a" + euro.substr(0, 2)), 1u);
+  EXPECT_EQ(utf8_complete_prefix("a" + emoji.substr(0, 3)), 1u);
+  EXPECT_EQ(utf8_complete_prefix("a" + emoji), 5u);
+}
+
+}  // namespace
+}  // namespace oscar::engine
