@@ -36,6 +36,8 @@ struct Opts {
   std::string calib;
   int page_size = 64;
   int64_t max_kv_tokens = 0;
+  double kv_memory_mb = 0;
+  bool no_prefix_caching = false;
   std::string weights = "bf16";
   int threads = 0;
   int max_running = 32, max_waiting = 1024, max_batch_tokens = 512, max_model_len = 0;
@@ -56,6 +58,11 @@ const oscar::cli::Registrar reg({"serve", "Serve a model over an OpenAI-compatib
   app.add_option("--page-size", o->page_size, "KV page size in tokens")->capture_default_str();
   app.add_option("--max-kv-tokens", o->max_kv_tokens,
                  "KV memory budget in tokens over all requests (0 = 32768)");
+  app.add_option("--kv-memory-mb", o->kv_memory_mb,
+                 "KV memory budget in MiB (instead of --max-kv-tokens): bf16 fills it with BF16 "
+                 "pages; a 2-bit method keeps BF16 windows for --max-running sequences and fills "
+                 "the rest with quantized pages");
+  app.add_flag("--no-prefix-caching", o->no_prefix_caching, "Do not share cached prompt prefixes");
   app.add_option("--weights", o->weights, "Weight storage: bf16 or f32")->capture_default_str();
   app.add_option("-t,--threads", o->threads, "Compute threads (0 = all cores)");
   app.add_option("--max-running", o->max_running, "Most requests in the running batch")->capture_default_str();
@@ -94,12 +101,21 @@ const oscar::cli::Registrar reg({"serve", "Serve a model over an OpenAI-compatib
       be = model::make_cpu_backend({model::weight_dtype_from_string(o->weights), o->threads});
       m = std::make_unique<model::Model>(w, *be);
     }
-    kv::KvCacheOptions ko;
-    ko.method = o->kv;
-    ko.page_size = o->page_size;
-    ko.max_tokens = o->max_kv_tokens > 0 ? o->max_kv_tokens : 32768;
-    auto cache = o->kv == "bf16" ? kv::make_kv_cache(m->cache_shape(o->page_size), ko)
-                                 : kv::make_method_cache(km, m->cache_shape(o->page_size), ko.max_tokens);
+    const bool prefix = !o->no_prefix_caching;
+    const auto shape = m->cache_shape(o->page_size);
+    std::unique_ptr<kv::KvCache> cache;
+    if (o->kv_memory_mb > 0) {
+      cache = kv::make_method_cache_for_bytes(km, shape, int64_t(o->kv_memory_mb * (1 << 20)),
+                                              o->max_running, o->max_batch_tokens, prefix);
+    } else if (o->kv == "bf16") {
+      kv::KvCacheOptions ko;
+      ko.page_size = o->page_size;
+      ko.max_tokens = o->max_kv_tokens > 0 ? o->max_kv_tokens : 32768;
+      ko.prefix_caching = prefix;
+      cache = kv::make_kv_cache(shape, ko);
+    } else {
+      cache = kv::make_method_cache(km, shape, o->max_kv_tokens > 0 ? o->max_kv_tokens : 32768, prefix);
+    }
 
     engine::SchedulerConfig sc;
     sc.max_running = o->max_running;
@@ -119,13 +135,15 @@ const oscar::cli::Registrar reg({"serve", "Serve a model over an OpenAI-compatib
     serve::Server server(eng, sched, tok, so);
     server.bind();
     const auto usage = cache->usage();
+    const double cap_mib = double(usage.total.bf16 * kv::bf16_page_bytes(shape) +
+                                  usage.total.quant * kv::quant_page_bytes(km, shape)) / (1 << 20);
     std::fprintf(stderr,
-                 "oscar serve: %s as \"%s\", kv %s (%lld bf16 + %lld quantized pages of %d tokens), "
-                 "max %d running, %d tokens per step, context %d\n"
+                 "oscar serve: %s as \"%s\", kv %s (%lld bf16 + %lld quantized pages of %d tokens, "
+                 "%.0f MiB%s), max %d running, %d tokens per step, context %d\n"
                  "listening on http://%s:%d  (Ctrl-C stops: running requests finish first)\n",
                  m->config().name.c_str(), so.model_name.c_str(), cache->method().c_str(),
                  static_cast<long long>(usage.total.bf16), static_cast<long long>(usage.total.quant),
-                 o->page_size, sc.max_running, sc.max_batch_tokens, sched.config().max_model_len,
+                 o->page_size, cap_mib, prefix ? ", prefix caching" : "", sc.max_running, sc.max_batch_tokens, sched.config().max_model_len,
                  o->host.c_str(), server.port());
     std::fflush(stderr);
 

@@ -259,11 +259,24 @@ bool Scheduler::step() {
     while (!waiting_.empty() && budget > 0 &&
            static_cast<int>(running_.size()) < cfg_.max_running) {
       Seq& s = *waiting_.front();
+      s.cache_seq = cache_.create();
+      // Prefix cache: pages of the longest cached prefix join the sequence.
+      const int hit = cache_.attach_prefix(s.cache_seq, s.history);
+      s.fed = hit;
       const int n = std::min(s.pending(), budget);
       kv::PageCounts total = need;
-      total += cache_.pages_needed(kv::KvCache::kNewSeq, n);
-      if (!total.fits_in(free)) break;
-      s.cache_seq = cache_.create();
+      total += cache_.pages_needed(s.cache_seq, n);
+      free = cache_.pages_free();  // attaching took cached pages out of the free count
+      if (!total.fits_in(free)) {
+        cache_.release(s.cache_seq);
+        s.cache_seq = -1;
+        s.fed = 0;
+        break;
+      }
+      if (cache_.prefix_caching()) {
+        metrics_.prefix_queries += static_cast<int64_t>(s.history.size());
+        metrics_.prefix_hits += hit;
+      }
       if (!s.queued_once) {
         s.queued_once = true;
         metrics_.queue.observe(std::chrono::duration<double>(Clock::now() - s.arrival).count());
@@ -304,6 +317,7 @@ bool Scheduler::step() {
     const bool decode = plan[r].n == 1 && s.generated > 0 && s.pending() == 1;
     if (!decode) metrics_.prefill_tokens += plan[r].n;
     s.fed += plan[r].n;
+    cache_.publish_prefix(s.cache_seq, s.history);
     if (s.pending() > 0) continue;
     if (s.req.max_new_tokens == 0) {
       finish(s, "length");

@@ -10,7 +10,9 @@
 //      front of the queue and recompute prompt + generated tokens later);
 //   2. only when nothing was preempted: waiting requests are admitted while the
 //      budget lasts, the running set has room and kv::KvCache::pages_needed says
-//      their first chunk fits.
+//      their first chunk fits. With prefix caching, a request starts from the
+//      longest cached prefix of its tokens (kv::KvCache::attach_prefix), and the
+//      full pages of every step are offered to the cache (publish_prefix).
 // The pages of a step are checked before the forward runs, so a step never fails
 // for lack of memory; a request that could not fit in the whole cache even alone
 // is refused when it is added. Every request ends with exactly one finished
@@ -74,6 +76,7 @@ struct SchedulerMetrics {
   int64_t generation_tokens = 0;  // tokens sampled
   int64_t prefill_tokens = 0;     // tokens run as prefill (recomputation included)
   int64_t preemptions = 0;
+  int64_t prefix_queries = 0, prefix_hits = 0;  // prompt tokens looked up / found in the prefix cache
   int64_t requests_added = 0, requests_rejected = 0;
   int64_t finished_stop = 0, finished_length = 0, finished_abort = 0, finished_error = 0;
   double busy_s = 0;  // time inside forward

@@ -18,8 +18,9 @@ static void validate_shape(const KvCacheShape& s) {
     throw Error(fmt::format("kv cache: page size {} is not a positive multiple of 16", s.page_size));
 }
 
-Bf16KvCache::Bf16KvCache(const KvCacheShape& shape, int32_t num_pages)
-    : shape_((validate_shape(shape), shape)), pool_("bf16 page pool", num_pages) {
+Bf16KvCache::Bf16KvCache(const KvCacheShape& shape, int32_t num_pages, bool prefix_caching)
+    : shape_((validate_shape(shape), shape)), prefix_(prefix_caching),
+      pool_("bf16 page pool", num_pages) {
   const size_t n = size_t(num_pages) * size_t(page_elems());
   for (int l = 0; l < shape_.n_layers; ++l) {
     k_.emplace_back(new uint16_t[n]);
@@ -193,9 +194,44 @@ KvUsage Bf16KvCache::usage() const {
   KvUsage u;
   u.total = {pool_.num_pages(), 0};
   u.used = {pool_.num_used(), 0};
+  u.cached = {pool_.num_cached(), 0};
   for (const auto& [id, s] : seqs_) u.recent_tokens += s.length;
   u.sequences = int(seqs_.size());
   return u;
+}
+
+int Bf16KvCache::attach_prefix(SeqId seq, std::span<const int32_t> tokens) {
+  Seq& s = get(seq);
+  if (!prefix_ || tokens.empty()) return 0;
+  if (s.length != 0 || !s.pages.empty() || s.reserved != 0)
+    throw Error(fmt::format("bf16 kv cache: attach_prefix to sequence {} that holds tokens", seq));
+  const int ps = shape_.page_size;
+  const int most = static_cast<int>((tokens.size() - 1) / ps);
+  uint64_t key = 0;
+  for (int j = 0; j < most; ++j) {
+    key = page_key(key, tokens.data() + size_t(j) * ps, ps);
+    const int32_t p = pool_.find(key);
+    if (p < 0) break;
+    pool_.retain(p);
+    s.pages.push_back(p);
+    s.keys.push_back(key);
+  }
+  s.length = static_cast<int>(s.pages.size()) * ps;
+  return s.length;
+}
+
+void Bf16KvCache::publish_prefix(SeqId seq, std::span<const int32_t> tokens) {
+  if (!prefix_) return;
+  Seq& s = get(seq);
+  if (int64_t(tokens.size()) < s.length)
+    throw Error(fmt::format("bf16 kv cache: publish_prefix of sequence {} with {} of its {} tokens",
+                            seq, tokens.size(), s.length));
+  const int ps = shape_.page_size;
+  for (int j = static_cast<int>(s.keys.size()); j < s.length / ps; ++j) {
+    const uint64_t key = page_key(j ? s.keys.back() : 0, tokens.data() + size_t(j) * ps, ps);
+    s.keys.push_back(key);
+    pool_.set_key(s.pages[j], key);
+  }
 }
 
 int64_t Bf16KvCache::bytes_in_use() const {

@@ -14,7 +14,7 @@ namespace oscar::kv {
 
 class Bf16KvCache : public KvCache {
  public:
-  Bf16KvCache(const KvCacheShape& shape, int32_t num_pages);
+  Bf16KvCache(const KvCacheShape& shape, int32_t num_pages, bool prefix_caching = false);
 
   const KvCacheShape& shape() const override { return shape_; }
   std::string method() const override { return "bf16"; }
@@ -33,6 +33,9 @@ class Bf16KvCache : public KvCache {
     return {(tokens + shape_.page_size - 1) / shape_.page_size, 0};
   }
   KvUsage usage() const override;
+  int attach_prefix(SeqId seq, std::span<const int32_t> tokens) override;
+  void publish_prefix(SeqId seq, std::span<const int32_t> tokens) override;
+  bool prefix_caching() const override { return prefix_; }
   int64_t bytes_in_use() const override;
 
   const PagePool& pool() const { return pool_; }
@@ -44,6 +47,7 @@ class Bf16KvCache : public KvCache {
     std::vector<int32_t> pages;  // block table
     int length = 0;              // committed tokens
     int reserved = 0;            // tokens the pages may hold beyond `length`
+    std::vector<uint64_t> keys;  // prefix caching: keys of the first full pages
   };
   Seq& get(SeqId seq);
   const Seq& get(SeqId seq) const;
@@ -52,6 +56,7 @@ class Bf16KvCache : public KvCache {
   }
 
   KvCacheShape shape_;
+  bool prefix_ = false;
   PagePool pool_;
   // Left uninitialized so untouched pages cost no physical memory.
   std::vector<std::unique_ptr<uint16_t[]>> k_, v_;  // [n_layers][num_pages * page_elems] bf16

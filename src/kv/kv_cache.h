@@ -69,6 +69,7 @@ struct PageCounts {
 // What the cache holds now (for /metrics and reports).
 struct KvUsage {
   PageCounts total, used;   // pool sizes and pages in use (a shared page counts once)
+  PageCounts cached;        // prefix cache: pages kept without holders (counted free)
   int64_t sink_tokens = 0, mid_tokens = 0, recent_tokens = 0;  // committed, summed over sequences
   int sequences = 0;
 };
@@ -128,6 +129,19 @@ class KvCache {
   bool can_reserve(SeqId seq, int n) const { return pages_needed(seq, n).fits_in(pages_free()); }
   virtual KvUsage usage() const = 0;
 
+  // Prefix caching (on when the cache was made with KvCacheOptions::prefix_caching).
+  // Full committed pages are indexed by a hash chain of the tokens up to their
+  // end; a page whose last holder leaves stays cached until its slot is needed
+  // (least recently used first).
+  //
+  // attach_prefix: `seq` is new (nothing written); takes the longest run of
+  // cached pages that begins `tokens`, leaving at least the last token to be
+  // computed (its logits are needed), and returns the tokens now committed.
+  virtual int attach_prefix(SeqId seq, std::span<const int32_t> tokens) { return 0; }
+  // Indexes the full committed pages of `seq`; tokens: at least its committed ones.
+  virtual void publish_prefix(SeqId seq, std::span<const int32_t> tokens) {}
+  virtual bool prefix_caching() const { return false; }
+
   // Bytes of page storage held by live pages (for reports).
   virtual int64_t bytes_in_use() const = 0;
 };
@@ -136,6 +150,7 @@ struct KvCacheOptions {
   std::string method = "bf16";
   int page_size = 64;
   int64_t max_tokens = 0;  // page budget in tokens over all sequences; 0 = 32K tokens
+  bool prefix_caching = false;
 };
 
 // Creates a cache by method name; throws oscar::Error for an unknown name.

@@ -36,6 +36,9 @@ OscarKvCache::OscarKvCache(const KvCacheShape& shape, std::shared_ptr<const Cali
     throw Error(fmt::format("{} kv cache: negative window (sink {}, recent {})", opts_.label,
                             opts_.sink, opts_.recent));
   if (!calib_) throw Error(fmt::format("{} kv cache: no calibration", opts_.label));
+  // Pages are shared by prefix only when the sink is whole pages (a page is then
+  // wholly sink, middle or recent).
+  prefix_ = opts_.prefix_caching && opts_.sink % ps == 0;
   if (int(calib_->layers.size()) != shape_.n_layers || calib_->head_dim() != d)
     throw Error(fmt::format("{} kv cache: calibration for {} layers x head_dim {}, cache has {} x {}",
                             opts_.label, calib_->layers.size(), calib_->head_dim(),
@@ -210,6 +213,7 @@ KvUsage OscarKvCache::usage() const {
   KvUsage u;
   u.total = {bf16_pool_.num_pages(), quant_pool_.num_pages()};
   u.used = {bf16_pool_.num_used(), quant_pool_.num_used()};
+  u.cached = {bf16_pool_.num_cached(), quant_pool_.num_cached()};
   for (const auto& [id, s] : seqs_) {
     u.sink_tokens += std::min(s.length, opts_.sink);
     u.mid_tokens += s.mid_len;
@@ -217,6 +221,86 @@ KvUsage OscarKvCache::usage() const {
   }
   u.sequences = int(seqs_.size());
   return u;
+}
+
+int OscarKvCache::mid_for_length(int64_t length) const {
+  const int ps = shape_.page_size;
+  int mid = 0;
+  while (length - opts_.sink - mid >= opts_.recent + ps) mid += ps;
+  return mid;
+}
+
+int OscarKvCache::attach_prefix(SeqId seq, std::span<const int32_t> tokens) {
+  Seq& s = get(seq);
+  if (!prefix_ || tokens.empty()) return 0;
+  if (s.length != 0 || s.reserved != 0 || !s.sink.empty() || !s.recent.empty())
+    throw Error(fmt::format("{} kv cache: attach_prefix to sequence {} that holds tokens",
+                            opts_.label, seq));
+  const int ps = shape_.page_size;
+  const int most = static_cast<int>((tokens.size() - 1) / ps);
+  // Which versions of each matching page exist: BF16 (sink, recent) and quantized (middle).
+  std::vector<uint64_t> keys;
+  std::vector<int32_t> bf, qt;
+  uint64_t key = 0;
+  for (int j = 0; j < most; ++j) {
+    key = page_key(key, tokens.data() + size_t(j) * ps, ps);
+    const int32_t b = bf16_pool_.find(key), q = quant_pool_.find(key);
+    if (b < 0 && q < 0) break;
+    keys.push_back(key);
+    bf.push_back(b);
+    qt.push_back(q);
+  }
+  // The longest m whose state a sequence that computed m pages itself would have:
+  // sink pages and the recent window in BF16, the middle quantized.
+  const int sink_pages = opts_.sink / ps;
+  for (int m = static_cast<int>(keys.size()); m > 0; --m) {
+    const int mid = mid_for_length(int64_t(m) * ps) / ps;
+    bool ok = true;
+    for (int j = 0; j < m && ok; ++j)
+      ok = (j >= sink_pages && j < sink_pages + mid) ? qt[j] >= 0 : bf[j] >= 0;
+    if (!ok) continue;
+    for (int j = 0; j < m; ++j) {
+      if (j < sink_pages) {
+        bf16_pool_.retain(bf[j]);
+        s.sink.push_back(bf[j]);
+      } else if (j < sink_pages + mid) {
+        quant_pool_.retain(qt[j]);
+        s.mid.push_back(qt[j]);
+      } else {
+        bf16_pool_.retain(bf[j]);
+        s.recent.push_back(bf[j]);
+      }
+    }
+    s.keys.assign(keys.begin(), keys.begin() + m);
+    s.length = m * ps;
+    s.mid_len = mid * ps;
+    s.bf16_published = m;
+    s.quant_published = mid;
+    return s.length;
+  }
+  return 0;
+}
+
+void OscarKvCache::publish_prefix(SeqId seq, std::span<const int32_t> tokens) {
+  if (!prefix_) return;
+  Seq& s = get(seq);
+  if (int64_t(tokens.size()) < s.length)
+    throw Error(fmt::format("{} kv cache: publish_prefix of sequence {} with {} of its {} tokens",
+                            opts_.label, seq, tokens.size(), s.length));
+  const int ps = shape_.page_size;
+  const int full = s.length / ps;
+  for (int j = static_cast<int>(s.keys.size()); j < full; ++j)
+    s.keys.push_back(page_key(j ? s.keys.back() : 0, tokens.data() + size_t(j) * ps, ps));
+  const int sink_pages = opts_.sink / ps, mid_pages = s.mid_len / ps;
+  // Full BF16 pages: the sink, and the recent window's (those demoted before
+  // they were offered have no BF16 version left).
+  for (int j = s.bf16_published; j < full; ++j) {
+    if (j < sink_pages) bf16_pool_.set_key(s.sink[j], s.keys[j]);
+    else if (j >= sink_pages + mid_pages) bf16_pool_.set_key(s.recent[j - sink_pages - mid_pages], s.keys[j]);
+  }
+  s.bf16_published = full;
+  for (int m = s.quant_published; m < mid_pages; ++m) quant_pool_.set_key(s.mid[m], s.keys[sink_pages + m]);
+  s.quant_published = mid_pages;
 }
 
 void OscarKvCache::reserve(SeqId seq, int n) {

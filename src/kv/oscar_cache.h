@@ -48,6 +48,10 @@ struct OscarCacheOptions {
   int32_t bf16_pages = 0;       // per layer; 0 = enough for max_tokens
   int32_t quant_pages = 0;
   int64_t max_tokens = 32768;   // page budget when the page counts are 0
+  // Prefix caching (kv_cache.h): sink and recent pages in the BF16 pool, middle
+  // pages in the quantized pool, each pool with its own index. Needs the sink to
+  // be whole pages.
+  bool prefix_caching = false;
 };
 
 class OscarKvCache : public KvCache {
@@ -74,6 +78,9 @@ class OscarKvCache : public KvCache {
   PageCounts pages_free() const override;
   PageCounts pages_to_hold(int64_t tokens, int chunk) const override;
   KvUsage usage() const override;
+  int attach_prefix(SeqId seq, std::span<const int32_t> tokens) override;
+  void publish_prefix(SeqId seq, std::span<const int32_t> tokens) override;
+  bool prefix_caching() const override { return prefix_; }
   int64_t bytes_in_use() const override;
 
   // Region sizes of a sequence's committed tokens (tests, reports).
@@ -96,7 +103,12 @@ class OscarKvCache : public KvCache {
     int length = 0, reserved = 0;
     int mid_len = 0;  // tokens in the middle (a multiple of the page size)
     int promised = 0; // quantized pages its commit may still take (reserved demotions)
+    std::vector<uint64_t> keys;  // prefix caching: keys of the first full pages
+    int bf16_published = 0;      // full pages [0, n) offered to the BF16 index
+    int quant_published = 0;     // middle pages [0, n) offered to the quantized index
   };
+  // Middle tokens of a sequence holding `length` committed tokens (the commit rule).
+  int mid_for_length(int64_t length) const;
   // New BF16 pages and total demotions a reservation of tokens up to `end` implies.
   std::pair<int, int64_t> reservation(const Seq& s, int64_t end) const;
   Seq& get(SeqId seq);
@@ -114,6 +126,7 @@ class OscarKvCache : public KvCache {
   bool identity_ = false;        // no rotation and no key transform at all (int2-naive)
   std::vector<KeyTransform> xf_;  // per layer: the key/query matrices and key offset
   bool uniform_clip_ = true;     // every head of a layer has the same clips
+  bool prefix_ = false;
   PagePool bf16_pool_, quant_pool_;
   std::vector<std::unique_ptr<uint16_t[]>> k_, v_;       // [L][pages * page elems] bf16
   std::vector<std::unique_ptr<uint8_t[]>> kc_, vc_;      // [L][pages * Hkv * ps * row bytes]

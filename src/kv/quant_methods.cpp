@@ -238,13 +238,14 @@ std::vector<KvMethod> resolve_kv_methods(const std::string& list, const KvMethod
 }
 
 std::unique_ptr<KvCache> make_method_cache(const KvMethod& m, const KvCacheShape& shape,
-                                           int64_t max_tokens) {
+                                           int64_t max_tokens, bool prefix_caching) {
   const int64_t tokens = max_tokens > 0 ? max_tokens : 32768;
   if (m.kind == KvMethod::Kind::kBf16) {
     KvCacheOptions o;
     o.method = "bf16";
     o.page_size = shape.page_size;
     o.max_tokens = tokens;
+    o.prefix_caching = prefix_caching;
     return make_kv_cache(shape, o);
   }
   if (m.kind == KvMethod::Kind::kKivi && shape.page_size % kKeySpan != 0)
@@ -260,6 +261,63 @@ std::unique_ptr<KvCache> make_method_cache(const KvMethod& m, const KvCacheShape
   o.bits = m.bits;
   o.group_size = m.group_size;
   o.max_tokens = tokens;
+  o.prefix_caching = prefix_caching;
+  return std::make_unique<OscarKvCache>(shape, m.calib, o);
+}
+
+int64_t bf16_page_bytes(const KvCacheShape& s) {
+  return int64_t(s.n_layers) * 2 /*K,V*/ * s.num_kv_heads * s.page_size * s.head_dim * 2 /*bytes*/;
+}
+
+int64_t quant_page_bytes(const KvMethod& m, const KvCacheShape& s) {
+  if (m.kind == KvMethod::Kind::kBf16) return 0;
+  const int d = s.head_dim, ps = s.page_size, g = std::min(m.group_size, d);
+  // Per head: K and V codes, V params per row group, K params per row group
+  // (or per channel per kKeySpan tokens for kivi2), fp16 scale and min each.
+  const int64_t vparams = int64_t(ps) * (d / g) * 2 * 2;
+  const int64_t kparams = m.kind == KvMethod::Kind::kKivi ? int64_t(ps / kKeySpan) * d * 2 * 2 : vparams;
+  const int64_t head = 2 * int64_t(ps) * packed_row_bytes(d, m.bits) + vparams + kparams;
+  return head * s.num_kv_heads * s.n_layers;
+}
+
+std::unique_ptr<KvCache> make_method_cache_for_bytes(const KvMethod& m, const KvCacheShape& shape,
+                                                     int64_t bytes, int sequences, int chunk,
+                                                     bool prefix_caching) {
+  const int ps = shape.page_size;
+  const int64_t bf = bf16_page_bytes(shape);
+  if (m.kind == KvMethod::Kind::kBf16) {
+    const int64_t pages = bytes / bf;
+    if (pages < 1)
+      throw Error(fmt::format("kv cache: {} bytes hold no BF16 page ({} bytes each)", bytes, bf));
+    KvCacheOptions o;
+    o.method = "bf16";
+    o.page_size = ps;
+    o.max_tokens = pages * ps;
+    o.prefix_caching = prefix_caching;
+    return make_kv_cache(shape, o);
+  }
+  // Each running sequence holds its sink and a window of < recent + page tokens
+  // (+ a partial page); a prefill chunk adds up to `chunk` tokens beyond it.
+  const int64_t per_seq = (m.sink + ps - 1) / ps + (m.recent + ps + ps - 1) / ps + 1;
+  const int64_t bf_pages = int64_t(std::max(1, sequences)) * per_seq + (std::max(1, chunk) + ps - 1) / ps;
+  const int64_t q = quant_page_bytes(m, shape);
+  const int64_t q_pages = (bytes - bf_pages * bf) / q;
+  if (q_pages < 1)
+    throw Error(fmt::format("kv cache {}: {} MiB cannot hold the BF16 windows of {} sequences "
+                            "({} pages, {} MiB) and any quantized page",
+                            m.label, bytes >> 20, sequences, bf_pages, (bf_pages * bf) >> 20));
+  if (m.kind == KvMethod::Kind::kKivi && ps % kKeySpan != 0)
+    throw Error(fmt::format("kv method {}: the page size must be a multiple of {}", m.label, kKeySpan));
+  OscarCacheOptions o;
+  if (m.kind == KvMethod::Kind::kKivi) o.key_axis = KeyAxis::kChannel;
+  o.label = m.label;
+  o.sink = m.sink;
+  o.recent = m.recent;
+  o.bits = m.bits;
+  o.group_size = m.group_size;
+  o.bf16_pages = static_cast<int32_t>(bf_pages);
+  o.quant_pages = static_cast<int32_t>(q_pages);
+  o.prefix_caching = prefix_caching;
   return std::make_unique<OscarKvCache>(shape, m.calib, o);
 }
 

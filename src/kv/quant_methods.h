@@ -72,7 +72,21 @@ std::vector<std::string> kv_method_names();
 // A cache for a method. max_tokens: page budget. Throws oscar::Error for
 // kivi2 with a page size that is not a multiple of 32.
 std::unique_ptr<KvCache> make_method_cache(const KvMethod& m, const KvCacheShape& shape,
-                                           int64_t max_tokens);
+                                           int64_t max_tokens, bool prefix_caching = false);
+
+// Bytes of one page over every layer, K and V: BF16 (sink / recent, or every
+// token of the bf16 method) and the method's quantized middle page (codes and
+// fp16 params). quant_page_bytes is 0 for bf16.
+int64_t bf16_page_bytes(const KvCacheShape& shape);
+int64_t quant_page_bytes(const KvMethod& m, const KvCacheShape& shape);
+
+// A cache sized by memory: `bytes` of pages in all. BF16 gets every page for
+// the bf16 method; a quantized method gets enough BF16 pages for `sequences`
+// sequences' sink and recent windows plus `chunk` prefill tokens, the rest as
+// quantized pages. Throws oscar::Error when the budget cannot hold that.
+std::unique_ptr<KvCache> make_method_cache_for_bytes(const KvMethod& m, const KvCacheShape& shape,
+                                                     int64_t bytes, int sequences, int chunk,
+                                                     bool prefix_caching = false);
 
 // A calibration with the same eigenvectors recomposed as `target` (U, UH or
 // UHP), from one composed as U, UH or UHP with eigenvalues stored.

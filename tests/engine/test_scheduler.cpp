@@ -389,3 +389,95 @@ TEST(Utf8, CompletePrefixHoldsBackAnUnfinishedCharacter) {
 
 }  // namespace
 }  // namespace oscar::engine
+
+namespace oscar::engine {
+namespace {
+
+// Requests sharing a long prefix, one after another: with prefix caching the
+// later ones start from the cached pages, and the tokens are the same as without.
+std::vector<Request> shared_prefix(int n, int prefix, int vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int> common;
+  for (int t = 0; t < prefix; ++t) common.push_back(int(rng() % vocab));
+  std::vector<Request> out(n);
+  for (int i = 0; i < n; ++i) {
+    out[i].prompt = common;
+    for (int t = 0; t < 5 + i; ++t) out[i].prompt.push_back(int(rng() % vocab));
+    out[i].max_new_tokens = 6;
+  }
+  return out;
+}
+
+std::vector<std::vector<int>> run_one_by_one(Rig& r, kv::KvCache& cache,
+                                             const std::vector<Request>& reqs,
+                                             SchedulerMetrics* metrics, int batch_tokens) {
+  SchedulerConfig cfg;
+  cfg.max_batch_tokens = batch_tokens;
+  Scheduler s(r.m, cache, nullptr, cfg);
+  std::vector<std::vector<int>> out;
+  for (const auto& q : reqs) {
+    std::vector<int> toks;
+    s.add(q, [&toks](const RequestEvent& e) { toks.insert(toks.end(), e.tokens.begin(), e.tokens.end()); });
+    while (!s.idle()) s.step();
+    out.push_back(toks);
+  }
+  if (metrics) *metrics = s.metrics();
+  return out;
+}
+
+TEST(PrefixCache, Bf16SameTokensWithAndWithoutAndHitsCounted) {
+  Rig r;
+  const auto reqs = shared_prefix(4, 45, r.m.config().vocab_size, 21);
+  kv::Bf16KvCache off(r.m.cache_shape(16), 64, false), on(r.m.cache_shape(16), 64, true);
+  SchedulerMetrics m_off, m_on;
+  const auto want = run_one_by_one(r, off, reqs, &m_off, 512);
+  const auto got = run_one_by_one(r, on, reqs, &m_on, 512);
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(m_off.prefix_hits, 0);
+  EXPECT_EQ(m_on.prefix_hits, 3 * 32);  // two full pages of the 45-token prefix, requests 2..4
+  EXPECT_EQ(m_on.prefill_tokens + m_on.prefix_hits, m_off.prefill_tokens);
+  EXPECT_EQ(on.pool().num_used(), 0);
+  EXPECT_GT(on.usage().cached.bf16, 0);  // kept for the next request
+}
+
+TEST(PrefixCache, Bf16EvictsCachedPagesWhenTheyAreNeededAndStaysCorrect) {
+  Rig r;
+  auto reqs = shared_prefix(3, 40, r.m.config().vocab_size, 4);
+  const auto other = shared_prefix(3, 40, r.m.config().vocab_size, 99);
+  reqs.insert(reqs.end(), other.begin(), other.end());
+  reqs.push_back(reqs[0]);
+  kv::Bf16KvCache off(r.m.cache_shape(16), 64, false), on(r.m.cache_shape(16), 5, true);
+  SchedulerMetrics m;
+  EXPECT_EQ(run_one_by_one(r, on, reqs, &m, 512), run_one_by_one(r, off, reqs, nullptr, 512));
+  EXPECT_GT(m.prefix_hits, 0);
+  EXPECT_EQ(on.pool().num_used(), 0);
+}
+
+// OSCAR: with steps of one page the pages a request finds are the ones it would
+// have computed (same demotion points), so greedy tokens match exactly.
+TEST(PrefixCache, OscarSameTokensWithAndWithoutAndMiddlePagesShared) {
+  Rig r;
+  const auto& c = r.m.config();
+  ModelFingerprint fp{"llama", c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim, "t"};
+  auto calib = std::make_shared<Calibration>(
+      data_free_calibration(Composition::kHadamard, fp, 1.0f, 1.0f, 2, c.head_dim));
+  auto make = [&](bool prefix) {
+    kv::OscarCacheOptions o;
+    o.sink = 16;
+    o.recent = 16;
+    o.group_size = c.head_dim;
+    o.max_tokens = 2048;
+    o.prefix_caching = prefix;
+    return std::make_unique<kv::OscarKvCache>(r.m.cache_shape(16), calib, o);
+  };
+  auto off = make(false), on = make(true);
+  const auto reqs = shared_prefix(3, 90, c.vocab_size, 8);  // 5 full pages: sink, 3 middle, 1 recent
+  SchedulerMetrics m;
+  EXPECT_EQ(run_one_by_one(r, *on, reqs, &m, 16), run_one_by_one(r, *off, reqs, nullptr, 16));
+  EXPECT_EQ(m.prefix_hits, 2 * 80);
+  EXPECT_GT(on->usage().cached.quant, 0);
+  EXPECT_EQ(on->usage().used.bf16 + on->usage().used.quant, 0);
+}
+
+}  // namespace
+}  // namespace oscar::engine
