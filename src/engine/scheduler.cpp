@@ -49,6 +49,20 @@ Scheduler::Scheduler(model::Model& m, kv::KvCache& cache, TokenText token_text,
   if (cfg_.max_waiting < 0) throw Error("scheduler: max_waiting must be >= 0");
   if (cfg_.max_model_len <= 0) cfg_.max_model_len = m_.config().max_position;
   cache_total_ = cache_.usage().total;
+  // The context is what one sequence can hold in the whole cache, so a request
+  // that passes the context check can always run (alone, if need be).
+  auto fits = [&](int64_t len) {
+    return cache_.pages_to_hold(len, cfg_.max_batch_tokens).fits_in(cache_total_);
+  };
+  if (!fits(1)) throw Error("scheduler: the KV cache cannot hold even one token");
+  if (!fits(cfg_.max_model_len)) {
+    int64_t lo = 1, hi = cfg_.max_model_len;  // fits(lo), !fits(hi)
+    while (hi - lo > 1) {
+      const int64_t mid = (lo + hi) / 2;
+      (fits(mid) ? lo : hi) = mid;
+    }
+    cfg_.max_model_len = static_cast<int>(lo);
+  }
 }
 
 Scheduler::~Scheduler() {
@@ -74,8 +88,9 @@ void Scheduler::validate(Request& req) const {
   const int64_t plen = static_cast<int64_t>(req.prompt.size());
   if (plen >= cfg_.max_model_len)
     throw Rejected(Rejected::kInvalid,
-                   fmt::format("the prompt has {} tokens; this model's context is {} tokens", plen,
-                               cfg_.max_model_len));
+                   fmt::format("the prompt has {} tokens; the context is {} tokens (the model's, "
+                               "or what the KV cache holds for one sequence)",
+                               plen, cfg_.max_model_len));
   req.max_new_tokens =
       static_cast<int>(std::min<int64_t>(req.max_new_tokens, cfg_.max_model_len - plen));
   // Tokens it may hold: prompt + generated, the last sampled token never written.

@@ -66,7 +66,8 @@ struct SchedulerConfig {
   int max_batch_tokens = 512;  // tokens per forward step (decode tokens + prefill chunks)
   int max_running = 32;        // sequences in the running set (max concurrency)
   int max_waiting = 1024;      // queued requests beyond which add() refuses
-  int max_model_len = 0;       // prompt + generated tokens; 0 = the model's max_position
+  int max_model_len = 0;       // prompt + generated tokens; 0 = the model's max_position.
+                               // Lowered to what one sequence can hold in the whole cache.
 };
 
 // Counters and histograms for /metrics (times in seconds).

@@ -175,8 +175,10 @@ TEST(Scheduler, RefusesWhatCanNeverRunAndWhatIsMalformed) {
   q = ok;
   q.prompt.assign(100, 1);  // the whole context
   EXPECT_EQ(kind(q), Rejected::kInvalid);
+  // The context is lowered to what the cache holds for one sequence (64 tokens).
+  EXPECT_EQ(s.config().max_model_len, 64);
   q = ok;
-  q.max_new_tokens = 90;  // fits the context (100) but not the cache (64 tokens)
+  q.prompt.assign(64, 1);
   EXPECT_EQ(kind(q), Rejected::kInvalid);
   q = ok;
   q.sampling.temperature = -1;
