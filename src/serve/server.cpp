@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <chrono>
 #include <condition_variable>
@@ -65,6 +66,7 @@ struct Server::Impl {
   std::vector<int> eos;  // stop tokens unless ignore_eos
   httplib::Server http;
   std::atomic<bool> stopping{false};
+  int listen_fd = -1;  // the listening socket, to raise the library's backlog of 5
   std::atomic<int64_t> next_id{1};
   std::atomic<int64_t> http_errors_4xx{0}, http_errors_5xx{0};
   std::mutex rate_mu;
@@ -314,6 +316,13 @@ Server::Server(engine::AsyncEngine& engine, const engine::Scheduler& sched,
   const int threads = I.opts.http_threads > 0 ? I.opts.http_threads
                                               : 2 * sched.config().max_running + 8;
   http.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
+  // The library listens with a backlog of 5: a burst of clients connecting at
+  // once gets connections reset. Remember the socket and listen again on it
+  // with a deep queue after bind (Linux updates the backlog of a listening socket).
+  http.set_socket_options([&I](socket_t sock) {
+    httplib::default_socket_options(sock);
+    I.listen_fd = static_cast<int>(sock);
+  });
   http.set_payload_max_length(I.opts.max_body_bytes);
   http.set_read_timeout(30, 0);
   http.set_write_timeout(30, 0);
@@ -377,6 +386,8 @@ void Server::bind() {
                               impl_->opts.port));
     port_ = impl_->opts.port;
   }
+  if (impl_->listen_fd >= 0 && ::listen(impl_->listen_fd, 1024) != 0)
+    throw Error(fmt::format("serve: cannot listen on {}:{}", impl_->opts.host, port_));
 }
 
 void Server::listen() { impl_->http.listen_after_bind(); }
