@@ -28,6 +28,8 @@ namespace {
 
 const std::string kModels = std::string(OSCAR_TEST_DATA_DIR) + "/model/";
 const std::string kDefaultGguf = std::string(OSCAR_SOURCE_DIR) + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+const std::string kQwenGguf =
+    std::string(OSCAR_SOURCE_DIR) + "/models/Qwen2.5-Coder-1.5B-Instruct.Q4_K_M.gguf";
 
 json load_json(const std::string& p) {
   std::ifstream in(p);
@@ -43,11 +45,8 @@ const json& golden() {
 
 
 
-void check_golden(const Tokenizer& tok, const std::string& key) {
-  const json& texts = golden().at("texts");
-  const json& ids = golden().at("ids").at(key);
+void check_texts(const Tokenizer& tok, const std::string& key, const json& texts, const json& ids) {
   ASSERT_EQ(texts.size(), ids.size());
-  ASSERT_GE(texts.size(), 15u);
   for (size_t i = 0; i < texts.size(); ++i) {
     const std::string text = texts[i].get<std::string>();
     const std::vector<int> want = ids[i].get<std::vector<int>>();
@@ -55,6 +54,11 @@ void check_golden(const Tokenizer& tok, const std::string& key) {
     EXPECT_EQ(got, want) << key << " text " << i << ": " << text;
     EXPECT_EQ(tok.decode(got), text) << key << " round trip " << i;
   }
+}
+
+void check_golden(const Tokenizer& tok, const std::string& key) {
+  ASSERT_GE(golden().at("texts").size(), 15u);
+  check_texts(tok, key, golden().at("texts"), golden().at("ids").at(key));
 }
 
 // A GGUF holding only the tokenizer of an HF tokenizer.json (as llama.cpp's
@@ -195,4 +199,33 @@ TEST(Tokenizer, DefaultModelSmolLM2MatchesReference) {
   EXPECT_EQ(tok.token_text(2), "<|im_end|>");
   EXPECT_NE(tok.chat_template().find("<|im_start|>"), std::string::npos);
   check_golden(tok, "smollm2");
+}
+
+TEST(Tokenizer, QwenCoderMatchesReference) {
+  // Qwen2.5-Coder-1.5B-Instruct: ids from HF tokenizers on a tokenizer.json
+  // rebuilt from the GGUF with Qwen2's pre-tokenizer, identical to
+  // transformers' own GGUF tokenizer (scripts/golden_tokenizer.py): the 20
+  // shared texts plus 16 Qwen-only ones (FIM/tool/repo tokens, code, digits of
+  // other scripts, Unicode spaces, near-miss special tokens).
+  if (!fs::exists(kQwenGguf)) GTEST_SKIP() << kQwenGguf << " not present: run scripts/fetch_qwen.sh";
+  if (!golden().at("ids").contains("qwen2.5-coder"))
+    GTEST_SKIP() << "tokenizer_golden.json has no qwen2.5-coder ids";
+  const Tokenizer tok = oscar::model::load_tokenizer(kQwenGguf);
+  EXPECT_EQ(tok.vocab_size(), 151936);
+  EXPECT_EQ(tok.pre_type(), "qwen2");
+  EXPECT_EQ(tok.bos(), 151643);
+  EXPECT_FALSE(tok.add_bos());
+  EXPECT_TRUE(tok.is_eos(151645));
+  EXPECT_EQ(tok.token_text(151644), "<|im_start|>");
+  EXPECT_EQ(tok.token_text(151645), "<|im_end|>");
+  EXPECT_EQ(tok.token_id("<|fim_prefix|>"), 151659);
+  EXPECT_EQ(tok.token_id("<tool_call>"), 151657);
+  EXPECT_NE(tok.chat_template().find("<|im_start|>"), std::string::npos);
+  EXPECT_EQ(tok.encode("<|im_start|>user\n"), (std::vector<int>{151644, 872, 198}));
+  check_golden(tok, "qwen2.5-coder");
+  const json& extra = golden().at("extra_texts").at("qwen2.5-coder");
+  EXPECT_GE(extra.size(), 10u);
+  check_texts(tok, "qwen2.5-coder extra", extra, golden().at("extra_ids").at("qwen2.5-coder"));
+  // skip_special drops the added tokens (control and user-defined) only.
+  EXPECT_EQ(tok.decode(tok.encode("<|im_start|>hi<|im_end|>"), /*skip_special=*/true), "hi");
 }
