@@ -371,6 +371,8 @@ def parse_args(argv=None):
     a("--extra-body", type=json.loads, default={}, help="JSON object merged into every request body")
     a("--timeout", type=float, default=1800.0, help="socket timeout per request (s)")
     a("--output-json", default=None, help="write aggregate metrics and per-request arrays here")
+    a("--fail-on-error", action="store_true",
+      help="exit with status 1 if any request failed (warmup included); default: 1 only if none succeeded")
     args = p.parse_args(argv)
     if not 0 <= args.range_ratio < 1:
         p.error("--range-ratio must be in [0, 1)")
@@ -395,11 +397,13 @@ def main(argv=None):
     print(f"[bench] model={model} dataset={args.dataset} requests={len(reqs)} "
           f"rate={args.request_rate} max_concurrency={args.max_concurrency}", file=sys.stderr)
 
+    warmup_failed = 0
     if args.warmup > 0:
         warm = [Request(r.prompt, r.prompt_len, r.max_tokens, r.group)
                 for r in (reqs[i % len(reqs)] for i in range(args.warmup))]
         run_all(client, warm, model, args, [0.0] * len(warm), progress=False)
         failed = [r for r in warm if not r.ok]
+        warmup_failed = len(failed)
         print(f"[bench] warmup: {len(warm)} requests, {len(failed)} failed", file=sys.stderr)
         if len(failed) == len(warm):
             die(f"all warmup requests failed: {failed[0].error}")
@@ -417,6 +421,10 @@ def main(argv=None):
             json.dump({"date": time.strftime("%Y-%m-%dT%H:%M:%S"), "config": config,
                        "metrics": metrics, "per_request": per_request}, f, indent=1)
         print(f"[bench] wrote {args.output_json}", file=sys.stderr)
+    if args.fail_on_error and (metrics["failed_requests"] or warmup_failed):
+        print(f"[bench] --fail-on-error: {metrics['failed_requests']} of {len(reqs)} requests failed"
+              + (f", {warmup_failed} warmup requests failed" if warmup_failed else ""), file=sys.stderr)
+        return 1
     return 0 if metrics["successful_requests"] else 1
 
 

@@ -61,10 +61,10 @@ def metrics(port):
 CASES = {
     # Same KV memory, long prompts: how many requests run at once and what that buys.
     "memory": {
-        "bench": ["--dataset", "random", "--num-prompts", "24", "--input-len", "3072",
-                  "--output-len", "64", "--range-ratio", "0", "--max-concurrency", "24"],
+        "bench": ["--dataset", "random", "--num-prompts", "16", "--input-len", "3072",
+                  "--output-len", "64", "--range-ratio", "0", "--max-concurrency", "16"],
         "cases": [
-            ("bf16", ["--kv", "bf16", "--kv-memory-mb", "{mem}", "--max-running", "24"]),
+            ("bf16", ["--kv", "bf16", "--kv-memory-mb", "{mem}", "--max-running", "16"]),
             ("oscar", ["--kv", "oscar", "--calib", "{calib}", "--kv-memory-mb", "{mem}",
                        "--max-running", "{oscar_running}"]),
         ],

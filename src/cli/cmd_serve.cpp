@@ -1,11 +1,13 @@
 // `oscar serve -m MODEL [--kv oscar --calib FILE]`: the OpenAI-compatible HTTP
 // server (serve/server.h) over the continuous-batching scheduler. SIGINT or
 // SIGTERM stops it gracefully: new requests get 503, running ones finish.
+#include <unistd.h>
+
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
-#include <pthread.h>
 #include <string>
 #include <thread>
 
@@ -25,6 +27,18 @@
 #include "serve/server.h"
 
 namespace {
+
+// SIGINT / SIGTERM: the handler (any thread may run it; OpenBLAS starts threads
+// before main, so masking signals is not enough) writes the signal number into a
+// pipe that the waiter thread reads. A second signal exits at once.
+int g_sig_pipe[2] = {-1, -1};
+volatile sig_atomic_t g_signals = 0;
+extern "C" void on_stop_signal(int sig) {
+  if (g_signals) _exit(128 + sig);
+  g_signals = 1;
+  const char c = static_cast<char>(sig);
+  [[maybe_unused]] ssize_t r = write(g_sig_pipe[1], &c, 1);
+}
 
 struct Opts {
   std::string model = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
@@ -76,14 +90,14 @@ const oscar::cli::Registrar reg({"serve", "Serve a model over an OpenAI-compatib
     using namespace oscar;
     if (!std::filesystem::exists(o->model))
       throw Error(o->model + ": no such model (scripts/fetch_model.sh fetches the default)");
-    // Signals go to one thread (sigwait below); every thread made from here on
-    // inherits the mask. A client that vanishes must not kill the process.
-    sigset_t sigs;
-    sigemptyset(&sigs);
-    sigaddset(&sigs, SIGINT);
-    sigaddset(&sigs, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
-    std::signal(SIGPIPE, SIG_IGN);
+    if (pipe(g_sig_pipe) != 0) throw Error("serve: cannot create the signal pipe");
+    struct sigaction sa {};
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGINT, &sa, nullptr);
+    sigaction(SIGTERM, &sa, nullptr);
+    std::signal(SIGPIPE, SIG_IGN);  // a client that vanishes must not kill the process
 
     model::Tokenizer tok = model::load_tokenizer(o->model);
     std::unique_ptr<model::Backend> be;
@@ -148,14 +162,17 @@ const oscar::cli::Registrar reg({"serve", "Serve a model over an OpenAI-compatib
     std::fflush(stderr);
 
     std::thread waiter([&] {
-      int sig = 0;
-      sigwait(&sigs, &sig);
-      std::fprintf(stderr, "oscar serve: signal %d, finishing running requests...\n", sig);
+      char c = 0;
+      while (read(g_sig_pipe[0], &c, 1) < 0 && errno == EINTR) {
+      }
+      if (c != 0)
+        std::fprintf(stderr, "oscar serve: signal %d, finishing running requests (again to quit now)...\n", c);
       server.stop();
     });
     server.listen();
     // listen() returns after stop(), or when the socket failed: wake the waiter then.
-    pthread_kill(waiter.native_handle(), SIGTERM);
+    const char zero = 0;
+    [[maybe_unused]] ssize_t r = write(g_sig_pipe[1], &zero, 1);
     waiter.join();
     std::fprintf(stderr, "oscar serve: stopped\n");
     return 0;
