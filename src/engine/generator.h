@@ -3,8 +3,9 @@
 // Static batching: all requests are prefilled together (chunks of up to
 // `prefill_chunk` tokens per call, several sequences per call), then decoded
 // one token per sequence per call until each stops. Finished sequences leave
-// the batch and free their pages at once. (The continuous-batching scheduler of
-// the server builds on the same Model::forward; this loop is the CLI's.)
+// the batch and free their pages at once. (The server's continuous-batching
+// scheduler, engine/scheduler.h, builds on the same Model::forward; this loop is
+// the CLI's.)
 #pragma once
 
 #include <functional>
