@@ -13,12 +13,10 @@
 #include "cli/registry.h"
 #include "core/error.h"
 #include "engine/generator.h"
+#include "engine/session.h"
 #include "kv/kv_cache.h"
 #include "kv/quant_methods.h"
-#include "model/fold_rotation.h"
-#include "model/backend_cpu.h"
 #include "model/forward.h"
-#include "model/loader.h"
 #include "model/tokenizer.h"
 
 namespace {
@@ -96,22 +94,11 @@ const oscar::cli::Registrar reg({"generate", "Generate text from a prompt (CPU)"
     if (!std::filesystem::exists(o->model))
       throw Error(o->model + ": no such model (scripts/fetch_model.sh fetches the default)");
     const auto t0 = std::chrono::steady_clock::now();
-    model::Tokenizer tok = model::load_tokenizer(o->model);
-    std::unique_ptr<model::Backend> be;
-    std::unique_ptr<model::Model> m;
-    kv::KvMethod km;  // quantized methods: rotations/clips, R_V folded into W_v/W_o
-    {
-      model::ModelWeights w = model::load_model(o->model);
-      if (o->kv != "bf16") {
-        kv::KvMethodOptions mo;
-        mo.calib_path = o->calib;
-        mo.model = model::model_fingerprint(w);
-        km = kv::resolve_kv_method(o->kv, mo);
-        if (km.folds_values()) model::fold_value_rotation(w, *km.calib);
-      }
-      be = model::make_cpu_backend({model::weight_dtype_from_string(o->weights), o->threads});
-      m = std::make_unique<model::Model>(w, *be);
-    }  // dense fp32 weights freed; the backend keeps its own copy
+    engine::Session sess = engine::open_session({o->model, o->kv, o->calib, o->weights, o->threads});
+    model::Tokenizer& tok = sess.tok;
+    model::Backend* be = sess.backend.get();
+    model::Model* m = sess.model.get();
+    const kv::KvMethod& km = sess.method;
     const double load_s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 

@@ -17,12 +17,10 @@
 #include "core/error.h"
 #include "engine/async_engine.h"
 #include "engine/scheduler.h"
+#include "engine/session.h"
 #include "kv/kv_cache.h"
 #include "kv/quant_methods.h"
-#include "model/backend_cpu.h"
-#include "model/fold_rotation.h"
 #include "model/forward.h"
-#include "model/loader.h"
 #include "model/tokenizer.h"
 #include "serve/server.h"
 
@@ -99,22 +97,10 @@ const oscar::cli::Registrar reg({"serve", "Serve a model over an OpenAI-compatib
     sigaction(SIGTERM, &sa, nullptr);
     std::signal(SIGPIPE, SIG_IGN);  // a client that vanishes must not kill the process
 
-    model::Tokenizer tok = model::load_tokenizer(o->model);
-    std::unique_ptr<model::Backend> be;
-    std::unique_ptr<model::Model> m;
-    kv::KvMethod km;
-    {
-      model::ModelWeights w = model::load_model(o->model);
-      if (o->kv != "bf16") {
-        kv::KvMethodOptions mo;
-        mo.calib_path = o->calib;
-        mo.model = model::model_fingerprint(w);
-        km = kv::resolve_kv_method(o->kv, mo);
-        if (km.folds_values()) model::fold_value_rotation(w, *km.calib);
-      }
-      be = model::make_cpu_backend({model::weight_dtype_from_string(o->weights), o->threads});
-      m = std::make_unique<model::Model>(w, *be);
-    }
+    engine::Session sess = engine::open_session({o->model, o->kv, o->calib, o->weights, o->threads});
+    model::Tokenizer& tok = sess.tok;
+    model::Model* m = sess.model.get();
+    const kv::KvMethod& km = sess.method;
     const bool prefix = !o->no_prefix_caching;
     const auto shape = m->cache_shape(o->page_size);
     std::unique_ptr<kv::KvCache> cache;

@@ -237,6 +237,25 @@ std::vector<KvMethod> resolve_kv_methods(const std::string& list, const KvMethod
   return out;
 }
 
+// The OSCAR cache for a quantized method; `sizing` carries the page counts (or
+// max_tokens) and prefix_caching, the method fills in the rest.
+static std::unique_ptr<KvCache> make_quant_cache(const KvMethod& m, const KvCacheShape& shape,
+                                                 OscarCacheOptions sizing) {
+  if (m.kind == KvMethod::Kind::kKivi && shape.page_size % kKeySpan != 0)
+    throw Error(fmt::format("kv method {}: keys are quantized per channel over spans of {} tokens, "
+                            "so the page size must be a multiple of {} (got {})",
+                            m.label, kKeySpan, kKeySpan, shape.page_size));
+  if (!m.calib) throw Error(fmt::format("kv method {}: no calibration", m.label));
+  OscarCacheOptions& o = sizing;
+  if (m.kind == KvMethod::Kind::kKivi) o.key_axis = KeyAxis::kChannel;
+  o.label = m.label;
+  o.sink = m.sink;
+  o.recent = m.recent;
+  o.bits = m.bits;
+  o.group_size = m.group_size;
+  return std::make_unique<OscarKvCache>(shape, m.calib, o);
+}
+
 std::unique_ptr<KvCache> make_method_cache(const KvMethod& m, const KvCacheShape& shape,
                                            int64_t max_tokens, bool prefix_caching) {
   const int64_t tokens = max_tokens > 0 ? max_tokens : 32768;
@@ -248,21 +267,10 @@ std::unique_ptr<KvCache> make_method_cache(const KvMethod& m, const KvCacheShape
     o.prefix_caching = prefix_caching;
     return make_kv_cache(shape, o);
   }
-  if (m.kind == KvMethod::Kind::kKivi && shape.page_size % kKeySpan != 0)
-    throw Error(fmt::format("kv method {}: keys are quantized per channel over spans of {} tokens, "
-                            "so the page size must be a multiple of {} (got {})",
-                            m.label, kKeySpan, kKeySpan, shape.page_size));
-  if (!m.calib) throw Error(fmt::format("kv method {}: no calibration", m.label));
-  OscarCacheOptions o;
-  if (m.kind == KvMethod::Kind::kKivi) o.key_axis = KeyAxis::kChannel;
-  o.label = m.label;
-  o.sink = m.sink;
-  o.recent = m.recent;
-  o.bits = m.bits;
-  o.group_size = m.group_size;
-  o.max_tokens = tokens;
-  o.prefix_caching = prefix_caching;
-  return std::make_unique<OscarKvCache>(shape, m.calib, o);
+  OscarCacheOptions sizing;
+  sizing.max_tokens = tokens;
+  sizing.prefix_caching = prefix_caching;
+  return make_quant_cache(m, shape, sizing);
 }
 
 int64_t bf16_page_bytes(const KvCacheShape& s) {
@@ -306,19 +314,11 @@ std::unique_ptr<KvCache> make_method_cache_for_bytes(const KvMethod& m, const Kv
     throw Error(fmt::format("kv cache {}: {} MiB cannot hold the BF16 windows of {} sequences "
                             "({} pages, {} MiB) and any quantized page",
                             m.label, bytes >> 20, sequences, bf_pages, (bf_pages * bf) >> 20));
-  if (m.kind == KvMethod::Kind::kKivi && ps % kKeySpan != 0)
-    throw Error(fmt::format("kv method {}: the page size must be a multiple of {}", m.label, kKeySpan));
-  OscarCacheOptions o;
-  if (m.kind == KvMethod::Kind::kKivi) o.key_axis = KeyAxis::kChannel;
-  o.label = m.label;
-  o.sink = m.sink;
-  o.recent = m.recent;
-  o.bits = m.bits;
-  o.group_size = m.group_size;
-  o.bf16_pages = static_cast<int32_t>(bf_pages);
-  o.quant_pages = static_cast<int32_t>(q_pages);
-  o.prefix_caching = prefix_caching;
-  return std::make_unique<OscarKvCache>(shape, m.calib, o);
+  OscarCacheOptions sizing;
+  sizing.bf16_pages = static_cast<int32_t>(bf_pages);
+  sizing.quant_pages = static_cast<int32_t>(q_pages);
+  sizing.prefix_caching = prefix_caching;
+  return make_quant_cache(m, shape, sizing);
 }
 
 }  // namespace oscar::kv

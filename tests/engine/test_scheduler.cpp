@@ -26,6 +26,18 @@ struct Rig {
       : w(model::random_weights(model::tiny_config(model::Arch::kLlama), 3)),
         be(model::make_cpu_backend({model::WeightDtype::kF32, 0})),
         m(w, *be) {}
+  // A Hadamard-rotated INT2 cache for this model, pages of 16, sink 16, window
+  // 16 (demotes early); `o` gives the pool sizes and prefix caching.
+  std::unique_ptr<kv::OscarKvCache> oscar_cache(kv::OscarCacheOptions o) {
+    const auto& c = m.config();
+    ModelFingerprint fp{"llama", c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim, "t"};
+    auto calib = std::make_shared<Calibration>(
+        data_free_calibration(Composition::kHadamard, fp, 1.0f, 1.0f, 2, c.head_dim));
+    o.sink = 16;
+    o.recent = 16;
+    o.group_size = c.head_dim;
+    return std::make_unique<kv::OscarKvCache>(m.cache_shape(16), calib, o);
+  }
   model::ModelWeights w;
   std::unique_ptr<model::Backend> be;
   model::Model m;
@@ -265,22 +277,11 @@ TEST(Scheduler, StopTokensAndMaxTokensZero) {
 TEST(Scheduler, OscarCacheUnderPreemptionFinishesEverythingAndReturnsEveryPage) {
   Rig r;
   const auto& cfg_m = r.m.config();
-  ModelFingerprint fp;
-  fp.architecture = "llama";
-  fp.n_layers = cfg_m.n_layers;
-  fp.n_q_heads = cfg_m.n_heads;
-  fp.n_kv_heads = cfg_m.n_kv_heads;
-  fp.head_dim = cfg_m.head_dim;
-  fp.weights_hash = "t";
-  auto calib = std::make_shared<Calibration>(
-      data_free_calibration(Composition::kHadamard, fp, 1.0f, 1.0f, 2, cfg_m.head_dim));
   kv::OscarCacheOptions o;
-  o.sink = 16;
-  o.recent = 16;
-  o.group_size = cfg_m.head_dim;
   o.bf16_pages = 10;
   o.quant_pages = 6;
-  kv::OscarKvCache cache(r.m.cache_shape(16), calib, o);
+  auto owned = r.oscar_cache(o);
+  kv::OscarKvCache& cache = *owned;
   SchedulerConfig cfg;
   cfg.max_batch_tokens = 24;
   Scheduler s(r.m, cache, nullptr, cfg);
@@ -312,17 +313,11 @@ TEST(Scheduler, OscarCacheUnderPreemptionFinishesEverythingAndReturnsEveryPage) 
 
 TEST(OscarCachePromises, ASecondSequenceCannotTakeTheQuantizedPagesPromisedToTheFirst) {
   Rig r;
-  const auto& c = r.m.config();
-  ModelFingerprint fp{"llama", c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim, "t"};
-  auto calib = std::make_shared<Calibration>(
-      data_free_calibration(Composition::kHadamard, fp, 1.0f, 1.0f, 2, c.head_dim));
   kv::OscarCacheOptions o;
-  o.sink = 16;
-  o.recent = 16;
-  o.group_size = c.head_dim;
   o.bf16_pages = 20;
   o.quant_pages = 1;
-  kv::OscarKvCache cache(r.m.cache_shape(16), calib, o);
+  auto owned = r.oscar_cache(o);
+  kv::OscarKvCache& cache = *owned;
   const kv::SeqId a = cache.create(), b = cache.create();
   // 48 tokens: sink 16 + 32 recent >= W + page: one demotion at commit.
   EXPECT_EQ(cache.pages_needed(a, 48).quant, 1);
@@ -460,17 +455,11 @@ TEST(PrefixCache, Bf16EvictsCachedPagesWhenTheyAreNeededAndStaysCorrect) {
 TEST(PrefixCache, OscarSameTokensWithAndWithoutAndMiddlePagesShared) {
   Rig r;
   const auto& c = r.m.config();
-  ModelFingerprint fp{"llama", c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim, "t"};
-  auto calib = std::make_shared<Calibration>(
-      data_free_calibration(Composition::kHadamard, fp, 1.0f, 1.0f, 2, c.head_dim));
   auto make = [&](bool prefix) {
     kv::OscarCacheOptions o;
-    o.sink = 16;
-    o.recent = 16;
-    o.group_size = c.head_dim;
     o.max_tokens = 2048;
     o.prefix_caching = prefix;
-    return std::make_unique<kv::OscarKvCache>(r.m.cache_shape(16), calib, o);
+    return r.oscar_cache(o);
   };
   auto off = make(false), on = make(true);
   const auto reqs = shared_prefix(3, 90, c.vocab_size, 8);  // 5 full pages: sink, 3 middle, 1 recent

@@ -1,0 +1,35 @@
+// What `oscar generate` and `oscar serve` both assemble from a model path and a
+// KV method name: tokenizer, CPU backend, model (R_V folded into W_v / W_o for
+// the quantized methods that rotate values) and the resolved method.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "kv/quant_methods.h"
+#include "model/backend.h"
+#include "model/forward.h"
+#include "model/tokenizer.h"
+
+namespace oscar::engine {
+
+struct SessionOptions {
+  std::string model;             // GGUF file or Hugging Face directory
+  std::string kv = "bf16";       // KV method name (kv/quant_methods.h)
+  std::string calib;             // calibration file for calibrated methods
+  std::string weights = "bf16";  // weight storage on the backend
+  int threads = 0;               // 0 = all cores
+};
+
+struct Session {
+  model::Tokenizer tok;
+  std::unique_ptr<model::Backend> backend;
+  std::unique_ptr<model::Model> model;  // uses *backend
+  kv::KvMethod method;                  // default (bf16) when kv == "bf16"
+};
+
+// Loads and prepares; the dense weights are freed before it returns. Throws
+// oscar::Error (unknown method, calibration for another model, bad files).
+Session open_session(const SessionOptions& o);
+
+}  // namespace oscar::engine
