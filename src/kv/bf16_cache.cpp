@@ -18,15 +18,20 @@ static void validate_shape(const KvCacheShape& s) {
     throw Error(fmt::format("kv cache: page size {} is not a positive multiple of 16", s.page_size));
 }
 
-Bf16KvCache::Bf16KvCache(const KvCacheShape& shape, int32_t num_pages, bool prefix_caching)
+Bf16KvCache::Bf16KvCache(const KvCacheShape& shape, int32_t num_pages, bool prefix_caching,
+                         const PageStoreFactory& store)
     : shape_((validate_shape(shape), shape)), prefix_(prefix_caching),
       pool_("bf16 page pool", num_pages) {
-  const size_t n = size_t(num_pages) * size_t(page_elems());
-  for (int l = 0; l < shape_.n_layers; ++l) {
-    k_.emplace_back(new uint16_t[n]);
-    v_.emplace_back(new uint16_t[n]);
-    pools_.push_back({k_.back().get(), v_.back().get()});
-  }
+  PageStoreSpec spec;
+  spec.n_layers = shape_.n_layers;
+  spec.num_kv_heads = shape_.num_kv_heads;
+  spec.head_dim = shape_.head_dim;
+  spec.page_size = shape_.page_size;
+  spec.bf16_pages = num_pages;
+  spec.group_size = std::min(128, shape_.head_dim);
+  spec.label = "bf16 kv cache";
+  store_ = make_page_store(store, spec);
+  for (int l = 0; l < shape_.n_layers; ++l) pools_.push_back(store_->bf16_pool(l));
 }
 
 Bf16KvCache::Seq& Bf16KvCache::get(SeqId seq) {
@@ -61,11 +66,7 @@ SeqId Bf16KvCache::fork(SeqId src) {
   }
   if (partial) {
     // The source keeps appending into its last page, so the fork gets its own copy.
-    const int64_t pe = page_elems();
-    for (int l = 0; l < shape_.n_layers; ++l) {
-      std::memcpy(k_[l].get() + copy * pe, k_[l].get() + s.pages[full] * pe, pe * sizeof(uint16_t));
-      std::memcpy(v_[l].get() + copy * pe, v_[l].get() + s.pages[full] * pe, pe * sizeof(uint16_t));
-    }
+    store_->copy_bf16_page(s.pages[full], copy);
     d.pages.push_back(copy);
   }
   SeqId id = next_id_++;
@@ -97,33 +98,20 @@ void Bf16KvCache::reserve(SeqId seq, int n) {
   s.reserved = std::max(s.reserved, n);
 }
 
-void Bf16KvCache::write(int layer, SeqId seq, int pos, const float* k, const float* v, int n) {
-  if (layer < 0 || layer >= shape_.n_layers)
-    throw Error(fmt::format("bf16 kv cache: layer {} outside [0, {})", layer, shape_.n_layers));
-  Seq& s = get(seq);
-  if (pos < s.length || int64_t(pos) + n > int64_t(s.length) + s.reserved)
+void Bf16KvCache::place(SeqId seq, int pos, int n, RowPlacement& rows) const {
+  const Seq& s = get(seq);
+  if (n < 0 || pos < s.length || int64_t(pos) + n > int64_t(s.length) + s.reserved)
     throw Error(fmt::format("bf16 kv cache: write of tokens [{}, {}) to sequence {} outside its "
                             "reserved room [{}, {})",
                             pos, pos + n, seq, s.length, s.length + s.reserved));
-  const int ps = shape_.page_size, hd = shape_.head_dim, nh = shape_.num_kv_heads;
-  const int64_t pe = page_elems();
-  uint16_t* kd = k_[layer].get();
-  uint16_t* vd = v_[layer].get();
+  const int ps = shape_.page_size;
   for (int t = 0; t < n; ++t) {
     const int p = pos + t;
     const int32_t page = s.pages[p / ps];
     if (pool_.refcount(page) != 1)
       throw Error(fmt::format("bf16 kv cache: write into shared page {} of sequence {}", page, seq));
-    const int slot = p % ps;
-    for (int h = 0; h < nh; ++h) {
-      const int64_t dst = page * pe + (int64_t(h) * ps + slot) * hd;
-      const float* ks = k + (int64_t(t) * nh + h) * hd;
-      const float* vs = v + (int64_t(t) * nh + h) * hd;
-      for (int c = 0; c < hd; ++c) {
-        kd[dst + c] = f32_to_bf16(ks[c]);
-        vd[dst + c] = f32_to_bf16(vs[c]);
-      }
-    }
+    rows.pages.push_back(page);
+    rows.slots.push_back(p % ps);
   }
 }
 

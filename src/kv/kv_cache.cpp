@@ -19,13 +19,29 @@ PagedKvView KvBatch::layer(int l) const {
   return v;
 }
 
+void KvCache::write_rows(int layer, const RowPlacement& rows, const float* k, const float* v) {
+  if (layer < 0 || layer >= shape().n_layers)
+    throw Error(fmt::format("{} kv cache: layer {} outside [0, {})", method(), layer, shape().n_layers));
+  if (rows.size() == 0) return;
+  store().write_bf16(layer, rows, k, v);
+}
+
+void KvCache::write(int layer, SeqId seq, int pos, const float* k, const float* v, int n) {
+  if (layer < 0 || layer >= shape().n_layers)
+    throw Error(fmt::format("{} kv cache: layer {} outside [0, {})", method(), layer, shape().n_layers));
+  RowPlacement rows;
+  place(seq, pos, n, rows);
+  write_rows(layer, rows, k, v);
+}
+
 // The one place a cache method name becomes a cache: new methods register here.
 std::unique_ptr<KvCache> make_kv_cache(const KvCacheShape& shape, const KvCacheOptions& opts) {
   KvCacheShape s = shape;
   s.page_size = opts.page_size;
   const int64_t tokens = opts.max_tokens > 0 ? opts.max_tokens : 32768;
   const int64_t pages = (tokens + s.page_size - 1) / std::max(1, s.page_size);
-  if (opts.method == "bf16") return std::make_unique<Bf16KvCache>(s, static_cast<int32_t>(pages), opts.prefix_caching);
+  if (opts.method == "bf16") return std::make_unique<Bf16KvCache>(s, static_cast<int32_t>(pages), opts.prefix_caching,
+                                         opts.store);
   throw Error(fmt::format("kv cache: unknown method '{}' (known: bf16)", opts.method));
 }
 

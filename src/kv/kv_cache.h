@@ -7,7 +7,8 @@
 //                               so a step never fails half way through the layers;
 //   per layer:
 //     rotate_keys / rotate_queries   into the basis rows are stored in (R_K hook);
-//     write(layer, seq, pos, k, v, n) stores the new rows (pending, not yet committed);
+//     write_rows(layer, rows, k, v)  stores the step's new rows (placed once per step
+//                                    by place(); pending, not yet committed);
 //     make_batch(...).layer(l)       the PagedKvView the attention kernels read;
 //   commit(seq, n)              the rows are final (the INT2 cache demotes here).
 #pragma once
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "kv/kv_view.h"
+#include "kv/page_store.h"
 
 namespace oscar::kv {
 
@@ -97,10 +99,17 @@ class KvCache {
   // Makes room for tokens [length, length + n) in every layer. Throws
   // oscar::Error when the pool is exhausted; the cache is unchanged then.
   virtual void reserve(SeqId seq, int n) = 0;
-  // Stores rows for tokens [pos, pos + n) of one layer, pos >= length(seq) and
-  // within the reserved room. k, v: [n][num_kv_heads][head_dim] f32, keys after
-  // RoPE and already in the storage basis (rotate_keys).
-  virtual void write(int layer, SeqId seq, int pos, const float* k, const float* v, int n) = 0;
+  // Where the rows of tokens [pos, pos + n) of `seq` go (the same in every
+  // layer): appends n entries to `rows`. pos >= length(seq) and within the
+  // reserved room, the pages not shared; oscar::Error otherwise.
+  virtual void place(SeqId seq, int pos, int n, RowPlacement& rows) const = 0;
+  // Stores one layer's rows of a step, placed by place():
+  // k, v [rows.size()][num_kv_heads][head_dim] f32 in the store's memory (the
+  // backend's buffers), keys after RoPE and already in the storage basis
+  // (rotate_keys).
+  void write_rows(int layer, const RowPlacement& rows, const float* k, const float* v);
+  // One sequence's rows of one layer (place + write_rows): tests, simple callers.
+  void write(int layer, SeqId seq, int pos, const float* k, const float* v, int n);
   // Tokens [length, length + n) are final in every layer.
   virtual void commit(SeqId seq, int n) = 0;
 
@@ -113,8 +122,13 @@ class KvCache {
   // of their KV head before they meet. Identity here; the OSCAR cache overrides.
   // k: [n][num_kv_heads][head_dim]; q: [n][n_q_heads][head_dim] (GQA: query head
   // g belongs to KV head g / (n_q_heads / num_kv_heads)).
-  virtual void rotate_keys(int layer, float* k, int n) const {}
-  virtual void rotate_queries(int layer, float* q, int n, int n_q_heads) const {}
+  // Both run in the page store (on its device).
+  void rotate_keys(int layer, float* k, int n) const { store().transform_keys(layer, k, n); }
+  void rotate_queries(int layer, float* q, int n, int n_q_heads) const {
+    store().transform_queries(layer, q, n, n_q_heads);
+  }
+  // The page memory and the operations on it (kv/page_store.h).
+  virtual PageStore& store() const = 0;
 
   // Admission control (never throws for a live or kNewSeq id): the pages that
   // reserve(seq, n) would take now, counting the quantized pages its commit will
@@ -151,6 +165,7 @@ struct KvCacheOptions {
   int page_size = 64;
   int64_t max_tokens = 0;  // page budget in tokens over all sequences; 0 = 32K tokens
   bool prefix_caching = false;
+  PageStoreFactory store;  // page memory; empty = host
 };
 
 // Creates a cache by method name; throws oscar::Error for an unknown name.

@@ -74,23 +74,32 @@ OscarKvCache::OscarKvCache(const KvCacheShape& shape, std::shared_ptr<const Cali
     throw Error(fmt::format("{} kv cache: per-channel keys with per-head clip ratios are not supported",
                             opts_.label));
 
-  const size_t bf = size_t(bf16_pool_.num_pages()) * size_t(bf16_page_elems());
-  const size_t rows = size_t(quant_pool_.num_pages()) * shape_.num_kv_heads * ps;
-  const size_t code_bytes = rows * packed_row_bytes(d, opts_.bits);
-  const size_t params = rows * size_t(d / group_) * 2;
-  const size_t kparams = kchan ? size_t(quant_pool_.num_pages()) * shape_.num_kv_heads *
-                                     size_t(ps / kKeySpan) * d * 2
-                               : params;
+  PageStoreSpec sspec;
+  sspec.n_layers = shape_.n_layers;
+  sspec.num_kv_heads = shape_.num_kv_heads;
+  sspec.head_dim = d;
+  sspec.page_size = ps;
+  sspec.bf16_pages = bf16_pool_.num_pages();
+  sspec.quant_pages = quant_pool_.num_pages();
+  sspec.bits = opts_.bits;
+  sspec.group_size = group_;
+  sspec.key_axis = opts_.key_axis;
+  sspec.label = opts_.label + " kv cache";
+  store_ = make_page_store(opts_.store, sspec);
+  std::vector<LayerQuant> lq(shape_.n_layers);
   for (int l = 0; l < shape_.n_layers; ++l) {
-    // Left uninitialized: untouched pages cost no physical memory.
-    k_.emplace_back(new uint16_t[bf]);
-    v_.emplace_back(new uint16_t[bf]);
-    kc_.emplace_back(new uint8_t[code_bytes]);
-    vc_.emplace_back(new uint8_t[code_bytes]);
-    kp_.emplace_back(new uint16_t[kparams]);
-    vp_.emplace_back(new uint16_t[params]);
-    bf16_pools_.push_back({k_.back().get(), v_.back().get()});
-    quant_pools_.push_back({kc_.back().get(), vc_.back().get(), kp_.back().get(), vp_.back().get()});
+    const LayerCalibration& lc = calib_->layers[l];
+    lq[l].identity = identity_;
+    lq[l].xf = xf_[l];
+    for (int h = 0; h < shape_.num_kv_heads; ++h) {
+      lq[l].k_clip.push_back(lc.k_clip_of(h));
+      lq[l].v_clip.push_back(lc.v_clip_of(h));
+    }
+  }
+  store_->set_quant(std::move(lq));
+  for (int l = 0; l < shape_.n_layers; ++l) {
+    bf16_pools_.push_back(store_->bf16_pool(l));
+    quant_pools_.push_back(store_->quant_pool(l));
   }
 }
 
@@ -144,11 +153,7 @@ SeqId OscarKvCache::fork(SeqId src) {
   }
   for (size_t i = 0; i < copies.size(); ++i) {
     const int32_t from = (*copies[i].table)[copies[i].index], to = fresh[i];
-    const int64_t pe = bf16_page_elems();
-    for (int l = 0; l < shape_.n_layers; ++l) {
-      std::memcpy(k_[l].get() + to * pe, k_[l].get() + from * pe, pe * sizeof(uint16_t));
-      std::memcpy(v_[l].get() + to * pe, v_[l].get() + from * pe, pe * sizeof(uint16_t));
-    }
+    store_->copy_bf16_page(from, to);
     (*copies[i].table)[copies[i].index] = to;
   }
   for (size_t i = 0; i < d.sink.size(); ++i)
@@ -338,25 +343,20 @@ std::pair<int32_t, int> OscarKvCache::slot_of(const Seq& s, int p) const {
   return {s.recent[r / ps], r % ps};
 }
 
-void OscarKvCache::write(int layer, SeqId seq, int pos, const float* k, const float* v, int n) {
-  if (layer < 0 || layer >= shape_.n_layers)
-    throw Error(fmt::format("{} kv cache: layer {} outside [0, {})", opts_.label, layer,
-                            shape_.n_layers));
-  Seq& s = get(seq);
-  if (pos < s.length || int64_t(pos) + n > int64_t(s.length) + s.reserved)
+void OscarKvCache::place(SeqId seq, int pos, int n, RowPlacement& rows) const {
+  const Seq& s = get(seq);
+  if (n < 0 || pos < s.length || int64_t(pos) + n > int64_t(s.length) + s.reserved)
     throw Error(fmt::format("{} kv cache: write of tokens [{}, {}) to sequence {} outside its "
                             "reserved room [{}, {})",
                             opts_.label, pos, pos + n, seq, s.length, s.length + s.reserved));
-  std::vector<int32_t> pages(n), slots(n);
   for (int t = 0; t < n; ++t) {
     auto [page, slot] = slot_of(s, pos + t);
     if (bf16_pool_.refcount(page) != 1)
       throw Error(fmt::format("{} kv cache: write into shared page {} of sequence {}", opts_.label,
                               page, seq));
-    pages[t] = page;
-    slots[t] = slot;
+    rows.pages.push_back(page);
+    rows.slots.push_back(slot);
   }
-  kernels::cpu::write_bf16_tokens(layer_view(layer), n, pages.data(), slots.data(), k, v);
 }
 
 PagedKvView OscarKvCache::layer_view(int layer) const {
@@ -376,33 +376,11 @@ PagedKvView OscarKvCache::layer_view(int layer) const {
 void OscarKvCache::demote_one(Seq& s) {
   const int32_t src = s.recent.front();
   const int32_t dst = quant_pool_.acquire();
-  const int d = shape_.head_dim, ps = shape_.page_size, Hkv = shape_.num_kv_heads;
-  const QuantSpec spec{opts_.bits, group_, ScaleDtype::kF16};
-  std::vector<float> row(d);
-  for (int l = 0; l < shape_.n_layers; ++l) {
-    const LayerCalibration& lc = calib_->layers[l];
-    const PagedKvView view = layer_view(l);
-    if (uniform_clip_) {
-      kernels::cpu::demote_page(view, src, dst, {lc.k_clip_of(0), lc.v_clip_of(0)});
-      continue;
-    }
-    // Per-head clip ratios: the same clip -> quantize -> pack, head by head.
-    for (int h = 0; h < Hkv; ++h)
-      for (int slot = 0; slot < ps; ++slot)
-        for (int value = 0; value < 2; ++value) {
-          const uint16_t* in = (value ? view.bf16.v : view.bf16.k) + view.bf16_row_offset(src, h, slot);
-          for (int c = 0; c < d; ++c) row[c] = bf16_to_f32(in[c]);
-          clip_row(row.data(), d, value ? lc.v_clip_of(h) : lc.k_clip_of(h));
-          const int64_t r = view.quant_row_index(dst, h, slot);
-          quantize_row(row.data(), d, spec,
-                       (value ? view.quant.v_codes : view.quant.k_codes) + r * view.row_code_bytes(),
-                       (value ? view.quant.v_params : view.quant.k_params) + r * view.row_groups() * 2);
-        }
-  }
+  store_->demote(src, dst);
   bf16_pool_.release(src);
   s.recent.erase(s.recent.begin());
   s.mid.push_back(dst);
-  s.mid_len += ps;
+  s.mid_len += shape_.page_size;
 }
 
 void OscarKvCache::commit(SeqId seq, int n) {
@@ -491,16 +469,6 @@ void OscarKvCache::make_batch(std::span<const SeqId> seqs, std::span<const int> 
     if (v->empty()) v->reserve(1);
   for (auto* v : {&out.sink_len, &out.mid_len, &out.recent_len})
     if (v->empty()) v->reserve(1);
-}
-
-void OscarKvCache::rotate_keys(int layer, float* k, int n) const {
-  if (identity_ || n == 0) return;
-  transform_keys(xf_.at(size_t(layer)), k, n, shape_.num_kv_heads);
-}
-
-void OscarKvCache::rotate_queries(int layer, float* q, int n, int n_q_heads) const {
-  if (identity_ || n == 0) return;
-  transform_queries(xf_.at(size_t(layer)), q, n, n_q_heads, shape_.num_kv_heads);
 }
 
 int64_t OscarKvCache::bytes_in_use() const {

@@ -52,6 +52,7 @@ struct OscarCacheOptions {
   // pages in the quantized pool, each pool with its own index. Needs the sink to
   // be whole pages.
   bool prefix_caching = false;
+  PageStoreFactory store;  // page memory; empty = host
 };
 
 class OscarKvCache : public KvCache {
@@ -68,12 +69,11 @@ class OscarKvCache : public KvCache {
   void release(SeqId seq) override;
   int length(SeqId seq) const override;
   void reserve(SeqId seq, int n) override;
-  void write(int layer, SeqId seq, int pos, const float* k, const float* v, int n) override;
+  void place(SeqId seq, int pos, int n, RowPlacement& rows) const override;
+  PageStore& store() const override { return *store_; }
   void commit(SeqId seq, int n) override;
   void make_batch(std::span<const SeqId> seqs, std::span<const int> lens,
                   KvBatch& out) const override;
-  void rotate_keys(int layer, float* k, int n) const override;
-  void rotate_queries(int layer, float* q, int n, int n_q_heads) const override;
   PageCounts pages_needed(SeqId seq, int n) const override;
   PageCounts pages_free() const override;
   PageCounts pages_to_hold(int64_t tokens, int chunk) const override;
@@ -128,9 +128,7 @@ class OscarKvCache : public KvCache {
   bool uniform_clip_ = true;     // every head of a layer has the same clips
   bool prefix_ = false;
   PagePool bf16_pool_, quant_pool_;
-  std::vector<std::unique_ptr<uint16_t[]>> k_, v_;       // [L][pages * page elems] bf16
-  std::vector<std::unique_ptr<uint8_t[]>> kc_, vc_;      // [L][pages * Hkv * ps * row bytes]
-  std::vector<std::unique_ptr<uint16_t[]>> kp_, vp_;     // [L][pages * Hkv * (ps * groups | ps/32 * d) * 2]
+  std::unique_ptr<PageStore> store_;                    // the pages (host or device)
   std::vector<Bf16PagePool> bf16_pools_;
   std::vector<QuantPagePool> quant_pools_;
   std::unordered_map<SeqId, Seq> seqs_;

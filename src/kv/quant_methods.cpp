@@ -257,7 +257,8 @@ static std::unique_ptr<KvCache> make_quant_cache(const KvMethod& m, const KvCach
 }
 
 std::unique_ptr<KvCache> make_method_cache(const KvMethod& m, const KvCacheShape& shape,
-                                           int64_t max_tokens, bool prefix_caching) {
+                                           int64_t max_tokens, bool prefix_caching,
+                                           const PageStoreFactory& store) {
   const int64_t tokens = max_tokens > 0 ? max_tokens : 32768;
   if (m.kind == KvMethod::Kind::kBf16) {
     KvCacheOptions o;
@@ -265,11 +266,13 @@ std::unique_ptr<KvCache> make_method_cache(const KvMethod& m, const KvCacheShape
     o.page_size = shape.page_size;
     o.max_tokens = tokens;
     o.prefix_caching = prefix_caching;
+    o.store = store;
     return make_kv_cache(shape, o);
   }
   OscarCacheOptions sizing;
   sizing.max_tokens = tokens;
   sizing.prefix_caching = prefix_caching;
+  sizing.store = store;
   return make_quant_cache(m, shape, sizing);
 }
 
@@ -290,7 +293,8 @@ int64_t quant_page_bytes(const KvMethod& m, const KvCacheShape& s) {
 
 std::unique_ptr<KvCache> make_method_cache_for_bytes(const KvMethod& m, const KvCacheShape& shape,
                                                      int64_t bytes, int sequences, int chunk,
-                                                     bool prefix_caching) {
+                                                     bool prefix_caching,
+                                                     const PageStoreFactory& store) {
   const int ps = shape.page_size;
   const int64_t bf = bf16_page_bytes(shape);
   if (m.kind == KvMethod::Kind::kBf16) {
@@ -302,6 +306,7 @@ std::unique_ptr<KvCache> make_method_cache_for_bytes(const KvMethod& m, const Kv
     o.page_size = ps;
     o.max_tokens = pages * ps;
     o.prefix_caching = prefix_caching;
+    o.store = store;
     return make_kv_cache(shape, o);
   }
   // Each running sequence holds its sink and a window of < recent + page tokens
@@ -318,6 +323,7 @@ std::unique_ptr<KvCache> make_method_cache_for_bytes(const KvMethod& m, const Kv
   sizing.bf16_pages = static_cast<int32_t>(bf_pages);
   sizing.quant_pages = static_cast<int32_t>(q_pages);
   sizing.prefix_caching = prefix_caching;
+  sizing.store = store;
   return make_quant_cache(m, shape, sizing);
 }
 

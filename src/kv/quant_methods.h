@@ -72,7 +72,8 @@ std::vector<std::string> kv_method_names();
 // A cache for a method. max_tokens: page budget. Throws oscar::Error for
 // kivi2 with a page size that is not a multiple of 32.
 std::unique_ptr<KvCache> make_method_cache(const KvMethod& m, const KvCacheShape& shape,
-                                           int64_t max_tokens, bool prefix_caching = false);
+                                           int64_t max_tokens, bool prefix_caching = false,
+                                           const PageStoreFactory& store = {});
 
 // Bytes of one page over every layer, K and V: BF16 (sink / recent, or every
 // token of the bf16 method) and the method's quantized middle page (codes and
@@ -86,7 +87,8 @@ int64_t quant_page_bytes(const KvMethod& m, const KvCacheShape& shape);
 // quantized pages. Throws oscar::Error when the budget cannot hold that.
 std::unique_ptr<KvCache> make_method_cache_for_bytes(const KvMethod& m, const KvCacheShape& shape,
                                                      int64_t bytes, int sequences, int chunk,
-                                                     bool prefix_caching = false);
+                                                     bool prefix_caching = false,
+                                                     const PageStoreFactory& store = {});
 
 // A calibration with the same eigenvectors recomposed as `target` (U, UH or
 // UHP), from one composed as U, UH or UHP with eigenvalues stored.

@@ -15,7 +15,9 @@
 #include <memory>
 #include <string>
 
+#include "kv/kv_cache.h"
 #include "kv/kv_view.h"
+#include "kv/page_store.h"
 #include "model/weights.h"
 
 namespace oscar::model {
@@ -86,6 +88,17 @@ class Backend {
   // Copies columns [col0, col0+width) of src [n][src_cols] into dst [n][width].
   virtual void copy_cols(const float* src, int n, int src_cols, int col0, int width,
                          float* dst) = 0;
+
+  // --- KV pages
+  // The page memory of the caches this backend runs with; empty = host memory
+  // (kv/page_store.h). A device backend's caches must be made with it.
+  virtual kv::PageStoreFactory page_store_factory() { return {}; }
+  // Once per forward step, before the layers: the step's decode batch (one new
+  // token per sequence, its row already stored when attention runs) and
+  // prefill batch (chunks, tables over the cached tokens only). The tables are
+  // the same for every layer (KvBatch::layer changes only the pools); a device
+  // backend uploads and plans them here.
+  virtual void begin_step(const kv::KvBatch& decode, const kv::KvBatch& prefill) {}
 
   // Attention over the paged cache (contracts: kernels/cpu/attention.h).
   // q [batch][Hq][d] -> o [batch][Hq][d]

@@ -186,6 +186,10 @@ void Model::forward(std::span<const SeqStep> steps, kv::KvCache& cache,
   cache.make_batch(pre_seqs, pre_lens, pre_batch);
   const float sm_scale = 1.0f / std::sqrt(float(d));
   const int Bd = static_cast<int>(dec_seqs.size());
+  // Where every new row goes, the same in every layer (one placement a step).
+  rows_.clear();
+  for (int s = 0; s < S; ++s) cache.place(steps[s].seq, pos0[s], off[s + 1] - off[s], rows_);
+  be_.begin_step(dec_batch, pre_batch);
 
   float* x = x_->data();
   float* h = h_->data();
@@ -208,9 +212,7 @@ void Model::forward(std::span<const SeqStep> steps, kv::KvCache& cache,
     be_.rope(k, T, Hkv, d, cos.data(), sin.data());
     cache.rotate_keys(l, k, T);
     cache.rotate_queries(l, q, T, Hq);
-    for (int s = 0; s < S; ++s)
-      cache.write(l, steps[s].seq, pos0[s], k + int64_t(off[s]) * Dkv, v + int64_t(off[s]) * Dkv,
-                  off[s + 1] - off[s]);
+    cache.write_rows(l, rows_, k, v);
 
     float* attn = attn_->data();
     if (Bd > 0) {

@@ -68,6 +68,7 @@ class Model {
 
   // Workspace, grown on demand.
   int ws_tokens_ = 0, ws_rows_ = 0;
+  kv::RowPlacement rows_;  // the step's row placement
   BufferPtr x_, h_, qkv_, q_, k_, v_, attn_, tmp_, gu_, act_, qd_, od_, sel_, logits_;
 };
 
