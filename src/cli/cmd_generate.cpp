@@ -38,6 +38,7 @@ struct Opts {
   int64_t max_kv_tokens = 0;
   std::string weights = "bf16";
   int threads = 0;
+  std::string device = "cpu";
   int prefill_chunk = 512;
 };
 
@@ -76,6 +77,8 @@ const oscar::cli::Registrar reg({"generate", "Generate text from a prompt (CPU)"
   app.add_option("--page-size", o->page_size, "KV page size in tokens")->capture_default_str();
   app.add_option("--max-kv-tokens", o->max_kv_tokens, "KV page budget in tokens (0 = auto)");
   app.add_option("--weights", o->weights, "Weight storage: bf16 or f32")->capture_default_str();
+  app.add_option("--device", o->device, "cpu, cuda or cuda:N (model, activations and KV pages on the GPU)")
+      ->capture_default_str();
   app.add_option("-t,--threads", o->threads, "Threads (0 = all cores)");
   app.add_option("--prefill-chunk", o->prefill_chunk, "Prompt tokens per forward call")
       ->capture_default_str();
@@ -94,7 +97,7 @@ const oscar::cli::Registrar reg({"generate", "Generate text from a prompt (CPU)"
     if (!std::filesystem::exists(o->model))
       throw Error(o->model + ": no such model (scripts/fetch_model.sh fetches the default)");
     const auto t0 = std::chrono::steady_clock::now();
-    engine::Session sess = engine::open_session({o->model, o->kv, o->calib, o->weights, o->threads});
+    engine::Session sess = engine::open_session({o->model, o->kv, o->calib, o->weights, o->threads, o->device});
     model::Tokenizer& tok = sess.tok;
     model::Backend* be = sess.backend.get();
     model::Model* m = sess.model.get();
@@ -116,9 +119,11 @@ const oscar::cli::Registrar reg({"generate", "Generate text from a prompt (CPU)"
     ko.max_tokens = o->max_kv_tokens > 0
                         ? o->max_kv_tokens
                         : int64_t(req.prompt.size()) + o->n + o->page_size;
+    ko.store = be->page_store_factory();
     auto cache = o->kv == "bf16"
                      ? kv::make_kv_cache(m->cache_shape(o->page_size), ko)
-                     : kv::make_method_cache(km, m->cache_shape(o->page_size), ko.max_tokens);
+                     : kv::make_method_cache(km, m->cache_shape(o->page_size), ko.max_tokens,
+                                             false, ko.store);
 
     engine::Generator gen(*m, *cache, [&tok](int id) { return tok.token_str(id); },
                           o->prefill_chunk);

@@ -52,6 +52,7 @@ struct Opts {
   bool no_prefix_caching = false;
   std::string weights = "bf16";
   int threads = 0;
+  std::string device = "cpu";
   int max_running = 32, max_waiting = 1024, max_batch_tokens = 512, max_model_len = 0;
   int http_threads = 0;
   size_t max_body = 8 << 20;
@@ -76,6 +77,8 @@ const oscar::cli::Registrar reg({"serve", "Serve a model over an OpenAI-compatib
                  "the rest with quantized pages");
   app.add_flag("--no-prefix-caching", o->no_prefix_caching, "Do not share cached prompt prefixes");
   app.add_option("--weights", o->weights, "Weight storage: bf16 or f32")->capture_default_str();
+  app.add_option("--device", o->device, "cpu, cuda or cuda:N (model, activations and KV pages on the GPU)")
+      ->capture_default_str();
   app.add_option("-t,--threads", o->threads, "Compute threads (0 = all cores)");
   app.add_option("--max-running", o->max_running, "Most requests in the running batch")->capture_default_str();
   app.add_option("--max-waiting", o->max_waiting, "Queued requests beyond which new ones get 503")->capture_default_str();
@@ -97,24 +100,26 @@ const oscar::cli::Registrar reg({"serve", "Serve a model over an OpenAI-compatib
     sigaction(SIGTERM, &sa, nullptr);
     std::signal(SIGPIPE, SIG_IGN);  // a client that vanishes must not kill the process
 
-    engine::Session sess = engine::open_session({o->model, o->kv, o->calib, o->weights, o->threads});
+    engine::Session sess = engine::open_session({o->model, o->kv, o->calib, o->weights, o->threads, o->device});
     model::Tokenizer& tok = sess.tok;
     model::Model* m = sess.model.get();
     const kv::KvMethod& km = sess.method;
     const bool prefix = !o->no_prefix_caching;
     const auto shape = m->cache_shape(o->page_size);
     std::unique_ptr<kv::KvCache> cache;
+    const kv::PageStoreFactory store = sess.backend->page_store_factory();
     if (o->kv_memory_mb > 0) {
       cache = kv::make_method_cache_for_bytes(km, shape, int64_t(o->kv_memory_mb * (1 << 20)),
-                                              o->max_running, o->max_batch_tokens, prefix);
+                                              o->max_running, o->max_batch_tokens, prefix, store);
     } else if (o->kv == "bf16") {
       kv::KvCacheOptions ko;
       ko.page_size = o->page_size;
       ko.max_tokens = o->max_kv_tokens > 0 ? o->max_kv_tokens : 32768;
       ko.prefix_caching = prefix;
+      ko.store = store;
       cache = kv::make_kv_cache(shape, ko);
     } else {
-      cache = kv::make_method_cache(km, shape, o->max_kv_tokens > 0 ? o->max_kv_tokens : 32768, prefix);
+      cache = kv::make_method_cache(km, shape, o->max_kv_tokens > 0 ? o->max_kv_tokens : 32768, prefix, store);
     }
 
     engine::SchedulerConfig sc;

@@ -1,10 +1,37 @@
 #include "engine/session.h"
 
+#include "core/error.h"
+#if OSCAR_WITH_CUDA
+#include "backend/cuda/backend_cuda.h"
+#endif
+
 #include "model/backend_cpu.h"
 #include "model/fold_rotation.h"
 #include "model/loader.h"
 
 namespace oscar::engine {
+
+std::unique_ptr<model::Backend> make_backend(const std::string& device, model::WeightDtype weights,
+                                             int threads) {
+  if (device == "cpu") return model::make_cpu_backend({weights, threads});
+  if (device == "cuda" || device.rfind("cuda:", 0) == 0) {
+#if OSCAR_WITH_CUDA
+    backend::CudaBackendOptions co;
+    co.weight_dtype = weights;
+    if (device.size() > 5) {
+      try {
+        co.device = std::stoi(device.substr(5));
+      } catch (const std::exception&) {
+        throw Error("--device: bad CUDA device '" + device + "' (want cuda or cuda:N)");
+      }
+    }
+    return backend::make_cuda_backend(co);
+#else
+    throw Error("--device cuda: this build has no CUDA (configure with nvcc on PATH)");
+#endif
+  }
+  throw Error("--device: unknown device '" + device + "' (cpu, cuda, cuda:N)");
+}
 
 Session open_session(const SessionOptions& o) {
   Session s{model::load_tokenizer(o.model), nullptr, nullptr, {}};
@@ -16,7 +43,7 @@ Session open_session(const SessionOptions& o) {
     s.method = kv::resolve_kv_method(o.kv, mo);
     if (s.method.folds_values()) model::fold_value_rotation(w, *s.method.calib);
   }
-  s.backend = model::make_cpu_backend({model::weight_dtype_from_string(o.weights), o.threads});
+  s.backend = make_backend(o.device, model::weight_dtype_from_string(o.weights), o.threads);
   s.model = std::make_unique<model::Model>(w, *s.backend);
   return s;  // the dense fp32 weights go here; the backend keeps its own copy
 }

@@ -1,5 +1,5 @@
 // What `oscar generate` and `oscar serve` both assemble from a model path and a
-// KV method name: tokenizer, CPU backend, model (R_V folded into W_v / W_o for
+// KV method name: tokenizer, backend (CPU or CUDA), model (R_V folded into W_v / W_o for
 // the quantized methods that rotate values) and the resolved method.
 #pragma once
 
@@ -19,6 +19,7 @@ struct SessionOptions {
   std::string calib;             // calibration file for calibrated methods
   std::string weights = "bf16";  // weight storage on the backend
   int threads = 0;               // 0 = all cores
+  std::string device = "cpu";    // cpu | cuda | cuda:N
 };
 
 struct Session {
@@ -27,6 +28,11 @@ struct Session {
   std::unique_ptr<model::Model> model;  // uses *backend
   kv::KvMethod method;                  // default (bf16) when kv == "bf16"
 };
+
+// The backend for a device name (cpu, cuda, cuda:N); throws oscar::Error for an
+// unknown name or CUDA in a build without it.
+std::unique_ptr<model::Backend> make_backend(const std::string& device, model::WeightDtype weights,
+                                             int threads);
 
 // Loads and prepares; the dense weights are freed before it returns. Throws
 // oscar::Error (unknown method, calibration for another model, bad files).

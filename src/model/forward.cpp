@@ -33,7 +33,14 @@ void expect_shape(const Tensor& t, std::vector<int64_t> want, const std::string&
 
 }  // namespace
 
-Model::Model(const ModelWeights& w, Backend& backend) : be_(backend), cfg_(w.cfg) {
+Model::Model(const ModelWeights& w, Backend& backend)
+    : Model(w.cfg, backend, w.tok_embd, w.out_norm, w.lm_head,
+            [&w](int l) -> const LayerWeights& { return w.layers.at(size_t(l)); },
+            int(w.layers.size())) {}
+
+Model::Model(const ModelConfig& cfg, Backend& backend, const Tensor& tok_embd,
+             const Tensor& out_norm, const Tensor& lm_head, const LayerSource& layer, int n_layers)
+    : be_(backend), cfg_(cfg) {
   const ModelConfig& c = cfg_;
   if (c.hidden <= 0 || c.n_layers <= 0 || c.n_heads <= 0 || c.n_kv_heads <= 0 ||
       c.head_dim <= 0 || c.vocab_size <= 0 || c.intermediate <= 0)
@@ -43,26 +50,25 @@ Model::Model(const ModelWeights& w, Backend& backend) : be_(backend), cfg_(w.cfg
                             c.name, c.n_heads, c.n_kv_heads));
   if (c.head_dim % 2 != 0)
     throw Error(fmt::format("model config '{}': odd head_dim {}", c.name, c.head_dim));
-  if (int(w.layers.size()) != c.n_layers)
-    throw Error(fmt::format("model weights: {} layers, config says {}", w.layers.size(),
-                            c.n_layers));
+  if (n_layers != c.n_layers)
+    throw Error(fmt::format("model weights: {} layers, config says {}", n_layers, c.n_layers));
   const int64_t H = c.hidden, Dq = int64_t(c.n_heads) * c.head_dim,
                 Dkv = int64_t(c.n_kv_heads) * c.head_dim, I = c.intermediate, V = c.vocab_size;
 
-  expect_shape(w.tok_embd, {V, H}, "tok_embd");
-  expect_shape(w.out_norm, {H}, "out_norm");
-  embd_ = be_.prepare_embedding(w.tok_embd);
-  out_norm_ = be_.prepare_vector(w.out_norm);
+  expect_shape(tok_embd, {V, H}, "tok_embd");
+  expect_shape(out_norm, {H}, "out_norm");
+  embd_ = be_.prepare_embedding(tok_embd);
+  out_norm_ = be_.prepare_vector(out_norm);
   if (c.tied_embeddings) {
-    lm_head_ = be_.prepare_linear({&w.tok_embd}, {});
+    lm_head_ = be_.prepare_linear({&tok_embd}, {});
   } else {
-    expect_shape(w.lm_head, {V, H}, "lm_head");
-    lm_head_ = be_.prepare_linear({&w.lm_head}, {});
+    expect_shape(lm_head, {V, H}, "lm_head");
+    lm_head_ = be_.prepare_linear({&lm_head}, {});
   }
   step_bytes_ = lm_head_->bytes + out_norm_->bytes;
 
   for (int l = 0; l < c.n_layers; ++l) {
-    const LayerWeights& lw = w.layers[l];
+    const LayerWeights& lw = layer(l);
     auto nm = [l](const char* s) { return fmt::format("layers.{}.{}", l, s); };
     expect_shape(lw.attn_norm, {H}, nm("attn_norm"));
     expect_shape(lw.wq, {Dq, H}, nm("wq"));
@@ -256,6 +262,10 @@ void Model::forward(std::span<const SeqStep> steps, kv::KvCache& cache,
   }
   be_.rms_norm(sel_->data(), *out_norm_, R, H, c.rms_eps, sel_->data());
   be_.linear(*lm_head_, sel_->data(), R, logits_->data());
+  if (!logits_to_host_) {
+    logits.clear();
+    return;
+  }
   logits.resize(size_t(R) * V);
   be_.to_host(logits_->data(), logits.data(), logits.size());
 }

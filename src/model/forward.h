@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -40,6 +41,12 @@ class Model {
   // ModelWeights may be freed afterwards. Throws oscar::Error naming the tensor on
   // a shape mismatch.
   Model(const ModelWeights& w, Backend& backend);
+  // The same from parts, one layer at a time: layer(l) is called once per layer,
+  // in order, and its result may be freed after the next call (benchmarks make
+  // 8B-shaped random models this way without holding all fp32 weights).
+  using LayerSource = std::function<const LayerWeights&(int layer)>;
+  Model(const ModelConfig& cfg, Backend& backend, const Tensor& tok_embd, const Tensor& out_norm,
+        const Tensor& lm_head, const LayerSource& layer, int n_layers);
   ~Model();
 
   const ModelConfig& config() const { return cfg_; }
@@ -54,6 +61,9 @@ class Model {
   // [rows][vocab], rows in step order: tokens.size() rows for all_logits steps,
   // else 1 (the last token). Empty steps are not allowed; a sequence may appear once.
   void forward(std::span<const SeqStep> steps, kv::KvCache& cache, std::vector<float>& logits);
+  // Benchmarks: compute the logits but leave them on the backend (forward then
+  // returns `logits` empty). Default on.
+  void set_logits_to_host(bool on) { logits_to_host_ = on; }
 
  private:
   struct Layer;
@@ -65,6 +75,7 @@ class Model {
   std::vector<Layer> layers_;
   std::vector<float> inv_freq_;
   int64_t step_bytes_ = 0;
+  bool logits_to_host_ = true;
 
   // Workspace, grown on demand.
   int ws_tokens_ = 0, ws_rows_ = 0;

@@ -1,0 +1,385 @@
+// End-to-end decode throughput of the CUDA engine (backend/cuda + Model::forward
+// + a paged cache in device memory), BF16 cache against the 2-bit cache in the
+// same run, on a model of a real shape with random BF16 weights (made on the
+// host one layer at a time, DESIGN §7).
+//
+//   bench_gpu_engine [--preset qwen3-8b|llama3-8b] [--kv-gib 100] [--ctx 32768,65536]
+//                    [--batch 1,8,32] [--steps 8] [--json FILE]
+//
+// Two tables:
+//   equal memory: for each context, the most sequences each cache holds in
+//     --kv-gib GiB of pages, and decode tokens/s at that batch;
+//   equal batch: step time at each (batch, context) with the bytes a step
+//     streams (weights + KV pages in use), the roofline (those bytes / the
+//     device-to-device copy bandwidth measured in this run) and the share of
+//     the step that is not the weights-only step (attention + cache writes).
+// The contexts are filled by writing random K/V rows straight into the cache
+// (the same write and demotion path as a forward, without prefill compute).
+// The 2-bit cache uses the OSCAR layout with a Hadamard rotation (data-free:
+// the decode cost of a calibrated OSCAR rotation is the same d x d product).
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "backend/cuda/backend_cuda.h"
+#include "core/calibration.h"
+#include "core/error.h"
+#include "kv/quant_methods.h"
+#include "model/forward.h"
+
+using namespace oscar;
+
+namespace {
+
+struct Args {
+  std::string preset = "qwen3-8b";
+  double kv_gib = 100;
+  std::vector<int> ctx = {32768, 65536, 131072};
+  std::vector<int> batch = {1, 8, 32, 64};
+  std::vector<int> batch_ctx = {32768};
+  int long_ctx = 100000;  // batch 1 at this context too (0 = skip)
+  int steps = 8;
+  std::string json;
+  std::string methods = "bf16,int2";
+};
+
+std::vector<int> ints(const std::string& s) {
+  std::vector<int> v;
+  size_t b = 0;
+  while (b < s.size()) {
+    size_t e = s.find(',', b);
+    if (e == std::string::npos) e = s.size();
+    v.push_back(std::stoi(s.substr(b, e - b)));
+    b = e + 1;
+  }
+  return v;
+}
+
+model::ModelConfig preset(const std::string& name) {
+  model::ModelConfig c;
+  c.name = name;
+  c.rms_eps = 1e-6f;
+  c.max_position = 1 << 20;
+  if (name == "qwen3-8b") {
+    c.arch = model::Arch::kQwen3;
+    c.n_layers = 36, c.n_heads = 32, c.n_kv_heads = 8, c.head_dim = 128;
+    c.hidden = 4096, c.intermediate = 12288, c.vocab_size = 151936;
+    c.rope_theta = 1e6f;
+    c.qk_norm = true;
+  } else if (name == "llama3-8b") {
+    c.arch = model::Arch::kLlama;
+    c.n_layers = 32, c.n_heads = 32, c.n_kv_heads = 8, c.head_dim = 128;
+    c.hidden = 4096, c.intermediate = 14336, c.vocab_size = 128256;
+    c.rope_theta = 5e5f;
+  } else {
+    throw Error("bench_gpu_engine: unknown preset '" + name + "' (qwen3-8b, llama3-8b)");
+  }
+  return c;
+}
+
+// Uniform(-a, a) with variance `var`, filled by all cores.
+void fill(model::Tensor& t, std::vector<int64_t> shape, double var, uint64_t seed) {
+  t.shape = shape;
+  size_t n = 1;
+  for (auto d : shape) n *= size_t(d);
+  t.data.resize(n);
+  const float a = float(std::sqrt(3.0 * var));
+  const unsigned T = std::max(1u, std::thread::hardware_concurrency());
+  std::vector<std::thread> th;
+  for (unsigned k = 0; k < T; ++k)
+    th.emplace_back([&, k] {
+      uint64_t x = seed * 0x9E3779B97F4A7C15ull + k + 1;
+      for (size_t i = n * k / T; i < n * (k + 1) / T; ++i) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        t.data[i] = a * (float(x >> 40) * (2.0f / 16777216.0f) - 1.0f);
+      }
+    });
+  for (auto& x : th) x.join();
+}
+
+void ones(model::Tensor& t, int64_t n) {
+  t.shape = {n};
+  t.data.assign(size_t(n), 1.0f);
+}
+
+double copy_bandwidth() {
+  const size_t bytes = size_t(4) << 30;
+  void *a = nullptr, *b = nullptr;
+  if (cudaMalloc(&a, bytes) != cudaSuccess || cudaMalloc(&b, bytes) != cudaSuccess)
+    throw Error("bench: cannot allocate the bandwidth buffers");
+  cudaMemset(a, 1, bytes);
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice);
+  cudaEventRecord(e0);
+  for (int i = 0; i < 5; ++i) cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice);
+  cudaEventRecord(e1);
+  cudaEventSynchronize(e1);
+  float ms = 0;
+  cudaEventElapsedTime(&ms, e0, e1);
+  cudaFree(a);
+  cudaFree(b);
+  return 2.0 * bytes * 5 / (ms * 1e-3);  // read + write bytes per second
+}
+
+// Fills `seq` to `tokens` committed tokens with random rows, `chunk` at a time.
+void fill_context(kv::KvCache& cache, model::Backend& be, kv::SeqId seq, int tokens,
+                  const model::Buffer& k, const model::Buffer& v, int chunk) {
+  const int L = cache.shape().n_layers;
+  kv::RowPlacement rows;
+  while (cache.length(seq) < tokens) {
+    const int n = std::min(chunk, tokens - cache.length(seq));
+    cache.reserve(seq, n);
+    rows.clear();
+    cache.place(seq, cache.length(seq), n, rows);
+    for (int l = 0; l < L; ++l) cache.write_rows(l, rows, k.data(), v.data());
+    cache.commit(seq, n);
+  }
+  cache.store().sync();
+}
+
+struct Row {
+  std::string method;
+  int batch = 0, ctx = 0;
+  double step_ms = 0, tok_s = 0, weights_ms = 0, bytes = 0, roofline_ms = 0;
+  int fit = 0;  // equal-memory rows: sequences that fit
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string s = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) throw Error("bench_gpu_engine: " + s + " needs a value");
+      return argv[++i];
+    };
+    if (s == "--preset") a.preset = next();
+    else if (s == "--kv-gib") a.kv_gib = std::stod(next());
+    else if (s == "--ctx") a.ctx = ints(next());
+    else if (s == "--batch") a.batch = ints(next());
+    else if (s == "--batch-ctx") a.batch_ctx = ints(next());
+    else if (s == "--long-ctx") a.long_ctx = std::stoi(next());
+    else if (s == "--steps") a.steps = std::stoi(next());
+    else if (s == "--json") a.json = next();
+    else if (s == "--methods") a.methods = next();
+    else {
+      std::fprintf(stderr, "usage: bench_gpu_engine [--preset qwen3-8b|llama3-8b] [--kv-gib G] "
+                           "[--ctx a,b] [--batch a,b] [--batch-ctx c] [--long-ctx n] [--steps n] "
+                           "[--methods bf16,int2] [--json FILE]\n");
+      return 2;
+    }
+  }
+  try {
+    const model::ModelConfig cfg = preset(a.preset);
+    auto be = backend::make_cuda_backend({model::WeightDtype::kBf16, 0});
+    std::printf("device: %s\n", be->name().c_str());
+    const double bw = copy_bandwidth();
+    std::printf("device-to-device copy: %.0f GB/s (read + write)\n", bw / 1e9);
+
+    const auto t0 = std::chrono::steady_clock::now();
+    model::Tensor embd, onorm, none;
+    fill(embd, {cfg.vocab_size, cfg.hidden}, 1.0, 1);
+    ones(onorm, cfg.hidden);
+    model::Tensor lm;
+    fill(lm, {cfg.vocab_size, cfg.hidden}, 1.0 / cfg.hidden, 2);
+    model::LayerWeights lw;
+    const int64_t H = cfg.hidden, Dq = int64_t(cfg.n_heads) * cfg.head_dim,
+                  Dkv = int64_t(cfg.n_kv_heads) * cfg.head_dim, I = cfg.intermediate;
+    model::Model m(cfg, *be, embd, onorm, lm,
+                   [&](int l) -> const model::LayerWeights& {
+                     const uint64_t s = 100 + 10 * uint64_t(l);
+                     ones(lw.attn_norm, H);
+                     ones(lw.ffn_norm, H);
+                     fill(lw.wq, {Dq, H}, 1.0 / H, s);
+                     fill(lw.wk, {Dkv, H}, 1.0 / H, s + 1);
+                     fill(lw.wv, {Dkv, H}, 1.0 / H, s + 2);
+                     fill(lw.wo, {H, Dq}, 1.0 / Dq, s + 3);
+                     fill(lw.w_gate, {I, H}, 1.0 / H, s + 4);
+                     fill(lw.w_up, {I, H}, 1.0 / H, s + 5);
+                     fill(lw.w_down, {H, I}, 1.0 / I, s + 6);
+                     if (cfg.qk_norm) {
+                       ones(lw.q_norm, cfg.head_dim);
+                       ones(lw.k_norm, cfg.head_dim);
+                     }
+                     std::fprintf(stderr, "\rweights: layer %d/%d", l + 1, cfg.n_layers);
+                     return lw;
+                   },
+                   cfg.n_layers);
+    embd = {}, lm = {}, lw = {};
+    std::fprintf(stderr, "\n");
+    std::printf("model: %s shapes, random BF16 weights, %.2f GB streamed per step, made in %.0f s\n",
+                a.preset.c_str(), m.weight_bytes_per_step() / 1e9,
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    m.set_logits_to_host(false);
+
+    ModelFingerprint fp{cfg.arch == model::Arch::kQwen3 ? "qwen3" : "llama", cfg.n_layers,
+                        cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, ""};
+    std::vector<kv::KvMethod> methods;
+    for (const std::string& name : {std::string("bf16"), std::string("int2")}) {
+      if (a.methods.find(name) == std::string::npos) continue;
+      kv::KvMethod km;
+      if (name == "int2") {
+        km.label = "int2 (oscar layout)";
+        km.kind = kv::KvMethod::Kind::kRow;
+        km.bits = 2;
+        km.group_size = 128;
+        km.calib = std::make_shared<Calibration>(
+            data_free_calibration(Composition::kHadamard, fp, 0.96f, 0.92f, 2, 128));
+      }
+      methods.push_back(km);
+    }
+    const auto shape = m.cache_shape(64);
+    const int chunk = 2048;
+    auto kbuf = be->alloc(size_t(chunk) * Dkv), vbuf = be->alloc(size_t(chunk) * Dkv);
+    {
+      model::Tensor r;
+      fill(r, {chunk, Dkv}, 1.0, 7);
+      be->from_host(r.data.data(), kbuf->data(), r.data.size());
+      be->from_host(r.data.data(), vbuf->data(), r.data.size());
+    }
+    const int64_t bytes = int64_t(a.kv_gib * double(1ull << 30));
+
+    // Times `steps` decode steps over seqs (one token each); returns ms per step.
+    auto time_steps = [&](kv::KvCache& cache, const std::vector<kv::SeqId>& seqs) {
+      std::vector<int32_t> tok(seqs.size(), 11);
+      std::vector<model::SeqStep> st;
+      for (size_t i = 0; i < seqs.size(); ++i) st.push_back({seqs[i], {&tok[i], 1}, false});
+      std::vector<float> lg;
+      m.forward(st, cache, lg);  // warm-up (plans, workspaces)
+      cudaDeviceSynchronize();
+      const auto s0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < a.steps; ++i) m.forward(st, cache, lg);
+      cudaDeviceSynchronize();
+      return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s0).count() /
+             a.steps;
+    };
+    // The weights-only step at each batch: a context of 64 tokens.
+    std::vector<std::pair<int, double>> wonly;
+    auto weights_ms = [&](int B) {
+      for (auto& [b, ms] : wonly)
+        if (b == B) return ms;
+      auto cache = kv::make_method_cache(methods[0], shape, int64_t(B) * 256, false,
+                                         be->page_store_factory());
+      std::vector<kv::SeqId> seqs;
+      for (int i = 0; i < B; ++i) {
+        seqs.push_back(cache->create());
+        fill_context(*cache, *be, seqs.back(), 64, *kbuf, *vbuf, chunk);
+      }
+      const double ms = time_steps(*cache, seqs);
+      wonly.push_back({B, ms});
+      return ms;
+    };
+
+    std::vector<Row> rows_eq, rows_b;
+    // ---- equal memory
+    for (int C : a.ctx) {
+      for (const kv::KvMethod& km : methods) {
+        // The most sequences of C tokens (+ the decode steps) the budget holds.
+        int lo = 0, hi = 4096;
+        // Pool sizes without allocating: the same arithmetic as make_method_cache_for_bytes.
+        const int ps = shape.page_size;
+        const int64_t bfp = kv::bf16_page_bytes(shape), qp = kv::quant_page_bytes(km, shape);
+        const int Ct = C + a.steps + 2;
+        auto holds = [&](int B) {
+          if (km.kind == kv::KvMethod::Kind::kBf16) return int64_t(B) * ((Ct + ps - 1) / ps) * bfp <= bytes;
+          const int64_t per_seq = (km.sink + ps - 1) / ps + (km.recent + ps + ps - 1) / ps + 1;
+          const int64_t bf_pages = int64_t(B) * per_seq + (chunk + ps - 1) / ps;
+          const int64_t q_pages = (bytes - bf_pages * bfp) / std::max<int64_t>(qp, 1);
+          const int64_t mid = std::max(0, Ct - km.sink - km.recent) / ps + 1;
+          return q_pages >= int64_t(B) * mid;
+        };
+        while (lo < hi) {
+          const int mid = (lo + hi + 1) / 2;
+          if (holds(mid)) lo = mid; else hi = mid - 1;
+        }
+        Row r;
+        r.method = km.kind == kv::KvMethod::Kind::kBf16 ? "bf16" : km.label;
+        r.ctx = C;
+        r.fit = lo;
+        r.batch = lo;
+        if (lo > 0) {
+          std::fprintf(stderr, "equal memory: %s, %d x %d tokens: filling\n", r.method.c_str(), lo, C);
+          auto cache = kv::make_method_cache_for_bytes(km, shape, bytes, lo, chunk, false,
+                                                       be->page_store_factory());
+          std::vector<kv::SeqId> seqs;
+          for (int i = 0; i < lo; ++i) {
+            seqs.push_back(cache->create());
+            fill_context(*cache, *be, seqs.back(), C, *kbuf, *vbuf, chunk);
+          }
+          r.step_ms = time_steps(*cache, seqs);
+          r.tok_s = lo / (r.step_ms * 1e-3);
+          r.bytes = double(m.weight_bytes_per_step()) + double(cache->bytes_in_use());
+          r.roofline_ms = r.bytes / bw * 1e3;
+        }
+        std::printf("equal memory %5.0f GiB | ctx %6d | %-20s | fits %4d | step %8.2f ms | %9.0f tok/s\n",
+                    a.kv_gib, C, r.method.c_str(), r.fit, r.step_ms, r.tok_s);
+        std::fflush(stdout);
+        rows_eq.push_back(r);
+      }
+    }
+    // ---- equal batch
+    std::vector<std::pair<int, int>> shapes;
+    for (int C : a.batch_ctx)
+      for (int B : a.batch) shapes.push_back({B, C});
+    if (a.long_ctx > 0) shapes.push_back({1, a.long_ctx});
+    for (auto [B, C] : shapes) {
+      const double wms = weights_ms(B);
+      for (const kv::KvMethod& km : methods) {
+        Row r;
+        r.method = km.kind == kv::KvMethod::Kind::kBf16 ? "bf16" : km.label;
+        r.batch = B;
+        r.ctx = C;
+        auto cache = kv::make_method_cache(km, shape, int64_t(B) * (C + 2 * chunk), false,
+                                           be->page_store_factory());
+        std::vector<kv::SeqId> seqs;
+        for (int i = 0; i < B; ++i) {
+          seqs.push_back(cache->create());
+          fill_context(*cache, *be, seqs.back(), C, *kbuf, *vbuf, chunk);
+        }
+        r.step_ms = time_steps(*cache, seqs);
+        r.tok_s = B / (r.step_ms * 1e-3);
+        r.weights_ms = wms;
+        r.bytes = double(m.weight_bytes_per_step()) + double(cache->bytes_in_use());
+        r.roofline_ms = r.bytes / bw * 1e3;
+        std::printf("batch %3d x ctx %6d | %-20s | step %8.2f ms | weights-only %6.2f ms | "
+                    "streamed %6.2f GB | roofline %6.2f ms (%3.0f %%) | %8.0f tok/s\n",
+                    B, C, r.method.c_str(), r.step_ms, wms, r.bytes / 1e9, r.roofline_ms,
+                    100 * r.roofline_ms / r.step_ms, r.tok_s);
+        std::fflush(stdout);
+        rows_b.push_back(r);
+      }
+    }
+    if (!a.json.empty()) {
+      std::ofstream f(a.json);
+      f << "{\"preset\": \"" << a.preset << "\", \"device\": \"" << be->name()
+        << "\", \"copy_gbps\": " << bw / 1e9 << ", \"kv_gib\": " << a.kv_gib
+        << ", \"weight_bytes\": " << m.weight_bytes_per_step() << ", \"equal_memory\": [";
+      for (size_t i = 0; i < rows_eq.size(); ++i)
+        f << (i ? ", " : "") << "{\"method\": \"" << rows_eq[i].method << "\", \"ctx\": " << rows_eq[i].ctx
+          << ", \"fits\": " << rows_eq[i].fit << ", \"step_ms\": " << rows_eq[i].step_ms
+          << ", \"tok_s\": " << rows_eq[i].tok_s << "}";
+      f << "], \"equal_batch\": [";
+      for (size_t i = 0; i < rows_b.size(); ++i)
+        f << (i ? ", " : "") << "{\"method\": \"" << rows_b[i].method << "\", \"batch\": " << rows_b[i].batch
+          << ", \"ctx\": " << rows_b[i].ctx << ", \"step_ms\": " << rows_b[i].step_ms
+          << ", \"weights_only_ms\": " << rows_b[i].weights_ms << ", \"bytes\": " << rows_b[i].bytes
+          << ", \"roofline_ms\": " << rows_b[i].roofline_ms << ", \"tok_s\": " << rows_b[i].tok_s << "}";
+      f << "]}\n";
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_gpu_engine: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,653 @@
+#include "backend/cuda/backend_cuda.h"
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/ops.cuh"
+#include "core/error.h"
+#include "core/half.h"
+#include "core/quant_format.h"
+#include "kernels/cuda/cache_write.h"
+#include "kernels/cuda/decode_attention.h"
+
+namespace oscar::backend {
+
+namespace {
+
+using model::Buffer;
+using model::BufferPtr;
+using model::PreparedWeight;
+using model::Tensor;
+using model::WeightDtype;
+using model::WeightPtr;
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess)
+    throw Error(std::string("cuda backend: ") + what + ": " + cudaGetErrorString(e));
+}
+void check_launch(const char* what) { check(cudaGetLastError(), what); }
+void check_blas(cublasStatus_t s, const char* what) {
+  if (s != CUBLAS_STATUS_SUCCESS)
+    throw Error(std::string("cuda backend: cuBLAS ") + what + " failed (status " +
+                std::to_string(int(s)) + ")");
+}
+
+// Device memory owned by RAII.
+struct DevMem {
+  void* p = nullptr;
+  size_t bytes = 0;
+  DevMem() = default;
+  explicit DevMem(size_t n) : bytes(n) {
+    if (n) check(cudaMalloc(&p, n), ("cudaMalloc of " + std::to_string(n >> 20) + " MiB").c_str());
+  }
+  DevMem(const DevMem&) = delete;
+  DevMem& operator=(const DevMem&) = delete;
+  DevMem(DevMem&& o) noexcept : p(o.p), bytes(o.bytes) { o.p = nullptr, o.bytes = 0; }
+  DevMem& operator=(DevMem&& o) noexcept {
+    std::swap(p, o.p);
+    std::swap(bytes, o.bytes);
+    return *this;
+  }
+  ~DevMem() {
+    if (p) cudaFree(p);
+  }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(p);
+  }
+  // Grows (contents lost) to at least n bytes.
+  void ensure(size_t n) {
+    if (n > bytes) *this = DevMem(std::max(n, bytes + bytes / 2));
+  }
+};
+
+class DeviceBuffer : public Buffer {
+ public:
+  explicit DeviceBuffer(size_t n) : mem_(std::max<size_t>(n, 1) * sizeof(float)) {
+    data_ = mem_.as<float>();
+    size_ = n;
+  }
+
+ private:
+  DevMem mem_;
+};
+
+struct CudaWeight : PreparedWeight {
+  DevMem w;     // [rows][cols] bf16 or f32
+  bool bf16 = false;
+  DevMem bias;  // [rows] f32, or empty
+};
+const CudaWeight& cw(const PreparedWeight& w) { return static_cast<const CudaWeight&>(w); }
+
+// ---------------------------------------------------------------------------
+// KV pages in device memory.
+class CudaPageStore final : public kv::PageStore {
+ public:
+  CudaPageStore(const kv::PageStoreSpec& s, cudaStream_t st) : s_(s), st_(st) {
+    if (s.quant_pages > 0 && s.bits != 2)
+      throw Error(s.label + ": the CUDA cache holds 2-bit codes only (this method has " +
+                  std::to_string(s.bits) + ")");
+    if (s.quant_pages > 0 && s.key_axis != kv::KeyAxis::kToken)
+      throw Error(s.label + ": per-channel keys (kivi2) are not supported by the CUDA kernels");
+    const size_t ps = size_t(s.page_size), d = size_t(s.head_dim), H = size_t(s.num_kv_heads);
+    const size_t bf = size_t(s.bf16_pages) * H * ps * d * 2;  // bytes
+    const size_t rows = size_t(s.quant_pages) * H * ps;
+    const size_t codes = rows * size_t(packed_row_bytes(int(d), s.bits));
+    const size_t params = rows * (d / size_t(std::max(1, s.group_size))) * 2 * 2;
+    for (int l = 0; l < s.n_layers; ++l) {
+      k_.emplace_back(bf);
+      v_.emplace_back(bf);
+      if (s.quant_pages > 0) {
+        kc_.emplace_back(codes);
+        vc_.emplace_back(codes);
+        kp_.emplace_back(params);
+        vp_.emplace_back(params);
+      }
+    }
+  }
+
+  std::string device() const override { return "cuda"; }
+  kv::Bf16PagePool bf16_pool(int l) const override {
+    return {k_.at(l).as<uint16_t>(), v_.at(l).as<uint16_t>()};
+  }
+  kv::QuantPagePool quant_pool(int l) const override {
+    if (s_.quant_pages <= 0) return {};
+    return {kc_.at(l).as<uint8_t>(), vc_.at(l).as<uint8_t>(), kp_.at(l).as<uint16_t>(),
+            vp_.at(l).as<uint16_t>()};
+  }
+
+  void set_quant(std::vector<kv::LayerQuant> layers) override {
+    if (int(layers.size()) != s_.n_layers)
+      throw Error(s_.label + ": quantization for " + std::to_string(layers.size()) +
+                  " layers, cache has " + std::to_string(s_.n_layers));
+    const int d = s_.head_dim, H = s_.num_kv_heads;
+    q_.clear();
+    for (const kv::LayerQuant& lq : layers) {
+      Layer L;
+      L.identity = lq.identity;
+      if (int(lq.k_clip.size()) != H || int(lq.v_clip.size()) != H)
+        throw Error(s_.label + ": clip ratios do not match the KV heads");
+      for (int h = 1; h < H; ++h)
+        if (lq.k_clip[h] != lq.k_clip[0] || lq.v_clip[h] != lq.v_clip[0])
+          throw Error(s_.label + ": per-head clip ratios are not supported by the CUDA kernels "
+                                 "(run this calibration on the CPU backend)");
+      L.clip = {lq.k_clip[0], lq.v_clip[0]};
+      if (!lq.identity) {
+        L.n = lq.xf.n;
+        const size_t mat = size_t(lq.xf.n) * d * d;
+        if (lq.xf.key.size() != mat || lq.xf.query.size() != mat)
+          throw Error(s_.label + ": key transform of the wrong size");
+        L.key = DevMem(mat * 4);
+        L.query = DevMem(mat * 4);
+        check(cudaMemcpy(L.key.p, lq.xf.key.data(), mat * 4, cudaMemcpyHostToDevice), "upload");
+        check(cudaMemcpy(L.query.p, lq.xf.query.data(), mat * 4, cudaMemcpyHostToDevice), "upload");
+        if (!lq.xf.mean.empty()) {
+          if (lq.xf.mean.size() != size_t(H) * d) throw Error(s_.label + ": key mean of the wrong size");
+          L.mean = DevMem(size_t(H) * d * 4);
+          check(cudaMemcpy(L.mean.p, lq.xf.mean.data(), size_t(H) * d * 4, cudaMemcpyHostToDevice),
+                "upload");
+        }
+      }
+      q_.push_back(std::move(L));
+    }
+  }
+
+  void write_bf16(int layer, const kv::RowPlacement& rows, const float* k, const float* v) override {
+    flush();
+    upload_rows(rows);
+    check(kernels::cuda::write_bf16_tokens(view(layer), rows.size(), rows_dev_.as<int32_t>(),
+                                           rows_dev_.as<int32_t>() + rows.size(), k, v, {}, st_),
+          "write_bf16_tokens");
+  }
+
+  void demote(int32_t src, int32_t dst) override {
+    if (q_.empty()) throw Error(s_.label + ": demotion before set_quant");
+    pending_.push_back(src);
+    pending_.push_back(dst);
+  }
+
+  void copy_bf16_page(int32_t from, int32_t to) override {
+    flush();
+    const size_t pb = size_t(s_.num_kv_heads) * s_.page_size * s_.head_dim * 2;
+    for (int l = 0; l < s_.n_layers; ++l) {
+      check(cudaMemcpyAsync(k_[l].as<char>() + to * pb, k_[l].as<char>() + from * pb, pb,
+                            cudaMemcpyDeviceToDevice, st_), "page copy");
+      check(cudaMemcpyAsync(v_[l].as<char>() + to * pb, v_[l].as<char>() + from * pb, pb,
+                            cudaMemcpyDeviceToDevice, st_), "page copy");
+    }
+  }
+
+  void transform_keys(int layer, float* k, int n) override {
+    if (q_.empty() || n == 0 || q_.at(layer).identity) return;
+    const Layer& L = q_[layer];
+    if (L.mean.p) {
+      cuda_ops::sub_mean(k, L.mean.as<float>(), n, s_.num_kv_heads, s_.head_dim, st_);
+      check_launch("key centering");
+    }
+    check(kernels::cuda::rotate_queries(k, n, s_.num_kv_heads, s_.head_dim, L.key.as<float>(),
+                                        L.n == 1 ? 1 : s_.num_kv_heads, k, st_),
+          "key transform");
+  }
+  void transform_queries(int layer, float* q, int n, int n_q_heads) override {
+    if (q_.empty() || n == 0 || q_.at(layer).identity) return;
+    const Layer& L = q_[layer];
+    check(kernels::cuda::rotate_queries(q, n, n_q_heads, s_.head_dim, L.query.as<float>(),
+                                        L.n == 1 ? 1 : s_.num_kv_heads, q, st_),
+          "query transform");
+  }
+
+  void sync() override {
+    flush();
+    check(cudaStreamSynchronize(st_), "sync");
+  }
+
+ private:
+  struct Layer {
+    bool identity = true;
+    int n = 1;
+    DevMem key, query, mean;
+    kernels::cuda::ClipRatios clip;
+  };
+
+  kv::PagedKvView view(int l) const {
+    kv::PagedKvView v;
+    v.num_kv_heads = s_.num_kv_heads;
+    v.head_dim = s_.head_dim;
+    v.page_size = s_.page_size;
+    v.bits = s_.bits;
+    v.group_size = s_.group_size;
+    v.key_axis = s_.key_axis;
+    v.bf16 = bf16_pool(l);
+    v.quant = quant_pool(l);
+    return v;
+  }
+
+  void upload_rows(const kv::RowPlacement& rows) {
+    if (rows.epoch == rows_epoch_ && rows.size() == rows_n_) return;
+    const size_t n = size_t(rows.size());
+    staging_.resize(2 * n);
+    std::copy(rows.pages.begin(), rows.pages.end(), staging_.begin());
+    std::copy(rows.slots.begin(), rows.slots.end(), staging_.begin() + n);
+    rows_dev_.ensure(2 * n * 4 + 4);
+    check(cudaMemcpyAsync(rows_dev_.p, staging_.data(), 2 * n * 4, cudaMemcpyHostToDevice, st_),
+          "row placement upload");
+    check(cudaStreamSynchronize(st_), "row placement upload");
+    rows_epoch_ = rows.epoch;
+    rows_n_ = rows.size();
+  }
+
+  // Runs the queued demotions (every layer), in order.
+  void flush() {
+    if (pending_.empty()) return;
+    const size_t n = pending_.size() / 2;
+    staging_.resize(2 * n);
+    for (size_t i = 0; i < n; ++i) {
+      staging_[i] = pending_[2 * i];
+      staging_[n + i] = pending_[2 * i + 1];
+    }
+    pending_.clear();
+    demote_dev_.ensure(2 * n * 4);
+    check(cudaMemcpyAsync(demote_dev_.p, staging_.data(), 2 * n * 4, cudaMemcpyHostToDevice, st_),
+          "demotion upload");
+    check(cudaStreamSynchronize(st_), "demotion upload");
+    for (int l = 0; l < s_.n_layers; ++l)
+      check(kernels::cuda::demote_pages(view(l), int(n), demote_dev_.as<int32_t>(),
+                                        demote_dev_.as<int32_t>() + n, q_[l].clip, -1, st_),
+            "demote_pages");
+  }
+
+  kv::PageStoreSpec s_;
+  cudaStream_t st_;
+  std::vector<DevMem> k_, v_, kc_, vc_, kp_, vp_;
+  std::vector<Layer> q_;
+  std::vector<int32_t> pending_;  // (src, dst) pairs
+  std::vector<int32_t> staging_;
+  DevMem rows_dev_, demote_dev_;
+  uint64_t rows_epoch_ = 0;
+  int rows_n_ = -1;
+};
+
+// Device copies of one KvBatch's region tables (the same for every layer).
+struct DeviceTables {
+  DevMem mem;
+  kv::RegionTable sink, mid, recent;
+  std::vector<int32_t> host;
+  int batch = 0;
+
+  void upload(const kv::KvBatch& b, cudaStream_t st) {
+    batch = b.batch();
+    const std::vector<int32_t>* parts[9] = {&b.sink_indptr, &b.sink_indices, &b.sink_len,
+                                            &b.mid_indptr,  &b.mid_indices,  &b.mid_len,
+                                            &b.recent_indptr, &b.recent_indices, &b.recent_len};
+    size_t off[10] = {0};
+    for (int i = 0; i < 9; ++i) off[i + 1] = off[i] + parts[i]->size() + 1;  // +1: never empty
+    host.assign(off[9], 0);
+    for (int i = 0; i < 9; ++i) std::copy(parts[i]->begin(), parts[i]->end(), host.begin() + off[i]);
+    mem.ensure(off[9] * 4);
+    check(cudaMemcpyAsync(mem.p, host.data(), off[9] * 4, cudaMemcpyHostToDevice, st),
+          "table upload");
+    const int32_t* d = mem.as<int32_t>();
+    sink = {d + off[0], d + off[1], d + off[2]};
+    mid = {d + off[3], d + off[4], d + off[5]};
+    recent = {d + off[6], d + off[7], d + off[8]};
+  }
+  kv::PagedKvView apply(kv::PagedKvView v) const {
+    v.sink = sink;
+    v.mid = mid;
+    v.recent = recent;
+    return v;
+  }
+};
+
+class CudaBackend final : public model::Backend {
+ public:
+  explicit CudaBackend(const CudaBackendOptions& o) : opts_(o) {
+    int n = 0;
+    check(cudaGetDeviceCount(&n), "device count");
+    if (o.device < 0 || o.device >= n)
+      throw Error("cuda backend: device " + std::to_string(o.device) + " not present (" +
+                  std::to_string(n) + " visible)");
+    check(cudaSetDevice(o.device), "set device");
+    check(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, o.device), "attribute");
+    check(cudaStreamCreateWithFlags(&st_, cudaStreamNonBlocking), "stream");
+    check_blas(cublasCreate(&blas_), "create");
+    check_blas(cublasSetStream(blas_, st_), "set stream");
+    check_blas(cublasSetMathMode(blas_, CUBLAS_DEFAULT_MATH), "math mode");
+    if (opts_.weight_dtype == WeightDtype::kQ8) opts_.weight_dtype = WeightDtype::kBf16;
+  }
+  ~CudaBackend() override {
+    cudaStreamSynchronize(st_);
+    free_decode_ws();
+    cublasDestroy(blas_);
+    cudaStreamDestroy(st_);
+  }
+
+  std::string name() const override {
+    cudaDeviceProp p{};
+    cudaGetDeviceProperties(&p, opts_.device);
+    return std::string("cuda (") + p.name + ", " + model::to_string(opts_.weight_dtype) + ")";
+  }
+
+  BufferPtr alloc(size_t n) override { return std::make_unique<DeviceBuffer>(n); }
+  void to_host(const float* src, float* dst, size_t n) override {
+    check(cudaMemcpyAsync(dst, src, n * 4, cudaMemcpyDeviceToHost, st_), "to_host");
+    check(cudaStreamSynchronize(st_), "to_host");
+  }
+  void from_host(const float* src, float* dst, size_t n) override {
+    check(cudaMemcpyAsync(dst, src, n * 4, cudaMemcpyHostToDevice, st_), "from_host");
+    check(cudaStreamSynchronize(st_), "from_host");
+  }
+
+  WeightPtr prepare_linear(std::initializer_list<const Tensor*> ws,
+                           std::initializer_list<const Tensor*> biases) override {
+    auto w = std::make_unique<CudaWeight>();
+    int64_t cols = -1, rows = 0;
+    for (const Tensor* t : ws) {
+      if (t->shape.size() != 2) throw Error("cuda backend: linear weight is not a matrix");
+      if (cols >= 0 && t->shape[1] != cols)
+        throw Error("cuda backend: stacked weights with different input columns");
+      cols = t->shape[1];
+      rows += t->shape[0];
+    }
+    w->rows = rows;
+    w->cols = cols;
+    w->bf16 = opts_.weight_dtype != WeightDtype::kF32;
+    const size_t n = size_t(rows) * size_t(cols);
+    w->w = DevMem(n * (w->bf16 ? 2 : 4));
+    size_t at = 0;
+    std::vector<uint16_t> tmp;
+    for (const Tensor* t : ws) {
+      const size_t m = t->data.size();
+      if (w->bf16) {
+        tmp.resize(m);
+        for (size_t i = 0; i < m; ++i) tmp[i] = f32_to_bf16(t->data[i]);
+        check(cudaMemcpy(w->w.as<uint16_t>() + at, tmp.data(), m * 2, cudaMemcpyHostToDevice),
+              "weight upload");
+      } else {
+        check(cudaMemcpy(w->w.as<float>() + at, t->data.data(), m * 4, cudaMemcpyHostToDevice),
+              "weight upload");
+      }
+      at += m;
+    }
+    w->bytes = int64_t(w->w.bytes);
+    if (biases.size()) {
+      std::vector<float> b;
+      for (const Tensor* t : biases) b.insert(b.end(), t->data.begin(), t->data.end());
+      if (int64_t(b.size()) != rows) throw Error("cuda backend: bias does not match the rows");
+      w->bias = DevMem(b.size() * 4);
+      check(cudaMemcpy(w->bias.p, b.data(), b.size() * 4, cudaMemcpyHostToDevice), "bias upload");
+      w->bytes += int64_t(b.size()) * 4;
+    }
+    return w;
+  }
+
+  WeightPtr prepare_vector(const Tensor& v) override {
+    auto w = std::make_unique<CudaWeight>();
+    w->rows = 1;
+    w->cols = v.numel();
+    w->w = DevMem(size_t(v.numel()) * 4);
+    check(cudaMemcpy(w->w.p, v.data.data(), size_t(v.numel()) * 4, cudaMemcpyHostToDevice),
+          "vector upload");
+    w->bytes = v.numel() * 4;
+    return w;
+  }
+
+  WeightPtr prepare_embedding(const Tensor& e) override {
+    // Rows are gathered, never streamed: f32, exact (as the CPU backend).
+    if (e.shape.size() != 2) throw Error("cuda backend: embedding is not a matrix");
+    auto w = std::make_unique<CudaWeight>();
+    w->rows = e.shape[0];
+    w->cols = e.shape[1];
+    w->w = DevMem(size_t(e.numel()) * 4);
+    check(cudaMemcpy(w->w.p, e.data.data(), size_t(e.numel()) * 4, cudaMemcpyHostToDevice),
+          "embedding upload");
+    w->bytes = e.numel() * 4;
+    return w;
+  }
+
+  void embed(const PreparedWeight& emb, const int32_t* tokens, int n, float* x) override {
+    const CudaWeight& e = cw(emb);
+    for (int i = 0; i < n; ++i)
+      if (tokens[i] < 0 || tokens[i] >= e.rows)
+        throw Error("embedding: token id " + std::to_string(tokens[i]) + " outside vocabulary [0, " +
+                    std::to_string(e.rows) + ")");
+    tokens_.ensure(size_t(n) * 4);
+    check(cudaMemcpyAsync(tokens_.p, tokens, size_t(n) * 4, cudaMemcpyHostToDevice, st_), "tokens");
+    cuda_ops::embed(e.w.p, false, tokens_.as<int32_t>(), n, int(e.cols), x, st_);
+    check_launch("embed");
+    check(cudaStreamSynchronize(st_), "tokens");
+  }
+
+  void linear(const PreparedWeight& pw, const float* x, int n, float* y) override {
+    const CudaWeight& w = cw(pw);
+    if (n <= 0) return;
+    const float one = 1.0f, zero = 0.0f;
+    const int out = int(w.rows), in = int(w.cols);
+    if (w.bf16) {
+      xb_.ensure(size_t(n) * in * 2);
+      cuda_ops::cast_bf16(x, xb_.as<__nv_bfloat16>(), int64_t(n) * in, st_);
+      check_launch("cast");
+      check_blas(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &one, w.w.p,
+                              CUDA_R_16BF, in, xb_.p, CUDA_R_16BF, in, &zero, y, CUDA_R_32F, out,
+                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                 "bf16 GEMM");
+    } else {
+      check_blas(cublasSgemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &one, w.w.as<float>(),
+                             in, x, in, &zero, y, out),
+                 "SGEMM");
+    }
+    if (w.bias.p) {
+      cuda_ops::add_bias(y, w.bias.as<float>(), n, out, st_);
+      check_launch("bias");
+    }
+  }
+
+  void rms_norm(const float* x, const PreparedWeight& pw, int rows, int dim, float eps,
+                float* y) override {
+    if (cw(pw).cols != dim) throw Error("rms_norm: weight does not match the row size");
+    cuda_ops::rms_norm(x, cw(pw).w.as<float>(), rows, dim, eps, y, st_);
+    check_launch("rms_norm");
+  }
+
+  void rope(float* x, int n, int heads, int head_dim, const float* cos, const float* sin) override {
+    // The same host tables serve q and k of every layer in a step: upload once.
+    const size_t m = size_t(n) * head_dim / 2;
+    if (cos != rope_cos_ || n != rope_n_ || head_dim != rope_d_) {
+      rope_tab_.ensure(2 * m * 4);
+      check(cudaMemcpyAsync(rope_tab_.p, cos, m * 4, cudaMemcpyHostToDevice, st_), "rope");
+      check(cudaMemcpyAsync(rope_tab_.as<float>() + m, sin, m * 4, cudaMemcpyHostToDevice, st_),
+            "rope");
+      check(cudaStreamSynchronize(st_), "rope");
+      rope_cos_ = cos;
+      rope_n_ = n;
+      rope_d_ = head_dim;
+    }
+    cuda_ops::rope(x, n, heads, head_dim, rope_tab_.as<float>(), rope_tab_.as<float>() + m, st_);
+    check_launch("rope");
+  }
+
+  void silu_mul(const float* gu, int n, int inter, float* out) override {
+    cuda_ops::silu_mul(gu, n, inter, out, st_);
+    check_launch("silu_mul");
+  }
+  void add(float* x, const float* y, size_t n) override {
+    cuda_ops::add(x, y, int64_t(n), st_);
+    check_launch("add");
+  }
+  void copy_cols(const float* src, int n, int src_cols, int col0, int width, float* dst) override {
+    if (n <= 0 || width <= 0) return;
+    check(cudaMemcpy2DAsync(dst, size_t(width) * 4, src + col0, size_t(src_cols) * 4,
+                            size_t(width) * 4, size_t(n), cudaMemcpyDeviceToDevice, st_),
+          "copy_cols");
+  }
+
+  kv::PageStoreFactory page_store_factory() override {
+    cudaStream_t st = st_;
+    return [st](const kv::PageStoreSpec& s) -> std::unique_ptr<kv::PageStore> {
+      return std::make_unique<CudaPageStore>(s, st);
+    };
+  }
+
+  void begin_step(const kv::KvBatch& dec, const kv::KvBatch& pre) override {
+    rope_cos_ = nullptr;  // new step, new tables
+    dec_.upload(dec, st_);
+    pre_.upload(pre, st_);
+    have_plan_ = false;
+    if (dec.batch() > 0) {
+      kernels::cuda::HostRegions hr;
+      hr.len[0] = dec.sink_len.data();
+      hr.len[1] = dec.mid_len.data();
+      hr.len[2] = dec.recent_len.data();
+      hr.indptr[0] = dec.sink_indptr.data();
+      hr.indptr[1] = dec.mid_indptr.data();
+      hr.indptr[2] = dec.recent_indptr.data();
+      plan_ = kernels::cuda::plan_decode(dec.batch(), hr, dec.base.num_kv_heads, num_sms_);
+      have_plan_ = true;
+      plan_uploaded_ = false;
+    }
+    check(cudaStreamSynchronize(st_), "table upload");
+  }
+
+  void decode_attention(const kv::PagedKvView& view, const float* q, int num_q_heads,
+                        float sm_scale, float* o) override {
+    if (!have_plan_ || view.batch != dec_.batch)
+      throw Error("cuda backend: decode attention without begin_step tables for this batch");
+    if (!plan_uploaded_) {
+      ensure_decode_ws(plan_.num_chunks, view.batch, num_q_heads, view.head_dim);
+      check(kernels::cuda::upload_plan(plan_, ws_, st_), "upload_plan");
+      plan_uploaded_ = true;
+    }
+    kernels::cuda::DecodeParams p;
+    p.kv = dec_.apply(view);
+    p.q = q;
+    p.num_q_heads = num_q_heads;
+    p.sm_scale = sm_scale;
+    p.o = o;
+    const bool any_mid = view.quant.k_codes != nullptr;
+    const std::string why = kernels::cuda::check_decode(p, plan_, ws_);
+    if (!why.empty()) throw Error("cuda backend: decode attention: " + why);
+    check(any_mid ? kernels::cuda::decode_attention(p, plan_, ws_, st_)
+                  : kernels::cuda::decode_attention_bf16(p, plan_, ws_, st_),
+          "decode_attention");
+  }
+
+  void prefill_attention(const kv::PagedKvView& view, int b, int L, const float* q,
+                         const float* k_new, const float* v_new, int n, int Hq, float sm_scale,
+                         float* o) override {
+    const kv::PagedKvView kv = pre_.apply(view);
+    const int Hkv = kv.num_kv_heads, d = kv.head_dim, G = Hq / Hkv;
+    const int Lt = L + n;
+    const bool exact = opts_.weight_dtype == WeightDtype::kF32;
+    const size_t es = exact ? 4 : 2;
+    // K, V of the whole chunk's view: [Hkv][Lt][d].
+    kv_.ensure(2 * size_t(Hkv) * Lt * d * es);
+    char* K = kv_.as<char>();
+    char* V = K + size_t(Hkv) * Lt * d * es;
+    if (exact)
+      cuda_ops::gather_kv<float>(kv, b, L, k_new, v_new, Lt, reinterpret_cast<float*>(K),
+                                 reinterpret_cast<float*>(V), st_);
+    else
+      cuda_ops::gather_kv<__nv_bfloat16>(kv, b, L, k_new, v_new, Lt,
+                                         reinterpret_cast<__nv_bfloat16*>(K),
+                                         reinterpret_cast<__nv_bfloat16*>(V), st_);
+    check_launch("gather_kv");
+    // Query rows in sub-chunks so that the scores stay within ~512 MiB.
+    const int64_t budget = int64_t(512) << 20;
+    const int nc_max = int(std::clamp<int64_t>(budget / (int64_t(Hq) * Lt * 4), 1, n));
+    for (int t0 = 0; t0 < n; t0 += nc_max) {
+      const int nc = std::min(nc_max, n - t0);
+      const int Ls = L + t0 + nc;  // keys this sub-chunk sees
+      const int rows = nc * G;
+      qp_.ensure(size_t(Hkv) * rows * d * es);
+      s_.ensure(size_t(Hkv) * rows * Ls * 4);
+      p_.ensure(size_t(Hkv) * rows * Ls * es);
+      op_.ensure(size_t(Hkv) * rows * d * 4);
+      const float one = 1.0f, zero = 0.0f;
+      if (exact) {
+        cuda_ops::permute_q<float>(q, t0, nc, Hq, Hkv, d, qp_.as<float>(), st_);
+        check_launch("permute_q");
+        check_blas(cublasSgemmStridedBatched(blas_, CUBLAS_OP_T, CUBLAS_OP_N, Ls, rows, d, &one,
+                                             reinterpret_cast<float*>(K), d, int64_t(Lt) * d,
+                                             qp_.as<float>(), d, int64_t(rows) * d, &zero,
+                                             s_.as<float>(), Ls, int64_t(rows) * Ls, Hkv),
+                   "scores");
+        cuda_ops::causal_softmax<float>(s_.as<float>(), Hkv, nc, G, Ls, L, t0, sm_scale,
+                                        p_.as<float>(), st_);
+        check_launch("softmax");
+        check_blas(cublasSgemmStridedBatched(blas_, CUBLAS_OP_N, CUBLAS_OP_N, d, rows, Ls, &one,
+                                             reinterpret_cast<float*>(V), d, int64_t(Lt) * d,
+                                             p_.as<float>(), Ls, int64_t(rows) * Ls, &zero,
+                                             op_.as<float>(), d, int64_t(rows) * d, Hkv),
+                   "values");
+      } else {
+        cuda_ops::permute_q<__nv_bfloat16>(q, t0, nc, Hq, Hkv, d, qp_.as<__nv_bfloat16>(), st_);
+        check_launch("permute_q");
+        check_blas(cublasGemmStridedBatchedEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, Ls, rows, d, &one, K,
+                                              CUDA_R_16BF, d, int64_t(Lt) * d, qp_.p, CUDA_R_16BF,
+                                              d, int64_t(rows) * d, &zero, s_.p, CUDA_R_32F, Ls,
+                                              int64_t(rows) * Ls, Hkv, CUBLAS_COMPUTE_32F,
+                                              CUBLAS_GEMM_DEFAULT),
+                   "scores");
+        cuda_ops::causal_softmax<__nv_bfloat16>(s_.as<float>(), Hkv, nc, G, Ls, L, t0, sm_scale,
+                                                p_.as<__nv_bfloat16>(), st_);
+        check_launch("softmax");
+        check_blas(cublasGemmStridedBatchedEx(blas_, CUBLAS_OP_N, CUBLAS_OP_N, d, rows, Ls, &one, V,
+                                              CUDA_R_16BF, d, int64_t(Lt) * d, p_.p, CUDA_R_16BF,
+                                              Ls, int64_t(rows) * Ls, &zero, op_.p, CUDA_R_32F, d,
+                                              int64_t(rows) * d, Hkv, CUBLAS_COMPUTE_32F,
+                                              CUBLAS_GEMM_DEFAULT),
+                   "values");
+      }
+      cuda_ops::unpermute_o(op_.as<float>(), t0, nc, Hq, Hkv, d, o, st_);
+      check_launch("unpermute_o");
+    }
+  }
+
+ private:
+  void ensure_decode_ws(int chunks, int batch, int hq, int d) {
+    if (ws_.capacity >= chunks && ws_.max_batch >= batch && ws_.max_q_heads >= hq &&
+        ws_.head_dim == d)
+      return;
+    check(cudaStreamSynchronize(st_), "workspace");
+    free_decode_ws();
+    ws_ = kernels::cuda::alloc_decode_workspace(std::max(chunks, 2 * ws_cap_hint_), std::max(batch, 8),
+                                                hq, d);
+    ws_cap_hint_ = std::max(chunks, ws_cap_hint_);
+  }
+  void free_decode_ws() {
+    if (ws_.capacity) kernels::cuda::free_decode_workspace(ws_);
+    ws_ = {};
+  }
+
+  CudaBackendOptions opts_;
+  int num_sms_ = 0;
+  cudaStream_t st_ = nullptr;
+  cublasHandle_t blas_ = nullptr;
+  DevMem tokens_, xb_, rope_tab_, kv_, qp_, s_, p_, op_;
+  const float* rope_cos_ = nullptr;
+  int rope_n_ = 0, rope_d_ = 0;
+  DeviceTables dec_, pre_;
+  kernels::cuda::DecodePlan plan_;
+  bool have_plan_ = false, plan_uploaded_ = false;
+  kernels::cuda::DecodeWorkspace ws_{};
+  int ws_cap_hint_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<model::Backend> make_cuda_backend(const CudaBackendOptions& opts) {
+  return std::make_unique<CudaBackend>(opts);
+}
+
+bool cuda_device_available() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+}  // namespace oscar::backend

@@ -1,0 +1,42 @@
+// The CUDA backend: the forward's operations (model/backend.h) on one GPU,
+// weights and activations in device memory, and the KV page stores of its
+// caches in device memory (kv/page_store.h) driven by the CUDA cache-write
+// and decode kernels (kernels/cuda).
+//
+//   linear          cuBLAS: BF16 weights x activations rounded to BF16, fp32
+//                   accumulation and output (weights f32: SGEMM, no TF32)
+//   norms, RoPE,    small fp32 kernels (ops.cu)
+//   SwiGLU, embed
+//   decode          kernels/cuda/decode_attention (one plan per step, shared
+//                   by every layer; BF16-only instance when no middle)
+//   prefill         the chunk's queries against the sequence's cached rows
+//                   (BF16 and dequantized INT2, gathered) and its own rows:
+//                   two batched GEMMs (cuBLAS) around a causal softmax
+//   KV pages        cudaMalloc'd pools; rows written by write_bf16_tokens,
+//                   pages demoted by demote_pages, keys/queries transformed
+//                   by rotate_queries (+ the key centering)
+//
+// Supported caches: bf16 and the 2-bit per-token methods (oscar, int2-hadamard,
+// int2-naive) with one clip ratio per layer; kivi2 (per-channel keys), INT4 and
+// per-head clips are refused with a clear error. This header compiles without
+// nvcc; make_cuda_backend throws when the build has no CUDA.
+#pragma once
+
+#include <memory>
+
+#include "model/backend.h"
+
+namespace oscar::backend {
+
+struct CudaBackendOptions {
+  model::WeightDtype weight_dtype = model::WeightDtype::kBf16;  // q8 is stored as bf16
+  int device = 0;
+};
+
+// Throws oscar::Error when there is no usable GPU (or no CUDA in the build).
+std::unique_ptr<model::Backend> make_cuda_backend(const CudaBackendOptions& opts = {});
+
+// True when the build has CUDA and a device is visible.
+bool cuda_device_available();
+
+}  // namespace oscar::backend

@@ -1,0 +1,285 @@
+#include "backend/cuda/ops.cuh"
+
+#include <cfloat>
+
+#include "core/half.h"
+#include "core/quant_format.h"
+
+namespace oscar::backend::cuda_ops {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+template <typename T>
+__device__ __forceinline__ T from_f32(float x);
+template <>
+__device__ __forceinline__ float from_f32<float>(float x) { return x; }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+
+__global__ void cast_bf16_k(const float* x, __nv_bfloat16* y, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    y[i] = __float2bfloat16_rn(x[i]);
+}
+
+__global__ void add_bias_k(float* y, const float* b, int rows, int cols) {
+  const int64_t n = int64_t(rows) * cols;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    y[i] += b[i % cols];
+}
+
+__global__ void rms_norm_k(const float* x, const float* w, int dim, float eps, float* y) {
+  const float* xr = x + int64_t(blockIdx.x) * dim;
+  float* yr = y + int64_t(blockIdx.x) * dim;
+  double ss = 0;
+  for (int c = threadIdx.x; c < dim; c += blockDim.x) ss += double(xr[c]) * xr[c];
+  __shared__ double red[kThreads / 32];
+  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = ss;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    double v = threadIdx.x < blockDim.x / 32 ? red[threadIdx.x] : 0.0;
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (threadIdx.x == 0) red[0] = v;
+  }
+  __syncthreads();
+  const float inv = static_cast<float>(1.0 / sqrt(red[0] / dim + eps));
+  for (int c = threadIdx.x; c < dim; c += blockDim.x) yr[c] = xr[c] * inv * w[c];
+}
+
+__global__ void rope_k(float* x, int n, int heads, int d, const float* cos, const float* sin) {
+  const int h = d / 2;
+  const int64_t total = int64_t(n) * heads * h;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int c = int(i % h);
+    const int64_t row = i / h;  // t * heads + g
+    const int64_t t = row / heads;
+    float* v = x + row * d;
+    const float a = v[c], b = v[c + h];
+    const float cs = cos[t * h + c], sn = sin[t * h + c];
+    v[c] = a * cs - b * sn;
+    v[c + h] = b * cs + a * sn;
+  }
+}
+
+__global__ void silu_mul_k(const float* gu, int n, int inter, float* out) {
+  const int64_t total = int64_t(n) * inter;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = i / inter, j = i % inter;
+    const float g = gu[t * 2 * inter + j], u = gu[t * 2 * inter + inter + j];
+    out[i] = g / (1.0f + expf(-g)) * u;
+  }
+}
+
+__global__ void add_k(float* x, const float* y, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    x[i] += y[i];
+}
+
+__global__ void embed_k(const void* emb, bool bf16, const int32_t* tokens, int hidden, float* x) {
+  const int64_t row = tokens[blockIdx.x];
+  float* xr = x + int64_t(blockIdx.x) * hidden;
+  if (bf16) {
+    const uint16_t* e = static_cast<const uint16_t*>(emb) + row * hidden;
+    for (int c = threadIdx.x; c < hidden; c += blockDim.x) xr[c] = bf16_to_f32(e[c]);
+  } else {
+    const float* e = static_cast<const float*>(emb) + row * hidden;
+    for (int c = threadIdx.x; c < hidden; c += blockDim.x) xr[c] = e[c];
+  }
+}
+
+__global__ void sub_mean_k(float* k, const float* mean, int n, int heads, int d) {
+  const int64_t total = int64_t(n) * heads * d;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
+       i += int64_t(gridDim.x) * blockDim.x)
+    k[i] -= mean[i % (int64_t(heads) * d)];
+}
+
+// One thread per (head, token, channel) of the gathered K and V.
+template <typename T>
+__global__ void gather_kv_k(kv::PagedKvView kv, int b, int L, const float* k_new,
+                            const float* v_new, int Lt, T* K, T* V) {
+  const int d = kv.head_dim, H = kv.num_kv_heads, ps = kv.page_size;
+  const int64_t total = int64_t(H) * Lt * d;
+  const int sink = kv.sink.len[b], mid = kv.mid.len[b];
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int c = int(i % d);
+    const int t = int((i / d) % Lt);
+    const int h = int(i / (int64_t(d) * Lt));
+    float kx, vx;
+    if (t >= L) {
+      const int64_t o = (int64_t(t - L) * H + h) * d + c;
+      kx = k_new[o];
+      vx = v_new[o];
+    } else if (t < sink || t >= sink + mid) {
+      const bool in_sink = t < sink;
+      const int r = in_sink ? t : t - sink - mid;
+      const kv::RegionTable& rt = in_sink ? kv.sink : kv.recent;
+      const int32_t page = rt.indices[rt.indptr[b] + r / ps];
+      const int64_t off = (int64_t(page) * H * ps + int64_t(h) * ps + r % ps) * d + c;
+      kx = bf16_to_f32(kv.bf16.k[off]);
+      vx = bf16_to_f32(kv.bf16.v[off]);
+    } else {
+      const int r = t - sink;
+      const int32_t page = kv.mid.indices[kv.mid.indptr[b] + r / ps];
+      const int64_t row = (int64_t(page) * H + h) * ps + r % ps;
+      const int g = c / kv.group_size;
+      const int64_t po = (row * (d / kv.group_size) + g) * 2;
+      const int cb = d * kv.bits / 8;
+      const uint8_t* kc = kv.quant.k_codes + row * cb;
+      const uint8_t* vc = kv.quant.v_codes + row * cb;
+      kx = f16_to_f32(kv.quant.k_params[po + 1]) +
+           float(get_code(kc, c, kv.group_size, kv.bits)) * f16_to_f32(kv.quant.k_params[po]);
+      vx = f16_to_f32(kv.quant.v_params[po + 1]) +
+           float(get_code(vc, c, kv.group_size, kv.bits)) * f16_to_f32(kv.quant.v_params[po]);
+    }
+    K[i] = from_f32<T>(kx);
+    V[i] = from_f32<T>(vx);
+  }
+}
+
+template <typename T>
+__global__ void permute_q_k(const float* q, int t0, int nc, int Hq, int Hkv, int d, T* Qp) {
+  const int G = Hq / Hkv;
+  const int64_t total = int64_t(nc) * Hq * d;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int c = int(i % d);
+    const int g = int((i / d) % Hq);
+    const int t = int(i / (int64_t(d) * Hq));
+    const int h = g / G, j = g % G;
+    Qp[((int64_t(h) * nc + t) * G + j) * d + c] = from_f32<T>(q[i + int64_t(t0) * Hq * d]);
+  }
+}
+
+__global__ void unpermute_o_k(const float* Op, int t0, int nc, int Hq, int Hkv, int d, float* o) {
+  const int G = Hq / Hkv;
+  const int64_t total = int64_t(nc) * Hq * d;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int c = int(i % d);
+    const int g = int((i / d) % Hq);
+    const int t = int(i / (int64_t(d) * Hq));
+    const int h = g / G, j = g % G;
+    o[i + int64_t(t0) * Hq * d] = Op[((int64_t(h) * nc + t) * G + j) * d + c];
+  }
+}
+
+// One block per row.
+template <typename T>
+__global__ void causal_softmax_k(const float* S, int nc, int G, int Lt, int L, int t0,
+                                 float sm_scale, T* P) {
+  const int64_t row = blockIdx.x;  // (h * nc + t) * G + j
+  const int t = int((row / G) % nc);
+  const int valid = L + t0 + t + 1;
+  const float* s = S + row * Lt;
+  T* p = P + row * Lt;
+  __shared__ float red[kThreads / 32];
+  __shared__ float bcast;
+  float m = -FLT_MAX;
+  for (int c = threadIdx.x; c < valid; c += blockDim.x) m = fmaxf(m, s[c]);
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = m;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float v = red[0];
+    for (int w = 1; w < int(blockDim.x / 32); ++w) v = fmaxf(v, red[w]);
+    bcast = v;
+  }
+  __syncthreads();
+  m = bcast;
+  float sum = 0;
+  for (int c = threadIdx.x; c < valid; c += blockDim.x) sum += expf((s[c] - m) * sm_scale);
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  __syncthreads();
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = sum;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float v = 0;
+    for (int w = 0; w < int(blockDim.x / 32); ++w) v += red[w];
+    bcast = 1.0f / v;
+  }
+  __syncthreads();
+  const float inv = bcast;
+  for (int c = threadIdx.x; c < Lt; c += blockDim.x)
+    p[c] = from_f32<T>(c < valid ? expf((s[c] - m) * sm_scale) * inv : 0.0f);
+}
+
+inline unsigned grid_cap(int64_t n) {
+  const int64_t b = (n + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(b < 65535 * 8 ? (b < 1 ? 1 : b) : 65535 * 8);
+}
+
+}  // namespace
+
+void cast_bf16(const float* x, __nv_bfloat16* y, int64_t n, cudaStream_t st) {
+  cast_bf16_k<<<grid_cap(n), kThreads, 0, st>>>(x, y, n);
+}
+void add_bias(float* y, const float* b, int rows, int cols, cudaStream_t st) {
+  add_bias_k<<<grid_cap(int64_t(rows) * cols), kThreads, 0, st>>>(y, b, rows, cols);
+}
+void rms_norm(const float* x, const float* w, int rows, int dim, float eps, float* y,
+              cudaStream_t st) {
+  if (rows > 0) rms_norm_k<<<rows, kThreads, 0, st>>>(x, w, dim, eps, y);
+}
+void rope(float* x, int n, int heads, int d, const float* cos, const float* sin, cudaStream_t st) {
+  rope_k<<<grid_cap(int64_t(n) * heads * d / 2), kThreads, 0, st>>>(x, n, heads, d, cos, sin);
+}
+void silu_mul(const float* gu, int n, int inter, float* out, cudaStream_t st) {
+  silu_mul_k<<<grid_cap(int64_t(n) * inter), kThreads, 0, st>>>(gu, n, inter, out);
+}
+void add(float* x, const float* y, int64_t n, cudaStream_t st) {
+  add_k<<<grid_cap(n), kThreads, 0, st>>>(x, y, n);
+}
+void embed(const void* emb, bool bf16, const int32_t* tokens, int n, int hidden, float* x,
+           cudaStream_t st) {
+  if (n > 0) embed_k<<<n, kThreads, 0, st>>>(emb, bf16, tokens, hidden, x);
+}
+void sub_mean(float* k, const float* mean, int n, int heads, int d, cudaStream_t st) {
+  sub_mean_k<<<grid_cap(int64_t(n) * heads * d), kThreads, 0, st>>>(k, mean, n, heads, d);
+}
+
+template <typename T>
+void gather_kv(const kv::PagedKvView& kv, int b, int L, const float* k_new, const float* v_new,
+               int Lt, T* K, T* V, cudaStream_t st) {
+  gather_kv_k<T><<<grid_cap(int64_t(kv.num_kv_heads) * Lt * kv.head_dim), kThreads, 0, st>>>(
+      kv, b, L, k_new, v_new, Lt, K, V);
+}
+template <typename T>
+void permute_q(const float* q, int t0, int nc, int Hq, int Hkv, int d, T* Qp, cudaStream_t st) {
+  permute_q_k<T><<<grid_cap(int64_t(nc) * Hq * d), kThreads, 0, st>>>(q, t0, nc, Hq, Hkv, d, Qp);
+}
+void unpermute_o(const float* Op, int t0, int nc, int Hq, int Hkv, int d, float* o,
+                 cudaStream_t st) {
+  unpermute_o_k<<<grid_cap(int64_t(nc) * Hq * d), kThreads, 0, st>>>(Op, t0, nc, Hq, Hkv, d, o);
+}
+template <typename T>
+void causal_softmax(const float* S, int Hkv, int nc, int G, int Lt, int L, int t0, float sm_scale,
+                    T* P, cudaStream_t st) {
+  const int rows = Hkv * nc * G;
+  if (rows > 0) causal_softmax_k<T><<<rows, kThreads, 0, st>>>(S, nc, G, Lt, L, t0, sm_scale, P);
+}
+
+template void gather_kv<float>(const kv::PagedKvView&, int, int, const float*, const float*, int,
+                               float*, float*, cudaStream_t);
+template void gather_kv<__nv_bfloat16>(const kv::PagedKvView&, int, int, const float*,
+                                       const float*, int, __nv_bfloat16*, __nv_bfloat16*,
+                                       cudaStream_t);
+template void permute_q<float>(const float*, int, int, int, int, int, float*, cudaStream_t);
+template void permute_q<__nv_bfloat16>(const float*, int, int, int, int, int, __nv_bfloat16*,
+                                       cudaStream_t);
+template void causal_softmax<float>(const float*, int, int, int, int, int, int, float, float*,
+                                    cudaStream_t);
+template void causal_softmax<__nv_bfloat16>(const float*, int, int, int, int, int, int, float,
+                                            __nv_bfloat16*, cudaStream_t);
+
+}  // namespace oscar::backend::cuda_ops

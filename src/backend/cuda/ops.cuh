@@ -1,0 +1,55 @@
+// Small fp32 kernels of the CUDA backend (backend_cuda.cu): the element-wise
+// and row-wise parts of a layer, and the gather / permute / softmax steps of
+// the GEMM-based prefill attention. Every launcher runs on `st`, checks
+// nothing and returns nothing: the caller checks cudaGetLastError once per op.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "kv/kv_view.h"
+
+namespace oscar::backend::cuda_ops {
+
+// y[i] = bf16(x[i])
+void cast_bf16(const float* x, __nv_bfloat16* y, int64_t n, cudaStream_t st);
+// y[r][c] += b[c]
+void add_bias(float* y, const float* b, int rows, int cols, cudaStream_t st);
+// y[r] = x[r] / rms(x[r]) * w (sum of squares in fp64, as the CPU backend)
+void rms_norm(const float* x, const float* w, int rows, int dim, float eps, float* y,
+              cudaStream_t st);
+// rotate-half RoPE in place, tables cos/sin [n][d/2] on the device
+void rope(float* x, int n, int heads, int d, const float* cos, const float* sin, cudaStream_t st);
+// out[t][j] = silu(gu[t][j]) * gu[t][inter + j]
+void silu_mul(const float* gu, int n, int inter, float* out, cudaStream_t st);
+// x[i] += y[i]
+void add(float* x, const float* y, int64_t n, cudaStream_t st);
+// x[i] = emb[tokens[i]] (emb bf16 when `bf16`, else f32), tokens on the device
+void embed(const void* emb, bool bf16, const int32_t* tokens, int n, int hidden, float* x,
+           cudaStream_t st);
+// k[t][h] -= mean[h]  (k [n][heads][d], mean [heads][d])
+void sub_mean(float* k, const float* mean, int n, int heads, int d, cudaStream_t st);
+
+// ---- prefill attention (T = float or __nv_bfloat16)
+// K, V [Hkv][Lt][d] of batch row b of `kv` (device tables): tokens [0, L) from
+// the cache (BF16 rows, or INT2 rows dequantized: min + code * scale), tokens
+// [L, Lt) from the chunk's own rows k_new/v_new [Lt - L][Hkv][d] f32.
+template <typename T>
+void gather_kv(const kv::PagedKvView& kv, int b, int L, const float* k_new, const float* v_new,
+               int Lt, T* K, T* V, cudaStream_t st);
+// q [n][Hq][d] rows [t0, t0 + nc) -> Qp [Hkv][nc * G][d] (row t * G + j = head h * G + j)
+template <typename T>
+void permute_q(const float* q, int t0, int nc, int Hq, int Hkv, int d, T* Qp, cudaStream_t st);
+// Op [Hkv][nc * G][d] -> o [n][Hq][d] rows [t0, t0 + nc)
+void unpermute_o(const float* Op, int t0, int nc, int Hq, int Hkv, int d, float* o,
+                 cudaStream_t st);
+// S [Hkv][nc * G][Lt] scores -> P (same layout, T): row (h, t, j) is the query
+// of chunk token t0 + t, which sees keys [0, L + t0 + t]; scaled by sm_scale,
+// softmax over them, zero beyond.
+template <typename T>
+void causal_softmax(const float* S, int Hkv, int nc, int G, int Lt, int L, int t0, float sm_scale,
+                    T* P, cudaStream_t st);
+
+}  // namespace oscar::backend::cuda_ops

@@ -1,0 +1,326 @@
+// The CUDA backend (backend/cuda) against the CPU backend, its specification:
+// every operation on fresh random inputs, then whole forwards of random tiny
+// models (Llama, Qwen2 with biases, Qwen3 with QK norm) over the BF16 cache and
+// the OSCAR INT2 cache in device memory. Needs a GPU (registered with CTest
+// only with -DOSCAR_CUDA_TESTS=ON; scripts/gpu_engine_run.sh runs it on the H200).
+//
+// Tolerances (stated, NaN never passes: every comparison is `!(err <= tol)`):
+//   ops, f32 weights: 1e-5 relative to the largest reference magnitude
+//   linear, bf16 weights: 1e-2 (the GPU rounds activations to BF16, the CPU not)
+//   logits, BF16 cache, f32 weights: 2e-3 (the decode kernel's tensor cores take
+//     the query in half precision; the CPU keeps fp32)
+//   logits, OSCAR cache: median 2e-2, max 1e-1 per position (a rotation that
+//     differs in the last fp32 bit can move a 2-bit code to the next level)
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "backend/cuda/backend_cuda.h"
+#include "core/error.h"
+#include "engine/calibrate_model.h"
+#include "kv/quant_methods.h"
+#include "model/backend_cpu.h"
+#include "model/fold_rotation.h"
+#include "model/forward.h"
+#include "model/forward_random.h"
+#include "model/rope.h"
+
+namespace oscar {
+namespace {
+
+using model::WeightDtype;
+
+std::vector<float> randn(size_t n, uint64_t seed, float scale = 1.0f) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> nd(0.f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = nd(rng);
+  return v;
+}
+
+std::vector<int32_t> random_tokens(int n, int vocab, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<int32_t> t(n);
+  for (auto& x : t) x = int32_t(rng() % vocab);
+  return t;
+}
+
+// max |a - b| / max |b|; NaN or size mismatch gives +inf.
+double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size() || b.empty()) return INFINITY;
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double d = std::fabs(double(a[i]) - double(b[i]));
+    if (!(d == d)) return INFINITY;
+    num = std::max(num, d);
+    den = std::max(den, std::fabs(double(b[i])));
+  }
+  return den > 0 ? num / den : num;
+}
+
+#define SKIP_WITHOUT_GPU() \
+  if (!backend::cuda_device_available()) GTEST_SKIP() << "no CUDA device"
+
+// Runs one op on a backend: uploads inputs, downloads the output.
+struct Dev {
+  model::Backend& be;
+  model::BufferPtr put(const std::vector<float>& h) {
+    auto b = be.alloc(h.size());
+    be.from_host(h.data(), b->data(), h.size());
+    return b;
+  }
+  std::vector<float> get(const model::Buffer& b, size_t n) {
+    std::vector<float> h(n);
+    be.to_host(b.data(), h.data(), n);
+    return h;
+  }
+};
+
+model::Tensor tensor(std::vector<int64_t> shape, uint64_t seed, float scale = 1.0f) {
+  model::Tensor t;
+  t.shape = shape;
+  size_t n = 1;
+  for (auto d : shape) n *= size_t(d);
+  t.data = randn(n, seed, scale);
+  return t;
+}
+
+TEST(CudaBackendOps, EveryOpMatchesTheCpuBackend) {
+  SKIP_WITHOUT_GPU();
+  auto cpu = model::make_cpu_backend({WeightDtype::kF32, 1});
+  for (WeightDtype dt : {WeightDtype::kF32, WeightDtype::kBf16}) {
+    SCOPED_TRACE(model::to_string(dt));
+    auto gpu = backend::make_cuda_backend({dt, 0});
+    auto cpu_same = model::make_cpu_backend({dt, 1});
+    Dev c{*cpu_same}, g{*gpu};
+    const double lin_tol = dt == WeightDtype::kF32 ? 1e-5 : 1e-2;
+    for (int n : {1, 3, 37, 130}) {
+      SCOPED_TRACE("rows " + std::to_string(n));
+      const int in = 96, o1 = 64, o2 = 40;
+      // Stacked linear with bias (the fused QKV shape).
+      auto w1 = tensor({o1, in}, 1 + n), w2 = tensor({o2, in}, 2 + n);
+      auto b1 = tensor({o1}, 3 + n), b2 = tensor({o2}, 4 + n);
+      auto wc = cpu_same->prepare_linear({&w1, &w2}, {&b1, &b2});
+      auto wg = gpu->prepare_linear({&w1, &w2}, {&b1, &b2});
+      const auto x = randn(size_t(n) * in, 5 + n);
+      auto xc = c.put(x), xg = g.put(x);
+      auto yc = cpu_same->alloc(size_t(n) * (o1 + o2)), yg = gpu->alloc(size_t(n) * (o1 + o2));
+      cpu_same->linear(*wc, xc->data(), n, yc->data());
+      gpu->linear(*wg, xg->data(), n, yg->data());
+      EXPECT_LE(rel_err(g.get(*yg, size_t(n) * (o1 + o2)), c.get(*yc, size_t(n) * (o1 + o2))),
+                lin_tol)
+          << "linear";
+
+      // RMSNorm (in place and not), RoPE, SwiGLU, add, copy_cols, embedding.
+      auto nw = tensor({in}, 6 + n, 0.3f);
+      auto nc = cpu->prepare_vector(nw), ng = gpu->prepare_vector(nw);
+      auto hc = cpu->alloc(size_t(n) * in), hg = gpu->alloc(size_t(n) * in);
+      Dev cf{*cpu};
+      auto xcf = cf.put(x);
+      cpu->rms_norm(xcf->data(), *nc, n, in, 1e-6f, hc->data());
+      gpu->rms_norm(xg->data(), *ng, n, in, 1e-6f, hg->data());
+      EXPECT_LE(rel_err(g.get(*hg, size_t(n) * in), cf.get(*hc, size_t(n) * in)), 1e-5) << "rms_norm";
+
+      const int heads = 3, d = 64;
+      const auto r = randn(size_t(n) * heads * d, 7 + n);
+      std::vector<int32_t> pos(n);
+      for (int i = 0; i < n; ++i) pos[i] = 1000 * i + 17;
+      model::ModelConfig mc = model::tiny_config(model::Arch::kLlama);
+      const auto inv = model::rope_inv_freq(mc);
+      std::vector<float> cs(size_t(n) * d / 2), sn(size_t(n) * d / 2);
+      model::rope_tables(inv, pos.data(), n, cs.data(), sn.data());
+      auto rc = cf.put(r), rg = g.put(r);
+      cpu->rope(rc->data(), n, heads, d, cs.data(), sn.data());
+      gpu->rope(rg->data(), n, heads, d, cs.data(), sn.data());
+      EXPECT_LE(rel_err(g.get(*rg, r.size()), cf.get(*rc, r.size())), 1e-5) << "rope";
+
+      const int inter = 80;
+      const auto gu = randn(size_t(n) * 2 * inter, 8 + n, 3.0f);
+      auto guc = cf.put(gu), gug = g.put(gu);
+      auto ac = cpu->alloc(size_t(n) * inter), ag = gpu->alloc(size_t(n) * inter);
+      cpu->silu_mul(guc->data(), n, inter, ac->data());
+      gpu->silu_mul(gug->data(), n, inter, ag->data());
+      EXPECT_LE(rel_err(g.get(*ag, size_t(n) * inter), cf.get(*ac, size_t(n) * inter)), 1e-5)
+          << "silu_mul";
+
+      cpu->add(xcf->data(), hc->data(), size_t(n) * in);
+      gpu->add(xg->data(), hg->data(), size_t(n) * in);
+      EXPECT_LE(rel_err(g.get(*xg, size_t(n) * in), cf.get(*xcf, size_t(n) * in)), 1e-5) << "add";
+
+      auto cc = cpu->alloc(size_t(n) * 20), cg = gpu->alloc(size_t(n) * 20);
+      cpu->copy_cols(xcf->data(), n, in, 33, 20, cc->data());
+      gpu->copy_cols(xg->data(), n, in, 33, 20, cg->data());
+      EXPECT_EQ(g.get(*cg, size_t(n) * 20), cf.get(*cc, size_t(n) * 20)) << "copy_cols";
+
+      auto emb = tensor({50, in}, 9 + n);
+      auto ec = cpu->prepare_embedding(emb), eg = gpu->prepare_embedding(emb);
+      const auto toks = random_tokens(n, 50, 10 + n);
+      cpu->embed(*ec, toks.data(), n, hc->data());
+      gpu->embed(*eg, toks.data(), n, hg->data());
+      EXPECT_EQ(g.get(*hg, size_t(n) * in), cf.get(*hc, size_t(n) * in)) << "embed";
+      const int32_t bad = 50;
+      EXPECT_THROW(gpu->embed(*eg, &bad, 1, hg->data()), Error);
+    }
+  }
+}
+
+model::ModelWeights tiny(model::Arch arch, int head_dim, int heads, int kv_heads) {
+  model::ModelConfig c = model::tiny_config(arch);
+  c.head_dim = head_dim;
+  c.n_heads = heads;
+  c.n_kv_heads = kv_heads;
+  c.vocab_size = 211;
+  return model::random_weights(c, 42 + int(arch));
+}
+
+struct Runner {
+  std::unique_ptr<model::Backend> be;
+  std::unique_ptr<model::Model> m;
+  std::unique_ptr<kv::KvCache> cache;
+  Runner(const model::ModelWeights& w, std::unique_ptr<model::Backend> b, const kv::KvMethod& km,
+         int page, int64_t tokens)
+      : be(std::move(b)) {
+    m = std::make_unique<model::Model>(w, *be);
+    cache = kv::make_method_cache(km, m->cache_shape(page), tokens, false, be->page_store_factory());
+  }
+  // One step over several sequences; returns the last-token logits of each.
+  std::vector<float> step(std::vector<kv::SeqId> seqs, std::vector<std::vector<int32_t>> toks) {
+    std::vector<model::SeqStep> st;
+    for (size_t i = 0; i < seqs.size(); ++i) st.push_back({seqs[i], toks[i], false});
+    std::vector<float> lg;
+    m->forward(st, *cache, lg);
+    return lg;
+  }
+};
+
+kv::KvMethod bf16_method() { return {}; }
+
+kv::KvMethod oscar_method(const model::ModelWeights& w) {
+  CalibConfig cfg;
+  cfg.granularity = Granularity::kLayer;
+  cfg.value_target = ValueTarget::kAttnOutput;
+  engine::ModelCalibOptions o;
+  o.tokens = 384;
+  o.chunk = 128;
+  kv::KvMethod m;
+  m.label = "oscar";
+  m.kind = kv::KvMethod::Kind::kRow;
+  m.calib = std::make_shared<Calibration>(
+      engine::calibrate_model(w, random_tokens(384, w.cfg.vocab_size, 7), cfg, o));
+  m.bits = 2;
+  m.group_size = 64;
+  m.sink = 16;
+  m.recent = 32;
+  return m;
+}
+
+struct Case {
+  model::Arch arch;
+  int head_dim, heads, kv_heads;
+};
+
+class CudaForward : public ::testing::TestWithParam<Case> {};
+
+// Prefill chunks, then token-by-token decode across many pages, and a batch
+// that mixes a prefill chunk with decode rows: CUDA logits against the CPU's.
+TEST_P(CudaForward, Bf16CacheMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  const Case c = GetParam();
+  const auto w = tiny(c.arch, c.head_dim, c.heads, c.kv_heads);
+  const int V = w.cfg.vocab_size, page = 16;
+  Runner cpu(w, model::make_cpu_backend({WeightDtype::kF32, 1}), bf16_method(), page, 4096);
+  Runner gpu(w, backend::make_cuda_backend({WeightDtype::kF32, 0}), bf16_method(), page, 4096);
+  const auto prompt = random_tokens(70, V, 3);
+  const kv::SeqId a = cpu.cache->create(), ga = gpu.cache->create();
+  const kv::SeqId b = cpu.cache->create(), gb = gpu.cache->create();
+  ASSERT_EQ(a, ga);
+  ASSERT_EQ(b, gb);
+  // Chunked prefill of a (40 + 30), then b's 50-token chunk together with a's decode.
+  const std::vector<int32_t> p1(prompt.begin(), prompt.begin() + 40), p2(prompt.begin() + 40, prompt.end());
+  EXPECT_LE(rel_err(gpu.step({a}, {p1}), cpu.step({a}, {p1})), 2e-3);
+  EXPECT_LE(rel_err(gpu.step({a}, {p2}), cpu.step({a}, {p2})), 2e-3);
+  const std::vector<int32_t> pb = random_tokens(50, V, 4);
+  EXPECT_LE(rel_err(gpu.step({a, b}, {{5}, pb}), cpu.step({a, b}, {{5}, pb})), 2e-3) << "mixed step";
+  // Greedy decode of both, each backend feeding its own choice: 80 tokens.
+  std::vector<int32_t> ta{7}, tb{9}, ga_{7}, gb_{9};
+  int same = 0;
+  for (int t = 0; t < 80; ++t) {
+    const auto lc = cpu.step({a, b}, {{ta.back()}, {tb.back()}});
+    const auto lg = gpu.step({a, b}, {{ga_.back()}, {gb_.back()}});
+    ASSERT_LE(rel_err(lg, lc), 2e-3) << "decode step " << t;
+    auto am = [&](const std::vector<float>& l, int r) {
+      return int32_t(std::max_element(l.begin() + r * V, l.begin() + (r + 1) * V) - l.begin() - r * V);
+    };
+    ta.push_back(am(lc, 0));
+    tb.push_back(am(lc, 1));
+    ga_.push_back(am(lg, 0));
+    gb_.push_back(am(lg, 1));
+    same += ta.back() == ga_.back() && tb.back() == gb_.back();
+    if (ta != ga_ || tb != gb_) break;
+  }
+  EXPECT_EQ(ta, ga_);
+  EXPECT_EQ(tb, gb_);
+  EXPECT_EQ(same, 80);
+}
+
+TEST_P(CudaForward, OscarCacheMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  const Case c = GetParam();
+  model::ModelWeights w = tiny(c.arch, c.head_dim, c.heads, c.kv_heads);
+  const kv::KvMethod km = oscar_method(w);
+  if (km.folds_values()) model::fold_value_rotation(w, *km.calib);
+  const int V = w.cfg.vocab_size, page = 16;
+  Runner cpu(w, model::make_cpu_backend({WeightDtype::kF32, 1}), km, page, 4096);
+  Runner gpu(w, backend::make_cuda_backend({WeightDtype::kF32, 0}), km, page, 4096);
+  const kv::SeqId a = cpu.cache->create();
+  ASSERT_EQ(a, gpu.cache->create());
+  const auto toks = random_tokens(260, V, 5);
+  // 100-token prefill (middle pages demoted at its commit), then 160 decode steps.
+  std::vector<double> errs;
+  const std::vector<int32_t> pre(toks.begin(), toks.begin() + 100);
+  errs.push_back(rel_err(gpu.step({a}, {pre}), cpu.step({a}, {pre})));
+  for (int t = 100; t < 260; ++t) errs.push_back(rel_err(gpu.step({a}, {{toks[t]}}), cpu.step({a}, {{toks[t]}})));
+  // Then a second sequence prefilled over the populated pools.
+  const kv::SeqId b = cpu.cache->create();
+  ASSERT_EQ(b, gpu.cache->create());
+  errs.push_back(rel_err(gpu.step({b, a}, {pre, {3}}), cpu.step({b, a}, {pre, {3}})));
+  std::vector<double> s = errs;
+  std::sort(s.begin(), s.end());
+  const double med = s[s.size() / 2], mx = s.back();
+  std::printf("oscar cache, CUDA vs CPU logits: median %.2e, max %.2e over %zu steps\n", med, mx,
+              errs.size());
+  EXPECT_LE(med, 2e-2);
+  EXPECT_LE(mx, 1e-1);
+}
+
+INSTANTIATE_TEST_SUITE_P(Archs, CudaForward,
+                         ::testing::Values(Case{model::Arch::kLlama, 64, 4, 2},
+                                           Case{model::Arch::kQwen2, 128, 8, 2},
+                                           Case{model::Arch::kQwen3, 128, 16, 2}),
+                         [](const auto& i) {
+                           return std::string(i.param.arch == model::Arch::kLlama   ? "llama"
+                                              : i.param.arch == model::Arch::kQwen2 ? "qwen2"
+                                                                                     : "qwen3") +
+                                  "_d" + std::to_string(i.param.head_dim);
+                         });
+
+TEST(CudaBackend, UnsupportedCachesAreRefusedClearly) {
+  SKIP_WITHOUT_GPU();
+  auto w = tiny(model::Arch::kLlama, 64, 4, 2);
+  auto be = backend::make_cuda_backend({WeightDtype::kF32, 0});
+  model::Model m(w, *be);
+  kv::KvMethodOptions mo;
+  mo.model = model::model_fingerprint(w);
+  const kv::KvMethod kivi = kv::resolve_kv_method("kivi2", mo);
+  try {
+    kv::make_method_cache(kivi, m.cache_shape(32), 1024, false, be->page_store_factory());
+    FAIL() << "kivi2 on CUDA must be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("kivi2"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace oscar
