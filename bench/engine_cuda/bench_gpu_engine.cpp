@@ -340,8 +340,30 @@ int main(int argc, char** argv) {
         r.method = km.kind == kv::KvMethod::Kind::kBf16 ? "bf16" : km.label;
         r.batch = B;
         r.ctx = C;
-        auto cache = kv::make_method_cache(km, shape, int64_t(B) * (C + 2 * chunk), false,
-                                           be->page_store_factory());
+        std::unique_ptr<kv::KvCache> cache;
+        try {
+          // Pools sized for exactly this batch: every page for BF16; for the
+          // 2-bit cache the windows of B sequences + one chunk in BF16, the rest INT2.
+          const int ps = shape.page_size;
+          const int64_t bfp = kv::bf16_page_bytes(shape), qp = kv::quant_page_bytes(km, shape);
+          const int64_t seq_pages = (C + a.steps + 2 + ps - 1) / ps + 1;
+          if (km.kind == kv::KvMethod::Kind::kBf16) {
+            cache = kv::make_method_cache(km, shape, int64_t(B) * seq_pages * ps, false,
+                                          be->page_store_factory());
+          } else {
+            const int64_t per_seq = (km.sink + ps - 1) / ps + (km.recent + ps + ps - 1) / ps + 1;
+            const int64_t need = (int64_t(B) * per_seq + (chunk + ps - 1) / ps) * bfp +
+                                 int64_t(B) * seq_pages * qp;
+            cache = kv::make_method_cache_for_bytes(km, shape, need, B, chunk, false,
+                                                    be->page_store_factory());
+          }
+        } catch (const Error& e) {
+          std::printf("batch %3d x ctx %6d | %-20s | does not fit in device memory (%s)\n", B, C,
+                      r.method.c_str(), e.what());
+          cudaGetLastError();
+          rows_b.push_back(r);
+          continue;
+        }
         std::vector<kv::SeqId> seqs;
         for (int i = 0; i < B; ++i) {
           seqs.push_back(cache->create());

@@ -192,6 +192,8 @@ void Model::forward(std::span<const SeqStep> steps, kv::KvCache& cache,
   cache.make_batch(pre_seqs, pre_lens, pre_batch);
   const float sm_scale = 1.0f / std::sqrt(float(d));
   const int Bd = static_cast<int>(dec_seqs.size());
+  bool dec_in_place = true;
+  for (int b = 0; b < Bd; ++b) dec_in_place = dec_in_place && off[dec_step[b]] == b;
   // Where every new row goes, the same in every layer (one placement a step).
   rows_.clear();
   for (int s = 0; s < S; ++s) cache.place(steps[s].seq, pos0[s], off[s + 1] - off[s], rows_);
@@ -221,7 +223,11 @@ void Model::forward(std::span<const SeqStep> steps, kv::KvCache& cache,
     cache.write_rows(l, rows_, k, v);
 
     float* attn = attn_->data();
-    if (Bd > 0) {
+    if (Bd > 0 && dec_in_place) {
+      // The decode rows are rows [0, Bd) of the step: no gather, no scatter
+      // (one copy per row and layer costs a launch each on a device).
+      be_.decode_attention(dec_batch.layer(l), q, Hq, sm_scale, attn);
+    } else if (Bd > 0) {
       for (int b = 0; b < Bd; ++b)
         be_.copy_cols(q + int64_t(off[dec_step[b]]) * Dq, 1, Dq, 0, Dq, qd_->data() + int64_t(b) * Dq);
       be_.decode_attention(dec_batch.layer(l), qd_->data(), Hq, sm_scale, od_->data());
@@ -249,8 +255,10 @@ void Model::forward(std::span<const SeqStep> steps, kv::KvCache& cache,
   for (int s = 0; s < S; ++s) cache.commit(steps[s].seq, off[s + 1] - off[s]);
 
   // Only the rows whose logits are wanted go through the final norm and LM head.
+  // When that is every row (decode steps, or all_logits), x already holds them.
+  const bool all_rows = R == T;
   int r = 0;
-  for (int s = 0; s < S; ++s) {
+  for (int s = 0; s < S && !all_rows; ++s) {
     const int n = off[s + 1] - off[s];
     if (steps[s].all_logits) {
       be_.copy_cols(x + int64_t(off[s]) * H, n, H, 0, H, sel_->data() + int64_t(r) * H);
@@ -260,8 +268,9 @@ void Model::forward(std::span<const SeqStep> steps, kv::KvCache& cache,
       r += 1;
     }
   }
-  be_.rms_norm(sel_->data(), *out_norm_, R, H, c.rms_eps, sel_->data());
-  be_.linear(*lm_head_, sel_->data(), R, logits_->data());
+  float* sel = all_rows ? x : sel_->data();
+  be_.rms_norm(sel, *out_norm_, R, H, c.rms_eps, sel);
+  be_.linear(*lm_head_, sel, R, logits_->data());
   if (!logits_to_host_) {
     logits.clear();
     return;

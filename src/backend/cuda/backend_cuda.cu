@@ -38,6 +38,10 @@ void check_blas(cublasStatus_t s, const char* what) {
                 std::to_string(int(s)) + ")");
 }
 
+// Host-to-device copies in this file read pageable host memory with
+// cudaMemcpyAsync, which stages the data before it returns: the host buffer may
+// change right after, so no stream synchronization is needed for them.
+
 // Device memory owned by RAII.
 struct DevMem {
   void* p = nullptr;
@@ -237,7 +241,6 @@ class CudaPageStore final : public kv::PageStore {
     rows_dev_.ensure(2 * n * 4 + 4);
     check(cudaMemcpyAsync(rows_dev_.p, staging_.data(), 2 * n * 4, cudaMemcpyHostToDevice, st_),
           "row placement upload");
-    check(cudaStreamSynchronize(st_), "row placement upload");
     rows_epoch_ = rows.epoch;
     rows_n_ = rows.size();
   }
@@ -255,7 +258,6 @@ class CudaPageStore final : public kv::PageStore {
     demote_dev_.ensure(2 * n * 4);
     check(cudaMemcpyAsync(demote_dev_.p, staging_.data(), 2 * n * 4, cudaMemcpyHostToDevice, st_),
           "demotion upload");
-    check(cudaStreamSynchronize(st_), "demotion upload");
     for (int l = 0; l < s_.n_layers; ++l)
       check(kernels::cuda::demote_pages(view(l), int(n), demote_dev_.as<int32_t>(),
                                         demote_dev_.as<int32_t>() + n, q_[l].clip, -1, st_),
@@ -421,7 +423,6 @@ class CudaBackend final : public model::Backend {
     check(cudaMemcpyAsync(tokens_.p, tokens, size_t(n) * 4, cudaMemcpyHostToDevice, st_), "tokens");
     cuda_ops::embed(e.w.p, false, tokens_.as<int32_t>(), n, int(e.cols), x, st_);
     check_launch("embed");
-    check(cudaStreamSynchronize(st_), "tokens");
   }
 
   void linear(const PreparedWeight& pw, const float* x, int n, float* y) override {
@@ -463,7 +464,6 @@ class CudaBackend final : public model::Backend {
       check(cudaMemcpyAsync(rope_tab_.p, cos, m * 4, cudaMemcpyHostToDevice, st_), "rope");
       check(cudaMemcpyAsync(rope_tab_.as<float>() + m, sin, m * 4, cudaMemcpyHostToDevice, st_),
             "rope");
-      check(cudaStreamSynchronize(st_), "rope");
       rope_cos_ = cos;
       rope_n_ = n;
       rope_d_ = head_dim;
@@ -511,7 +511,6 @@ class CudaBackend final : public model::Backend {
       have_plan_ = true;
       plan_uploaded_ = false;
     }
-    check(cudaStreamSynchronize(st_), "table upload");
   }
 
   void decode_attention(const kv::PagedKvView& view, const float* q, int num_q_heads,
