@@ -336,7 +336,10 @@ class CudaBackend final : public model::Backend {
     return std::string("cuda (") + p.name + ", " + model::to_string(opts_.weight_dtype) + ")";
   }
 
-  BufferPtr alloc(size_t n) override { return std::make_unique<DeviceBuffer>(n); }
+  BufferPtr alloc(size_t n) override {
+    check(cudaSetDevice(opts_.device), "set device");
+    return std::make_unique<DeviceBuffer>(n);
+  }
   void to_host(const float* src, float* dst, size_t n) override {
     check(cudaMemcpyAsync(dst, src, n * 4, cudaMemcpyDeviceToHost, st_), "to_host");
     check(cudaStreamSynchronize(st_), "to_host");
@@ -489,12 +492,16 @@ class CudaBackend final : public model::Backend {
 
   kv::PageStoreFactory page_store_factory() override {
     cudaStream_t st = st_;
-    return [st](const kv::PageStoreSpec& s) -> std::unique_ptr<kv::PageStore> {
+    const int dev = opts_.device;
+    return [st, dev](const kv::PageStoreSpec& s) -> std::unique_ptr<kv::PageStore> {
+      check(cudaSetDevice(dev), "set device");
       return std::make_unique<CudaPageStore>(s, st);
     };
   }
 
   void begin_step(const kv::KvBatch& dec, const kv::KvBatch& pre) override {
+    // The current device is per host thread: the serving loop runs steps on its own thread.
+    check(cudaSetDevice(opts_.device), "set device");
     rope_cos_ = nullptr;  // new step, new tables
     dec_.upload(dec, st_);
     pre_.upload(pre, st_);
