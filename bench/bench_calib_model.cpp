@@ -101,9 +101,9 @@ struct Timed {
   double s = 0;
   int64_t calls = 0;
 };
-class ProfilingBackend : public model::Backend {
+class ProfilingBackend : public backend::Backend {
  public:
-  explicit ProfilingBackend(std::unique_ptr<model::Backend> be) : be_(std::move(be)) {}
+  explicit ProfilingBackend(std::unique_ptr<backend::Backend> be) : be_(std::move(be)) {}
   std::map<std::string, Timed> t;
   template <typename F>
   void timed(const char* name, F&& f) {
@@ -114,24 +114,24 @@ class ProfilingBackend : public model::Backend {
     ++x.calls;
   }
   std::string name() const override { return be_->name(); }
-  model::BufferPtr alloc(size_t n) override { return be_->alloc(n); }
+  backend::BufferPtr alloc(size_t n) override { return be_->alloc(n); }
   void to_host(const float* s, float* d, size_t n) override { be_->to_host(s, d, n); }
   void from_host(const float* s, float* d, size_t n) override { be_->from_host(s, d, n); }
-  model::WeightPtr prepare_linear(std::initializer_list<const model::Tensor*> ws,
-                                  std::initializer_list<const model::Tensor*> bs) override {
+  backend::WeightPtr prepare_linear(std::initializer_list<const oscar::Tensor*> ws,
+                                  std::initializer_list<const oscar::Tensor*> bs) override {
     return be_->prepare_linear(ws, bs);
   }
-  model::WeightPtr prepare_vector(const model::Tensor& v) override { return be_->prepare_vector(v); }
-  model::WeightPtr prepare_embedding(const model::Tensor& e) override {
+  backend::WeightPtr prepare_vector(const oscar::Tensor& v) override { return be_->prepare_vector(v); }
+  backend::WeightPtr prepare_embedding(const oscar::Tensor& e) override {
     return be_->prepare_embedding(e);
   }
-  void embed(const model::PreparedWeight& e, const int32_t* tok, int n, float* x) override {
+  void embed(const backend::PreparedWeight& e, const int32_t* tok, int n, float* x) override {
     timed("embed", [&] { be_->embed(e, tok, n, x); });
   }
-  void linear(const model::PreparedWeight& w, const float* x, int n, float* y) override {
+  void linear(const backend::PreparedWeight& w, const float* x, int n, float* y) override {
     timed("linear", [&] { be_->linear(w, x, n, y); });
   }
-  void rms_norm(const float* x, const model::PreparedWeight& w, int rows, int dim, float eps,
+  void rms_norm(const float* x, const backend::PreparedWeight& w, int rows, int dim, float eps,
                 float* y) override {
     timed("rms_norm", [&] { be_->rms_norm(x, w, rows, dim, eps, y); });
   }
@@ -156,7 +156,7 @@ class ProfilingBackend : public model::Backend {
   }
 
  private:
-  std::unique_ptr<model::Backend> be_;
+  std::unique_ptr<backend::Backend> be_;
 };
 
 // The calibration hook of engine/calibrate_model.cpp, with timers around the
@@ -316,7 +316,7 @@ int main(int argc, char** argv) {
     }
     const double t_load = since(t0);
     model::CpuBackendOptions bo;
-    bo.weight_dtype = model::WeightDtype::kF32;
+    bo.weight_dtype = backend::WeightDtype::kF32;
     ProfilingBackend pb(model::make_cpu_backend(bo));
     const auto t1 = Clock::now();
     model::DenseForward fwd(w, pb);

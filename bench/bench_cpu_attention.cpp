@@ -10,7 +10,7 @@
 //
 // --kivi adds a kivi2 row per decode configuration: no sink, recent 128..191
 // BF16, INT2 middle with values in groups of 32 and keys per channel over
-// 32-token spans (kv_view.h KeyAxis::kChannel; always the float kernels).
+// 32-token spans (paged_kv.h KeyAxis::kChannel; always the float kernels).
 //
 // Usage: bench_cpu_attention [--threads N] [--ws-mb MB] [--ctx 4096,8192,...] [--quick] [--decode-only] [--kivi]
 #include <algorithm>
@@ -29,7 +29,7 @@
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/cache_write.h"
 #include "kernels/cpu/parallel.h"
-#include "kv/kv_view.h"
+#include "kernels/paged_kv.h"
 
 namespace {
 

@@ -158,7 +158,7 @@ int main(int argc, char** argv) {
       const size_t comma = std::min(a.weights.find(',', pos), a.weights.size());
       const std::string wname = a.weights.substr(pos, comma - pos);
       pos = comma + 1;
-      auto be = model::make_cpu_backend({model::weight_dtype_from_string(wname), threads});
+      auto be = model::make_cpu_backend({backend::weight_dtype_from_string(wname), threads});
       model::Model m(w, *be);
       kv::Bf16KvCache cache(m.cache_shape(64),
                             int32_t(a.batch * ((a.prompt + a.gen + 63) / 64 + 1)));

@@ -86,7 +86,7 @@ model::ModelConfig preset(const std::string& name) {
 }
 
 // Uniform(-a, a) with variance `var`, filled by all cores.
-void fill(model::Tensor& t, std::vector<int64_t> shape, double var, uint64_t seed) {
+void fill(oscar::Tensor& t, std::vector<int64_t> shape, double var, uint64_t seed) {
   t.shape = shape;
   size_t n = 1;
   for (auto d : shape) n *= size_t(d);
@@ -105,7 +105,7 @@ void fill(model::Tensor& t, std::vector<int64_t> shape, double var, uint64_t see
   for (auto& x : th) x.join();
 }
 
-void ones(model::Tensor& t, int64_t n) {
+void ones(oscar::Tensor& t, int64_t n) {
   t.shape = {n};
   t.data.assign(size_t(n), 1.0f);
 }
@@ -132,10 +132,10 @@ double copy_bandwidth() {
 }
 
 // Fills `seq` to `tokens` committed tokens with random rows, `chunk` at a time.
-void fill_context(kv::KvCache& cache, model::Backend& be, kv::SeqId seq, int tokens,
-                  const model::Buffer& k, const model::Buffer& v, int chunk) {
+void fill_context(kv::KvCache& cache, backend::Backend& be, kv::SeqId seq, int tokens,
+                  const backend::Buffer& k, const backend::Buffer& v, int chunk) {
   const int L = cache.shape().n_layers;
-  kv::RowPlacement rows;
+  backend::RowPlacement rows;
   while (cache.length(seq) < tokens) {
     const int n = std::min(chunk, tokens - cache.length(seq));
     cache.reserve(seq, n);
@@ -182,16 +182,16 @@ int main(int argc, char** argv) {
   }
   try {
     const model::ModelConfig cfg = preset(a.preset);
-    auto be = backend::make_cuda_backend({model::WeightDtype::kBf16, 0});
+    auto be = backend::make_cuda_backend({backend::WeightDtype::kBf16, 0});
     std::printf("device: %s\n", be->name().c_str());
     const double bw = copy_bandwidth();
     std::printf("device-to-device copy: %.0f GB/s (read + write)\n", bw / 1e9);
 
     const auto t0 = std::chrono::steady_clock::now();
-    model::Tensor embd, onorm, none;
+    oscar::Tensor embd, onorm;
     fill(embd, {cfg.vocab_size, cfg.hidden}, 1.0, 1);
     ones(onorm, cfg.hidden);
-    model::Tensor lm;
+    oscar::Tensor lm;
     fill(lm, {cfg.vocab_size, cfg.hidden}, 1.0 / cfg.hidden, 2);
     model::LayerWeights lw;
     const int64_t H = cfg.hidden, Dq = int64_t(cfg.n_heads) * cfg.head_dim,
@@ -243,7 +243,7 @@ int main(int argc, char** argv) {
     const int chunk = 2048;
     auto kbuf = be->alloc(size_t(chunk) * Dkv), vbuf = be->alloc(size_t(chunk) * Dkv);
     {
-      model::Tensor r;
+      oscar::Tensor r;
       fill(r, {chunk, Dkv}, 1.0, 7);
       be->from_host(r.data.data(), kbuf->data(), r.data.size());
       be->from_host(r.data.data(), vbuf->data(), r.data.size());

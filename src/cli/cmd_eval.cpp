@@ -208,7 +208,7 @@ const oscar::cli::Registrar reg({"eval", "Accuracy of KV cache methods vs BF16 (
     eo.windows = o->windows;
     eo.page_size = o->page;
     eo.score_from = o->score_from;
-    eo.weights = model::weight_dtype_from_string(o->weights);
+    eo.weights = backend::weight_dtype_from_string(o->weights);
     eo.threads = o->threads;
     const auto tokens = tokenize_file(o->model, o->text);
     auto r = engine::evaluate(L.w, L.methods, tokens, eo, progress_fn(o->quiet));

@@ -99,7 +99,7 @@ const oscar::cli::Registrar reg({"generate", "Generate text from a prompt (CPU)"
     const auto t0 = std::chrono::steady_clock::now();
     engine::Session sess = engine::open_session({o->model, o->kv, o->calib, o->weights, o->threads, o->device});
     model::Tokenizer& tok = sess.tok;
-    model::Backend* be = sess.backend.get();
+    backend::Backend* be = sess.backend.get();
     model::Model* m = sess.model.get();
     const kv::KvMethod& km = sess.method;
     const double load_s =

@@ -107,7 +107,7 @@ const oscar::cli::Registrar reg({"serve", "Serve a model over an OpenAI-compatib
     const bool prefix = !o->no_prefix_caching;
     const auto shape = m->cache_shape(o->page_size);
     std::unique_ptr<kv::KvCache> cache;
-    const kv::PageStoreFactory store = sess.backend->page_store_factory();
+    const backend::PageStoreFactory store = sess.backend->page_store_factory();
     if (o->kv_memory_mb > 0) {
       cache = kv::make_method_cache_for_bytes(km, shape, int64_t(o->kv_memory_mb * (1 << 20)),
                                               o->max_running, o->max_batch_tokens, prefix, store);

@@ -9,7 +9,7 @@
 // transform M_K = M_Q = R and there is no offset. R is the calibration's orthogonal
 // rotation (one per layer or per KV head); with per-head means or scales the prepared
 // matrices are per KV head even when R is shared. The mean is subtracted before the
-// matrix (in the original basis) on every backend: CPU (kv/key_transform.h) and CUDA
+// matrix (in the original basis) on every backend: CPU (kernels/cpu/key_transform.h) and CUDA
 // (kernels/cuda/cache_write.h, WriteRotation::k_mean) compute the same thing.
 #pragma once
 

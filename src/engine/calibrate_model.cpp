@@ -69,7 +69,7 @@ Calibration calibrate_model(const model::ModelWeights& w, const std::vector<int3
   CalibConfig cfg = cfg_in;
   cfg.quant.group_size = std::min(cfg.quant.group_size, c.head_dim);
   model::CpuBackendOptions bo;
-  bo.weight_dtype = model::WeightDtype::kF32;
+  bo.weight_dtype = backend::WeightDtype::kF32;
   bo.threads = opts.threads;
   auto be = model::make_cpu_backend(bo);
   model::DenseForward fwd(w, *be);

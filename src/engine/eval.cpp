@@ -13,7 +13,7 @@
 #include "core/quantizer.h"
 #include "core/key_transform.h"
 #include "kernels/cpu/cache_write.h"
-#include "kv/key_transform.h"
+#include "kernels/cpu/key_transform.h"
 #include "model/backend_cpu.h"
 #include "model/fold_rotation.h"
 #include "model/ops_threads.h"
@@ -82,8 +82,8 @@ class SimHook : public model::DenseHooks {
       k_orig_.assign(k, k + size_t(T) * c_.n_kv_heads * c_.head_dim);
       layer_ = layer;
     }
-    kv::transform_keys(xf, k, T, c_.n_kv_heads);
-    kv::transform_queries(xf, q, T, c_.n_heads, c_.n_kv_heads);
+    kernels::cpu::transform_keys(xf, k, T, c_.n_kv_heads);
+    kernels::cpu::transform_queries(xf, q, T, c_.n_heads, c_.n_kv_heads);
   }
 
   bool attention(int layer, const float* q, const float* k, const float* v, int T,
@@ -334,7 +334,7 @@ std::vector<EvalResult> evaluate(const model::ModelWeights& w,
   std::vector<std::vector<LocalErrorSums>> loc(M, std::vector<LocalErrorSums>(C));
   for (int mi = 0; mi < M; ++mi) {
     const kv::KvMethod& m = methods[mi];
-    std::unique_ptr<model::Backend> mbe;
+    std::unique_ptr<backend::Backend> mbe;
     std::unique_ptr<model::DenseForward> mf;
     if (m.folds_values()) {
       model::ModelWeights fw = w;

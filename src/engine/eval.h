@@ -35,7 +35,7 @@
 #include <vector>
 
 #include "kv/quant_methods.h"
-#include "model/backend.h"
+#include "backend/backend.h"
 #include "model/calib_forward.h"
 #include "model/weights.h"
 
@@ -52,7 +52,7 @@ struct EvalOptions {
   int windows = 1;     // disjoint text windows per context length
   int page_size = 64;  // the cache's page (demotion granularity)
   int score_from = -1; // first scored position; -1 = sink + recent + page
-  model::WeightDtype weights = model::WeightDtype::kF32;
+  backend::WeightDtype weights = backend::WeightDtype::kF32;
   int threads = 0;
 };
 

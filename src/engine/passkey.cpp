@@ -19,9 +19,9 @@ namespace {
 
 // A model + cache of one method, in the engine's real serving path.
 struct Engine {
-  std::unique_ptr<model::Backend> be;
+  std::unique_ptr<backend::Backend> be;
   std::unique_ptr<model::Model> m;
-  Engine(const model::ModelWeights& w, const kv::KvMethod& km, model::WeightDtype dt) {
+  Engine(const model::ModelWeights& w, const kv::KvMethod& km, backend::WeightDtype dt) {
     model::CpuBackendOptions bo;
     bo.weight_dtype = dt;
     be = model::make_cpu_backend(bo);

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "kv/quant_methods.h"
-#include "model/backend.h"
+#include "backend/backend.h"
 #include "model/tokenizer.h"
 #include "model/weights.h"
 
@@ -23,7 +23,7 @@ struct PasskeyOptions {
   uint64_t seed = 1;
   int page_size = 64;
   int prefill_chunk = 512;
-  model::WeightDtype weights = model::WeightDtype::kBf16;
+  backend::WeightDtype weights = backend::WeightDtype::kBf16;
 };
 
 struct PasskeyResult {

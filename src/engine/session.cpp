@@ -11,7 +11,7 @@
 
 namespace oscar::engine {
 
-std::unique_ptr<model::Backend> make_backend(const std::string& device, model::WeightDtype weights,
+std::unique_ptr<backend::Backend> make_backend(const std::string& device, backend::WeightDtype weights,
                                              int threads) {
   if (device == "cpu") return model::make_cpu_backend({weights, threads});
   if (device == "cuda" || device.rfind("cuda:", 0) == 0) {
@@ -43,7 +43,7 @@ Session open_session(const SessionOptions& o) {
     s.method = kv::resolve_kv_method(o.kv, mo);
     if (s.method.folds_values()) model::fold_value_rotation(w, *s.method.calib);
   }
-  s.backend = make_backend(o.device, model::weight_dtype_from_string(o.weights), o.threads);
+  s.backend = make_backend(o.device, backend::weight_dtype_from_string(o.weights), o.threads);
   s.model = std::make_unique<model::Model>(w, *s.backend);
   return s;  // the dense fp32 weights go here; the backend keeps its own copy
 }

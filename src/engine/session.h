@@ -7,7 +7,7 @@
 #include <string>
 
 #include "kv/quant_methods.h"
-#include "model/backend.h"
+#include "backend/backend.h"
 #include "model/forward.h"
 #include "model/tokenizer.h"
 
@@ -24,14 +24,14 @@ struct SessionOptions {
 
 struct Session {
   model::Tokenizer tok;
-  std::unique_ptr<model::Backend> backend;
+  std::unique_ptr<backend::Backend> backend;
   std::unique_ptr<model::Model> model;  // uses *backend
   kv::KvMethod method;                  // default (bf16) when kv == "bf16"
 };
 
 // The backend for a device name (cpu, cuda, cuda:N); throws oscar::Error for an
 // unknown name or CUDA in a build without it.
-std::unique_ptr<model::Backend> make_backend(const std::string& device, model::WeightDtype weights,
+std::unique_ptr<backend::Backend> make_backend(const std::string& device, backend::WeightDtype weights,
                                              int threads);
 
 // Loads and prepares; the dense weights are freed before it returns. Throws

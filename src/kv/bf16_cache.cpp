@@ -19,10 +19,10 @@ static void validate_shape(const KvCacheShape& s) {
 }
 
 Bf16KvCache::Bf16KvCache(const KvCacheShape& shape, int32_t num_pages, bool prefix_caching,
-                         const PageStoreFactory& store)
+                         const backend::PageStoreFactory& store)
     : shape_((validate_shape(shape), shape)), prefix_(prefix_caching),
       pool_("bf16 page pool", num_pages) {
-  PageStoreSpec spec;
+  backend::PageStoreSpec spec;
   spec.n_layers = shape_.n_layers;
   spec.num_kv_heads = shape_.num_kv_heads;
   spec.head_dim = shape_.head_dim;
@@ -30,7 +30,7 @@ Bf16KvCache::Bf16KvCache(const KvCacheShape& shape, int32_t num_pages, bool pref
   spec.bf16_pages = num_pages;
   spec.group_size = std::min(128, shape_.head_dim);
   spec.label = "bf16 kv cache";
-  store_ = make_page_store(store, spec);
+  store_ = backend::make_page_store(store, spec);
   for (int l = 0; l < shape_.n_layers; ++l) pools_.push_back(store_->bf16_pool(l));
 }
 
@@ -98,7 +98,7 @@ void Bf16KvCache::reserve(SeqId seq, int n) {
   s.reserved = std::max(s.reserved, n);
 }
 
-void Bf16KvCache::place(SeqId seq, int pos, int n, RowPlacement& rows) const {
+void Bf16KvCache::place(SeqId seq, int pos, int n, backend::RowPlacement& rows) const {
   const Seq& s = get(seq);
   if (n < 0 || pos < s.length || int64_t(pos) + n > int64_t(s.length) + s.reserved)
     throw Error(fmt::format("bf16 kv cache: write of tokens [{}, {}) to sequence {} outside its "

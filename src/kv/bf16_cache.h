@@ -15,7 +15,7 @@ namespace oscar::kv {
 class Bf16KvCache : public KvCache {
  public:
   Bf16KvCache(const KvCacheShape& shape, int32_t num_pages, bool prefix_caching = false,
-              const PageStoreFactory& store = {});
+              const backend::PageStoreFactory& store = {});
 
   const KvCacheShape& shape() const override { return shape_; }
   std::string method() const override { return "bf16"; }
@@ -24,8 +24,8 @@ class Bf16KvCache : public KvCache {
   void release(SeqId seq) override;
   int length(SeqId seq) const override;
   void reserve(SeqId seq, int n) override;
-  void place(SeqId seq, int pos, int n, RowPlacement& rows) const override;
-  PageStore& store() const override { return *store_; }
+  void place(SeqId seq, int pos, int n, backend::RowPlacement& rows) const override;
+  backend::PageStore& store() const override { return *store_; }
   void commit(SeqId seq, int n) override;
   void make_batch(std::span<const SeqId> seqs, std::span<const int> lens,
                   KvBatch& out) const override;
@@ -60,7 +60,7 @@ class Bf16KvCache : public KvCache {
   KvCacheShape shape_;
   bool prefix_ = false;
   PagePool pool_;
-  std::unique_ptr<PageStore> store_;  // the pages
+  std::unique_ptr<backend::PageStore> store_;  // the pages
   std::vector<Bf16PagePool> pools_;   // [n_layers] pointers into the store
   std::unordered_map<SeqId, Seq> seqs_;
   SeqId next_id_ = 0;

@@ -9,17 +9,7 @@
 
 namespace oscar::kv {
 
-PagedKvView KvBatch::layer(int l) const {
-  PagedKvView v = base;
-  if (bf16_pools) v.bf16 = bf16_pools->at(l);
-  if (quant_pools) v.quant = quant_pools->at(l);
-  v.sink = {sink_indptr.data(), sink_indices.data(), sink_len.data()};
-  v.mid = {mid_indptr.data(), mid_indices.data(), mid_len.data()};
-  v.recent = {recent_indptr.data(), recent_indices.data(), recent_len.data()};
-  return v;
-}
-
-void KvCache::write_rows(int layer, const RowPlacement& rows, const float* k, const float* v) {
+void KvCache::write_rows(int layer, const backend::RowPlacement& rows, const float* k, const float* v) {
   if (layer < 0 || layer >= shape().n_layers)
     throw Error(fmt::format("{} kv cache: layer {} outside [0, {})", method(), layer, shape().n_layers));
   if (rows.size() == 0) return;
@@ -29,7 +19,7 @@ void KvCache::write_rows(int layer, const RowPlacement& rows, const float* k, co
 void KvCache::write(int layer, SeqId seq, int pos, const float* k, const float* v, int n) {
   if (layer < 0 || layer >= shape().n_layers)
     throw Error(fmt::format("{} kv cache: layer {} outside [0, {})", method(), layer, shape().n_layers));
-  RowPlacement rows;
+  backend::RowPlacement rows;
   place(seq, pos, n, rows);
   write_rows(layer, rows, k, v);
 }

@@ -19,8 +19,8 @@
 #include <string>
 #include <vector>
 
-#include "kv/kv_view.h"
-#include "kv/page_store.h"
+#include "kernels/paged_kv.h"
+#include "backend/page_store.h"
 
 namespace oscar::kv {
 
@@ -31,29 +31,6 @@ struct KvCacheShape {
   int num_kv_heads = 0;
   int head_dim = 0;
   int page_size = 64;  // tokens per page, a multiple of 16
-};
-
-// Region tables of one batch of sequences, shared by every layer (page id p is
-// the same slot in every layer's pool). Owns the arrays the views point into;
-// not copyable so views never dangle.
-class KvBatch {
- public:
-  KvBatch() = default;
-  KvBatch(const KvBatch&) = delete;
-  KvBatch& operator=(const KvBatch&) = delete;
-
-  // The view of layer l for the kernels. Valid while this object and the cache live
-  // and until the next make_batch into it.
-  PagedKvView layer(int l) const;
-  int batch() const { return static_cast<int>(recent_len.size()); }
-
-  // Filled by KvCache::make_batch.
-  PagedKvView base;  // shapes and format; pools and tables are set by layer()
-  std::vector<int32_t> sink_indptr, sink_indices, sink_len;
-  std::vector<int32_t> mid_indptr, mid_indices, mid_len;
-  std::vector<int32_t> recent_indptr, recent_indices, recent_len;
-  const std::vector<Bf16PagePool>* bf16_pools = nullptr;   // [n_layers]
-  const std::vector<QuantPagePool>* quant_pools = nullptr; // [n_layers] or null
 };
 
 // Pages of the two pools (BF16: sink and recent windows, or every token of the
@@ -102,12 +79,12 @@ class KvCache {
   // Where the rows of tokens [pos, pos + n) of `seq` go (the same in every
   // layer): appends n entries to `rows`. pos >= length(seq) and within the
   // reserved room, the pages not shared; oscar::Error otherwise.
-  virtual void place(SeqId seq, int pos, int n, RowPlacement& rows) const = 0;
+  virtual void place(SeqId seq, int pos, int n, backend::RowPlacement& rows) const = 0;
   // Stores one layer's rows of a step, placed by place():
   // k, v [rows.size()][num_kv_heads][head_dim] f32 in the store's memory (the
   // backend's buffers), keys after RoPE and already in the storage basis
   // (rotate_keys).
-  void write_rows(int layer, const RowPlacement& rows, const float* k, const float* v);
+  void write_rows(int layer, const backend::RowPlacement& rows, const float* k, const float* v);
   // One sequence's rows of one layer (place + write_rows): tests, simple callers.
   void write(int layer, SeqId seq, int pos, const float* k, const float* v, int n);
   // Tokens [length, length + n) are final in every layer.
@@ -127,8 +104,8 @@ class KvCache {
   void rotate_queries(int layer, float* q, int n, int n_q_heads) const {
     store().transform_queries(layer, q, n, n_q_heads);
   }
-  // The page memory and the operations on it (kv/page_store.h).
-  virtual PageStore& store() const = 0;
+  // The page memory and the operations on it (backend/page_store.h).
+  virtual backend::PageStore& store() const = 0;
 
   // Admission control (never throws for a live or kNewSeq id): the pages that
   // reserve(seq, n) would take now, counting the quantized pages its commit will
@@ -165,7 +142,7 @@ struct KvCacheOptions {
   int page_size = 64;
   int64_t max_tokens = 0;  // page budget in tokens over all sequences; 0 = 32K tokens
   bool prefix_caching = false;
-  PageStoreFactory store;  // page memory; empty = host
+  backend::PageStoreFactory store;  // page memory; empty = host
 };
 
 // Creates a cache by method name; throws oscar::Error for an unknown name.

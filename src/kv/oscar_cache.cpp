@@ -6,10 +6,7 @@
 #include <cstring>
 
 #include "core/error.h"
-#include "core/half.h"
 #include "core/quantizer.h"
-#include "kernels/cpu/cache_write.h"
-#include "kv/key_transform.h"
 
 namespace oscar::kv {
 
@@ -74,7 +71,7 @@ OscarKvCache::OscarKvCache(const KvCacheShape& shape, std::shared_ptr<const Cali
     throw Error(fmt::format("{} kv cache: per-channel keys with per-head clip ratios are not supported",
                             opts_.label));
 
-  PageStoreSpec sspec;
+  backend::PageStoreSpec sspec;
   sspec.n_layers = shape_.n_layers;
   sspec.num_kv_heads = shape_.num_kv_heads;
   sspec.head_dim = d;
@@ -85,8 +82,8 @@ OscarKvCache::OscarKvCache(const KvCacheShape& shape, std::shared_ptr<const Cali
   sspec.group_size = group_;
   sspec.key_axis = opts_.key_axis;
   sspec.label = opts_.label + " kv cache";
-  store_ = make_page_store(opts_.store, sspec);
-  std::vector<LayerQuant> lq(shape_.n_layers);
+  store_ = backend::make_page_store(opts_.store, sspec);
+  std::vector<backend::LayerQuant> lq(shape_.n_layers);
   for (int l = 0; l < shape_.n_layers; ++l) {
     const LayerCalibration& lc = calib_->layers[l];
     lq[l].identity = identity_;
@@ -343,7 +340,7 @@ std::pair<int32_t, int> OscarKvCache::slot_of(const Seq& s, int p) const {
   return {s.recent[r / ps], r % ps};
 }
 
-void OscarKvCache::place(SeqId seq, int pos, int n, RowPlacement& rows) const {
+void OscarKvCache::place(SeqId seq, int pos, int n, backend::RowPlacement& rows) const {
   const Seq& s = get(seq);
   if (n < 0 || pos < s.length || int64_t(pos) + n > int64_t(s.length) + s.reserved)
     throw Error(fmt::format("{} kv cache: write of tokens [{}, {}) to sequence {} outside its "
@@ -357,20 +354,6 @@ void OscarKvCache::place(SeqId seq, int pos, int n, RowPlacement& rows) const {
     rows.pages.push_back(page);
     rows.slots.push_back(slot);
   }
-}
-
-PagedKvView OscarKvCache::layer_view(int layer) const {
-  PagedKvView v;
-  v.batch = 0;
-  v.num_kv_heads = shape_.num_kv_heads;
-  v.head_dim = shape_.head_dim;
-  v.page_size = shape_.page_size;
-  v.bits = opts_.bits;
-  v.group_size = group_;
-  v.key_axis = opts_.key_axis;
-  v.bf16 = bf16_pools_[layer];
-  v.quant = quant_pools_[layer];
-  return v;
 }
 
 void OscarKvCache::demote_one(Seq& s) {
@@ -434,7 +417,7 @@ void OscarKvCache::make_batch(std::span<const SeqId> seqs, std::span<const int> 
                             seqs.size(), lens.size()));
   const int B = static_cast<int>(seqs.size());
   const int ps = shape_.page_size;
-  out.base = layer_view(0);
+  out.base = store_->layer_view(0);
   out.base.batch = B;
   out.base.bf16 = {};
   out.base.quant = {};

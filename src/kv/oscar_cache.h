@@ -21,7 +21,7 @@
 //
 // kivi2 is this cache with sink 0, recent 128, identity rotation, no clip,
 // values in groups of 32 and key_axis = kChannel: demotion quantizes each key
-// channel over each 32-token span of the demoted page (kv_view.h).
+// channel over each 32-token span of the demoted page (paged_kv.h).
 #pragma once
 
 #include <memory>
@@ -42,7 +42,7 @@ struct OscarCacheOptions {
   int bits = 2;                 // 2 or 4
   int group_size = 128;         // clamped to head_dim (values; keys too when per token)
   // Keys per token (row groups of group_size) or, for KIVI, per channel over
-  // spans of kKeySpan = 32 tokens (kv_view.h): then page_size must be a
+  // spans of kKeySpan = 32 tokens (paged_kv.h): then page_size must be a
   // multiple of 32, and keys are not clipped (key clip ratios must be >= 1).
   KeyAxis key_axis = KeyAxis::kToken;
   int32_t bf16_pages = 0;       // per layer; 0 = enough for max_tokens
@@ -52,7 +52,7 @@ struct OscarCacheOptions {
   // pages in the quantized pool, each pool with its own index. Needs the sink to
   // be whole pages.
   bool prefix_caching = false;
-  PageStoreFactory store;  // page memory; empty = host
+  backend::PageStoreFactory store;  // page memory; empty = host
 };
 
 class OscarKvCache : public KvCache {
@@ -69,8 +69,8 @@ class OscarKvCache : public KvCache {
   void release(SeqId seq) override;
   int length(SeqId seq) const override;
   void reserve(SeqId seq, int n) override;
-  void place(SeqId seq, int pos, int n, RowPlacement& rows) const override;
-  PageStore& store() const override { return *store_; }
+  void place(SeqId seq, int pos, int n, backend::RowPlacement& rows) const override;
+  backend::PageStore& store() const override { return *store_; }
   void commit(SeqId seq, int n) override;
   void make_batch(std::span<const SeqId> seqs, std::span<const int> lens,
                   KvBatch& out) const override;
@@ -116,7 +116,6 @@ class OscarKvCache : public KvCache {
   // (bf16 page, slot) of position p of a sequence (p in the sink or recent window).
   std::pair<int32_t, int> slot_of(const Seq& s, int p) const;
   void demote_one(Seq& s);
-  PagedKvView layer_view(int layer) const;
   int64_t bf16_page_elems() const;
 
   KvCacheShape shape_;
@@ -128,7 +127,7 @@ class OscarKvCache : public KvCache {
   bool uniform_clip_ = true;     // every head of a layer has the same clips
   bool prefix_ = false;
   PagePool bf16_pool_, quant_pool_;
-  std::unique_ptr<PageStore> store_;                    // the pages (host or device)
+  std::unique_ptr<backend::PageStore> store_;                    // the pages (host or device)
   std::vector<Bf16PagePool> bf16_pools_;
   std::vector<QuantPagePool> quant_pools_;
   std::unordered_map<SeqId, Seq> seqs_;

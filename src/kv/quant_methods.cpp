@@ -179,7 +179,7 @@ KvMethod resolve_base(const std::string& spec_in, const KvMethodOptions& opts) {
   if (name == "int2-hadamard") return data_free(Composition::kHadamard, 0.96f, 0.92f, 2), m;
   if (name == "int4-hadamard") return data_free(Composition::kHadamard, 1.0f, 1.0f, 4), m;
   if (name == "kivi2") {
-    // The OSCAR cache with per-channel keys (kv_view.h KeyAxis::kChannel), no
+    // The OSCAR cache with per-channel keys (paged_kv.h KeyAxis::kChannel), no
     // sink, a BF16 residual of 128, no rotation, no clipping, values in groups of 32.
     m.kind = KvMethod::Kind::kKivi;
     m.bits = 2;
@@ -258,7 +258,7 @@ static std::unique_ptr<KvCache> make_quant_cache(const KvMethod& m, const KvCach
 
 std::unique_ptr<KvCache> make_method_cache(const KvMethod& m, const KvCacheShape& shape,
                                            int64_t max_tokens, bool prefix_caching,
-                                           const PageStoreFactory& store) {
+                                           const backend::PageStoreFactory& store) {
   const int64_t tokens = max_tokens > 0 ? max_tokens : 32768;
   if (m.kind == KvMethod::Kind::kBf16) {
     KvCacheOptions o;
@@ -294,7 +294,7 @@ int64_t quant_page_bytes(const KvMethod& m, const KvCacheShape& s) {
 std::unique_ptr<KvCache> make_method_cache_for_bytes(const KvMethod& m, const KvCacheShape& shape,
                                                      int64_t bytes, int sequences, int chunk,
                                                      bool prefix_caching,
-                                                     const PageStoreFactory& store) {
+                                                     const backend::PageStoreFactory& store) {
   const int ps = shape.page_size;
   const int64_t bf = bf16_page_bytes(shape);
   if (m.kind == KvMethod::Kind::kBf16) {

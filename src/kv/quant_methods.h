@@ -1,6 +1,6 @@
 // The KV cache methods of DESIGN §6.1, selected by name, all through the same
 // cache code (kv/oscar_cache.h) except bf16 (kv/bf16_cache.h). kivi2 is the
-// OSCAR cache with per-channel keys (kv_view.h KeyAxis::kChannel): the engine
+// OSCAR cache with per-channel keys (paged_kv.h KeyAxis::kChannel): the engine
 // decodes from it token by token like the others, and the evaluation's
 // prefill simulation (engine/eval.h) follows the same page-granular rule.
 //
@@ -73,7 +73,7 @@ std::vector<std::string> kv_method_names();
 // kivi2 with a page size that is not a multiple of 32.
 std::unique_ptr<KvCache> make_method_cache(const KvMethod& m, const KvCacheShape& shape,
                                            int64_t max_tokens, bool prefix_caching = false,
-                                           const PageStoreFactory& store = {});
+                                           const backend::PageStoreFactory& store = {});
 
 // Bytes of one page over every layer, K and V: BF16 (sink / recent, or every
 // token of the bf16 method) and the method's quantized middle page (codes and
@@ -88,7 +88,7 @@ int64_t quant_page_bytes(const KvMethod& m, const KvCacheShape& shape);
 std::unique_ptr<KvCache> make_method_cache_for_bytes(const KvMethod& m, const KvCacheShape& shape,
                                                      int64_t bytes, int sequences, int chunk,
                                                      bool prefix_caching = false,
-                                                     const PageStoreFactory& store = {});
+                                                     const backend::PageStoreFactory& store = {});
 
 // A calibration with the same eigenvectors recomposed as `target` (U, UH or
 // UHP), from one composed as U, UH or UHP with eigenvalues stored.

@@ -28,25 +28,10 @@
 
 namespace oscar::model {
 
-const char* to_string(WeightDtype d) {
-  switch (d) {
-    case WeightDtype::kF32: return "f32";
-    case WeightDtype::kQ8: return "q8";
-    default: return "bf16";
-  }
-}
-
-WeightDtype weight_dtype_from_string(const std::string& s) {
-  if (s == "f32") return WeightDtype::kF32;
-  if (s == "bf16") return WeightDtype::kBf16;
-  if (s == "q8") return WeightDtype::kQ8;
-  throw Error(fmt::format("weight dtype '{}': expected f32, bf16 or q8", s));
-}
-
 namespace {
 
 // 64-byte aligned host memory.
-class HostBuffer : public Buffer {
+class HostBuffer : public backend::Buffer {
  public:
   explicit HostBuffer(size_t n) {
     size_ = n;
@@ -56,7 +41,7 @@ class HostBuffer : public Buffer {
   ~HostBuffer() override { ::operator delete[](data_, std::align_val_t(64)); }
 };
 
-struct CpuWeight : PreparedWeight {
+struct CpuWeight : backend::PreparedWeight {
   std::vector<float> f32;      // [rows][cols] when kept in f32 (and all vectors)
   std::vector<uint16_t> bf16;  // [rows][cols] when kept in bf16
   std::vector<int8_t> q8;      // [rows][cols] when kept in q8
@@ -64,7 +49,7 @@ struct CpuWeight : PreparedWeight {
   std::vector<float> bias;     // [rows] or empty
 };
 
-const CpuWeight& cw(const PreparedWeight& w) { return static_cast<const CpuWeight&>(w); }
+const CpuWeight& cw(const backend::PreparedWeight& w) { return static_cast<const CpuWeight&>(w); }
 
 #define OSCAR_AVX512_FN __attribute__((target("avx512f,avx512dq,avx512vl,fma")))
 const bool g_avx512 = [] {
@@ -125,7 +110,7 @@ OSCAR_AVX512_FN void rms_norm_avx512(const float* x, const float* w, int64_t r0,
   }
 }
 
-class CpuBackend : public Backend {
+class CpuBackend : public backend::Backend {
  public:
   explicit CpuBackend(const CpuBackendOptions& o) : opts_(o) {
     if (o.threads > 0) {
@@ -141,7 +126,7 @@ class CpuBackend : public Backend {
                        op_threads());
   }
 
-  BufferPtr alloc(size_t n) override { return std::make_unique<HostBuffer>(n); }
+  backend::BufferPtr alloc(size_t n) override { return std::make_unique<HostBuffer>(n); }
   void to_host(const float* src, float* dst, size_t n) override {
     std::memcpy(dst, src, n * sizeof(float));
   }
@@ -149,7 +134,7 @@ class CpuBackend : public Backend {
     std::memcpy(dst, src, n * sizeof(float));
   }
 
-  WeightPtr prepare_linear(std::initializer_list<const Tensor*> ws,
+  backend::WeightPtr prepare_linear(std::initializer_list<const Tensor*> ws,
                            std::initializer_list<const Tensor*> biases) override {
     auto w = std::make_unique<CpuWeight>();
     int64_t cols = -1, rows = 0;
@@ -167,7 +152,7 @@ class CpuBackend : public Backend {
     bool any_bias = false;
     for (const Tensor* b : biases) any_bias |= (b && !b->empty());
     // q8 needs the AVX-512 kernels and whole 32-channel blocks; else bf16.
-    const bool q8 = opts_.weight_dtype == WeightDtype::kQ8 && q8_supported() && cols % kQ8Block == 0;
+    const bool q8 = opts_.weight_dtype == backend::WeightDtype::kQ8 && q8_supported() && cols % kQ8Block == 0;
     if (q8) {
       w->q8.resize(size_t(rows * cols));
       w->q8_scale.resize(size_t(rows * cols / kQ8Block));
@@ -178,7 +163,7 @@ class CpuBackend : public Backend {
         r0 += t->shape[0];
       }
       w->bytes = rows * cols + rows * (cols / kQ8Block) * 4;
-    } else if (opts_.weight_dtype == WeightDtype::kF32) {
+    } else if (opts_.weight_dtype == backend::WeightDtype::kF32) {
       w->f32.reserve(size_t(rows * cols));
       for (const Tensor* t : ws) w->f32.insert(w->f32.end(), t->data.begin(), t->data.end());
       w->bytes = rows * cols * 4;
@@ -205,7 +190,7 @@ class CpuBackend : public Backend {
     return w;
   }
 
-  WeightPtr prepare_vector(const Tensor& v) override {
+  backend::WeightPtr prepare_vector(const Tensor& v) override {
     auto w = std::make_unique<CpuWeight>();
     w->f32 = v.data;
     w->rows = 1;
@@ -214,7 +199,7 @@ class CpuBackend : public Backend {
     return w;
   }
 
-  WeightPtr prepare_embedding(const Tensor& e) override {
+  backend::WeightPtr prepare_embedding(const Tensor& e) override {
     // Rows are gathered, never streamed whole: keep f32 (exact).
     auto w = std::make_unique<CpuWeight>();
     if (e.shape.size() != 2) throw Error("cpu backend: embedding is not a matrix");
@@ -225,7 +210,7 @@ class CpuBackend : public Backend {
     return w;
   }
 
-  void embed(const PreparedWeight& emb, const int32_t* tokens, int n, float* x) override {
+  void embed(const backend::PreparedWeight& emb, const int32_t* tokens, int n, float* x) override {
     const CpuWeight& e = cw(emb);
     for (int i = 0; i < n; ++i) {
       if (tokens[i] < 0 || tokens[i] >= e.rows)
@@ -236,7 +221,7 @@ class CpuBackend : public Backend {
     }
   }
 
-  void linear(const PreparedWeight& pw, const float* x, int n, float* y) override {
+  void linear(const backend::PreparedWeight& pw, const float* x, int n, float* y) override {
     const CpuWeight& w = cw(pw);
     const float* b = w.bias.empty() ? nullptr : w.bias.data();
     if (!w.q8.empty())
@@ -247,7 +232,7 @@ class CpuBackend : public Backend {
       linear_f32(w.f32.data(), w.rows, w.cols, b, x, n, y);
   }
 
-  void rms_norm(const float* x, const PreparedWeight& pw, int rows, int dim, float eps,
+  void rms_norm(const float* x, const backend::PreparedWeight& pw, int rows, int dim, float eps,
                 float* y) override {
     const float* w = cw(pw).f32.data();
     if (cw(pw).cols != dim)
@@ -324,7 +309,7 @@ class CpuBackend : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend(const CpuBackendOptions& opts) {
+std::unique_ptr<backend::Backend> make_cpu_backend(const CpuBackendOptions& opts) {
   return std::make_unique<CpuBackend>(opts);
 }
 

@@ -4,15 +4,15 @@
 
 #include <memory>
 
-#include "model/backend.h"
+#include "backend/backend.h"
 
 namespace oscar::model {
 
 struct CpuBackendOptions {
-  WeightDtype weight_dtype = WeightDtype::kBf16;  // matrices; norms stay f32
+  backend::WeightDtype weight_dtype = backend::WeightDtype::kBf16;  // matrices; norms stay f32
   int threads = 0;                                // 0 = OSCAR_NUM_THREADS or all cores
 };
 
-std::unique_ptr<Backend> make_cpu_backend(const CpuBackendOptions& opts = {});
+std::unique_ptr<backend::Backend> make_cpu_backend(const CpuBackendOptions& opts = {});
 
 }  // namespace oscar::model

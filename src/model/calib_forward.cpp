@@ -1,3 +1,4 @@
+#include "model/prepared_layer.h"
 #include "model/calib_forward.h"
 
 #include <fmt/format.h>
@@ -17,7 +18,7 @@ namespace oscar::model {
 
 struct DenseForward::Layer : PreparedLayer {};
 
-DenseForward::DenseForward(const ModelWeights& w, Backend& be) : be_(be), cfg_(w.cfg) {
+DenseForward::DenseForward(const ModelWeights& w, backend::Backend& be) : be_(be), cfg_(w.cfg) {
   const ModelConfig& c = cfg_;
   if (int(w.layers.size()) != c.n_layers || c.n_heads <= 0 || c.n_kv_heads <= 0 ||
       c.n_heads % c.n_kv_heads != 0 || c.head_dim <= 0)
@@ -46,7 +47,7 @@ void DenseForward::run(std::span<const int32_t> tokens, DenseHooks* hooks,
   const int Hq = c.n_heads, Hkv = c.n_kv_heads, d = c.head_dim, H = c.hidden,
             I = c.intermediate;
   const size_t Dq = size_t(Hq) * d, Dkv = size_t(Hkv) * d, Dqkv = Dq + 2 * Dkv;
-  BufferPtr x = be_.alloc(T * size_t(H)), h = be_.alloc(T * size_t(H)),
+  backend::BufferPtr x = be_.alloc(T * size_t(H)), h = be_.alloc(T * size_t(H)),
             qkv = be_.alloc(T * Dqkv), q = be_.alloc(T * Dq), k = be_.alloc(T * Dkv),
             v = be_.alloc(T * Dkv), o = be_.alloc(T * Dq), tmp = be_.alloc(T * size_t(H)),
             gu = be_.alloc(T * size_t(2) * I), act = be_.alloc(T * size_t(I));
@@ -91,7 +92,7 @@ void DenseForward::run(std::span<const int32_t> tokens, DenseHooks* hooks,
 
 void DenseForward::logits(const float* hidden, int n, std::vector<float>& out) {
   const int H = cfg_.hidden, V = cfg_.vocab_size;
-  BufferPtr x = be_.alloc(size_t(n) * H), y = be_.alloc(size_t(n) * V);
+  backend::BufferPtr x = be_.alloc(size_t(n) * H), y = be_.alloc(size_t(n) * V);
   be_.from_host(hidden, x->data(), size_t(n) * H);
   be_.rms_norm(x->data(), *out_norm_, n, H, cfg_.rms_eps, x->data());
   be_.linear(*lm_head_, x->data(), n, y->data());
@@ -106,7 +107,7 @@ void DenseForward::project_attention(int layer, const float* o, int n, std::vect
   const size_t Dq = size_t(cfg_.n_heads) * cfg_.head_dim;
   y.resize(size_t(n) * H);
   if (n == 0) return;
-  BufferPtr x = be_.alloc(size_t(n) * Dq), out = be_.alloc(size_t(n) * H);
+  backend::BufferPtr x = be_.alloc(size_t(n) * Dq), out = be_.alloc(size_t(n) * H);
   be_.from_host(o, x->data(), size_t(n) * Dq);
   be_.linear(*layers_[layer].wo, x->data(), n, out->data());
   be_.to_host(out->data(), y.data(), y.size());

@@ -8,14 +8,14 @@
 // needs to replace attention by one that mixes BF16 and dequantized rows per
 // (query, key) pair. Both are whole-sequence views the paged engine never
 // materializes. The ops (embedding, linear, RMSNorm, RoPE, SwiGLU) are the
-// engine's Backend ops, so the arithmetic is the engine's.
+// engine's backend::Backend ops, so the arithmetic is the engine's.
 #pragma once
 
 #include <cstdint>
 #include <span>
 #include <vector>
 
-#include "model/backend.h"
+#include "backend/backend.h"
 #include "model/weights.h"
 
 namespace oscar::model {
@@ -42,7 +42,7 @@ class DenseHooks {
 class DenseForward {
  public:
   // Prepares the weights on `be` (which must outlive this object).
-  DenseForward(const ModelWeights& w, Backend& be);
+  DenseForward(const ModelWeights& w, backend::Backend& be);
   ~DenseForward();
 
   const ModelConfig& config() const { return cfg_; }
@@ -62,9 +62,9 @@ class DenseForward {
 
  private:
   struct Layer;
-  Backend& be_;
+  backend::Backend& be_;
   ModelConfig cfg_;
-  WeightPtr embd_, out_norm_, lm_head_;
+  backend::WeightPtr embd_, out_norm_, lm_head_;
   std::vector<Layer> layers_;
   std::vector<float> inv_freq_;
 };

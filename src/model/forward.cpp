@@ -1,3 +1,4 @@
+#include "model/prepared_layer.h"
 #include "model/forward.h"
 
 #include <fmt/format.h>
@@ -33,12 +34,12 @@ void expect_shape(const Tensor& t, std::vector<int64_t> want, const std::string&
 
 }  // namespace
 
-Model::Model(const ModelWeights& w, Backend& backend)
+Model::Model(const ModelWeights& w, backend::Backend& backend)
     : Model(w.cfg, backend, w.tok_embd, w.out_norm, w.lm_head,
             [&w](int l) -> const LayerWeights& { return w.layers.at(size_t(l)); },
             int(w.layers.size())) {}
 
-Model::Model(const ModelConfig& cfg, Backend& backend, const Tensor& tok_embd,
+Model::Model(const ModelConfig& cfg, backend::Backend& backend, const Tensor& tok_embd,
              const Tensor& out_norm, const Tensor& lm_head, const LayerSource& layer, int n_layers)
     : be_(backend), cfg_(cfg) {
   const ModelConfig& c = cfg_;
@@ -120,8 +121,6 @@ void Model::ensure_workspace(int T, int R) {
   tmp_ = be_.alloc(T * H);
   gu_ = be_.alloc(T * 2 * I);
   act_ = be_.alloc(T * I);
-  qd_ = be_.alloc(T * Dq);
-  od_ = be_.alloc(T * Dq);
   sel_ = be_.alloc(R * H);
   logits_ = be_.alloc(R * V);
   ws_tokens_ = T;
@@ -142,30 +141,39 @@ void Model::forward(std::span<const SeqStep> steps, kv::KvCache& cache,
                             cache.method(), cache.shape().n_layers, cache.shape().num_kv_heads,
                             cache.shape().head_dim, c.n_layers, Hkv, d));
 
-  // Token layout: step s owns rows [off[s], off[s] + n[s]) of every activation.
-  std::vector<int> off(S + 1, 0), pos0(S);
+  std::vector<int> len(S), pos0(S);
   std::unordered_set<kv::SeqId> seen;
   int R = 0;
   for (int s = 0; s < S; ++s) {
-    const int n = static_cast<int>(steps[s].tokens.size());
-    if (n == 0) throw Error(fmt::format("forward: step {} (sequence {}) has no tokens", s, steps[s].seq));
+    len[s] = static_cast<int>(steps[s].tokens.size());
+    if (len[s] == 0)
+      throw Error(fmt::format("forward: step {} (sequence {}) has no tokens", s, steps[s].seq));
     if (!seen.insert(steps[s].seq).second)
       throw Error(fmt::format("forward: sequence {} appears twice in one step", steps[s].seq));
-    off[s + 1] = off[s] + n;
     pos0[s] = cache.length(steps[s].seq);
-    R += steps[s].all_logits ? n : 1;
+    R += steps[s].all_logits ? len[s] : 1;
   }
-  const int T = off[S];
+  // Token layout: step s owns rows [off[s], off[s] + len[s]) of every
+  // activation. Single-token (decode) steps come first, in step order, then the
+  // prefill chunks: the decode rows are rows [0, Bd), which the decode kernel
+  // reads and writes in place.
+  std::vector<int> order, off(S);
+  for (int s = 0; s < S; ++s)
+    if (len[s] == 1) order.push_back(s);
+  for (int s = 0; s < S; ++s)
+    if (len[s] > 1) order.push_back(s);
+  int T = 0;
+  for (int s : order) off[s] = T, T += len[s];
   if (T == 0) {
     logits.clear();
     return;
   }
-  for (int s = 0; s < S; ++s) cache.reserve(steps[s].seq, off[s + 1] - off[s]);
+  for (int s = 0; s < S; ++s) cache.reserve(steps[s].seq, len[s]);
   ensure_workspace(T, R);
 
   std::vector<int32_t> tokens(T), pos(T);
   for (int s = 0; s < S; ++s)
-    for (int i = 0; i < off[s + 1] - off[s]; ++i) {
+    for (int i = 0; i < len[s]; ++i) {
       tokens[off[s] + i] = steps[s].tokens[i];
       pos[off[s] + i] = pos0[s] + i;
     }
@@ -175,12 +183,11 @@ void Model::forward(std::span<const SeqStep> steps, kv::KvCache& cache,
   // Single tokens go through the decode kernel together (one view, the new
   // row already stored); longer chunks through the prefill kernel one by one.
   std::vector<kv::SeqId> dec_seqs, pre_seqs;
-  std::vector<int> dec_lens, pre_lens, dec_step, pre_step;
-  for (int s = 0; s < S; ++s) {
-    if (off[s + 1] - off[s] == 1) {
+  std::vector<int> dec_lens, pre_lens, pre_step;
+  for (int s : order) {
+    if (len[s] == 1) {
       dec_seqs.push_back(steps[s].seq);
       dec_lens.push_back(pos0[s] + 1);
-      dec_step.push_back(s);
     } else {
       pre_seqs.push_back(steps[s].seq);
       pre_lens.push_back(pos0[s]);
@@ -192,11 +199,10 @@ void Model::forward(std::span<const SeqStep> steps, kv::KvCache& cache,
   cache.make_batch(pre_seqs, pre_lens, pre_batch);
   const float sm_scale = 1.0f / std::sqrt(float(d));
   const int Bd = static_cast<int>(dec_seqs.size());
-  bool dec_in_place = true;
-  for (int b = 0; b < Bd; ++b) dec_in_place = dec_in_place && off[dec_step[b]] == b;
-  // Where every new row goes, the same in every layer (one placement a step).
+  // Where every new row goes, the same in every layer (one placement a step),
+  // in layout order.
   rows_.clear();
-  for (int s = 0; s < S; ++s) cache.place(steps[s].seq, pos0[s], off[s + 1] - off[s], rows_);
+  for (int s : order) cache.place(steps[s].seq, pos0[s], len[s], rows_);
   be_.begin_step(dec_batch, pre_batch);
 
   float* x = x_->data();
@@ -223,24 +229,14 @@ void Model::forward(std::span<const SeqStep> steps, kv::KvCache& cache,
     cache.write_rows(l, rows_, k, v);
 
     float* attn = attn_->data();
-    if (Bd > 0 && dec_in_place) {
-      // The decode rows are rows [0, Bd) of the step: no gather, no scatter
-      // (one copy per row and layer costs a launch each on a device).
-      be_.decode_attention(dec_batch.layer(l), q, Hq, sm_scale, attn);
-    } else if (Bd > 0) {
-      for (int b = 0; b < Bd; ++b)
-        be_.copy_cols(q + int64_t(off[dec_step[b]]) * Dq, 1, Dq, 0, Dq, qd_->data() + int64_t(b) * Dq);
-      be_.decode_attention(dec_batch.layer(l), qd_->data(), Hq, sm_scale, od_->data());
-      for (int b = 0; b < Bd; ++b)
-        be_.copy_cols(od_->data() + int64_t(b) * Dq, 1, Dq, 0, Dq, attn + int64_t(off[dec_step[b]]) * Dq);
-    }
+    if (Bd > 0) be_.decode_attention(dec_batch.layer(l), q, Hq, sm_scale, attn);
     if (!pre_seqs.empty()) {
       const kv::PagedKvView pv = pre_batch.layer(l);
       for (size_t b = 0; b < pre_seqs.size(); ++b) {
         const int s = pre_step[b];
         be_.prefill_attention(pv, static_cast<int>(b), pos0[s], q + int64_t(off[s]) * Dq,
                               k + int64_t(off[s]) * Dkv, v + int64_t(off[s]) * Dkv,
-                              off[s + 1] - off[s], Hq, sm_scale, attn + int64_t(off[s]) * Dq);
+                              len[s], Hq, sm_scale, attn + int64_t(off[s]) * Dq);
       }
     }
     be_.linear(*L.wo, attn, T, tmp_->data());
@@ -252,14 +248,16 @@ void Model::forward(std::span<const SeqStep> steps, kv::KvCache& cache,
     be_.linear(*L.w_down, act_->data(), T, tmp_->data());
     be_.add(x, tmp_->data(), size_t(T) * H);
   }
-  for (int s = 0; s < S; ++s) cache.commit(steps[s].seq, off[s + 1] - off[s]);
+  for (int s = 0; s < S; ++s) cache.commit(steps[s].seq, len[s]);
 
   // Only the rows whose logits are wanted go through the final norm and LM head.
-  // When that is every row (decode steps, or all_logits), x already holds them.
-  const bool all_rows = R == T;
+  // When that is every row in step order (decode steps, or all_logits), x
+  // already holds them.
+  bool all_rows = R == T;
+  for (int i = 0; i < S && all_rows; ++i) all_rows = order[i] == i;
   int r = 0;
   for (int s = 0; s < S && !all_rows; ++s) {
-    const int n = off[s + 1] - off[s];
+    const int n = len[s];
     if (steps[s].all_logits) {
       be_.copy_cols(x + int64_t(off[s]) * H, n, H, 0, H, sel_->data() + int64_t(r) * H);
       r += n;

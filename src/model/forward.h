@@ -9,7 +9,7 @@
 //              h = RMSNorm(x); x += (silu(h W_gate^T) * h W_up^T) W_down^T
 //   logits = RMSNorm(x) W_lm^T  (W_lm = embedding when tied)
 //
-// All ops go through a Backend (model/backend.h); this file never touches
+// All ops go through a backend::Backend (backend/backend.h); this file never touches
 // activation memory directly. The cache hooks (rotate_*, write) receive the
 // backend's buffers as they are, so a device backend pairs with a cache whose
 // pages live on the same device.
@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "kv/kv_cache.h"
-#include "model/backend.h"
+#include "backend/backend.h"
 #include "model/weights.h"
 
 namespace oscar::model {
@@ -40,17 +40,16 @@ class Model {
   // Prepares the weights on `backend` (the backend must outlive the model); the
   // ModelWeights may be freed afterwards. Throws oscar::Error naming the tensor on
   // a shape mismatch.
-  Model(const ModelWeights& w, Backend& backend);
+  Model(const ModelWeights& w, backend::Backend& backend);
   // The same from parts, one layer at a time: layer(l) is called once per layer,
   // in order, and its result may be freed after the next call (benchmarks make
   // 8B-shaped random models this way without holding all fp32 weights).
   using LayerSource = std::function<const LayerWeights&(int layer)>;
-  Model(const ModelConfig& cfg, Backend& backend, const Tensor& tok_embd, const Tensor& out_norm,
+  Model(const ModelConfig& cfg, backend::Backend& backend, const Tensor& tok_embd, const Tensor& out_norm,
         const Tensor& lm_head, const LayerSource& layer, int n_layers);
   ~Model();
 
   const ModelConfig& config() const { return cfg_; }
-  Backend& backend() { return be_; }
   // The cache shape this model needs (page size from the cache options).
   kv::KvCacheShape cache_shape(int page_size = 64) const;
   // Bytes of weights a decode step streams (all matrices + norms; the embedding
@@ -69,9 +68,9 @@ class Model {
   struct Layer;
   void ensure_workspace(int tokens, int out_rows);
 
-  Backend& be_;
+  backend::Backend& be_;
   ModelConfig cfg_;
-  WeightPtr embd_, out_norm_, lm_head_;  // lm_head_ also when tied (a copy in matrix form)
+  backend::WeightPtr embd_, out_norm_, lm_head_;  // lm_head_ also when tied (a copy in matrix form)
   std::vector<Layer> layers_;
   std::vector<float> inv_freq_;
   int64_t step_bytes_ = 0;
@@ -79,8 +78,8 @@ class Model {
 
   // Workspace, grown on demand.
   int ws_tokens_ = 0, ws_rows_ = 0;
-  kv::RowPlacement rows_;  // the step's row placement
-  BufferPtr x_, h_, qkv_, q_, k_, v_, attn_, tmp_, gu_, act_, qd_, od_, sel_, logits_;
+  backend::RowPlacement rows_;  // the step's row placement
+  backend::BufferPtr x_, h_, qkv_, q_, k_, v_, attn_, tmp_, gu_, act_, sel_, logits_;
 };
 
 }  // namespace oscar::model

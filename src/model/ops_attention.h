@@ -4,7 +4,7 @@
 // kernels/cpu/attention.h. A non-empty quantized middle region is an error here.
 #pragma once
 
-#include "kv/kv_view.h"
+#include "kernels/paged_kv.h"
 
 namespace oscar::model {
 

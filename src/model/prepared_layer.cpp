@@ -1,8 +1,9 @@
-#include "model/backend.h"
+#include "model/prepared_layer.h"
+#include "backend/backend.h"
 
 namespace oscar::model {
 
-PreparedLayer prepare_layer(Backend& be, const ModelConfig& c, const LayerWeights& lw) {
+PreparedLayer prepare_layer(backend::Backend& be, const ModelConfig& c, const LayerWeights& lw) {
   PreparedLayer L;
   L.attn_norm = be.prepare_vector(lw.attn_norm);
   if (c.qkv_bias)

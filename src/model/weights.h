@@ -6,16 +6,10 @@
 #include <string>
 #include <vector>
 
+#include "core/tensor.h"
 #include "model/config.h"
 
 namespace oscar::model {
-
-struct Tensor {
-  std::vector<int64_t> shape;  // outermost first
-  std::vector<float> data;     // row-major
-  bool empty() const { return data.empty(); }
-  int64_t numel() const { return static_cast<int64_t>(data.size()); }
-};
 
 struct LayerWeights {
   Tensor attn_norm;  // [hidden]

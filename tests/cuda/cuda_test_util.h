@@ -15,7 +15,7 @@
 
 #include "core/half.h"
 #include "kernels/cuda/cuda_check.h"
-#include "kv/kv_view.h"
+#include "kernels/paged_kv.h"
 
 namespace oscar::test {
 

@@ -9,8 +9,9 @@
 //   linear, bf16 weights: 1e-2 (the GPU rounds activations to BF16, the CPU not)
 //   logits, BF16 cache, f32 weights: 2e-3 (the decode kernel's tensor cores take
 //     the query in half precision; the CPU keeps fp32)
-//   logits, OSCAR cache: median 2e-2, max 1e-1 per position (a rotation that
-//     differs in the last fp32 bit can move a 2-bit code to the next level)
+//   logits, OSCAR cache: median 5e-3, max 2e-2 per position (a rotation that
+//     differs in the last fp32 bit can move a 2-bit code to the next level;
+//     measured on the H200: median <= 1.1e-3, max <= 5.6e-3)
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -30,7 +31,7 @@
 namespace oscar {
 namespace {
 
-using model::WeightDtype;
+using backend::WeightDtype;
 
 std::vector<float> randn(size_t n, uint64_t seed, float scale = 1.0f) {
   std::mt19937_64 rng(seed);
@@ -65,21 +66,21 @@ double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
 
 // Runs one op on a backend: uploads inputs, downloads the output.
 struct Dev {
-  model::Backend& be;
-  model::BufferPtr put(const std::vector<float>& h) {
+  backend::Backend& be;
+  backend::BufferPtr put(const std::vector<float>& h) {
     auto b = be.alloc(h.size());
     be.from_host(h.data(), b->data(), h.size());
     return b;
   }
-  std::vector<float> get(const model::Buffer& b, size_t n) {
+  std::vector<float> get(const backend::Buffer& b, size_t n) {
     std::vector<float> h(n);
     be.to_host(b.data(), h.data(), n);
     return h;
   }
 };
 
-model::Tensor tensor(std::vector<int64_t> shape, uint64_t seed, float scale = 1.0f) {
-  model::Tensor t;
+oscar::Tensor tensor(std::vector<int64_t> shape, uint64_t seed, float scale = 1.0f) {
+  oscar::Tensor t;
   t.shape = shape;
   size_t n = 1;
   for (auto d : shape) n *= size_t(d);
@@ -91,7 +92,7 @@ TEST(CudaBackendOps, EveryOpMatchesTheCpuBackend) {
   SKIP_WITHOUT_GPU();
   auto cpu = model::make_cpu_backend({WeightDtype::kF32, 1});
   for (WeightDtype dt : {WeightDtype::kF32, WeightDtype::kBf16}) {
-    SCOPED_TRACE(model::to_string(dt));
+    SCOPED_TRACE(backend::to_string(dt));
     auto gpu = backend::make_cuda_backend({dt, 0});
     auto cpu_same = model::make_cpu_backend({dt, 1});
     Dev c{*cpu_same}, g{*gpu};
@@ -176,10 +177,10 @@ model::ModelWeights tiny(model::Arch arch, int head_dim, int heads, int kv_heads
 }
 
 struct Runner {
-  std::unique_ptr<model::Backend> be;
+  std::unique_ptr<backend::Backend> be;
   std::unique_ptr<model::Model> m;
   std::unique_ptr<kv::KvCache> cache;
-  Runner(const model::ModelWeights& w, std::unique_ptr<model::Backend> b, const kv::KvMethod& km,
+  Runner(const model::ModelWeights& w, std::unique_ptr<backend::Backend> b, const kv::KvMethod& km,
          int page, int64_t tokens)
       : be(std::move(b)) {
     m = std::make_unique<model::Model>(w, *be);
@@ -291,8 +292,8 @@ TEST_P(CudaForward, OscarCacheMatchesCpu) {
   const double med = s[s.size() / 2], mx = s.back();
   std::printf("oscar cache, CUDA vs CPU logits: median %.2e, max %.2e over %zu steps\n", med, mx,
               errs.size());
-  EXPECT_LE(med, 2e-2);
-  EXPECT_LE(mx, 1e-1);
+  EXPECT_LE(med, 5e-3);
+  EXPECT_LE(mx, 2e-2);
 }
 
 INSTANTIATE_TEST_SUITE_P(Archs, CudaForward,

@@ -66,7 +66,7 @@ TEST(EvalMetrics, ProjErrMatchesDirectComputation) {
             group = Hq / Hkv;
   ASSERT_NE(H, Hq * d);  // W_o is not square: proj_err is not o_err in disguise
   const auto tokens = random_tokens(kT, cfg.vocab_size, 5);
-  auto be = model::make_cpu_backend({model::WeightDtype::kF32, 1});
+  auto be = model::make_cpu_backend({backend::WeightDtype::kF32, 1});
   model::DenseForward fwd(w, *be);
 
   CaptureQkv cap;
@@ -168,7 +168,7 @@ TEST(EvalMetrics, ProjErrMatchesDirectComputation) {
 TEST(EvalMetrics, ProjErrZeroForExactCacheAndPositiveWhenQuantized) {
   const auto w = model::random_weights(model::tiny_config(model::Arch::kLlama), 22);
   const auto tokens = random_tokens(kT, w.cfg.vocab_size, 6);
-  auto be = model::make_cpu_backend({model::WeightDtype::kF32, 1});
+  auto be = model::make_cpu_backend({backend::WeightDtype::kF32, 1});
   model::DenseForward fwd(w, *be);
   std::vector<float> hidden;
 
@@ -199,7 +199,7 @@ TEST(EvalMetrics, ProjErrIsBasisFree) {
   const auto w = model::random_weights(cfg, 23);
   const auto tokens = random_tokens(kT, cfg.vocab_size, 7);
   std::vector<float> hidden;
-  auto be = model::make_cpu_backend({model::WeightDtype::kF32, 1});
+  auto be = model::make_cpu_backend({backend::WeightDtype::kF32, 1});
   model::DenseForward fwd(w, *be);
   engine::LocalErrorSums plain;
   engine::simulate(fwd, naive_method(w, kSink, kRecent), tokens, kPage, kScoreFrom, hidden, &plain);
@@ -210,7 +210,7 @@ TEST(EvalMetrics, ProjErrIsBasisFree) {
   ASSERT_TRUE(had.folds_values());
   model::ModelWeights fw = w;
   model::fold_value_rotation(fw, *had.calib);
-  auto be2 = model::make_cpu_backend({model::WeightDtype::kF32, 1});
+  auto be2 = model::make_cpu_backend({backend::WeightDtype::kF32, 1});
   model::DenseForward ffwd(fw, *be2);
   engine::LocalErrorSums rot;
   engine::simulate(ffwd, had, tokens, kPage, kScoreFrom, hidden, &rot);

@@ -146,11 +146,11 @@ TEST(StopStrings, HoldsBackPrefixesAndCutsAtTheStop) {
 struct Rig {
   Rig()
       : w(model::random_weights(model::tiny_config(model::Arch::kLlama), 3)),
-        be(model::make_cpu_backend({model::WeightDtype::kF32, 0})),
+        be(model::make_cpu_backend({backend::WeightDtype::kF32, 0})),
         m(w, *be),
         cache(m.cache_shape(16), 64) {}
   model::ModelWeights w;
-  std::unique_ptr<model::Backend> be;
+  std::unique_ptr<backend::Backend> be;
   model::Model m;
   kv::Bf16KvCache cache;
 };

@@ -24,7 +24,7 @@ namespace {
 struct Rig {
   Rig()
       : w(model::random_weights(model::tiny_config(model::Arch::kLlama), 3)),
-        be(model::make_cpu_backend({model::WeightDtype::kF32, 0})),
+        be(model::make_cpu_backend({backend::WeightDtype::kF32, 0})),
         m(w, *be) {}
   // A Hadamard-rotated INT2 cache for this model, pages of 16, sink 16, window
   // 16 (demotes early); `o` gives the pool sizes and prefix caching.
@@ -39,7 +39,7 @@ struct Rig {
     return std::make_unique<kv::OscarKvCache>(m.cache_shape(16), calib, o);
   }
   model::ModelWeights w;
-  std::unique_ptr<model::Backend> be;
+  std::unique_ptr<backend::Backend> be;
   model::Model m;
 };
 

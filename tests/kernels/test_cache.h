@@ -15,13 +15,13 @@
 
 #include "core/half.h"
 #include "core/quantizer.h"
-#include "kv/kv_view.h"
+#include "kernels/paged_kv.h"
 
 namespace oscar::test {
 
 struct CacheSpec {
   int hkv = 2, d = 128, page = 16, bits = 2, group = 128;
-  // Keys of the middle per channel over spans of 32 slots (kv_view.h,
+  // Keys of the middle per channel over spans of 32 slots (paged_kv.h,
   // KeyAxis::kChannel; page must be a multiple of 32). The rows of a span
   // past the region's end are filled too (their params cover them); spans
   // wholly past it keep NaN params.

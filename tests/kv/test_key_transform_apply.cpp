@@ -1,4 +1,4 @@
-// kv::transform_keys / transform_queries (the CPU rotation kernel + offset) against
+// kernels::cpu::transform_keys / transform_queries (the CPU rotation kernel + offset) against
 // the fp64 reference of core/key_transform.h, on fresh random inputs.
 #include <gtest/gtest.h>
 
@@ -8,7 +8,7 @@
 #include "core/error.h"
 #include "core/key_transform.h"
 #include "core/rotation.h"
-#include "kv/key_transform.h"
+#include "kernels/cpu/key_transform.h"
 
 using namespace oscar;
 
@@ -36,8 +36,8 @@ TEST(KeyTransformApply, MatchesReference) {
         std::vector<float> k_ref = k, q_ref = q;
         apply_key_transform_ref(t, k_ref.data(), T, H);
         apply_query_transform_ref(t, q_ref.data(), T, Hq, H);
-        kv::transform_keys(t, k.data(), T, H);
-        kv::transform_queries(t, q.data(), T, Hq, H);
+        kernels::cpu::transform_keys(t, k.data(), T, H);
+        kernels::cpu::transform_queries(t, q.data(), T, Hq, H);
         double kmax = 0, qmax = 0;
         for (float x : k_ref) kmax = std::max(kmax, double(std::fabs(x)));
         for (float x : q_ref) qmax = std::max(qmax, double(std::fabs(x)));
@@ -60,5 +60,5 @@ TEST(KeyTransformApply, QueryHeadsMustGroup) {
     for (int i = 0; i < 32; ++i) L.k_rotation[size_t(r) * 1024 + i * 33] = 1.0f;
   const KeyTransform t = prepare_key_transform(L, 2, 32);
   std::vector<float> q(5 * 32, 1.0f);
-  EXPECT_THROW(kv::transform_queries(t, q.data(), 1, 5, 2), Error);
+  EXPECT_THROW(kernels::cpu::transform_queries(t, q.data(), 1, 5, 2), Error);
 }

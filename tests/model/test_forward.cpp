@@ -94,14 +94,14 @@ void expect_matches_ref(const ModelWeights& ref_w, const std::vector<std::vector
 }
 
 struct Fixture {
-  explicit Fixture(ModelConfig cfg, WeightDtype wd = WeightDtype::kF32, int page = 16,
+  explicit Fixture(ModelConfig cfg, backend::WeightDtype wd = backend::WeightDtype::kF32, int page = 16,
                    uint64_t seed = 7)
       : w(random_weights(cfg, seed)),
         be(make_cpu_backend({wd, 0})),
         m(w, *be),
         cache(m.cache_shape(page), 512) {}
   ModelWeights w;
-  std::unique_ptr<Backend> be;
+  std::unique_ptr<backend::Backend> be;
   Model m;
   kv::Bf16KvCache cache;
 };
@@ -109,13 +109,13 @@ struct Fixture {
 struct ArchCase {
   Arch arch;
   bool tied;
-  WeightDtype wd;
+  backend::WeightDtype wd;
 };
 
 // Named printing (gtest would otherwise dump the struct's padding bytes).
 void PrintTo(const ArchCase& c, std::ostream* os) {
   *os << (c.arch == Arch::kLlama ? "llama" : c.arch == Arch::kQwen2 ? "qwen2" : "qwen3")
-      << (c.tied ? "-tied-" : "-untied-") << to_string(c.wd);
+      << (c.tied ? "-tied-" : "-untied-") << backend::to_string(c.wd);
 }
 
 class ForwardArch : public ::testing::TestWithParam<ArchCase> {};
@@ -128,8 +128,8 @@ TEST_P(ForwardArch, PrefillThenDecodeMatchesReference) {
   std::vector<Step> sched = {{{0, 37}}};
   for (int i = 0; i < 8; ++i) sched.push_back({{0, 1}});
   RunResult r = run_schedule(f.m, f.cache, toks, sched);
-  const ModelWeights ref_w = p.wd == WeightDtype::kBf16 ? testing::round_matrices_bf16(f.w)
-                             : p.wd == WeightDtype::kQ8 ? testing::round_matrices_q8(f.w)
+  const ModelWeights ref_w = p.wd == backend::WeightDtype::kBf16 ? testing::round_matrices_bf16(f.w)
+                             : p.wd == backend::WeightDtype::kQ8 ? testing::round_matrices_q8(f.w)
                                                         : f.w;
   expect_matches_ref(ref_w, toks, r);
   EXPECT_EQ(f.cache.pool().num_used(), 0) << "pages leaked";
@@ -137,15 +137,15 @@ TEST_P(ForwardArch, PrefillThenDecodeMatchesReference) {
 
 INSTANTIATE_TEST_SUITE_P(
     All, ForwardArch,
-    ::testing::Values(ArchCase{Arch::kLlama, false, WeightDtype::kF32},
-                      ArchCase{Arch::kLlama, true, WeightDtype::kF32},
-                      ArchCase{Arch::kQwen2, false, WeightDtype::kF32},
-                      ArchCase{Arch::kQwen3, true, WeightDtype::kF32},
-                      ArchCase{Arch::kLlama, false, WeightDtype::kBf16},
-                      ArchCase{Arch::kQwen2, true, WeightDtype::kBf16},
-                      ArchCase{Arch::kQwen3, false, WeightDtype::kBf16},
-                      ArchCase{Arch::kLlama, true, WeightDtype::kQ8},
-                      ArchCase{Arch::kQwen2, false, WeightDtype::kQ8}));
+    ::testing::Values(ArchCase{Arch::kLlama, false, backend::WeightDtype::kF32},
+                      ArchCase{Arch::kLlama, true, backend::WeightDtype::kF32},
+                      ArchCase{Arch::kQwen2, false, backend::WeightDtype::kF32},
+                      ArchCase{Arch::kQwen3, true, backend::WeightDtype::kF32},
+                      ArchCase{Arch::kLlama, false, backend::WeightDtype::kBf16},
+                      ArchCase{Arch::kQwen2, true, backend::WeightDtype::kBf16},
+                      ArchCase{Arch::kQwen3, false, backend::WeightDtype::kBf16},
+                      ArchCase{Arch::kLlama, true, backend::WeightDtype::kQ8},
+                      ArchCase{Arch::kQwen2, false, backend::WeightDtype::kQ8}));
 
 TEST(Forward, WrongPositionWouldBeCaught) {
   // The comparison is sharp enough to see a one-position RoPE shift.
@@ -193,7 +193,7 @@ TEST(Forward, PageBoundariesAtEveryOffset) {
   // Page size 16: a chunk of 5 tokens starting at every offset 0..33 (so the
   // cached part ends, and the chunk starts and ends, at every slot of a page),
   // followed by two decode tokens.
-  Fixture f(tiny_config(Arch::kLlama), WeightDtype::kF32, 16);
+  Fixture f(tiny_config(Arch::kLlama), backend::WeightDtype::kF32, 16);
   const int V = f.w.cfg.vocab_size;
   for (int c0 = 0; c0 <= 33; ++c0) {
     auto toks = std::vector<std::vector<int>>{random_tokens(c0 + 7, V, 100 + c0)};
@@ -209,7 +209,7 @@ TEST(Forward, PageBoundariesAtEveryOffset) {
 }
 
 TEST(Forward, TokenByTokenDecodeOverManyPages) {
-  Fixture f(tiny_config(Arch::kQwen3), WeightDtype::kF32, 16);
+  Fixture f(tiny_config(Arch::kQwen3), backend::WeightDtype::kF32, 16);
   auto toks = std::vector<std::vector<int>>{random_tokens(70, f.w.cfg.vocab_size, 9)};
   std::vector<Step> sched(70, Step{{0, 1}});
   RunResult r = run_schedule(f.m, f.cache, toks, sched);
@@ -217,7 +217,7 @@ TEST(Forward, TokenByTokenDecodeOverManyPages) {
 }
 
 TEST(Forward, ForkedSequencesDivergeCorrectly) {
-  Fixture f(tiny_config(Arch::kLlama), WeightDtype::kF32, 16);
+  Fixture f(tiny_config(Arch::kLlama), backend::WeightDtype::kF32, 16);
   const int V = f.w.cfg.vocab_size;
   auto prefix = random_tokens(21, V, 5);  // ends mid-page: the partial page is copied
   auto a = prefix, b = prefix;

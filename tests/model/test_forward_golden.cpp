@@ -125,7 +125,7 @@ TEST_P(TinyGolden, LogitsAndGreedyMatchTransformers) {
   // The tiny models and their golden files are committed: a missing one is a failure.
   ASSERT_TRUE(fs::exists(dir / "golden.safetensors")) << dir << ": no golden file";
   ModelWeights w = load_model(dir.string());
-  auto be = make_cpu_backend({WeightDtype::kF32, 0});
+  auto be = make_cpu_backend({backend::WeightDtype::kF32, 0});
   Model m(w, *be);
   kv::Bf16KvCache cache(m.cache_shape(16), 64);
   st::File g = st::File::open((dir / "golden.safetensors").string());
@@ -157,7 +157,7 @@ TEST(DefaultModelGolden, SmolLM2MatchesTransformers) {
   if (!fs::exists(gguf)) GTEST_SKIP() << gguf << " absent (scripts/fetch_model.sh)";
   if (!fs::exists(gold)) GTEST_SKIP() << gold << " absent";
   ModelWeights w = load_model(gguf.string());
-  auto be = make_cpu_backend({WeightDtype::kF32, 0});
+  auto be = make_cpu_backend({backend::WeightDtype::kF32, 0});
   Model m(w, *be);
   kv::Bf16KvCache cache(m.cache_shape(64), 16);
   st::File g = st::File::open(gold.string());
@@ -207,7 +207,7 @@ TEST(DefaultModelGolden, ReducedPrecisionWeightsStayClose) {
   const std::vector<float> topv = g.read_f32("topk_logits");
   const std::vector<int> topi = read_ids(g, "topk_ids");
   const int V = w.cfg.vocab_size, T = int(ids.size()), K = int(topi.size()) / T;
-  for (WeightDtype wd : {WeightDtype::kBf16, WeightDtype::kQ8}) {
+  for (backend::WeightDtype wd : {backend::WeightDtype::kBf16, backend::WeightDtype::kQ8}) {
     auto be = make_cpu_backend({wd, 0});
     Model m(w, *be);
     kv::Bf16KvCache cache(m.cache_shape(64), 4);
@@ -227,9 +227,9 @@ TEST(DefaultModelGolden, ReducedPrecisionWeightsStayClose) {
     }
     std::printf("[ golden ] smollm2 %s weights: top-%d logits max |d| / scale = %.3g, top-1 agrees "
                 "at %d of %d positions (%d near-tie flips)\n",
-                to_string(wd), K, e.rel(), top1, T, flips_near_tie);
-    EXPECT_LT(e.rel(), 0.05) << to_string(wd);
-    EXPECT_EQ(top1 + flips_near_tie, T) << to_string(wd);
+                backend::to_string(wd), K, e.rel(), top1, T, flips_near_tie);
+    EXPECT_LT(e.rel(), 0.05) << backend::to_string(wd);
+    EXPECT_EQ(top1 + flips_near_tie, T) << backend::to_string(wd);
   }
 }
 
@@ -247,28 +247,28 @@ namespace {
 // the model's 1.78 B parameters are then held once in fp32 (7.1 GB) instead of
 // twice (14.2 GB) while the Model is built. Norms, biases and the embedding
 // table are left alone (small, or read again when the head is tied).
-class ReleasingBackend final : public Backend {
+class ReleasingBackend final : public backend::Backend {
  public:
-  explicit ReleasingBackend(std::unique_ptr<Backend> inner) : in_(std::move(inner)) {}
+  explicit ReleasingBackend(std::unique_ptr<backend::Backend> inner) : in_(std::move(inner)) {}
   std::string name() const override { return in_->name(); }
-  BufferPtr alloc(size_t n) override { return in_->alloc(n); }
+  backend::BufferPtr alloc(size_t n) override { return in_->alloc(n); }
   void to_host(const float* s, float* d, size_t n) override { in_->to_host(s, d, n); }
   void from_host(const float* s, float* d, size_t n) override { in_->from_host(s, d, n); }
-  WeightPtr prepare_linear(std::initializer_list<const Tensor*> ws,
+  backend::WeightPtr prepare_linear(std::initializer_list<const Tensor*> ws,
                            std::initializer_list<const Tensor*> biases) override {
-    WeightPtr w = in_->prepare_linear(ws, biases);
+    backend::WeightPtr w = in_->prepare_linear(ws, biases);
     for (const Tensor* t : ws) std::vector<float>().swap(const_cast<Tensor*>(t)->data);
     return w;
   }
-  WeightPtr prepare_vector(const Tensor& v) override { return in_->prepare_vector(v); }
-  WeightPtr prepare_embedding(const Tensor& e) override { return in_->prepare_embedding(e); }
-  void embed(const PreparedWeight& e, const int32_t* t, int n, float* x) override {
+  backend::WeightPtr prepare_vector(const Tensor& v) override { return in_->prepare_vector(v); }
+  backend::WeightPtr prepare_embedding(const Tensor& e) override { return in_->prepare_embedding(e); }
+  void embed(const backend::PreparedWeight& e, const int32_t* t, int n, float* x) override {
     in_->embed(e, t, n, x);
   }
-  void linear(const PreparedWeight& w, const float* x, int n, float* y) override {
+  void linear(const backend::PreparedWeight& w, const float* x, int n, float* y) override {
     in_->linear(w, x, n, y);
   }
-  void rms_norm(const float* x, const PreparedWeight& w, int rows, int dim, float eps,
+  void rms_norm(const float* x, const backend::PreparedWeight& w, int rows, int dim, float eps,
                 float* y) override {
     in_->rms_norm(x, w, rows, dim, eps, y);
   }
@@ -293,7 +293,7 @@ class ReleasingBackend final : public Backend {
   }
 
  private:
-  std::unique_ptr<Backend> in_;
+  std::unique_ptr<backend::Backend> in_;
 };
 
 // Our fp32 forward (dequantized Q4_K/Q6_K weights, fp32 K/V) against
@@ -325,7 +325,7 @@ TEST(QwenGolden, Qwen25CoderMatchesTransformers) {
   const fs::path gold = fs::path(OSCAR_TEST_DATA_DIR) / "model" / "qwen2.5-coder-golden.safetensors";
   if (!fs::exists(gguf)) GTEST_SKIP() << gguf << " absent (scripts/fetch_qwen.sh)";
   if (!fs::exists(gold)) GTEST_SKIP() << gold << " absent";
-  ReleasingBackend be(make_cpu_backend({WeightDtype::kF32, 0}));
+  ReleasingBackend be(make_cpu_backend({backend::WeightDtype::kF32, 0}));
   std::unique_ptr<Model> mp;
   {
     ModelWeights w = load_model(gguf.string());

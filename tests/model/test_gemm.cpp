@@ -258,7 +258,7 @@ namespace {
 // copy) against their formulas in fp64, on shapes with and without 16-lane tails.
 TEST(CpuBackendOps, ElementwiseMatchFormulas) {
   std::mt19937 rng(15);
-  auto be = make_cpu_backend({WeightDtype::kF32, 2});
+  auto be = make_cpu_backend({backend::WeightDtype::kF32, 2});
   for (int dim : {576, 100}) {
     const int rows = 200;
     auto x = randn(size_t(rows) * dim, rng, 3.0f);

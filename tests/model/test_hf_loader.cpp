@@ -18,6 +18,7 @@
 
 namespace fs = std::filesystem;
 using namespace oscar::model;
+using oscar::Tensor;
 
 using oscar::test::expect_error;
 using oscar::test::tmp_path;

@@ -20,12 +20,6 @@ namespace oscar::backend {
 
 namespace {
 
-using model::Buffer;
-using model::BufferPtr;
-using model::PreparedWeight;
-using model::Tensor;
-using model::WeightDtype;
-using model::WeightPtr;
 
 void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess)
@@ -91,9 +85,9 @@ const CudaWeight& cw(const PreparedWeight& w) { return static_cast<const CudaWei
 
 // ---------------------------------------------------------------------------
 // KV pages in device memory.
-class CudaPageStore final : public kv::PageStore {
+class CudaPageStore final : public PageStore {
  public:
-  CudaPageStore(const kv::PageStoreSpec& s, cudaStream_t st) : s_(s), st_(st) {
+  CudaPageStore(const PageStoreSpec& s, cudaStream_t st) : PageStore(s), st_(st) {
     if (s.quant_pages > 0 && s.bits != 2)
       throw Error(s.label + ": the CUDA cache holds 2-bit codes only (this method has " +
                   std::to_string(s.bits) + ")");
@@ -121,38 +115,38 @@ class CudaPageStore final : public kv::PageStore {
     return {k_.at(l).as<uint16_t>(), v_.at(l).as<uint16_t>()};
   }
   kv::QuantPagePool quant_pool(int l) const override {
-    if (s_.quant_pages <= 0) return {};
+    if (spec_.quant_pages <= 0) return {};
     return {kc_.at(l).as<uint8_t>(), vc_.at(l).as<uint8_t>(), kp_.at(l).as<uint16_t>(),
             vp_.at(l).as<uint16_t>()};
   }
 
-  void set_quant(std::vector<kv::LayerQuant> layers) override {
-    if (int(layers.size()) != s_.n_layers)
-      throw Error(s_.label + ": quantization for " + std::to_string(layers.size()) +
-                  " layers, cache has " + std::to_string(s_.n_layers));
-    const int d = s_.head_dim, H = s_.num_kv_heads;
+  void set_quant(std::vector<LayerQuant> layers) override {
+    if (int(layers.size()) != spec_.n_layers)
+      throw Error(spec_.label + ": quantization for " + std::to_string(layers.size()) +
+                  " layers, cache has " + std::to_string(spec_.n_layers));
+    const int d = spec_.head_dim, H = spec_.num_kv_heads;
     q_.clear();
-    for (const kv::LayerQuant& lq : layers) {
+    for (const LayerQuant& lq : layers) {
       Layer L;
       L.identity = lq.identity;
       if (int(lq.k_clip.size()) != H || int(lq.v_clip.size()) != H)
-        throw Error(s_.label + ": clip ratios do not match the KV heads");
+        throw Error(spec_.label + ": clip ratios do not match the KV heads");
       for (int h = 1; h < H; ++h)
         if (lq.k_clip[h] != lq.k_clip[0] || lq.v_clip[h] != lq.v_clip[0])
-          throw Error(s_.label + ": per-head clip ratios are not supported by the CUDA kernels "
+          throw Error(spec_.label + ": per-head clip ratios are not supported by the CUDA kernels "
                                  "(run this calibration on the CPU backend)");
       L.clip = {lq.k_clip[0], lq.v_clip[0]};
       if (!lq.identity) {
         L.n = lq.xf.n;
         const size_t mat = size_t(lq.xf.n) * d * d;
         if (lq.xf.key.size() != mat || lq.xf.query.size() != mat)
-          throw Error(s_.label + ": key transform of the wrong size");
+          throw Error(spec_.label + ": key transform of the wrong size");
         L.key = DevMem(mat * 4);
         L.query = DevMem(mat * 4);
         check(cudaMemcpy(L.key.p, lq.xf.key.data(), mat * 4, cudaMemcpyHostToDevice), "upload");
         check(cudaMemcpy(L.query.p, lq.xf.query.data(), mat * 4, cudaMemcpyHostToDevice), "upload");
         if (!lq.xf.mean.empty()) {
-          if (lq.xf.mean.size() != size_t(H) * d) throw Error(s_.label + ": key mean of the wrong size");
+          if (lq.xf.mean.size() != size_t(H) * d) throw Error(spec_.label + ": key mean of the wrong size");
           L.mean = DevMem(size_t(H) * d * 4);
           check(cudaMemcpy(L.mean.p, lq.xf.mean.data(), size_t(H) * d * 4, cudaMemcpyHostToDevice),
                 "upload");
@@ -162,24 +156,24 @@ class CudaPageStore final : public kv::PageStore {
     }
   }
 
-  void write_bf16(int layer, const kv::RowPlacement& rows, const float* k, const float* v) override {
+  void write_bf16(int layer, const RowPlacement& rows, const float* k, const float* v) override {
     flush();
     upload_rows(rows);
-    check(kernels::cuda::write_bf16_tokens(view(layer), rows.size(), rows_dev_.as<int32_t>(),
+    check(kernels::cuda::write_bf16_tokens(layer_view(layer), rows.size(), rows_dev_.as<int32_t>(),
                                            rows_dev_.as<int32_t>() + rows.size(), k, v, {}, st_),
           "write_bf16_tokens");
   }
 
   void demote(int32_t src, int32_t dst) override {
-    if (q_.empty()) throw Error(s_.label + ": demotion before set_quant");
+    if (q_.empty()) throw Error(spec_.label + ": demotion before set_quant");
     pending_.push_back(src);
     pending_.push_back(dst);
   }
 
   void copy_bf16_page(int32_t from, int32_t to) override {
     flush();
-    const size_t pb = size_t(s_.num_kv_heads) * s_.page_size * s_.head_dim * 2;
-    for (int l = 0; l < s_.n_layers; ++l) {
+    const size_t pb = size_t(spec_.num_kv_heads) * spec_.page_size * spec_.head_dim * 2;
+    for (int l = 0; l < spec_.n_layers; ++l) {
       check(cudaMemcpyAsync(k_[l].as<char>() + to * pb, k_[l].as<char>() + from * pb, pb,
                             cudaMemcpyDeviceToDevice, st_), "page copy");
       check(cudaMemcpyAsync(v_[l].as<char>() + to * pb, v_[l].as<char>() + from * pb, pb,
@@ -191,18 +185,18 @@ class CudaPageStore final : public kv::PageStore {
     if (q_.empty() || n == 0 || q_.at(layer).identity) return;
     const Layer& L = q_[layer];
     if (L.mean.p) {
-      cuda_ops::sub_mean(k, L.mean.as<float>(), n, s_.num_kv_heads, s_.head_dim, st_);
+      cuda_ops::sub_mean(k, L.mean.as<float>(), n, spec_.num_kv_heads, spec_.head_dim, st_);
       check_launch("key centering");
     }
-    check(kernels::cuda::rotate_queries(k, n, s_.num_kv_heads, s_.head_dim, L.key.as<float>(),
-                                        L.n == 1 ? 1 : s_.num_kv_heads, k, st_),
+    check(kernels::cuda::rotate_queries(k, n, spec_.num_kv_heads, spec_.head_dim, L.key.as<float>(),
+                                        L.n == 1 ? 1 : spec_.num_kv_heads, k, st_),
           "key transform");
   }
   void transform_queries(int layer, float* q, int n, int n_q_heads) override {
     if (q_.empty() || n == 0 || q_.at(layer).identity) return;
     const Layer& L = q_[layer];
-    check(kernels::cuda::rotate_queries(q, n, n_q_heads, s_.head_dim, L.query.as<float>(),
-                                        L.n == 1 ? 1 : s_.num_kv_heads, q, st_),
+    check(kernels::cuda::rotate_queries(q, n, n_q_heads, spec_.head_dim, L.query.as<float>(),
+                                        L.n == 1 ? 1 : spec_.num_kv_heads, q, st_),
           "query transform");
   }
 
@@ -219,20 +213,7 @@ class CudaPageStore final : public kv::PageStore {
     kernels::cuda::ClipRatios clip;
   };
 
-  kv::PagedKvView view(int l) const {
-    kv::PagedKvView v;
-    v.num_kv_heads = s_.num_kv_heads;
-    v.head_dim = s_.head_dim;
-    v.page_size = s_.page_size;
-    v.bits = s_.bits;
-    v.group_size = s_.group_size;
-    v.key_axis = s_.key_axis;
-    v.bf16 = bf16_pool(l);
-    v.quant = quant_pool(l);
-    return v;
-  }
-
-  void upload_rows(const kv::RowPlacement& rows) {
+  void upload_rows(const RowPlacement& rows) {
     if (rows.epoch == rows_epoch_ && rows.size() == rows_n_) return;
     const size_t n = size_t(rows.size());
     staging_.resize(2 * n);
@@ -258,13 +239,12 @@ class CudaPageStore final : public kv::PageStore {
     demote_dev_.ensure(2 * n * 4);
     check(cudaMemcpyAsync(demote_dev_.p, staging_.data(), 2 * n * 4, cudaMemcpyHostToDevice, st_),
           "demotion upload");
-    for (int l = 0; l < s_.n_layers; ++l)
-      check(kernels::cuda::demote_pages(view(l), int(n), demote_dev_.as<int32_t>(),
+    for (int l = 0; l < spec_.n_layers; ++l)
+      check(kernels::cuda::demote_pages(layer_view(l), int(n), demote_dev_.as<int32_t>(),
                                         demote_dev_.as<int32_t>() + n, q_[l].clip, -1, st_),
             "demote_pages");
   }
 
-  kv::PageStoreSpec s_;
   cudaStream_t st_;
   std::vector<DevMem> k_, v_, kc_, vc_, kp_, vp_;
   std::vector<Layer> q_;
@@ -307,7 +287,7 @@ struct DeviceTables {
   }
 };
 
-class CudaBackend final : public model::Backend {
+class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(const CudaBackendOptions& o) : opts_(o) {
     int n = 0;
@@ -333,7 +313,7 @@ class CudaBackend final : public model::Backend {
   std::string name() const override {
     cudaDeviceProp p{};
     cudaGetDeviceProperties(&p, opts_.device);
-    return std::string("cuda (") + p.name + ", " + model::to_string(opts_.weight_dtype) + ")";
+    return std::string("cuda (") + p.name + ", " + to_string(opts_.weight_dtype) + ")";
   }
 
   BufferPtr alloc(size_t n) override {
@@ -490,10 +470,10 @@ class CudaBackend final : public model::Backend {
           "copy_cols");
   }
 
-  kv::PageStoreFactory page_store_factory() override {
+  PageStoreFactory page_store_factory() override {
     cudaStream_t st = st_;
     const int dev = opts_.device;
-    return [st, dev](const kv::PageStoreSpec& s) -> std::unique_ptr<kv::PageStore> {
+    return [st, dev](const PageStoreSpec& s) -> std::unique_ptr<PageStore> {
       check(cudaSetDevice(dev), "set device");
       return std::make_unique<CudaPageStore>(s, st);
     };
@@ -546,76 +526,59 @@ class CudaBackend final : public model::Backend {
   void prefill_attention(const kv::PagedKvView& view, int b, int L, const float* q,
                          const float* k_new, const float* v_new, int n, int Hq, float sm_scale,
                          float* o) override {
+    // f32 weights: the exact mode (fp32 GEMMs, no TF32); else BF16 tensor cores.
+    if (opts_.weight_dtype == WeightDtype::kF32)
+      prefill<float>(view, b, L, q, k_new, v_new, n, Hq, sm_scale, o, CUDA_R_32F);
+    else
+      prefill<__nv_bfloat16>(view, b, L, q, k_new, v_new, n, Hq, sm_scale, o, CUDA_R_16BF);
+  }
+
+ private:
+  // Prefill attention of one chunk (T: the GEMM input type, dt its cuBLAS name):
+  // gather K, V [Hkv][L+n][d]; per query sub-chunk, S = Q K^T (queries of a GQA
+  // group stacked, one batched GEMM over KV heads), causal softmax, O = P V.
+  template <typename T>
+  void prefill(const kv::PagedKvView& view, int b, int L, const float* q, const float* k_new,
+               const float* v_new, int n, int Hq, float sm_scale, float* o, cudaDataType dt) {
     const kv::PagedKvView kv = pre_.apply(view);
     const int Hkv = kv.num_kv_heads, d = kv.head_dim, G = Hq / Hkv;
     const int Lt = L + n;
-    const bool exact = opts_.weight_dtype == WeightDtype::kF32;
-    const size_t es = exact ? 4 : 2;
-    // K, V of the whole chunk's view: [Hkv][Lt][d].
-    kv_.ensure(2 * size_t(Hkv) * Lt * d * es);
-    char* K = kv_.as<char>();
-    char* V = K + size_t(Hkv) * Lt * d * es;
-    if (exact)
-      cuda_ops::gather_kv<float>(kv, b, L, k_new, v_new, Lt, reinterpret_cast<float*>(K),
-                                 reinterpret_cast<float*>(V), st_);
-    else
-      cuda_ops::gather_kv<__nv_bfloat16>(kv, b, L, k_new, v_new, Lt,
-                                         reinterpret_cast<__nv_bfloat16*>(K),
-                                         reinterpret_cast<__nv_bfloat16*>(V), st_);
+    kv_.ensure(2 * size_t(Hkv) * Lt * d * sizeof(T));
+    T* K = kv_.as<T>();
+    T* V = K + size_t(Hkv) * Lt * d;
+    cuda_ops::gather_kv<T>(kv, b, L, k_new, v_new, Lt, K, V, st_);
     check_launch("gather_kv");
     // Query rows in sub-chunks so that the scores stay within ~512 MiB.
     const int64_t budget = int64_t(512) << 20;
     const int nc_max = int(std::clamp<int64_t>(budget / (int64_t(Hq) * Lt * 4), 1, n));
+    const float one = 1.0f, zero = 0.0f;
     for (int t0 = 0; t0 < n; t0 += nc_max) {
       const int nc = std::min(nc_max, n - t0);
       const int Ls = L + t0 + nc;  // keys this sub-chunk sees
       const int rows = nc * G;
-      qp_.ensure(size_t(Hkv) * rows * d * es);
+      qp_.ensure(size_t(Hkv) * rows * d * sizeof(T));
       s_.ensure(size_t(Hkv) * rows * Ls * 4);
-      p_.ensure(size_t(Hkv) * rows * Ls * es);
+      p_.ensure(size_t(Hkv) * rows * Ls * sizeof(T));
       op_.ensure(size_t(Hkv) * rows * d * 4);
-      const float one = 1.0f, zero = 0.0f;
-      if (exact) {
-        cuda_ops::permute_q<float>(q, t0, nc, Hq, Hkv, d, qp_.as<float>(), st_);
-        check_launch("permute_q");
-        check_blas(cublasSgemmStridedBatched(blas_, CUBLAS_OP_T, CUBLAS_OP_N, Ls, rows, d, &one,
-                                             reinterpret_cast<float*>(K), d, int64_t(Lt) * d,
-                                             qp_.as<float>(), d, int64_t(rows) * d, &zero,
-                                             s_.as<float>(), Ls, int64_t(rows) * Ls, Hkv),
-                   "scores");
-        cuda_ops::causal_softmax<float>(s_.as<float>(), Hkv, nc, G, Ls, L, t0, sm_scale,
-                                        p_.as<float>(), st_);
-        check_launch("softmax");
-        check_blas(cublasSgemmStridedBatched(blas_, CUBLAS_OP_N, CUBLAS_OP_N, d, rows, Ls, &one,
-                                             reinterpret_cast<float*>(V), d, int64_t(Lt) * d,
-                                             p_.as<float>(), Ls, int64_t(rows) * Ls, &zero,
-                                             op_.as<float>(), d, int64_t(rows) * d, Hkv),
-                   "values");
-      } else {
-        cuda_ops::permute_q<__nv_bfloat16>(q, t0, nc, Hq, Hkv, d, qp_.as<__nv_bfloat16>(), st_);
-        check_launch("permute_q");
-        check_blas(cublasGemmStridedBatchedEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, Ls, rows, d, &one, K,
-                                              CUDA_R_16BF, d, int64_t(Lt) * d, qp_.p, CUDA_R_16BF,
-                                              d, int64_t(rows) * d, &zero, s_.p, CUDA_R_32F, Ls,
-                                              int64_t(rows) * Ls, Hkv, CUBLAS_COMPUTE_32F,
-                                              CUBLAS_GEMM_DEFAULT),
-                   "scores");
-        cuda_ops::causal_softmax<__nv_bfloat16>(s_.as<float>(), Hkv, nc, G, Ls, L, t0, sm_scale,
-                                                p_.as<__nv_bfloat16>(), st_);
-        check_launch("softmax");
-        check_blas(cublasGemmStridedBatchedEx(blas_, CUBLAS_OP_N, CUBLAS_OP_N, d, rows, Ls, &one, V,
-                                              CUDA_R_16BF, d, int64_t(Lt) * d, p_.p, CUDA_R_16BF,
-                                              Ls, int64_t(rows) * Ls, &zero, op_.p, CUDA_R_32F, d,
-                                              int64_t(rows) * d, Hkv, CUBLAS_COMPUTE_32F,
-                                              CUBLAS_GEMM_DEFAULT),
-                   "values");
-      }
+      cuda_ops::permute_q<T>(q, t0, nc, Hq, Hkv, d, qp_.as<T>(), st_);
+      check_launch("permute_q");
+      check_blas(cublasGemmStridedBatchedEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, Ls, rows, d, &one, K, dt,
+                                            d, int64_t(Lt) * d, qp_.p, dt, d, int64_t(rows) * d,
+                                            &zero, s_.p, CUDA_R_32F, Ls, int64_t(rows) * Ls, Hkv,
+                                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                 "scores");
+      cuda_ops::causal_softmax<T>(s_.as<float>(), Hkv, nc, G, Ls, L, t0, sm_scale, p_.as<T>(), st_);
+      check_launch("softmax");
+      check_blas(cublasGemmStridedBatchedEx(blas_, CUBLAS_OP_N, CUBLAS_OP_N, d, rows, Ls, &one, V, dt,
+                                            d, int64_t(Lt) * d, p_.p, dt, Ls, int64_t(rows) * Ls,
+                                            &zero, op_.p, CUDA_R_32F, d, int64_t(rows) * d, Hkv,
+                                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                 "values");
       cuda_ops::unpermute_o(op_.as<float>(), t0, nc, Hq, Hkv, d, o, st_);
       check_launch("unpermute_o");
     }
   }
 
- private:
   void ensure_decode_ws(int chunks, int batch, int hq, int d) {
     if (ws_.capacity >= chunks && ws_.max_batch >= batch && ws_.max_q_heads >= hq &&
         ws_.head_dim == d)
@@ -647,7 +610,7 @@ class CudaBackend final : public model::Backend {
 
 }  // namespace
 
-std::unique_ptr<model::Backend> make_cuda_backend(const CudaBackendOptions& opts) {
+std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions& opts) {
   return std::make_unique<CudaBackend>(opts);
 }
 

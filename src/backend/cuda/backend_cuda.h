@@ -1,6 +1,6 @@
-// The CUDA backend: the forward's operations (model/backend.h) on one GPU,
+// The CUDA backend: the forward's operations (backend/backend.h) on one GPU,
 // weights and activations in device memory, and the KV page stores of its
-// caches in device memory (kv/page_store.h) driven by the CUDA cache-write
+// caches in device memory (backend/page_store.h) driven by the CUDA cache-write
 // and decode kernels (kernels/cuda).
 //
 //   linear          cuBLAS: BF16 weights x activations rounded to BF16, fp32
@@ -24,17 +24,17 @@
 
 #include <memory>
 
-#include "model/backend.h"
+#include "backend/backend.h"
 
 namespace oscar::backend {
 
 struct CudaBackendOptions {
-  model::WeightDtype weight_dtype = model::WeightDtype::kBf16;  // q8 is stored as bf16
+  WeightDtype weight_dtype = WeightDtype::kBf16;  // q8 is stored as bf16
   int device = 0;
 };
 
 // Throws oscar::Error when there is no usable GPU (or no CUDA in the build).
-std::unique_ptr<model::Backend> make_cuda_backend(const CudaBackendOptions& opts = {});
+std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions& opts = {});
 
 // True when the build has CUDA and a device is visible.
 bool cuda_device_available();

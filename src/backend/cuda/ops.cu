@@ -147,31 +147,29 @@ __global__ void gather_kv_k(kv::PagedKvView kv, int b, int L, const float* k_new
   }
 }
 
+// Element i of q/o [nc][Hq][d] (token t, head g = h * G + j, channel c) and
+// its index in the permuted layout [Hkv][nc * G][d].
+__device__ __forceinline__ int64_t permuted_index(int64_t i, int nc, int Hq, int Hkv, int d) {
+  const int G = Hq / Hkv;
+  const int c = int(i % d);
+  const int g = int((i / d) % Hq);
+  const int t = int(i / (int64_t(d) * Hq));
+  return ((int64_t(g / G) * nc + t) * G + g % G) * d + c;
+}
+
 template <typename T>
 __global__ void permute_q_k(const float* q, int t0, int nc, int Hq, int Hkv, int d, T* Qp) {
-  const int G = Hq / Hkv;
   const int64_t total = int64_t(nc) * Hq * d;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    const int c = int(i % d);
-    const int g = int((i / d) % Hq);
-    const int t = int(i / (int64_t(d) * Hq));
-    const int h = g / G, j = g % G;
-    Qp[((int64_t(h) * nc + t) * G + j) * d + c] = from_f32<T>(q[i + int64_t(t0) * Hq * d]);
-  }
+       i += int64_t(gridDim.x) * blockDim.x)
+    Qp[permuted_index(i, nc, Hq, Hkv, d)] = from_f32<T>(q[i + int64_t(t0) * Hq * d]);
 }
 
 __global__ void unpermute_o_k(const float* Op, int t0, int nc, int Hq, int Hkv, int d, float* o) {
-  const int G = Hq / Hkv;
   const int64_t total = int64_t(nc) * Hq * d;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    const int c = int(i % d);
-    const int g = int((i / d) % Hq);
-    const int t = int(i / (int64_t(d) * Hq));
-    const int h = g / G, j = g % G;
-    o[i + int64_t(t0) * Hq * d] = Op[((int64_t(h) * nc + t) * G + j) * d + c];
-  }
+       i += int64_t(gridDim.x) * blockDim.x)
+    o[i + int64_t(t0) * Hq * d] = Op[permuted_index(i, nc, Hq, Hkv, d)];
 }
 
 // One block per row.

@@ -9,7 +9,7 @@
 
 #include <cstdint>
 
-#include "kv/kv_view.h"
+#include "kernels/paged_kv.h"
 
 namespace oscar::backend::cuda_ops {
 

@@ -1,4 +1,4 @@
-// CPU attention over the paged three-region KV cache (kv/kv_view.h).
+// CPU attention over the paged three-region KV cache (kernels/paged_kv.h).
 //
 // The *_ref functions are the specification (DESIGN §5.3, STYLE "the CPU
 // reference is the specification"): scalar, fp64 accumulation, one softmax
@@ -6,7 +6,7 @@
 // log-sum-exp. Middle rows are dequantized exactly as stored:
 // x_hat = min + code * scale with the fp16 (scale, min) of each group (per
 // row; for per-channel keys, kv.key_axis == kChannel, per channel and span of
-// 32 slots, kv_view.h).
+// 32 slots, paged_kv.h).
 // The optimized functions (same signatures) dispatch at run time to AVX-512,
 // AVX2 or a scalar fallback and must match the reference to float tolerance
 // (tests/kernels).
@@ -16,7 +16,7 @@
 // Bad views or shapes throw oscar::Error (never crash).
 #pragma once
 
-#include "kv/kv_view.h"
+#include "kernels/paged_kv.h"
 
 namespace oscar::kernels::cpu {
 

@@ -32,7 +32,7 @@ struct Partial {
 
 // Row `i` of region `r` (KV head h) as f32: BF16 rows widened, quantized rows
 // dequantized as x_hat = min + code * scale with the stored fp16 params (per
-// row and group, or for per-channel keys per span and channel, kv_view.h).
+// row and group, or for per-channel keys per span and channel, paged_kv.h).
 // So a per-channel key logit is sum_c q_c (min_c + code_tc * scale_c).
 void fetch_row(const kv::PagedKvView& kv, const kv::RegionTable& r, bool quantized, bool value,
                int b, int i, int h, float* out /*[d]*/) {

@@ -19,7 +19,7 @@
 // shorter than W (INT2, G = 32: 8 bytes per lane), the 8 bytes are loaded
 // twice and the upper 8 lanes use the next shift: still W consecutive channels.
 //
-// Per-channel keys (KIVI, kv_view.h KeyAxis::kChannel): the middle is walked
+// Per-channel keys (KIVI, paged_kv.h KeyAxis::kChannel): the middle is walked
 // span by span (kKeySpan slots); per span the query is transformed once,
 // q'_c = q_c * scale_c, bias = sum_c q_c * min_c, and the same quantized-key
 // loop runs on q' with the unit table (code -> code); the bias is added to the
@@ -349,7 +349,7 @@ struct RowKernel {
     run_quant(r, plan, BITS, n, key_base, D, qs);
   }
 
-  // Per-channel keys (kv_view.h, KeyAxis::kChannel): rows [0, n) of ONE span
+  // Per-channel keys (paged_kv.h, KeyAxis::kChannel): rows [0, n) of ONE span
   // of kKeySpan slots, whose keys share the per-channel (scale, min) pairs
   // kspan [d][2] fp16. With q'_c = q_c * scale_c and b = sum_c q_c * min_c,
   // the logit of row t is q' . code_t + b: the quantized-key loop above runs

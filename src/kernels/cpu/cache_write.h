@@ -1,4 +1,4 @@
-// CPU cache-write kernels for the paged three-region KV cache (kv/kv_view.h):
+// CPU cache-write kernels for the paged three-region KV cache (kernels/paged_kv.h):
 // rotation of rows by a d x d matrix, writing rotated rows into BF16 page
 // slots, clip -> quantize -> pack into quantized page slots, and demotion of
 // one full BF16 page into one quantized page (DESIGN §3.3-3.5, §5.1-5.2).
@@ -19,7 +19,7 @@
 
 #include <cstdint>
 
-#include "kv/kv_view.h"
+#include "kernels/paged_kv.h"
 
 namespace oscar::kernels::cpu {
 

@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "kv/kv_view.h"
+#include "kernels/paged_kv.h"
 
 namespace oscar::kernels::cpu::detail {
 

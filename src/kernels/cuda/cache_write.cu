@@ -19,7 +19,7 @@ constexpr int kRowsPerBlock = 4;  // warps per block, one row each
 constexpr float kF16Max = 65504.0f;
 constexpr float kInputLimit = 1e30f;
 
-// Row index of (page, head, slot) in both pools (kv_view.h's helpers are host-only):
+// Row index of (page, head, slot) in both pools (paged_kv.h's helpers are host-only):
 // quantized rows are indexed by it, BF16 rows start at it * head_dim.
 __device__ __forceinline__ int64_t pool_row(const kv::PagedKvView& kv, int32_t page, int h, int slot) {
   return (int64_t(page) * kv.num_kv_heads + h) * kv.page_size + slot;

@@ -1,4 +1,4 @@
-// CUDA cache-write kernels for the paged three-region KV cache (kv/kv_view.h):
+// CUDA cache-write kernels for the paged three-region KV cache (kernels/paged_kv.h):
 // fused rotate -> clip -> quantize -> pack of new tokens into INT2 page slots,
 // rotate -> round of new tokens into the BF16 windows, and demotion of full
 // BF16 pages into INT2 pages (clip -> quantize -> pack; rows are already
@@ -22,7 +22,7 @@
 #include <cstdint>
 
 #include "kernels/cpu/cache_write.h"
-#include "kv/kv_view.h"
+#include "kernels/paged_kv.h"
 
 namespace oscar::kernels::cuda {
 
@@ -35,7 +35,7 @@ using cpu::ClipRatios;
 // and pass rot_v = nullptr.
 // k_mean ([Hkv][d] f32 or nullptr) is the key transform's centering (core/key_transform.h):
 // key rows are written as (k − k_mean[h])·R (R may then be M_K = diag(1/s)·R_K, which
-// need not be orthogonal), exactly as the CPU's kv::transform_keys.
+// need not be orthogonal), exactly as the CPU's kernels::cpu::transform_keys.
 struct WriteRotation {
   const float* k = nullptr;
   const float* v = nullptr;

@@ -1,4 +1,4 @@
-// CUDA decode attention over the paged three-region KV cache (kv/kv_view.h):
+// CUDA decode attention over the paged three-region KV cache (kernels/paged_kv.h):
 // sink (BF16) + middle (INT2) + recent (BF16), split-KV with a log-sum-exp
 // merge, GQA-aware (one CTA loads and unpacks a KV tile once for all query
 // heads of its KV head). Specification: kernels/cpu/attention.h
@@ -31,7 +31,7 @@
 #include <vector>
 
 #include "kernels/cuda/cache_write.h"
-#include "kv/kv_view.h"
+#include "kernels/paged_kv.h"
 
 namespace oscar::kernels::cuda {
 

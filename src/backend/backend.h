@@ -1,10 +1,12 @@
-// The boundary between the model code (model/forward.cpp) and the hardware.
+// The boundary between the model code (model/forward.cpp) and the hardware
+// (DESIGN §8: backend/ sits below kv/ and model/ and includes neither).
 //
 // The forward pass only calls these ops on buffers the backend allocated and on
 // weights the backend prepared, so a CUDA backend can implement the same
 // interface (device buffers, device weights) without touching the model code.
 // Host data crosses the boundary only where written below (token ids,
-// positions, logits read-back). The CPU backend is model/backend_cpu.h.
+// positions, logits read-back). Implementations: model/backend_cpu.h (CPU),
+// backend/cuda/backend_cuda.h (CUDA).
 //
 // Shapes are row-major; `n` is the number of token rows in the step.
 #pragma once
@@ -15,12 +17,11 @@
 #include <memory>
 #include <string>
 
-#include "kv/kv_cache.h"
-#include "kv/kv_view.h"
-#include "kv/page_store.h"
-#include "model/weights.h"
+#include "backend/page_store.h"
+#include "core/tensor.h"
+#include "kernels/paged_kv.h"
 
-namespace oscar::model {
+namespace oscar::backend {
 
 // How the backend keeps matrix weights. bf16 halves the bytes a decode step
 // streams (decode is memory-bound); q8 (int8, fp32 scale per 32 weights)
@@ -91,8 +92,8 @@ class Backend {
 
   // --- KV pages
   // The page memory of the caches this backend runs with; empty = host memory
-  // (kv/page_store.h). A device backend's caches must be made with it.
-  virtual kv::PageStoreFactory page_store_factory() { return {}; }
+  // (backend/page_store.h). A device backend's caches must be made with it.
+  virtual backend::PageStoreFactory page_store_factory() { return {}; }
   // Once per forward step, before the layers: the step's decode batch (one new
   // token per sequence, its row already stored when attention runs) and
   // prefill batch (chunks, tables over the cached tokens only). The tables are
@@ -110,20 +111,4 @@ class Backend {
                                  int num_q_heads, float sm_scale, float* o) = 0;
 };
 
-// The weights of one decoder layer as a backend holds them. QKV and gate+up are
-// fused so one pass over x serves several products (and GEMV tasks are bigger).
-struct PreparedLayer {
-  WeightPtr attn_norm;  // [hidden]
-  WeightPtr wqkv;       // [(Hq + 2 Hkv) * d][hidden], bias for Qwen2
-  WeightPtr q_norm;     // [d] (Qwen3) or null
-  WeightPtr k_norm;     // [d] (Qwen3) or null
-  WeightPtr wo;         // [hidden][Hq * d]
-  WeightPtr ffn_norm;   // [hidden]
-  WeightPtr w_gate_up;  // [2 * inter][hidden]: gate rows then up rows
-  WeightPtr w_down;     // [hidden][inter]
-};
-
-// Prepares one layer's weights on `be` (shapes must already be checked).
-PreparedLayer prepare_layer(Backend& be, const ModelConfig& c, const LayerWeights& lw);
-
-}  // namespace oscar::model
+}  // namespace oscar::backend

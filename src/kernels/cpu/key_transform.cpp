@@ -1,11 +1,11 @@
-#include "kv/key_transform.h"
+#include "kernels/cpu/key_transform.h"
 
 #include <fmt/format.h>
 
 #include "core/error.h"
 #include "kernels/cpu/cache_write.h"
 
-namespace oscar::kv {
+namespace oscar::kernels::cpu {
 
 void transform_keys(const KeyTransform& t, float* k, int64_t n, int Hkv) {
   if (n == 0) return;
@@ -42,4 +42,4 @@ void transform_queries(const KeyTransform& t, float* q, int64_t n, int Hq, int H
     }
 }
 
-}  // namespace oscar::kv
+}  // namespace oscar::kernels::cpu

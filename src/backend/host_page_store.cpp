@@ -7,23 +7,23 @@
 #include "core/half.h"
 #include "core/quantizer.h"
 #include "kernels/cpu/cache_write.h"
-#include "kv/key_transform.h"
-#include "kv/page_store.h"
+#include "backend/page_store.h"
+#include "kernels/cpu/key_transform.h"
 
-namespace oscar::kv {
+namespace oscar::backend {
 
 namespace {
 
 class HostPageStore final : public PageStore {
  public:
-  explicit HostPageStore(const PageStoreSpec& s) : s_(s) {
+  explicit HostPageStore(const PageStoreSpec& s) : PageStore(s) {
     const size_t ps = size_t(s.page_size), d = size_t(s.head_dim), H = size_t(s.num_kv_heads);
     const size_t bf = size_t(s.bf16_pages) * H * ps * d;
     const size_t rows = size_t(s.quant_pages) * H * ps;
     const size_t code_bytes = rows * size_t(packed_row_bytes(int(d), s.bits));
     const size_t params = rows * (d / size_t(s.group_size)) * 2;
-    const size_t kparams = s.key_axis == KeyAxis::kChannel
-                               ? size_t(s.quant_pages) * H * (ps / kKeySpan) * d * 2
+    const size_t kparams = s.key_axis == kv::KeyAxis::kChannel
+                               ? size_t(s.quant_pages) * H * (ps / kv::kKeySpan) * d * 2
                                : params;
     for (int l = 0; l < s.n_layers; ++l) {
       // Left uninitialized: untouched pages cost no physical memory.
@@ -40,43 +40,43 @@ class HostPageStore final : public PageStore {
 
   std::string device() const override { return "cpu"; }
 
-  Bf16PagePool bf16_pool(int l) const override { return {k_.at(l).get(), v_.at(l).get()}; }
-  QuantPagePool quant_pool(int l) const override {
-    if (s_.quant_pages <= 0) return {};
+  kv::Bf16PagePool bf16_pool(int l) const override { return {k_.at(l).get(), v_.at(l).get()}; }
+  kv::QuantPagePool quant_pool(int l) const override {
+    if (spec_.quant_pages <= 0) return {};
     return {kc_.at(l).get(), vc_.at(l).get(), kp_.at(l).get(), vp_.at(l).get()};
   }
 
   void set_quant(std::vector<LayerQuant> layers) override {
-    if (int(layers.size()) != s_.n_layers)
-      throw Error(fmt::format("{} page store: {} layers of quantization for {} layers", s_.label,
-                              layers.size(), s_.n_layers));
+    if (int(layers.size()) != spec_.n_layers)
+      throw Error(fmt::format("{} page store: {} layers of quantization for {} layers", spec_.label,
+                              layers.size(), spec_.n_layers));
     q_ = std::move(layers);
     uniform_.clear();
     for (const LayerQuant& lq : q_) {
-      if (int(lq.k_clip.size()) != s_.num_kv_heads || int(lq.v_clip.size()) != s_.num_kv_heads)
+      if (int(lq.k_clip.size()) != spec_.num_kv_heads || int(lq.v_clip.size()) != spec_.num_kv_heads)
         throw Error(fmt::format("{} page store: clip ratios for {} / {} heads, cache has {}",
-                                s_.label, lq.k_clip.size(), lq.v_clip.size(), s_.num_kv_heads));
+                                spec_.label, lq.k_clip.size(), lq.v_clip.size(), spec_.num_kv_heads));
       bool u = true;
-      for (int h = 1; h < s_.num_kv_heads; ++h)
+      for (int h = 1; h < spec_.num_kv_heads; ++h)
         u = u && lq.k_clip[h] == lq.k_clip[0] && lq.v_clip[h] == lq.v_clip[0];
       uniform_.push_back(u);
     }
   }
 
   void write_bf16(int layer, const RowPlacement& rows, const float* k, const float* v) override {
-    kernels::cpu::write_bf16_tokens(view(layer), rows.size(), rows.pages.data(), rows.slots.data(),
+    kernels::cpu::write_bf16_tokens(layer_view(layer), rows.size(), rows.pages.data(), rows.slots.data(),
                                     k, v);
   }
 
   void demote(int32_t src, int32_t dst) override {
     if (q_.empty())
-      throw Error(fmt::format("{} page store: demotion before set_quant", s_.label));
-    const int d = s_.head_dim, ps = s_.page_size, Hkv = s_.num_kv_heads;
-    const QuantSpec spec{s_.bits, s_.group_size, ScaleDtype::kF16};
+      throw Error(fmt::format("{} page store: demotion before set_quant", spec_.label));
+    const int d = spec_.head_dim, ps = spec_.page_size, Hkv = spec_.num_kv_heads;
+    const QuantSpec spec{spec_.bits, spec_.group_size, ScaleDtype::kF16};
     std::vector<float> row(d);
-    for (int l = 0; l < s_.n_layers; ++l) {
+    for (int l = 0; l < spec_.n_layers; ++l) {
       const LayerQuant& lq = q_[l];
-      const PagedKvView vw = view(l);
+      const kv::PagedKvView vw = layer_view(l);
       if (uniform_[l]) {
         kernels::cpu::demote_page(vw, src, dst, {lq.k_clip[0], lq.v_clip[0]});
         continue;
@@ -97,8 +97,8 @@ class HostPageStore final : public PageStore {
   }
 
   void copy_bf16_page(int32_t from, int32_t to) override {
-    const int64_t pe = int64_t(s_.num_kv_heads) * s_.page_size * s_.head_dim;
-    for (int l = 0; l < s_.n_layers; ++l) {
+    const int64_t pe = int64_t(spec_.num_kv_heads) * spec_.page_size * spec_.head_dim;
+    for (int l = 0; l < spec_.n_layers; ++l) {
       std::memcpy(k_[l].get() + to * pe, k_[l].get() + from * pe, pe * sizeof(uint16_t));
       std::memcpy(v_[l].get() + to * pe, v_[l].get() + from * pe, pe * sizeof(uint16_t));
     }
@@ -106,28 +106,14 @@ class HostPageStore final : public PageStore {
 
   void transform_keys(int layer, float* k, int n) override {
     if (q_.empty() || n == 0 || q_.at(layer).identity) return;
-    kv::transform_keys(q_[layer].xf, k, n, s_.num_kv_heads);
+    kernels::cpu::transform_keys(q_[layer].xf, k, n, spec_.num_kv_heads);
   }
   void transform_queries(int layer, float* q, int n, int n_q_heads) override {
     if (q_.empty() || n == 0 || q_.at(layer).identity) return;
-    kv::transform_queries(q_[layer].xf, q, n, n_q_heads, s_.num_kv_heads);
+    kernels::cpu::transform_queries(q_[layer].xf, q, n, n_q_heads, spec_.num_kv_heads);
   }
 
  private:
-  PagedKvView view(int l) const {
-    PagedKvView v;
-    v.num_kv_heads = s_.num_kv_heads;
-    v.head_dim = s_.head_dim;
-    v.page_size = s_.page_size;
-    v.bits = s_.bits;
-    v.group_size = s_.group_size;
-    v.key_axis = s_.key_axis;
-    v.bf16 = bf16_pool(l);
-    v.quant = quant_pool(l);
-    return v;
-  }
-
-  PageStoreSpec s_;
   std::vector<std::unique_ptr<uint16_t[]>> k_, v_;   // [L][pages * Hkv * ps * d] bf16
   std::vector<std::unique_ptr<uint8_t[]>> kc_, vc_;  // [L][pages * Hkv * ps * row bytes]
   std::vector<std::unique_ptr<uint16_t[]>> kp_, vp_; // [L][pages * Hkv * (ps * groups | ps/32 * d) * 2]
@@ -145,4 +131,4 @@ std::unique_ptr<PageStore> make_page_store(const PageStoreFactory& f, const Page
   return f ? f(spec) : make_host_page_store(spec);
 }
 
-}  // namespace oscar::kv
+}  // namespace oscar::backend

@@ -1,6 +1,10 @@
 // Non-owning views of ONE layer's paged KV cache, as every attention kernel
-// (CPU reference, CPU SIMD, CUDA) sees it. Allocation lives in kv/; kernels
-// only read (decode) or write single rows/pages (cache write, demotion).
+// (CPU reference, CPU SIMD, CUDA) sees it, and KvBatch, the region tables of
+// one step's batch that such views point into. The kernels include only this
+// and core/; page memory comes from a backend's PageStore
+// (backend/page_store.h), the tables from the caches' bookkeeping (kv/).
+// Kernels only read (decode) or write single rows/pages (cache write, demotion).
+// The types keep the namespace oscar::kv of their users (the caches fill them).
 //
 // Regions. Sequence b holds T_b tokens, split at fixed positions:
 //   sink   positions [0, sink_len[b])                       BF16 pages
@@ -37,6 +41,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 namespace oscar::kv {
 
@@ -101,6 +106,36 @@ struct PagedKvView {
     return ((int64_t(page) * num_kv_heads + h) * (page_size / kKeySpan) + slot / kKeySpan) *
            int64_t(head_dim) * 2;
   }
+};
+
+// Region tables of one batch of sequences, shared by every layer (page id p is
+// the same slot in every layer's pool). Owns the arrays the views point into;
+// not copyable so views never dangle. Filled by KvCache::make_batch.
+class KvBatch {
+ public:
+  KvBatch() = default;
+  KvBatch(const KvBatch&) = delete;
+  KvBatch& operator=(const KvBatch&) = delete;
+
+  // The view of layer l for the kernels. Valid while this object and the cache live
+  // and until the next make_batch into it.
+  PagedKvView layer(int l) const {
+    PagedKvView v = base;
+    if (bf16_pools) v.bf16 = bf16_pools->at(l);
+    if (quant_pools) v.quant = quant_pools->at(l);
+    v.sink = {sink_indptr.data(), sink_indices.data(), sink_len.data()};
+    v.mid = {mid_indptr.data(), mid_indices.data(), mid_len.data()};
+    v.recent = {recent_indptr.data(), recent_indices.data(), recent_len.data()};
+    return v;
+  }
+  int batch() const { return static_cast<int>(recent_len.size()); }
+
+  PagedKvView base;  // shapes and format; pools and tables are set by layer()
+  std::vector<int32_t> sink_indptr, sink_indices, sink_len;
+  std::vector<int32_t> mid_indptr, mid_indices, mid_len;
+  std::vector<int32_t> recent_indptr, recent_indices, recent_len;
+  const std::vector<Bf16PagePool>* bf16_pools = nullptr;   // [n_layers]
+  const std::vector<QuantPagePool>* quant_pools = nullptr; // [n_layers] or null
 };
 
 }  // namespace oscar::kv

@@ -1,12 +1,13 @@
-// Page memory of a paged KV cache and the few operations that touch it.
+// Page memory of a paged KV cache and the few operations that touch it: the
+// backend's side of a cache (DESIGN §8: backend/ below kv/).
 //
 // The caches (kv/bf16_cache.h, kv/oscar_cache.h) keep the bookkeeping: page
 // ids, region tables, reference counts, which rows go where and when a page
 // is demoted. Every byte of page storage, and every operation that reads or
 // writes it, belongs to a PageStore, which a backend provides: host memory
 // with the CPU kernels (make_host_page_store, the default and the
-// specification), or device memory with the CUDA kernels
-// (backend/cuda/backend_cuda.h). The K/V rows and queries the store receives
+// specification, backend/host_page_store.cpp), or device memory with the CUDA
+// kernels (backend/cuda/backend_cuda.cu). The K/V rows and queries the store receives
 // live in the same memory as the pages (the backend's activation buffers).
 #pragma once
 
@@ -18,9 +19,9 @@
 #include <vector>
 
 #include "core/key_transform.h"
-#include "kv/kv_view.h"
+#include "kernels/paged_kv.h"
 
-namespace oscar::kv {
+namespace oscar::backend {
 
 // Shapes of the pools a cache needs.
 struct PageStoreSpec {
@@ -32,7 +33,7 @@ struct PageStoreSpec {
   int32_t quant_pages = 0;  // per layer; 0 = no quantized pool
   int bits = 2;             // quantized pool: bits per code
   int group_size = 128;     // quantized pool: channels per (scale, min)
-  KeyAxis key_axis = KeyAxis::kToken;
+  kv::KeyAxis key_axis = kv::KeyAxis::kToken;
   std::string label = "kv";  // for messages
 };
 
@@ -68,13 +69,29 @@ struct LayerQuant {
 
 class PageStore {
  public:
+  explicit PageStore(const PageStoreSpec& spec) : spec_(spec) {}
   virtual ~PageStore() = default;
+  const PageStoreSpec& spec() const { return spec_; }
   // "cpu" or "cuda": where the pages (and the rows handed in) live.
   virtual std::string device() const = 0;
 
   // The pools of one layer (pointers into the store's memory).
-  virtual Bf16PagePool bf16_pool(int layer) const = 0;
-  virtual QuantPagePool quant_pool(int layer) const = 0;
+  virtual kv::Bf16PagePool bf16_pool(int layer) const = 0;
+  virtual kv::QuantPagePool quant_pool(int layer) const = 0;
+  // The view of one layer's pools (shapes and format from the spec, no region
+  // tables): what the cache-write and demotion kernels take.
+  kv::PagedKvView layer_view(int layer) const {
+    kv::PagedKvView v;
+    v.num_kv_heads = spec_.num_kv_heads;
+    v.head_dim = spec_.head_dim;
+    v.page_size = spec_.page_size;
+    v.bits = spec_.bits;
+    v.group_size = spec_.group_size;
+    v.key_axis = spec_.key_axis;
+    v.bf16 = bf16_pool(layer);
+    v.quant = quant_pool(layer);
+    return v;
+  }
 
   // Sets the per-layer quantization ([n_layers]); a quantized cache calls it
   // once before any demotion or transform. Throws oscar::Error for what the
@@ -96,16 +113,19 @@ class PageStore {
   virtual void transform_queries(int layer, float* q, int n, int n_q_heads) = 0;
   // Waits until queued work is done (host reads of device pages, tests).
   virtual void sync() {}
+
+ protected:
+  PageStoreSpec spec_;
 };
 
 // Makes the store of a cache; empty means host memory (make_host_page_store).
 using PageStoreFactory = std::function<std::unique_ptr<PageStore>(const PageStoreSpec&)>;
 
-// Host memory and the CPU kernels (kernels/cpu/cache_write.h, kv/key_transform.h).
+// Host memory and the CPU kernels (kernels/cpu/cache_write.h, kernels/cpu/key_transform.h).
 // Pages are left uninitialized so untouched pages cost no physical memory.
 std::unique_ptr<PageStore> make_host_page_store(const PageStoreSpec& spec);
 
 // The factory's store, or the host store when the factory is empty.
 std::unique_ptr<PageStore> make_page_store(const PageStoreFactory& f, const PageStoreSpec& spec);
 
-}  // namespace oscar::kv
+}  // namespace oscar::backend
