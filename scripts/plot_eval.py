@@ -6,8 +6,8 @@ merged; a method's label `NAME=path/FILE.safetensors...` is shown as
 `NAME@FILE...` (the label newer builds print), so runs of different dates line up.
 
     python3 scripts/plot_eval.py eval.json -o eval.png
-    python3 scripts/plot_eval.py docs/accuracy-2k.json docs/accuracy-4k.json docs/accuracy-8k.json \\
-        --methods int2-hadamard,kivi2,oscar -o docs/accuracy.png
+    python3 scripts/plot_eval.py docs/results/accuracy-2k.json docs/results/accuracy-4k.json docs/results/accuracy-8k.json \\
+        --methods int2-hadamard,kivi2,oscar -o docs/results/accuracy.png
 """
 import argparse
 import json
