@@ -6,7 +6,7 @@
 //   - Calibrator::add of one layer (fp64 covariance accumulation)
 // and, with --model/--text, the whole calibration end to end with the time
 // of every backend op, the attention and the calibrator (the loop of
-// engine::calibrate_model, instrumented).
+// eval::calibrate_model, instrumented).
 //
 //   bench_calib_model [--tokens T] [--reps R] [--model M.gguf --text F | --random]
 //                     [--calib-tokens N]
@@ -35,7 +35,7 @@
 #include <vector>
 
 #include "core/calibrator.h"
-#include "engine/calibrate_model.h"
+#include "eval/calibrate_model.h"
 #include "model/backend_cpu.h"
 #include "model/calib_forward.h"
 #include "model/fold_rotation.h"
@@ -159,7 +159,7 @@ class ProfilingBackend : public backend::Backend {
   std::unique_ptr<backend::Backend> be_;
 };
 
-// The calibration hook of engine/calibrate_model.cpp, with timers around the
+// The calibration hook of eval/calibrate_model.cpp, with timers around the
 // attention (run here instead of by the forward) and Calibrator::add.
 class TimedCalibHook : public model::DenseHooks {
  public:
@@ -305,7 +305,7 @@ int main(int argc, char** argv) {
     } else {
       w = model::load_model(model_path);
       const model::Tokenizer tok = model::load_tokenizer(model_path);
-      const std::string text = engine::read_text_file(text_path);
+      const std::string text = eval::read_text_file(text_path);
       const std::vector<int> ids = tok.encode(
           std::string_view(text).substr(0, std::min(text.size(), size_t(calib_tokens) * 8)));
       if (int64_t(ids.size()) < calib_tokens) {

@@ -6,7 +6,7 @@ import re
 import sys
 from pathlib import Path
 
-LAYERS = ["core", "kernels", "backend", "kv", "model", "engine", "serve", "cli"]
+LAYERS = ["core", "kernels", "backend", "kv", "model", "engine", "eval", "serve", "cli"]
 RANK = {name: i for i, name in enumerate(LAYERS)}
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([a-z_]+)/')
 

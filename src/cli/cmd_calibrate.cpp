@@ -9,7 +9,7 @@
 #include "core/activation_dump.h"
 #include "core/calibrator.h"
 #include "core/error.h"
-#include "engine/calibrate_model.h"  // -m MODEL --text FILE route (oscar-eval)
+#include "eval/calibrate_model.h"  // -m MODEL --text FILE route (oscar-eval)
 
 namespace {
 
@@ -66,8 +66,8 @@ const oscar::cli::Registrar reg({"calibrate", "Calibrate OSCAR rotations and cli
   };
   auto o = std::make_shared<Opts>();
   app.add_option("--activations,-a", o->dump, "Activation dump (safetensors, DESIGN §9)");
-  // Second route (engine/calibrate_model.h): run a model over a calibration text.
-  auto mo = std::make_shared<oscar::engine::ModelCalibOptions>();
+  // Second route (eval/calibrate_model.h): run a model over a calibration text.
+  auto mo = std::make_shared<oscar::eval::ModelCalibOptions>();
   auto model_path = std::make_shared<std::string>(), text_path = std::make_shared<std::string>();
   app.add_option("-m,--model", *model_path, "Model (.gguf or HF directory): calibrate from the model itself");
   app.add_option("--text", *text_path, "Calibration text for -m");
@@ -127,7 +127,7 @@ const oscar::cli::Registrar reg({"calibrate", "Calibrate OSCAR rotations and cli
     cfg.sink = o->sink;
     cfg.recent = o->recent;
     if (!model_path->empty()) {  // model + text route
-      Calibration c = engine::calibrate_model_file(*model_path, *text_path, cfg, *mo, o->quiet);
+      Calibration c = eval::calibrate_model_file(*model_path, *text_path, cfg, *mo, o->quiet);
       write_calibration(c, o->out);
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       std::printf("wrote %s: %d layers, %s rotations (%s), key target %s, value target %s, %lld tokens, %.1f s\n",

@@ -15,9 +15,9 @@
 
 #include "cli/registry.h"
 #include "core/error.h"
-#include "engine/calibrate_model.h"
-#include "engine/eval.h"
-#include "engine/passkey.h"
+#include "eval/calibrate_model.h"
+#include "eval/eval.h"
+#include "eval/passkey.h"
 #include "kv/quant_methods.h"
 #include "model/fold_rotation.h"
 #include "model/loader.h"
@@ -125,7 +125,7 @@ std::function<void(const std::string&)> progress_fn(bool quiet) {
 
 std::vector<int32_t> tokenize_file(const std::string& model_path, const std::string& path) {
   auto tok = oscar::model::load_tokenizer(model_path);
-  auto ids = tok.encode(oscar::engine::read_text_file(path));
+  auto ids = tok.encode(oscar::eval::read_text_file(path));
   return std::vector<int32_t>(ids.begin(), ids.end());
 }
 
@@ -160,20 +160,20 @@ const oscar::cli::Registrar reg({"eval", "Accuracy of KV cache methods vs BF16 (
     using namespace oscar;
     if (passkey->parsed()) {
       Loaded L = load(*pk);
-      engine::PasskeyOptions po;
+      eval::PasskeyOptions po;
       po.ctx = parse_ints(pk->ctx, "--ctx");
       po.depths = parse_doubles(pk->depths, "--depths");
       po.trials = pk->trials;
       po.page_size = pk->page;
       auto tok = model::load_tokenizer(pk->model);
-      auto r = engine::run_passkey(L.w, tok, engine::read_text_file(pk->haystack), L.methods, po,
+      auto r = eval::run_passkey(L.w, tok, eval::read_text_file(pk->haystack), L.methods, po,
                                    progress_fn(pk->quiet));
       if (!pk->quiet) std::fprintf(stderr, "\n");
-      std::printf("%s", engine::format_passkey(r).c_str());
+      std::printf("%s", eval::format_passkey(r).c_str());
       if (!pk->json.empty()) {
         nlohmann::json j = nlohmann::json::array();
         for (auto& x : r) {
-          const engine::Interval ci = engine::wilson_interval(x.correct, x.trials);
+          const eval::Interval ci = eval::wilson_interval(x.correct, x.trials);
           j.push_back({{"method", x.method}, {"ctx", x.ctx}, {"depth", x.depth}, {"trials", x.trials},
                        {"correct", x.correct}, {"hits", x.hits}, {"ci95", {ci.lo, ci.hi}}});
         }
@@ -183,13 +183,13 @@ const oscar::cli::Registrar reg({"eval", "Accuracy of KV cache methods vs BF16 (
     }
     if (agree->parsed()) {
       Loaded L = load(*ag);
-      engine::PasskeyOptions po;
+      eval::PasskeyOptions po;
       po.page_size = ag->page;
-      auto r = engine::run_agreement(L.w, tokenize_file(ag->model, ag->text), L.methods,
+      auto r = eval::run_agreement(L.w, tokenize_file(ag->model, ag->text), L.methods,
                                      parse_ints(ag->ctx, "--ctx"), ag->prompts, ag->new_tokens, po,
                                      progress_fn(ag->quiet));
       if (!ag->quiet) std::fprintf(stderr, "\n");
-      std::printf("%s", engine::format_agreement(r).c_str());
+      std::printf("%s", eval::format_agreement(r).c_str());
       if (!ag->json.empty()) {
         nlohmann::json j = nlohmann::json::array();
         for (auto& x : r)
@@ -203,7 +203,7 @@ const oscar::cli::Registrar reg({"eval", "Accuracy of KV cache methods vs BF16 (
     if (o->text.empty()) throw Error("eval: --text FILE is required");
     const auto t0 = std::chrono::steady_clock::now();
     Loaded L = load(*o);
-    engine::EvalOptions eo;
+    eval::EvalOptions eo;
     eo.ctx = parse_ints(o->ctx, "--ctx");
     eo.windows = o->windows;
     eo.page_size = o->page;
@@ -211,10 +211,10 @@ const oscar::cli::Registrar reg({"eval", "Accuracy of KV cache methods vs BF16 (
     eo.weights = backend::weight_dtype_from_string(o->weights);
     eo.threads = o->threads;
     const auto tokens = tokenize_file(o->model, o->text);
-    auto r = engine::evaluate(L.w, L.methods, tokens, eo, progress_fn(o->quiet));
+    auto r = eval::evaluate(L.w, L.methods, tokens, eo, progress_fn(o->quiet));
     if (!o->quiet) std::fprintf(stderr, "\n");
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::printf("%s", engine::format_table(r).c_str());
+    std::printf("%s", eval::format_table(r).c_str());
     std::printf("(%s; %s; %d window(s) per context; scored positions >= %s; %.1f s)\n",
                 L.w.cfg.name.c_str(), o->text.c_str(), o->windows,
                 o->score_from >= 0 ? std::to_string(o->score_from).c_str() : "sink+recent+page", secs);
@@ -224,7 +224,7 @@ const oscar::cli::Registrar reg({"eval", "Accuracy of KV cache methods vs BF16 (
       nlohmann::json extra = {{"model", o->model}, {"calib", o->calib}, {"text", o->text},
                               {"sink", o->sink}, {"recent", o->recent}, {"page", o->page},
                               {"seconds", secs}};
-      write_file(json_path, engine::to_json(r, extra.dump()));
+      write_file(json_path, eval::to_json(r, extra.dump()));
     }
     if (!o->plot.empty()) {
       const std::string cmd = fmt::format("python3 scripts/plot_eval.py '{}' -o '{}'", json_path, o->plot);

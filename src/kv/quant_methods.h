@@ -2,7 +2,7 @@
 // cache code (kv/oscar_cache.h) except bf16 (kv/bf16_cache.h). kivi2 is the
 // OSCAR cache with per-channel keys (paged_kv.h KeyAxis::kChannel): the engine
 // decodes from it token by token like the others, and the evaluation's
-// prefill simulation (engine/eval.h) follows the same page-granular rule.
+// prefill simulation (eval/eval.h) follows the same page-granular rule.
 //
 //   bf16            every token BF16
 //   int2-naive      no rotation, no clipping, same windows

@@ -22,7 +22,7 @@
 
 #include "backend/cuda/backend_cuda.h"
 #include "core/error.h"
-#include "engine/calibrate_model.h"
+#include "eval/calibrate_model.h"
 #include "kv/quant_methods.h"
 #include "model/backend_cpu.h"
 #include "model/fold_rotation.h"
@@ -206,14 +206,14 @@ kv::KvMethod oscar_method(const model::ModelWeights& w) {
   CalibConfig cfg;
   cfg.granularity = Granularity::kLayer;
   cfg.value_target = ValueTarget::kAttnOutput;
-  engine::ModelCalibOptions o;
+  eval::ModelCalibOptions o;
   o.tokens = 384;
   o.chunk = 128;
   kv::KvMethod m;
   m.label = "oscar";
   m.kind = kv::KvMethod::Kind::kRow;
   m.calib = std::make_shared<Calibration>(
-      engine::calibrate_model(w, random_tokens(384, w.cfg.vocab_size, 7), cfg, o));
+      eval::calibrate_model(w, random_tokens(384, w.cfg.vocab_size, 7), cfg, o));
   m.bits = 2;
   m.group_size = 64;
   m.sink = 16;

@@ -1,4 +1,4 @@
-// The evaluation's local error views (engine/eval.h), checked against a direct
+// The evaluation's local error views (eval/eval.h), checked against a direct
 // computation: the attention-output error before o_proj (o_err) and after it
 // (proj_err, W_o·o_quant vs W_o·o_bf16), on a one-layer random model where the
 // layer's inputs are known exactly (they do not depend on any earlier
@@ -12,7 +12,7 @@
 #include "core/calibration.h"
 #include "core/half.h"
 #include "core/quantizer.h"
-#include "engine/eval.h"
+#include "eval/eval.h"
 #include "kv/quant_methods.h"
 #include "model/backend_cpu.h"
 #include "model/calib_forward.h"
@@ -76,8 +76,8 @@ TEST(EvalMetrics, ProjErrMatchesDirectComputation) {
 
   const kv::KvMethod m = naive_method(w, kSink, kRecent);
   std::vector<float> hidden;
-  engine::LocalErrorSums sums;
-  engine::simulate(fwd, m, tokens, kPage, kScoreFrom, hidden, &sums);
+  eval::LocalErrorSums sums;
+  eval::simulate(fwd, m, tokens, kPage, kScoreFrom, hidden, &sums);
 
   // Direct: BF16-rounded rows, and their 2-bit (group 64, no clip) copies.
   const size_t nkv = size_t(kT) * Hkv * d;
@@ -175,14 +175,14 @@ TEST(EvalMetrics, ProjErrZeroForExactCacheAndPositiveWhenQuantized) {
   // Windows that cover the whole sequence: nothing is ever quantized, so the
   // method is exact and every local error is exactly 0 (with a nonzero
   // reference: the metric is defined).
-  engine::LocalErrorSums exact;
-  engine::simulate(fwd, naive_method(w, kSink, kT), tokens, kPage, kScoreFrom, hidden, &exact);
+  eval::LocalErrorSums exact;
+  eval::simulate(fwd, naive_method(w, kSink, kT), tokens, kPage, kScoreFrom, hidden, &exact);
   EXPECT_GT(exact.proj_den, 0.0);
   EXPECT_EQ(exact.proj_num, 0.0);
   EXPECT_EQ(exact.o_num, 0.0);
 
-  engine::LocalErrorSums lossy;
-  engine::simulate(fwd, naive_method(w, kSink, kRecent), tokens, kPage, kScoreFrom, hidden, &lossy);
+  eval::LocalErrorSums lossy;
+  eval::simulate(fwd, naive_method(w, kSink, kRecent), tokens, kPage, kScoreFrom, hidden, &lossy);
   ASSERT_TRUE(std::isfinite(lossy.proj_num) && std::isfinite(lossy.proj_den));
   EXPECT_GT(lossy.proj_num / lossy.proj_den, 1e-4);
   EXPECT_LT(lossy.proj_num / lossy.proj_den, 10.0);
@@ -201,8 +201,8 @@ TEST(EvalMetrics, ProjErrIsBasisFree) {
   std::vector<float> hidden;
   auto be = model::make_cpu_backend({backend::WeightDtype::kF32, 1});
   model::DenseForward fwd(w, *be);
-  engine::LocalErrorSums plain;
-  engine::simulate(fwd, naive_method(w, kSink, kRecent), tokens, kPage, kScoreFrom, hidden, &plain);
+  eval::LocalErrorSums plain;
+  eval::simulate(fwd, naive_method(w, kSink, kRecent), tokens, kPage, kScoreFrom, hidden, &plain);
 
   kv::KvMethod had = naive_method(w, kSink, kRecent);
   had.calib = std::make_shared<Calibration>(data_free_calibration(
@@ -212,8 +212,8 @@ TEST(EvalMetrics, ProjErrIsBasisFree) {
   model::fold_value_rotation(fw, *had.calib);
   auto be2 = model::make_cpu_backend({backend::WeightDtype::kF32, 1});
   model::DenseForward ffwd(fw, *be2);
-  engine::LocalErrorSums rot;
-  engine::simulate(ffwd, had, tokens, kPage, kScoreFrom, hidden, &rot);
+  eval::LocalErrorSums rot;
+  eval::simulate(ffwd, had, tokens, kPage, kScoreFrom, hidden, &rot);
   ASSERT_TRUE(std::isfinite(rot.proj_num) && std::isfinite(rot.proj_den));
   EXPECT_GT(rot.proj_num / rot.proj_den, 1e-4);
   EXPECT_NEAR(rot.proj_den, plain.proj_den, 1e-2 * plain.proj_den);

@@ -14,7 +14,7 @@
 #include "model/tokenizer.h"
 #include "model/weights.h"
 
-namespace oscar::engine {
+namespace oscar::eval {
 
 struct PasskeyOptions {
   std::vector<int> ctx = {1024, 2048};
@@ -73,4 +73,4 @@ std::vector<AgreementResult> run_agreement(const model::ModelWeights& w,
 std::string format_passkey(const std::vector<PasskeyResult>& r);
 std::string format_agreement(const std::vector<AgreementResult>& r);
 
-}  // namespace oscar::engine
+}  // namespace oscar::eval

@@ -1,4 +1,4 @@
-#include "engine/passkey.h"
+#include "eval/passkey.h"
 
 #include <fmt/format.h>
 
@@ -13,7 +13,7 @@
 #include "model/fold_rotation.h"
 #include "model/forward.h"
 
-namespace oscar::engine {
+namespace oscar::eval {
 
 namespace {
 
@@ -37,12 +37,12 @@ struct Engine {
   std::vector<int> greedy(const kv::KvMethod& km, const std::vector<int>& prompt, int n,
                           int page, int chunk) {
     auto cache = kv::make_method_cache(km, m->cache_shape(page), int64_t(prompt.size()) + n + 2 * page);
-    Generator g(*m, *cache, nullptr, chunk);
-    Request r;
+    engine::Generator g(*m, *cache, nullptr, chunk);
+    engine::Request r;
     r.prompt = prompt;
     r.max_new_tokens = n;
     r.sampling.temperature = 0.0f;
-    std::vector<Request> reqs{r};
+    std::vector<engine::Request> reqs{r};
     return g.run(reqs)[0].tokens;
   }
 };
@@ -225,4 +225,4 @@ std::string format_agreement(const std::vector<AgreementResult>& rs) {
   return s;
 }
 
-}  // namespace oscar::engine
+}  // namespace oscar::eval

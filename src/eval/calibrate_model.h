@@ -12,7 +12,7 @@
 #include "core/calibrator.h"
 #include "model/weights.h"
 
-namespace oscar::engine {
+namespace oscar::eval {
 
 struct ModelCalibOptions {
   int64_t tokens = 16384;  // calibration tokens (the text must have them)
@@ -39,4 +39,4 @@ std::string read_text_file(const std::string& path);
 // 16 hex digits (FNV-1a 64) of a token sequence.
 std::string token_hash(const std::vector<int32_t>& tokens);
 
-}  // namespace oscar::engine
+}  // namespace oscar::eval

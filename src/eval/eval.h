@@ -39,7 +39,7 @@
 #include "model/calib_forward.h"
 #include "model/weights.h"
 
-namespace oscar::engine {
+namespace oscar::eval {
 
 // Quantized positions [begin, end) that query t sees under method m.
 struct LoRange {
@@ -93,4 +93,4 @@ void simulate(model::DenseForward& fwd, const kv::KvMethod& m, std::span<const i
 std::string format_table(const std::vector<EvalResult>& r);
 std::string to_json(const std::vector<EvalResult>& r, const std::string& extra_json_fields = "");
 
-}  // namespace oscar::engine
+}  // namespace oscar::eval

@@ -1,4 +1,4 @@
-#include "engine/eval.h"
+#include "eval/eval.h"
 
 #include <cblas.h>
 #include <fmt/format.h>
@@ -18,7 +18,7 @@
 #include "model/fold_rotation.h"
 #include "model/ops_threads.h"
 
-namespace oscar::engine {
+namespace oscar::eval {
 
 namespace {
 
@@ -477,4 +477,4 @@ std::string to_json(const std::vector<EvalResult>& rs, const std::string& extra)
   return j.dump(2);
 }
 
-}  // namespace oscar::engine
+}  // namespace oscar::eval

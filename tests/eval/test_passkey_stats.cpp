@@ -1,13 +1,13 @@
-// Passkey statistics (engine/passkey.h): the Wilson interval and the paired
+// Passkey statistics (eval/passkey.h): the Wilson interval and the paired
 // "of BF16's solved" view of format_passkey.
 #include <gtest/gtest.h>
 
 #include <cmath>
 
 #include "core/error.h"
-#include "engine/passkey.h"
+#include "eval/passkey.h"
 
-namespace oscar::engine {
+namespace oscar::eval {
 namespace {
 
 TEST(PasskeyStats, WilsonIntervalKnownValues) {
@@ -57,4 +57,4 @@ TEST(PasskeyStats, FormatShowsPairedCountsAgainstBf16) {
 }
 
 }  // namespace
-}  // namespace oscar::engine
+}  // namespace oscar::eval

@@ -1,4 +1,4 @@
-#include "engine/calibrate_model.h"
+#include "eval/calibrate_model.h"
 
 #include <fmt/format.h>
 
@@ -15,7 +15,7 @@
 #include "model/loader.h"
 #include "model/tokenizer.h"
 
-namespace oscar::engine {
+namespace oscar::eval {
 
 namespace {
 
@@ -117,4 +117,4 @@ Calibration calibrate_model_file(const std::string& model_path, const std::strin
   return c;
 }
 
-}  // namespace oscar::engine
+}  // namespace oscar::eval

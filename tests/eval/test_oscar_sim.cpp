@@ -1,4 +1,4 @@
-// The evaluation's prefill simulation (engine/eval.h) against the real
+// The evaluation's prefill simulation (eval/eval.h) against the real
 // token-by-token decode path over the OSCAR cache (kv/oscar_cache.h, through
 // Model::forward and the CPU attention kernels): they must agree to fp
 // tolerance (DESIGN §6.2), for OSCAR rotations, no rotation and BF16.
@@ -10,8 +10,8 @@
 #include <random>
 
 #include "core/error.h"
-#include "engine/calibrate_model.h"
-#include "engine/eval.h"
+#include "eval/calibrate_model.h"
+#include "eval/eval.h"
 #include "kv/oscar_cache.h"
 #include "kv/quant_methods.h"
 #include "model/backend_cpu.h"
@@ -39,11 +39,11 @@ std::shared_ptr<const Calibration> tiny_calibration(
   cfg.granularity = g;
   cfg.key_transform = kt;
   cfg.value_target = ValueTarget::kAttnOutput;
-  engine::ModelCalibOptions o;
+  eval::ModelCalibOptions o;
   o.tokens = 384;
   o.chunk = 128;
   return std::make_shared<Calibration>(
-      engine::calibrate_model(w, random_tokens(384, w.cfg.vocab_size, 7), cfg, o));
+      eval::calibrate_model(w, random_tokens(384, w.cfg.vocab_size, 7), cfg, o));
 }
 
 kv::KvMethod row_method(std::shared_ptr<const Calibration> c) {
@@ -67,8 +67,8 @@ void compare(const model::ModelWeights& w0, const kv::KvMethod& m, int page = kP
 
   model::DenseForward fwd(w, *be);
   std::vector<float> hidden, sim;
-  engine::LocalErrorSums sums;
-  engine::simulate(fwd, m, tokens, page, m.sink + m.recent + page, hidden, &sums);
+  eval::LocalErrorSums sums;
+  eval::simulate(fwd, m, tokens, page, m.sink + m.recent + page, hidden, &sums);
   fwd.logits(hidden.data(), T, sim);
 
   model::Model model(w, *be);
@@ -154,7 +154,7 @@ TEST(OscarSim, MatchesDecodeKivi2) {
   auto be = model::make_cpu_backend({backend::WeightDtype::kF32, 1});
   model::Model model(w, *be);
   EXPECT_THROW(kv::make_method_cache(kivi, model.cache_shape(16), 1024), Error);
-  EXPECT_THROW(engine::quantized_range(kivi, 100, 16), Error);
+  EXPECT_THROW(eval::quantized_range(kivi, 100, 16), Error);
 }
 
 TEST(OscarSim, Kivi2QuantizationChangesTheLogits) {
@@ -175,10 +175,10 @@ TEST(OscarSim, Kivi2QuantizationChangesTheLogits) {
   rows.recent = 32;
   kv::KvMethod bf16;
   std::vector<float> h0, h1, h2;
-  engine::LocalErrorSums sk, sr;
-  engine::simulate(fwd, bf16, tokens, 32, 0, h0, nullptr);
-  engine::simulate(fwd, kivi, tokens, 32, 64, h1, &sk);
-  engine::simulate(fwd, rows, tokens, 32, 64, h2, &sr);
+  eval::LocalErrorSums sk, sr;
+  eval::simulate(fwd, bf16, tokens, 32, 0, h0, nullptr);
+  eval::simulate(fwd, kivi, tokens, 32, 64, h1, &sk);
+  eval::simulate(fwd, rows, tokens, 32, 64, h2, &sr);
   double d01 = 0, d12 = 0;
   for (size_t i = 0; i < h0.size(); ++i) {
     d01 = std::max(d01, double(std::fabs(h0[i] - h1[i])));
@@ -201,8 +201,8 @@ TEST(OscarSim, QuantizationChangesTheLogits) {
   auto naive = row_method(std::make_shared<Calibration>(data_free_calibration(
       Composition::kNone, model::model_fingerprint(w), 1.0f, 1.0f, 2, 64)));
   std::vector<float> h0, h1;
-  engine::simulate(fwd, bf16, tokens, kPage, 0, h0, nullptr);
-  engine::simulate(fwd, naive, tokens, kPage, 0, h1, nullptr);
+  eval::simulate(fwd, bf16, tokens, kPage, 0, h0, nullptr);
+  eval::simulate(fwd, naive, tokens, kPage, 0, h1, nullptr);
   const int H = w.cfg.hidden;
   double early = 0, late = 0;
   for (int t = 0; t < kT; ++t)
