@@ -66,7 +66,7 @@ void write_file(const std::string& path, const std::string& text) {
 struct Opts {
   std::string model, calib, text, methods = "bf16,int2-naive,int2-hadamard,kivi2,oscar",
                                    ctx = "2048", json, plot, weights = "f32";
-  std::string haystack = "data/haystack.txt", depths = "0.1,0.3,0.5,0.7,0.9";
+  std::string haystack = "data/haystack.txt", depths = "0.1,0.3,0.5,0.7,0.9", device = "cpu";
   int windows = 1, page = 64, sink = 64, recent = 256, group = 128, threads = 0, trials = 2,
       prompts = 2, new_tokens = 32, score_from = -1;
   bool quiet = false;
@@ -147,6 +147,8 @@ const oscar::cli::Registrar reg({"eval", "Accuracy of KV cache methods vs BF16 (
   passkey->add_option("--haystack", pk->haystack, "Filler prose")->capture_default_str();
   passkey->add_option("--depths", pk->depths, "Needle depths in [0, 1]")->capture_default_str();
   passkey->add_option("--trials", pk->trials, "Prompts per (ctx, depth)")->capture_default_str();
+  passkey->add_option("--device", pk->device, "cpu, cuda or cuda:N (the engine's backend)")
+      ->capture_default_str();
   CLI::App* agree = app.add_subcommand("agreement", "Greedy generation agreement with BF16 (real engine)");
   add_common(*agree, *ag);
   ag->ctx = "1024";
@@ -154,6 +156,8 @@ const oscar::cli::Registrar reg({"eval", "Accuracy of KV cache methods vs BF16 (
   agree->add_option("--text", ag->text, "Prompt text")->required();
   agree->add_option("--prompts", ag->prompts, "Prompts per context")->capture_default_str();
   agree->add_option("--new-tokens", ag->new_tokens, "Greedy tokens generated")->capture_default_str();
+  agree->add_option("--device", ag->device, "cpu, cuda or cuda:N (the engine's backend)")
+      ->capture_default_str();
   app.require_subcommand(0, 1);
 
   return [o, pk, ag, passkey, agree]() -> int {
@@ -165,6 +169,7 @@ const oscar::cli::Registrar reg({"eval", "Accuracy of KV cache methods vs BF16 (
       po.depths = parse_doubles(pk->depths, "--depths");
       po.trials = pk->trials;
       po.page_size = pk->page;
+      po.device = pk->device;
       auto tok = model::load_tokenizer(pk->model);
       auto r = eval::run_passkey(L.w, tok, eval::read_text_file(pk->haystack), L.methods, po,
                                    progress_fn(pk->quiet));
@@ -185,6 +190,7 @@ const oscar::cli::Registrar reg({"eval", "Accuracy of KV cache methods vs BF16 (
       Loaded L = load(*ag);
       eval::PasskeyOptions po;
       po.page_size = ag->page;
+      po.device = ag->device;
       auto r = eval::run_agreement(L.w, tokenize_file(ag->model, ag->text), L.methods,
                                      parse_ints(ag->ctx, "--ctx"), ag->prompts, ag->new_tokens, po,
                                      progress_fn(ag->quiet));

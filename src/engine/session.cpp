@@ -33,6 +33,15 @@ std::unique_ptr<backend::Backend> make_backend(const std::string& device, backen
   throw Error("--device: unknown device '" + device + "' (cpu, cuda, cuda:N)");
 }
 
+PreparedModel prepare_model(model::ModelWeights w, const kv::KvMethod& method,
+                            const std::string& device, backend::WeightDtype weights, int threads) {
+  if (method.folds_values()) model::fold_value_rotation(w, *method.calib);
+  PreparedModel p;
+  p.backend = make_backend(device, weights, threads);
+  p.model = std::make_unique<model::Model>(w, *p.backend);
+  return p;  // the dense fp32 weights go here; the backend keeps its own copy
+}
+
 Session open_session(const SessionOptions& o) {
   Session s{model::load_tokenizer(o.model), nullptr, nullptr, {}};
   model::ModelWeights w = model::load_model(o.model);
@@ -41,11 +50,12 @@ Session open_session(const SessionOptions& o) {
     mo.calib_path = o.calib;
     mo.model = model::model_fingerprint(w);
     s.method = kv::resolve_kv_method(o.kv, mo);
-    if (s.method.folds_values()) model::fold_value_rotation(w, *s.method.calib);
   }
-  s.backend = make_backend(o.device, backend::weight_dtype_from_string(o.weights), o.threads);
-  s.model = std::make_unique<model::Model>(w, *s.backend);
-  return s;  // the dense fp32 weights go here; the backend keeps its own copy
+  PreparedModel p = prepare_model(std::move(w), s.method, o.device,
+                                  backend::weight_dtype_from_string(o.weights), o.threads);
+  s.backend = std::move(p.backend);
+  s.model = std::move(p.model);
+  return s;
 }
 
 }  // namespace oscar::engine

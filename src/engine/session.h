@@ -34,6 +34,15 @@ struct Session {
 std::unique_ptr<backend::Backend> make_backend(const std::string& device, backend::WeightDtype weights,
                                              int threads);
 
+// A model prepared on a new backend for one KV method: R_V folded into W_v /
+// W_o when the method rotates values (on `w`, which the caller hands over).
+struct PreparedModel {
+  std::unique_ptr<backend::Backend> backend;
+  std::unique_ptr<model::Model> model;  // uses *backend
+};
+PreparedModel prepare_model(model::ModelWeights w, const kv::KvMethod& method,
+                            const std::string& device, backend::WeightDtype weights, int threads);
+
 // Loads and prepares; the dense weights are freed before it returns. Throws
 // oscar::Error (unknown method, calibration for another model, bad files).
 Session open_session(const SessionOptions& o);

@@ -9,7 +9,7 @@
 
 #include "core/error.h"
 #include "engine/generator.h"
-#include "model/backend_cpu.h"
+#include "engine/session.h"
 #include "model/fold_rotation.h"
 #include "model/forward.h"
 
@@ -17,27 +17,19 @@ namespace oscar::eval {
 
 namespace {
 
-// A model + cache of one method, in the engine's real serving path.
+// A model + cache of one method, in the engine's real serving path (on the
+// CPU or a GPU: engine::prepare_model, the assembly generate and serve use).
 struct Engine {
-  std::unique_ptr<backend::Backend> be;
-  std::unique_ptr<model::Model> m;
-  Engine(const model::ModelWeights& w, const kv::KvMethod& km, backend::WeightDtype dt) {
-    model::CpuBackendOptions bo;
-    bo.weight_dtype = dt;
-    be = model::make_cpu_backend(bo);
-    if (km.folds_values()) {
-      model::ModelWeights fw = w;
-      model::fold_value_rotation(fw, *km.calib);
-      m = std::make_unique<model::Model>(fw, *be);
-    } else {
-      m = std::make_unique<model::Model>(w, *be);
-    }
-  }
+  engine::PreparedModel pm;
+  Engine(const model::ModelWeights& w, const kv::KvMethod& km, const PasskeyOptions& o)
+      : pm(engine::prepare_model(w, km, o.device, o.weights, 0)) {}
   // Greedy continuation of `prompt` by `n` tokens through a fresh cache.
   std::vector<int> greedy(const kv::KvMethod& km, const std::vector<int>& prompt, int n,
                           int page, int chunk) {
-    auto cache = kv::make_method_cache(km, m->cache_shape(page), int64_t(prompt.size()) + n + 2 * page);
-    engine::Generator g(*m, *cache, nullptr, chunk);
+    model::Model& m = *pm.model;
+    auto cache = kv::make_method_cache(km, m.cache_shape(page), int64_t(prompt.size()) + n + 2 * page,
+                                       false, pm.backend->page_store_factory());
+    engine::Generator g(m, *cache, nullptr, chunk);
     engine::Request r;
     r.prompt = prompt;
     r.max_new_tokens = n;
@@ -93,7 +85,7 @@ std::vector<PasskeyResult> run_passkey(const model::ModelWeights& w, const model
       }
   std::vector<PasskeyResult> out;
   for (const kv::KvMethod& km : methods) {
-    Engine e(w, km, opts.weights);
+    Engine e(w, km, opts);
     std::map<std::pair<int, double>, PasskeyResult> agg;
     for (size_t i = 0; i < cases.size(); ++i) {
       const Case& c = cases[i];
@@ -122,7 +114,7 @@ std::vector<AgreementResult> run_agreement(const model::ModelWeights& w,
   kv::KvMethod bf16;
   bf16.label = "bf16";
   std::map<std::pair<int, int>, std::vector<int>> ref;  // (ctx, prompt) -> tokens
-  Engine eb(w, bf16, opts.weights);
+  Engine eb(w, bf16, opts);
   auto prompt_of = [&](int ctx, int p) {
     if (int64_t(ctx) * (p + 1) > int64_t(tokens.size()))
       throw Error(fmt::format("agreement: text too short for {} prompts of {} tokens", prompts, ctx));
@@ -136,7 +128,7 @@ std::vector<AgreementResult> run_agreement(const model::ModelWeights& w,
   std::vector<AgreementResult> out;
   for (const kv::KvMethod& km : methods) {
     if (km.kind == kv::KvMethod::Kind::kBf16) continue;
-    Engine e(w, km, opts.weights);
+    Engine e(w, km, opts);
     for (int ctx : ctxs) {
       AgreementResult r;
       r.method = km.label;

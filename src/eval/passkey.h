@@ -24,6 +24,7 @@ struct PasskeyOptions {
   int page_size = 64;
   int prefill_chunk = 512;
   backend::WeightDtype weights = backend::WeightDtype::kBf16;
+  std::string device = "cpu";  // cpu | cuda | cuda:N (engine::make_backend)
 };
 
 struct PasskeyResult {
