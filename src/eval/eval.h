@@ -8,7 +8,7 @@
 //    W = 128 and its keys quantized per channel over 32-token spans of the pages),
 //   BF16-rounded rows everywhere else,
 // which is exactly what the real token-by-token decode path over
-// kv::OscarKvCache computes (tests/engine/test_oscar_sim.cpp checks it, for
+// kv::OscarKvCache computes (tests/eval/test_oscar_sim.cpp checks it, for
 // kivi2 too).
 //
 // Metrics, on the scored positions (queries that attend to quantized history:

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/key_transform.h"
 #include "core/quantizer.h"
 
 namespace oscar::kv {
@@ -50,16 +51,21 @@ OscarKvCache::OscarKvCache(const KvCacheShape& shape, std::shared_ptr<const Cali
     throw Error(fmt::format("{} kv cache: per-channel keys are quantized over spans of {} tokens, so "
                             "the page size must be a multiple of {} (got {})",
                             opts_.label, kKeySpan, kKeySpan, ps));
-  identity_ = calib_->composition == Composition::kNone;
+  // What the page store applies per layer: the key transform and the clips.
+  bool identity = calib_->composition == Composition::kNone, uniform_clip = true;
+  std::vector<backend::LayerQuant> lq;
   for (const LayerCalibration& lc : calib_->layers) {
     if (lc.n_rot != 1 && lc.n_rot != shape_.num_kv_heads)
       throw Error(fmt::format("{} kv cache: calibration has {} rotations per layer for {} KV heads",
                               opts_.label, lc.n_rot, shape_.num_kv_heads));
-    identity_ = identity_ && !lc.has_key_transform();
-    xf_.push_back(prepare_key_transform(lc, shape_.num_kv_heads, d));
-    for (int h = 1; h < shape_.num_kv_heads; ++h)
-      if (lc.k_clip_of(h) != lc.k_clip_of(0) || lc.v_clip_of(h) != lc.v_clip_of(0))
-        uniform_clip_ = false;
+    identity = identity && !lc.has_key_transform();
+    backend::LayerQuant& q = lq.emplace_back();
+    q.xf = prepare_key_transform(lc, shape_.num_kv_heads, d);
+    for (int h = 0; h < shape_.num_kv_heads; ++h) {
+      q.k_clip.push_back(lc.k_clip_of(h));
+      q.v_clip.push_back(lc.v_clip_of(h));
+      uniform_clip = uniform_clip && q.k_clip[h] == q.k_clip[0] && q.v_clip[h] == q.v_clip[0];
+    }
     if (kchan)
       for (int h = 0; h < shape_.num_kv_heads; ++h)
         if (lc.k_clip_of(h) < 1.0f)
@@ -67,7 +73,7 @@ OscarKvCache::OscarKvCache(const KvCacheShape& shape, std::shared_ptr<const Cali
                                   "has key clip ratio {}",
                                   opts_.label, lc.k_clip_of(h)));
   }
-  if (kchan && !uniform_clip_)
+  if (kchan && !uniform_clip)
     throw Error(fmt::format("{} kv cache: per-channel keys with per-head clip ratios are not supported",
                             opts_.label));
 
@@ -83,16 +89,7 @@ OscarKvCache::OscarKvCache(const KvCacheShape& shape, std::shared_ptr<const Cali
   sspec.key_axis = opts_.key_axis;
   sspec.label = opts_.label + " kv cache";
   store_ = backend::make_page_store(opts_.store, sspec);
-  std::vector<backend::LayerQuant> lq(shape_.n_layers);
-  for (int l = 0; l < shape_.n_layers; ++l) {
-    const LayerCalibration& lc = calib_->layers[l];
-    lq[l].identity = identity_;
-    lq[l].xf = xf_[l];
-    for (int h = 0; h < shape_.num_kv_heads; ++h) {
-      lq[l].k_clip.push_back(lc.k_clip_of(h));
-      lq[l].v_clip.push_back(lc.v_clip_of(h));
-    }
-  }
+  for (backend::LayerQuant& q : lq) q.identity = identity;
   store_->set_quant(std::move(lq));
   for (int l = 0; l < shape_.n_layers; ++l) {
     bf16_pools_.push_back(store_->bf16_pool(l));

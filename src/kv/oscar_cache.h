@@ -29,7 +29,6 @@
 #include <vector>
 
 #include "core/calibration.h"
-#include "core/key_transform.h"
 #include "kv/kv_cache.h"
 #include "kv/page_pool.h"
 
@@ -122,9 +121,6 @@ class OscarKvCache : public KvCache {
   std::shared_ptr<const Calibration> calib_;
   OscarCacheOptions opts_;
   int group_ = 128;
-  bool identity_ = false;        // no rotation and no key transform at all (int2-naive)
-  std::vector<KeyTransform> xf_;  // per layer: the key/query matrices and key offset
-  bool uniform_clip_ = true;     // every head of a layer has the same clips
   bool prefix_ = false;
   PagePool bf16_pool_, quant_pool_;
   std::unique_ptr<backend::PageStore> store_;                    // the pages (host or device)
