@@ -1,6 +1,7 @@
 #include "core/calibration.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cctype>
@@ -52,11 +53,8 @@ std::vector<float> read_checked(const st::File& f, const std::string& name,
                                 const std::vector<int64_t>& shape) {
   const st::TensorInfo& t = f.at(name);
   if (t.shape != shape) {
-    std::string got, want;
-    for (auto s : t.shape) got += fmt::format("{},", s);
-    for (auto s : shape) want += fmt::format("{},", s);
-    throw Error(
-        fmt::format("{}: tensor '{}' has shape [{}], expected [{}]", f.path(), name, got, want));
+    throw Error(fmt::format("{}: tensor '{}' has shape [{}], expected [{}] (a calibration for another model?)",
+                            f.path(), name, fmt::join(t.shape, ", "), fmt::join(shape, ", ")));
   }
   std::vector<float> v = f.read_f32(name);
   for (size_t i = 0; i < v.size(); ++i)

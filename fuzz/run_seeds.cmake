@@ -1,0 +1,13 @@
+# ctest -R fuzz_seeds: writes the seed corpora and runs every fuzz target over its own.
+execute_process(COMMAND ${BIN}/fuzz_make_seeds ${SEEDS} RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "fuzz_make_seeds failed (${rc})")
+endif()
+file(GLOB dirs LIST_DIRECTORIES true ${SEEDS}/*)
+foreach(d ${dirs})
+  get_filename_component(target ${d} NAME)
+  execute_process(COMMAND ${BIN}/fuzz_${target} ${RUNS} ${d} RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "fuzz_${target} on its seeds: exit ${rc}")
+  endif()
+endforeach()
