@@ -88,6 +88,14 @@ ModelWeights load_gguf(const std::string& path) {
       c.eos_tokens.push_back(id);
   }
 
+  if (c.n_layers <= 0 || c.n_layers > 4096) throw Error(fmt::format("{}: invalid block_count {}", path, c.n_layers));
+  if (const gguf::TensorInfo* te = f.find("token_embd.weight"); te != nullptr && !te->shape.empty() &&
+                                                                te->shape[0] <= INT32_MAX) {
+    ModelConfig probe = c;
+    probe.vocab_size = static_cast<int>(te->shape[0]);
+    probe.tied_embeddings = f.find("output.weight") == nullptr;
+    check_host_memory(probe, path);
+  }
   w.tok_embd = read(f, "token_embd.weight");
   c.vocab_size = static_cast<int>(w.tok_embd.shape.empty() ? 0 : w.tok_embd.shape[0]);
   if (const gguf::Value* v = f.find_kv(p + "vocab_size"); v != nullptr && v->is_integer() &&
@@ -103,7 +111,6 @@ ModelWeights load_gguf(const std::string& path) {
   c.qk_norm = f.find("blk.0.attn_q_norm.weight") != nullptr;
   if (c.arch == Arch::kQwen3 && !c.qk_norm)
     throw Error(fmt::format("{}: qwen3 model without blk.0.attn_q_norm.weight", path));
-  if (c.n_layers <= 0 || c.n_layers > 4096) throw Error(fmt::format("{}: invalid block_count {}", path, c.n_layers));
   w.layers.resize(static_cast<size_t>(c.n_layers));
   for (int l = 0; l < c.n_layers; ++l) {
     LayerWeights& L = w.layers[static_cast<size_t>(l)];

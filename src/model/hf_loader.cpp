@@ -199,6 +199,7 @@ ModelWeights load_hf(const std::string& dir_str) {
   if (c.n_layers <= 0 || c.n_layers > 4096)
     throw Error(fmt::format("{}: invalid num_hidden_layers {}", cfg_path.string(), c.n_layers));
 
+  check_host_memory(c, cfg_path.string());
   Shards s(dir);
   w.tok_embd = s.read("model.embed_tokens.weight");
   w.out_norm = s.read("model.norm.weight");

@@ -1,11 +1,15 @@
 #include "model/loader.h"
 
+#include <algorithm>
+#include <cmath>
+#include <limits>
 #include <cstring>
 #include <filesystem>
 
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "core/host_memory.h"
 
 namespace oscar::model {
 
@@ -64,6 +68,30 @@ struct Fnv {
 
 }  // namespace
 
+uint64_t fp32_weight_bytes(const ModelConfig& c) {
+  // Every factor is checked positive and bounded by the caller's config checks
+  // (int), so the products fit in double without overflow; saturate anyway.
+  const double H = c.hidden, I = c.intermediate, V = c.vocab_size, d = c.head_dim;
+  const double q = c.n_heads * d, kv = c.n_kv_heads * d;
+  double per_layer = H * (q + 2 * kv) + q * H + 3 * H * I + 2 * H;
+  if (c.qkv_bias) per_layer += q + 2 * kv;
+  if (c.qk_norm) per_layer += 2 * d;
+  const double n = V * H * (c.tied_embeddings ? 1 : 2) + H + c.n_layers * per_layer;
+  const double bytes = 4 * n;
+  return bytes >= 1.8e19 ? UINT64_MAX : static_cast<uint64_t>(bytes);
+}
+
+void check_host_memory(const ModelConfig& c, const std::string& source) {
+  if (c.hidden <= 0 || c.intermediate <= 0 || c.vocab_size <= 0 || c.n_layers <= 0 || c.n_heads <= 0 ||
+      c.n_kv_heads <= 0 || c.head_dim <= 0)
+    return;  // check_weights refuses these with their own message
+  const uint64_t need = fp32_weight_bytes(c), have = host_memory_available();
+  if (need > have)
+    throw Error(fmt::format("{}: the model needs {} of host memory for its fp32 weights; {} is available "
+                            "(MemAvailable, cgroup limit or OSCAR_HOST_MEMORY_LIMIT)",
+                            source, format_bytes(need), format_bytes(have)));
+}
+
 void check_weights(const ModelWeights& w, const std::string& source) {
   const ModelConfig& c = w.cfg;
   if (c.vocab_size <= 0 || c.hidden <= 0 || c.intermediate <= 0 || c.n_layers <= 0 || c.n_heads <= 0 ||
@@ -110,6 +138,26 @@ void check_weights(const ModelWeights& w, const std::string& source) {
       expect(L.q_norm, {c.head_dim}, source, n("q_norm"));
       expect(L.k_norm, {c.head_dim}, source, n("k_norm"));
     }
+  }
+  // NaN or Inf in a weight poisons every logit silently: refuse the file instead.
+  auto finite = [&](const Tensor& t, const std::string& what) {
+    bool bad = false;
+    for (float x : t.data) bad |= !(std::fabs(x) <= std::numeric_limits<float>::max());
+    if (!bad) return;
+    const auto it = std::find_if(t.data.begin(), t.data.end(), [](float x) { return !std::isfinite(x); });
+    throw Error(fmt::format("{}: {} holds a non-finite value ({} at index {})", source, what, *it,
+                            it - t.data.begin()));
+  };
+  finite(w.tok_embd, "token embedding");
+  finite(w.out_norm, "output norm");
+  finite(w.lm_head, "LM head");
+  for (int l = 0; l < c.n_layers; ++l) {
+    const LayerWeights& L = w.layers[static_cast<size_t>(l)];
+    const std::pair<const Tensor*, const char*> all[] = {
+        {&L.attn_norm, "attn_norm"}, {&L.wq, "wq"}, {&L.wk, "wk"}, {&L.wv, "wv"}, {&L.bq, "bq"},
+        {&L.bk, "bk"}, {&L.bv, "bv"}, {&L.q_norm, "q_norm"}, {&L.k_norm, "k_norm"}, {&L.wo, "wo"},
+        {&L.ffn_norm, "ffn_norm"}, {&L.w_gate, "w_gate"}, {&L.w_up, "w_up"}, {&L.w_down, "w_down"}};
+    for (const auto& [t, what] : all) finite(*t, fmt::format("layer {} {}", l, what));
   }
 }
 

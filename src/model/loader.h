@@ -21,6 +21,14 @@ ModelWeights load_hf(const std::string& dir);
 // or its shape disagrees with w.cfg.
 void check_weights(const ModelWeights& w, const std::string& source);
 
+// Refuses (oscar::Error naming `source`, the bytes needed and those available) a
+// model whose fp32 weights — what both loaders hold after dequantization — exceed
+// the host memory this process may still take (core/host_memory.h). Called by
+// the loaders once the config is known, before any tensor is read.
+void check_host_memory(const ModelConfig& c, const std::string& source);
+// Bytes of the fp32 weights of a model of config `c` (embedding, LM head unless tied, layers).
+uint64_t fp32_weight_bytes(const ModelConfig& c);
+
 // 32 hex digits: FNV-1a (two 64-bit lanes) over the architecture and sizes,
 // then for every tensor in a fixed order its name, shape and up to 4096 evenly
 // spaced fp32 values. Stable for the same dequantized weights.
