@@ -14,7 +14,7 @@
 # the read floor.
 # ITERS (default 100): timed calls per shape and build. A fresh process's
 # first few dozen calls run slower (8 x 32K: 54 us median of 15, 49.5 of 200;
-# docs/cuda-notes.md, v34), so short runs understate the steady state.
+# docs/history.md, v34), so short runs understate the steady state.
 # Logs in $OUT.
 #   bash scripts/gpu_ab.sh            (carry .deps and .ab)
 set -uo pipefail

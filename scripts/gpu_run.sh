@@ -9,12 +9,12 @@
 #   shapes: only the shapes in SHAPES ("B,CTX B,CTX ...", default the batch-8
 #   and large ones), ours and FlashInfer, then the table.
 #   OSCAR_BENCH_FLUSH=read (env) empties L2 by a read instead of a memset in
-#   both benchmarks (docs/cuda.md, "Benchmark protocol").
+#   both benchmarks (docs/kernels-cuda.md, "Benchmark protocol").
 #
 # Needs in the working tree (ignored, carried by the device tool):
 #   .deps/googletest (copy of /usr/src/googletest), .deps/include/fmt (copy of
 #   /usr/include/fmt), and optionally .whl/ with flashinfer_python-0.5.3 and
-#   apache_tvm_ffi wheels (see docs/cuda.md).
+#   apache_tvm_ffi wheels (see docs/kernels-cuda.md).
 set -uo pipefail
 MODE=${1:-full}
 OUT=${OUT:-$PWD/out}

@@ -140,7 +140,7 @@ struct Timer {
   // Warm-up calls, each after a flush like the timed ones, at least
   // `warmup` of them and for at least 30 ms: a fresh process's first calls
   // run slower (8 x 32K, v34: 54 us as the median of 15 calls after 2 in a
-  // new process, 49.5 us of 200; docs/cuda-notes.md).
+  // new process, 49.5 us of 200; docs/kernels-cuda.md).
   int warmup = 30;
   template <typename F>
   double median_ms(F&& fn, int iters) {
@@ -352,7 +352,7 @@ int main(int argc, char** argv) {
       double t_by_kind[4] = {0, 0, 0, 0};
       // 0: INT2 three-region (default: the v13 loop, int8 tensor cores for K
       // and V), 1: BF16 baseline, 2: INT2 with the v7 loop (fp16 tensor cores
-      // for K and V), 3: INT2 with the v10 loop (int8 for K only); docs/cuda-notes.md
+      // for K and V), 3: INT2 with the v10 loop (int8 for K only); docs/history.md
       for (int kind = 0; kind < 4; ++kind) {
         if (int2_only && kind != 0) continue;
         const bool int2 = kind != 1;

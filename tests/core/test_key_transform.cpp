@@ -163,8 +163,13 @@ TEST(KeyTransform, CalibratorFindsAPlantedOffset) {
     Calibration c = cal.finish();
     return std::make_pair(c, cal.kept_targets(0));
   };
-  const auto [off, t_off] = run(KeyTransformMode::kOff);
-  const auto [aut, t_aut] = run(KeyTransformMode::kAuto);
+  // Named, not structured bindings: lambdas below capture them (clang 14, used by
+  // scripts/sanitize.sh, cannot capture a structured binding).
+  const auto r_off = run(KeyTransformMode::kOff), r_aut = run(KeyTransformMode::kAuto);
+  const Calibration& off = r_off.first;
+  const Calibration& aut = r_aut.first;
+  const auto& t_off = r_off.second;
+  const auto& t_aut = r_aut.second;
   EXPECT_FALSE(off.layers[0].has_key_transform());
   ASSERT_FALSE(aut.layers[0].k_mean.empty());
   ASSERT_FALSE(aut.layers[0].k_scale.empty());

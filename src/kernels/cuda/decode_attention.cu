@@ -1,4 +1,4 @@
-// Decode attention kernels (see decode_attention.h and docs/cuda-notes.md).
+// Decode attention kernels (see decode_attention.h and docs/kernels-cuda.md).
 //
 // One CTA = one (chunk of 16-token tiles, KV head); 4 warps, each an
 // independent flash-decoding worker over every 4th group of 4 tiles of the
@@ -638,7 +638,7 @@ __device__ __forceinline__ void compute_quant_tiles(WarpState<D, D / G>& st, con
 }
 
 // ---------------------------------------------------------------------------
-// Int8-key loop (kernel variant 2, docs/cuda-notes.md v10): head_dim 128,
+// Int8-key loop (kernel variant 2, docs/history.md v10): head_dim 128,
 // group 128, GQA <= 4. Keys go through m16n8k32 u8 x s8 tensor cores: a code
 // word shifted by 2s and masked with 0x03030303 is one A register (four
 // codes of consecutive virtual channels), so K needs no fp16 conversion. The
@@ -880,7 +880,7 @@ __device__ __forceinline__ void compute_int8k_tiles(WarpState1<128>& st, const Q
 }
 
 // ---------------------------------------------------------------------------
-// Int8 K and V loop (kernel variant 3, docs/cuda-notes.md v13): keys as in the
+// Int8 K and V loop (kernel variant 3, docs/history.md v13): keys as in the
 // int8-key loop above; values through m16n8k32 u8 x u8 tensor cores too:
 //   O^T[channel][head hi|lo] += V^T[channel][32 tokens] . P'^T[32 tokens][head hi|lo]
 // A (codes): the lane already holds the 4-byte words (16 codes each) of tokens
@@ -1107,7 +1107,7 @@ __device__ __forceinline__ void compute_bf16_tile(WarpState<D, NG>& st, const Bf
 // ---------------------------------------------------------------------------
 // The split kernel. kQuant: this launch handles middle (INT2) chunks; else
 // BF16 chunks (sink / recent).
-// kVariant (INT2 loop shape; docs/cuda-notes.md): 0 = four tiles per step
+// kVariant (INT2 loop shape; docs/kernels-cuda.md): 0 = four tiles per step
 // staged through a per-warp two-stage cp.async ring in shared memory, fp16
 // tensor cores for K and V; 1 = two tiles per step, the next step's tiles
 // prefetched into registers (used for the other shapes); 2 = the ring of 0
@@ -1978,7 +1978,7 @@ template <int D, int G>
 cudaError_t launch_quant(dim3 grid, const KernelArgs& a, int variant, bool groups, cudaStream_t stream) {
   constexpr bool pdl = false;  // reads q: after whatever produced it
   // head_dim 128 / group 128 (the benchmark shape) has three loop shapes
-  // (`variant` picks, docs/cuda-notes.md); the others use the
+  // (`variant` picks, docs/kernels-cuda.md); the others use the
   // register-prefetch loop. The default copies whole 4-tile groups where
   // the plan and the page size allow (`groups`, v34).
   if constexpr (D == 128 && G == 128) {
@@ -1994,7 +1994,7 @@ cudaError_t launch_quant(dim3 grid, const KernelArgs& a, int variant, bool group
 }
 
 // How the step write's blocks split its rows (v42; same-call A/Bs in
-// docs/cuda-notes.md). Its blocks run where the middle launch leaves room:
+// docs/kernels-cuda.md). Its blocks run where the middle launch leaves room:
 // at once where it does not fill the GPU, else in its tail, each in a slot
 // that the window launch waits for (more blocks there delay the windows:
 // 512 blocks at 8 x 32K cost ~1.5 us more than 128, 1024-2048 at 32 x 32K
@@ -2178,7 +2178,7 @@ DecodePlan plan_decode(int batch, const HostRegions& regions, int num_kv_heads, 
   // scheduler hands CTAs to the SMs round by round, and an SM's warp
   // scheduler favours its older CTAs, so that, with equal chunks, the CTAs of
   // the first round end first and those of the last round up to a third
-  // later (docs/cuda-logs/v26-rounds.md). A chunk at launch position `pos`
+  // later (git history: docs/cuda-logs/v26-rounds.md). A chunk at launch position `pos`
   // covers CTAs pos * Hkv .. (grid x = KV head), round (pos * Hkv + Hkv / 2) /
   // num_sms, and gets weight 1 - skew * round.
   const int hkv = std::max(num_kv_heads, 1);

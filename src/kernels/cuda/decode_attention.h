@@ -2,7 +2,7 @@
 // sink (BF16) + middle (INT2) + recent (BF16), split-KV with a log-sum-exp
 // merge, GQA-aware (one CTA loads and unpacks a KV tile once for all query
 // heads of its KV head). Specification: kernels/cpu/attention.h
-// decode_attention_ref. Design notes and measured numbers: docs/cuda.md.
+// decode_attention_ref. Design notes and measured numbers: docs/kernels-cuda.md.
 //
 // Usage per decode step (per layer the same plan can be reused):
 //   DecodePlan plan = plan_decode(batch, host region tables, ...); // host, cheap
@@ -75,7 +75,7 @@ struct DecodeParams {
   float sm_scale = 0.0f;     // usually 1/sqrt(d)
   float* o = nullptr;        // [batch][Hq][d] f32 device, R_V basis (16-byte aligned: check_decode)
   float* lse = nullptr;      // [batch][Hq] f32 device (natural log) or nullptr
-  int variant = 0;           // INT2 loop shape for d=128/G=128 (benchmarking; docs/cuda-notes.md):
+  int variant = 0;           // INT2 loop shape for d=128/G=128 (benchmarking; docs/kernels-cuda.md):
                              // 0 = default (= 4 where it applies, else 2; with whole-group
                              // copies where the plan's middle chunks start at multiples of 4
                              // tiles and the page size is a multiple of 64, v34), 1 = 2 tiles/step +
