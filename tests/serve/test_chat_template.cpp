@@ -307,3 +307,24 @@ TEST(ChatTemplate, CopiesShareTheParsedTemplate) {
   EXPECT_EQ(a.render(kSystemUser), b.render(kSystemUser));
   EXPECT_EQ(&a.source(), &b.source());
 }
+
+// A template is a stranger's code (it comes in the model file): integer division
+// or modulo by zero used to raise SIGFPE inside minja and kill the server. It must
+// be an error the caller can report, from the constructor (which probes the
+// template by rendering) or from render.
+TEST(ChatTemplate, ArithmeticFaultsAreErrors) {
+  for (const char* src : {"{{ 1 // 0 }}", "{{ 7 % 0 }}", "{{ 1 / 0 }}",
+                          "{{ (-9223372036854775807 - 1) // -1 }}",
+                          "{% for m in messages %}{{ m['content'] }}{{ loop.index // (loop.index - 1) }}{% endfor %}"}) {
+    EXPECT_THROW(
+        {
+          const ChatTemplate t(src, "<s>", "</s>");
+          (void)t.render(kSystemUser);
+        },
+        oscar::Error)
+        << src;
+  }
+  // Division that is fine still renders.
+  const ChatTemplate ok("{{ 7 // 2 }} {{ 7 % 4 }} {{ -7 // -1 }}", "<s>", "</s>");
+  EXPECT_EQ(ok.render(kSystemUser, false), "3 3 7");
+}

@@ -498,14 +498,21 @@ public:
       else
         return get<double>() * rhs.get<double>();
   }
+  // oscar patch (docs/reliability.md): integer division and modulo by zero, or
+  // INT64_MIN / -1, raised SIGFPE and killed the server; they now throw.
+  static int64_t checked_int_div(int64_t a, int64_t b, bool mod) {
+    if (b == 0) throw std::runtime_error(mod ? "integer modulo by zero" : "integer division by zero");
+    if (b == -1) return mod ? 0 : (a == std::numeric_limits<int64_t>::min() ? throw std::runtime_error("integer overflow in division") : -a);
+    return mod ? a % b : a / b;
+  }
   Value operator/(const Value& rhs) const {
       if (is_number_integer() && rhs.is_number_integer())
-        return get<int64_t>() / rhs.get<int64_t>();
+        return checked_int_div(get<int64_t>(), rhs.get<int64_t>(), false);
       else
         return get<double>() / rhs.get<double>();
   }
   Value operator%(const Value& rhs) const {
-    return get<int64_t>() % rhs.get<int64_t>();
+    return checked_int_div(get<int64_t>(), rhs.get<int64_t>(), true);
   }
 };
 
@@ -1371,8 +1378,8 @@ public:
               case Op::Mul:       return l * r;
               case Op::Div:       return l / r;
               case Op::MulMul:    return std::pow(l.get<double>(), r.get<double>());
-              case Op::DivDiv:    return l.get<int64_t>() / r.get<int64_t>();
-              case Op::Mod:       return l.get<int64_t>() % r.get<int64_t>();
+              case Op::DivDiv:    return Value::checked_int_div(l.get<int64_t>(), r.get<int64_t>(), false);  // oscar patch
+              case Op::Mod:       return Value::checked_int_div(l.get<int64_t>(), r.get<int64_t>(), true);   // oscar patch
               case Op::Eq:        return l == r;
               case Op::Ne:        return l != r;
               case Op::Lt:        return l < r;
