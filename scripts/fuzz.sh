@@ -2,9 +2,10 @@
 # Runs the libFuzzer targets (fuzz/, docs/reliability.md) on the ASan+UBSan build
 # of scripts/sanitize.sh (build-asan/, configured with -DOSCAR_FUZZ=ON):
 #   bash scripts/fuzz.sh [seconds-per-target] [target ...]
-# Defaults: 60 s for every target, two at a time. Each target starts from its
-# seed corpus (fuzz_make_seeds) plus the corpus kept from earlier runs in
-# build-asan/fuzz-corpus/<target>; a finding is written to
+# Defaults: 60 s for every target, two at a time (FUZZ_PARALLEL). FUZZ_RUNS=N also
+# stops a target after N executions (the long campaign: FUZZ_RUNS=1000000 and 900 s).
+# Each target starts from its seed corpus (fuzz_make_seeds) plus the corpus kept from
+# earlier runs in build-asan/fuzz-corpus/<target>; a finding is written to
 # build-asan/fuzz-findings/<target>/ and fails the run. At the end a table:
 # target, seconds, executions, exec/s, corpus size, findings.
 set -euo pipefail
@@ -33,6 +34,7 @@ run_one() {
   mkdir -p "$BUILD/fuzz-corpus/$t" "$BUILD/fuzz-findings/$t"
   # -timeout: one input over 10 s is a finding (a hang); -rss_limit_mb: an
   # allocation of absurd size is one too; -malloc_limit_mb: so is one over 1 GiB.
+  [[ -n "${FUZZ_RUNS:-}" ]] && extra+=(-runs="$FUZZ_RUNS")
   "$BUILD/fuzz/fuzz_$t" "${extra[@]}" -max_total_time="$SECS" -timeout=10 -rss_limit_mb=2560 \
     -malloc_limit_mb=1024 -print_final_stats=1 -artifact_prefix="$BUILD/fuzz-findings/$t/" \
     "$BUILD/fuzz-corpus/$t" "$BUILD/fuzz-seeds/$t" >"$BUILD/fuzz-logs/$t.log" 2>&1

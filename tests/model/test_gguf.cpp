@@ -233,7 +233,7 @@ TEST(GgufFile, MalformedFilesGiveErrorsNamingTheFile) {
   expect_error([&] { File::open(p); }, {p, "version"});
 
   oscar::test::GgufWriter unk;
-  unk.tensor("weird", {4, 32}, 99, a.data(), 512);
+  unk.tensor("weird", {4, 32}, 99, a.data(), a.size() * sizeof(float));
   oscar::test::write_bytes(p, unk.bytes());
   expect_error([&] { File::open(p); }, {p, "weird", "unknown tensor type"});
 

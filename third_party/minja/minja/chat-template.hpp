@@ -271,7 +271,7 @@ class chat_template {
                 }
                 auto eos_pos_last = full.rfind(eos_token_);
                 if (eos_pos_last == prefix.size() - eos_token_.size() ||
-                      (full[full.size() - 1] == '\n' && (eos_pos_last == full.size() - eos_token_.size() - 1))) {
+                      (!full.empty() && full.back() == '\n' && (eos_pos_last == full.size() - eos_token_.size() - 1))) {  // oscar patch: full may be empty
                     full = full.substr(0, eos_pos_last);
                 }
                 size_t common_prefix_length = 0;
