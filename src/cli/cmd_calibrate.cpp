@@ -52,7 +52,7 @@ void print_key_transform(const oscar::Calibration& c) {
   std::printf("  key energy in the mean (max over heads), per layer: [%s]\n", shares.c_str());
 }
 
-const oscar::cli::Registrar reg({"calibrate", "Calibrate OSCAR rotations and clip ratios from an activation dump",
+const oscar::cli::Registrar reg({"calibrate", "Calibrate OSCAR rotations and clip ratios from a model and a text, or from an activation dump",
                                  [](CLI::App& app) {
   struct Opts {
     std::string dump, out, composition = "UHP", key_target = "query", value_target = "key-weighted",

@@ -53,7 +53,7 @@ std::string chat_prompt(const oscar::model::Tokenizer& tok, const Opts& o) {
   return p;
 }
 
-const oscar::cli::Registrar reg({"generate", "Generate text from a prompt (CPU)", [](CLI::App& app) {
+const oscar::cli::Registrar reg({"generate", "Generate text from a prompt (--device cpu or cuda)", [](CLI::App& app) {
   auto o = std::make_shared<Opts>();
   app.add_option("-m,--model", o->model, "GGUF file or Hugging Face directory")
       ->capture_default_str();

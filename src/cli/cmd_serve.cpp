@@ -58,7 +58,7 @@ struct Opts {
   size_t max_body = 8 << 20;
 };
 
-const oscar::cli::Registrar reg({"serve", "Serve a model over an OpenAI-compatible HTTP API (CPU)",
+const oscar::cli::Registrar reg({"serve", "Serve a model over an OpenAI-compatible HTTP API (--device cpu or cuda)",
                                  [](CLI::App& app) {
   auto o = std::make_shared<Opts>();
   app.add_option("-m,--model", o->model, "GGUF file or Hugging Face directory")->capture_default_str();
