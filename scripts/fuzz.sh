@@ -16,8 +16,11 @@ ALL=(gguf safetensors calibration activation_dump tokenizer_json tokenizer opena
 TARGETS=("$@")
 ((${#TARGETS[@]})) || TARGETS=("${ALL[@]}")
 BUILD=${BUILD_DIR:-build-asan}
-NO_TEST=1 bash scripts/sanitize.sh asan
-"$BUILD/fuzz/fuzz_make_seeds" "$BUILD/fuzz-seeds" >/dev/null
+# FUZZ_NO_BUILD=1: binaries and seeds are already in $BUILD (another machine's copy).
+if [[ -z "${FUZZ_NO_BUILD:-}" ]]; then
+  NO_TEST=1 bash scripts/sanitize.sh asan
+  "$BUILD/fuzz/fuzz_make_seeds" "$BUILD/fuzz-seeds" >/dev/null
+fi
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:strict_string_checks=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 mkdir -p "$BUILD/fuzz-logs"
