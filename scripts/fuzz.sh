@@ -61,8 +61,8 @@ done
 printf '\n| target | seconds | executions | exec/s | corpus | findings |\n|---|---|---|---|---|---|\n'
 for t in "${TARGETS[@]}"; do
   log="$BUILD/fuzz-logs/$t.log"
-  execs=$(grep -o 'stat::number_of_executed_units: [0-9]*' "$log" | awk '{print $2}' | tail -1)
-  secs=$(grep -o 'Done [0-9]* runs in [0-9]* second' "$log" | awk '{print $5}' | tail -1)
+  execs=$(grep -o 'stat::number_of_executed_units: [0-9]*' "$log" | awk '{print $2}' | tail -1 || true)
+  secs=$(grep -o 'Done [0-9]* runs in [0-9]* second' "$log" | awk '{print $5}' | tail -1 || true)
   corpus=$(find "$BUILD/fuzz-corpus/$t" -type f | wc -l)
   found=$(find "$BUILD/fuzz-findings/$t" -type f | wc -l)
   rate=$([[ -n "$execs" && -n "$secs" && "$secs" -gt 0 ]] && echo $((execs / secs)) || echo "-")

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <climits>
 #include <memory>
 #include <sstream>
 
@@ -90,14 +91,16 @@ class Shards {
   std::map<std::string, std::unique_ptr<st::File>> files_;
 };
 
+// Sizes in config.json: integers in [0, INT32_MAX] (a larger one would wrap when
+// narrowed to int and pass the later checks with a wrong value).
 int get_int(const json& j, const char* key, const std::string& src) {
-  if (!j.contains(key) || !j.at(key).is_number_integer())
-    throw Error(fmt::format("{}: missing or non-integer '{}'", src, key));
-  return j.at(key).get<int>();
+  if (!j.contains(key)) throw Error(fmt::format("{}: missing '{}'", src, key));
+  return static_cast<int>(json_int(j.at(key), 0, INT32_MAX, fmt::format("{}: '{}'", src, key)));
 }
 
 int get_int(const json& j, const char* key, int dflt) {
-  return j.contains(key) && j.at(key).is_number_integer() ? j.at(key).get<int>() : dflt;
+  if (!j.contains(key) || !j.at(key).is_number_integer()) return dflt;
+  return static_cast<int>(json_int(j.at(key), 0, INT32_MAX, fmt::format("config.json: '{}'", key)));
 }
 
 double get_num(const json& j, const char* key, double dflt) {
@@ -159,13 +162,14 @@ void parse_config(const json& j, const std::string& src, ModelConfig& c) {
     }
   }
   if (j.contains("bos_token_id") && j.at("bos_token_id").is_number_integer())
-    c.bos_token = j.at("bos_token_id").get<int>();
+    c.bos_token = static_cast<int>(json_int(j.at("bos_token_id"), -1, INT32_MAX, src + ": 'bos_token_id'"));
   if (j.contains("eos_token_id")) {
     const json& e = j.at("eos_token_id");
-    if (e.is_number_integer()) c.eos_tokens.push_back(e.get<int>());
+    if (e.is_number_integer()) c.eos_tokens.push_back(static_cast<int>(json_int(e, 0, INT32_MAX, src + ": 'eos_token_id'")));
     else if (e.is_array())
       for (const json& x : e)
-        if (x.is_number_integer()) c.eos_tokens.push_back(x.get<int>());
+        if (x.is_number_integer())
+          c.eos_tokens.push_back(static_cast<int>(json_int(x, 0, INT32_MAX, src + ": 'eos_token_id'")));
   }
 }
 
@@ -184,10 +188,11 @@ ModelWeights load_hf(const std::string& dir_str) {
       if (g.contains("eos_token_id")) {
         const json& e = g.at("eos_token_id");
         std::vector<int> ids;
-        if (e.is_number_integer()) ids.push_back(e.get<int>());
+        if (e.is_number_integer()) ids.push_back(static_cast<int>(json_int(e, 0, INT32_MAX, "generation_config.json: 'eos_token_id'")));
         else if (e.is_array())
           for (const json& x : e)
-            if (x.is_number_integer()) ids.push_back(x.get<int>());
+            if (x.is_number_integer())
+              ids.push_back(static_cast<int>(json_int(x, 0, INT32_MAX, "generation_config.json: 'eos_token_id'")));
         for (int id : ids)
           if (std::find(c.eos_tokens.begin(), c.eos_tokens.end(), id) == c.eos_tokens.end()) c.eos_tokens.push_back(id);
       }

@@ -20,6 +20,10 @@ using nlohmann::json;
 
 namespace {
 
+// Token ids above this are refused: the largest vocabularies in use hold ~256K
+// entries, and an id sizes the token table (a hostile 2^31 would allocate GBs).
+constexpr int64_t kMaxTokenId = (int64_t{1} << 24) - 1;
+
 void add_unique(std::vector<int>& v, int id) {
   if (id >= 0 && std::find(v.begin(), v.end(), id) == v.end()) v.push_back(id);
 }
@@ -65,7 +69,8 @@ void collect_prefix(const json& node, std::vector<int>& ids) {
       if (!item.contains("SpecialToken")) break;
       const std::string name = item.at("SpecialToken").at("id").get<std::string>();
       const json& st = node.at("special_tokens").at(name);
-      for (const json& id : st.at("ids")) ids.push_back(id.get<int>());
+      for (const json& id : st.at("ids"))
+        ids.push_back(static_cast<int>(json_int(id, 0, kMaxTokenId, "post_processor special token id")));
     }
   }
 }
@@ -78,10 +83,10 @@ std::string token_content(const json& j) {
 }
 
 void collect_ids(const json& j, std::vector<int>& out) {
-  if (j.is_number_integer()) add_unique(out, j.get<int>());
+  if (j.is_number_integer()) add_unique(out, static_cast<int>(json_int(j, 0, kMaxTokenId, "eos_token_id")));
   else if (j.is_array())
     for (const json& e : j)
-      if (e.is_number_integer()) add_unique(out, e.get<int>());
+      if (e.is_number_integer()) add_unique(out, static_cast<int>(json_int(e, 0, kMaxTokenId, "eos_token_id")));
 }
 
 }  // namespace
@@ -155,21 +160,22 @@ Tokenizer Tokenizer::from_hf(const std::string& dir_or_file) {
       throw Error(fmt::format("{}: only byte-level BPE (decoder ByteLevel) is supported", src));
     const json& vocab = model.at("vocab");
     int max_id = -1;
-    for (auto it = vocab.begin(); it != vocab.end(); ++it) max_id = std::max(max_id, it.value().get<int>());
+    auto id_of = [&](const json& v, const std::string& tok) {
+      return static_cast<int>(json_int(v, 0, kMaxTokenId, fmt::format("{}: token id of '{}'", src, tok)));
+    };
+    for (auto it = vocab.begin(); it != vocab.end(); ++it) max_id = std::max(max_id, id_of(it.value(), it.key()));
     for (const json& a : j.value("added_tokens", json::array()))
-      max_id = std::max(max_id, a.at("id").get<int>());
+      max_id = std::max(max_id, id_of(a.at("id"), a.value("content", "")));
     if (max_id < 0) throw Error(fmt::format("{}: empty vocabulary", src));
     const size_t n = static_cast<size_t>(max_id) + 1;
     im.tokens.assign(n, std::string());
     im.added.assign(n, 0);
     im.special.assign(n, 0);
     for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-      const int id = it.value().get<int>();
-      if (id < 0) throw Error(fmt::format("{}: negative token id for '{}'", src, it.key()));
-      im.tokens[static_cast<size_t>(id)] = it.key();
+      im.tokens[static_cast<size_t>(id_of(it.value(), it.key()))] = it.key();
     }
     for (const json& a : j.value("added_tokens", json::array())) {
-      const auto id = static_cast<size_t>(a.at("id").get<int>());
+      const auto id = static_cast<size_t>(id_of(a.at("id"), a.value("content", "")));
       im.tokens[id] = a.at("content").get<std::string>();
       im.added[id] = 1;
       im.special[id] = a.value("special", false) ? 1 : 0;
@@ -186,7 +192,7 @@ Tokenizer Tokenizer::from_hf(const std::string& dir_or_file) {
     im.ignore_merges = model.value("ignore_merges", false);
     if (model.contains("unk_token") && model.at("unk_token").is_string()) {
       auto it = vocab.find(model.at("unk_token").get<std::string>());
-      if (it != vocab.end()) im.unk = it.value().get<int>();
+      if (it != vocab.end()) im.unk = id_of(it.value(), it.key());
     }
     const json& norm = j.contains("normalizer") ? j.at("normalizer") : json();
     // Qwen2 declares NFC; we assume NFC input and do not renormalize (see docs/models.md).
@@ -225,7 +231,7 @@ Tokenizer Tokenizer::from_hf(const std::string& dir_or_file) {
       const json c = read_json(dir / name);
       if (c.contains("eos_token_id")) collect_ids(c.at("eos_token_id"), t.eos_);
       if (t.bos_ < 0 && c.contains("bos_token_id") && c.at("bos_token_id").is_number_integer())
-        t.bos_ = c.at("bos_token_id").get<int>();
+        t.bos_ = static_cast<int>(json_int(c.at("bos_token_id"), 0, kMaxTokenId, name + std::string(": bos_token_id")));
     }
   } catch (const json::exception& e) {
     throw Error(fmt::format("{}: malformed tokenizer/config JSON: {}", dir.string(), e.what()));

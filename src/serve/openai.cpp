@@ -65,7 +65,7 @@ CompletionRequest parse_completion_request(const std::string& body, bool chat) {
   nlohmann::ordered_json j;
   try {
     j = nlohmann::ordered_json::parse(body);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // parse_error, and out_of_range for 1e400
     throw ApiError(400, std::string("the body is not valid JSON: ") + e.what());
   }
   if (!j.is_object()) throw ApiError(400, "the body must be a JSON object");

@@ -169,7 +169,6 @@ TEST(KeyTransform, CalibratorFindsAPlantedOffset) {
   const Calibration& off = r_off.first;
   const Calibration& aut = r_aut.first;
   const auto& t_off = r_off.second;
-  const auto& t_aut = r_aut.second;
   EXPECT_FALSE(off.layers[0].has_key_transform());
   ASSERT_FALSE(aut.layers[0].k_mean.empty());
   ASSERT_FALSE(aut.layers[0].k_scale.empty());
