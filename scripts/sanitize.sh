@@ -4,8 +4,9 @@
 # asan (default): AddressSanitizer + UndefinedBehaviorSanitizer (+ LeakSanitizer) over
 #   every CPU test, in build-asan/. The same build carries the libFuzzer
 #   instrumentation, so scripts/fuzz.sh reuses it.
-# tsan: ThreadSanitizer over the threaded tests (thread pool, batched generation,
-#   scheduler, HTTP server), in build-tsan/.
+# tsan: ThreadSanitizer over the CPU tests of the threaded code (thread pools in the
+#   kernels and GEMMs, batched generation, scheduler, async engine, chat templates)
+#   and the server's concurrency tests, in build-tsan/.
 # Any sanitizer report fails the test that triggered it (-fno-sanitize-recover=all).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -53,8 +54,16 @@ case "$MODE" in
     cmake -S . -B "$BUILD" "${common[@]}" -DOSCAR_SANITIZE=thread
     cmake --build "$BUILD" -j"${JOBS:-$(nproc)}" --target test_core test_kernels test_model test_engine test_serve oscar
     # OpenBLAS's own threads are not instrumented: one BLAS thread keeps TSan on our code.
-    OPENBLAS_NUM_THREADS=1 ctest --test-dir "$BUILD" --output-on-failure \
-      -R "${TSAN_TESTS:-Parallel|Thread|Pool|Batch|Scheduler|Engine|Generat|serve_http}" "$@"
+    # Every test of those binaries (our thread pools run inside the kernels, GEMMs and
+    # forwards), then the server's concurrency, protocol and hostile-input HTTP tests.
+    export OPENBLAS_NUM_THREADS=1
+    ctest --test-dir "$BUILD" --output-on-failure -j"$(nproc)" \
+      -E '^(serve_http|hostile_files|include_layers|fuzz_.*)$' "$@"
+    model=models/SmolLM2-135M-Instruct.Q4_1.gguf
+    if [[ -f $model && -x .venv/bin/python ]]; then
+      .venv/bin/python tests/serve/test_http.py --oscar "$BUILD/oscar" --model "$model" \
+        TestConcurrency TestHostileInput TestCurl
+    fi
     ;;
   *) echo "usage: $0 [asan|tsan] [ctest args...]" >&2; exit 2 ;;
 esac

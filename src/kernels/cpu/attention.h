@@ -50,7 +50,7 @@ void prefill_attention(const kv::PagedKvView& kv, int b, int cached_len, const f
 // (environment) caps it. "avx512vnni" (default where the CPU has AVX512_VNNI and
 // AVX512_VBMI) runs the INT2 middle with integer dot products: the query
 // quantized per group and the value weights per span of <= 128 rows, each to two
-// int8 digits (16 / 15 bits), a bounded extra error (docs/cpu-kernels.md,
+// int8 digits (16 / 15 bits), a bounded extra error (docs/kernels-cpu.md,
 // "approximate tier"); OSCAR_CPU_ATTN=exact selects the float kernels (error
 // tier: f32 rounding only). INT4 rows and per-channel keys (kivi2) always use
 // the float kernels.

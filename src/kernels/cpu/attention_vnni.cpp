@@ -1,6 +1,6 @@
 // AVX-512 VNNI decode kernel for the INT2 middle region: integer dot products
 // straight on the packed codes (DESIGN §3.5), the "approximate" tier of CPU
-// decode attention (docs/cpu-kernels.md). BF16 rows, INT4 rows and prefill use
+// decode attention (docs/kernels-cpu.md). BF16 rows, INT4 rows and prefill use
 // the exact AVX-512 float kernels (attention_avx512.cpp).
 //
 // Keys. Each query head's (pre-scaled, base-2) query is quantized once per work
