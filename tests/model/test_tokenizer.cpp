@@ -180,6 +180,14 @@ TEST(Tokenizer, BadFilesNameTheFile) {
   expect_error([&] { Tokenizer::from_hf(bad); }, {"tokenizer.json"});
   std::ofstream(bad + "/tokenizer.json") << R"({"model": {"type": "Unigram", "vocab": []}, "decoder": null})";
   expect_error([&] { Tokenizer::from_hf(bad); }, {"tokenizer.json"});
+  // Token ids that are not integers in range (a float beyond int's range was undefined
+  // behaviour; a huge id sized a multi-GB token table) are refused by name.
+  for (const char* id : {"3.1e107", "1.5", "-1", "16777216", "\"7\""}) {
+    std::ofstream(bad + "/tokenizer.json")
+        << R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": )" << id
+        << R"(}, "merges": []}, "decoder": {"type": "ByteLevel"}})";
+    expect_error([&] { Tokenizer::from_hf(bad); }, {"tokenizer.json", "token id of 'b'"});
+  }
   // A GGUF with a SentencePiece ("llama") tokenizer is refused by name.
   oscar::test::GgufWriter w;
   w.kv_str("tokenizer.ggml.model", "llama");

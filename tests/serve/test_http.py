@@ -757,6 +757,7 @@ class TestHostileInput(ServerTest):
             ("max_tokens negative", C, {"prompt": "hi", "max_tokens": -5}, 400),
             ("max_tokens fractional", C, {"prompt": "hi", "max_tokens": 1.5}, 400),
             ("max_tokens huge", C, {"prompt": "hi", "max_tokens": 1e300}, 400),
+            ("number beyond a double (fuzz finding: was a 500)", C, b'{"prompt": [1, 1e3082]}', 400),
             ("temperature a string", C, {"prompt": "hi", "temperature": "hot"}, 400),
             ("temperature 3", C, {"prompt": "hi", "temperature": 3}, 400),
             ("temperature negative", CH, {"messages": OK, "temperature": -1}, 400),
