@@ -324,7 +324,23 @@ TEST(ChatTemplate, ArithmeticFaultsAreErrors) {
         oscar::Error)
         << src;
   }
+  // Overflow, unbounded ranges and repetition (which allocated without bound or
+  // looped forever) are errors too.
+  for (const char* src : {"{{ 9223372036854775807 + 1 }}", "{{ -9223372036854775807 - 2 }}",
+                          "{{ 4611686018427387904 * 4 }}", "{% for i in range(1, 10, 0) %}{% endfor %}",
+                          "{% for i in range(10, 1, 0) %}{% endfor %}", "{{ range(1000000000) | length }}",
+                          "{{ 'abc' * 100000000000 }}"}) {
+    EXPECT_THROW(
+        {
+          const ChatTemplate t(src, "<s>", "</s>");
+          (void)t.render(kSystemUser);
+        },
+        oscar::Error)
+        << src;
+  }
   // Division that is fine still renders.
-  const ChatTemplate ok("{{ 7 // 2 }} {{ 7 % 4 }} {{ -7 // -1 }}", "<s>", "</s>");
-  EXPECT_EQ(ok.render(kSystemUser, false), "3 3 7");
+  const ChatTemplate ok("{{ 7 // 2 }} {{ 7 % 4 }} {{ -7 // -1 }} {{ range(2, 11, 3) | join(',') }} "
+                        "{{ range(5, 0, -2) | join(',') }} {{ 'ab' * 3 }} {{ 3 * -4 + 1 - 2 }}",
+                        "<s>", "</s>");
+  EXPECT_EQ(ok.render(kSystemUser, false), "3 3 7 2,5,8 5,3,1 ababab -13");
 }

@@ -453,7 +453,7 @@ public:
 
   Value operator-() const {
       if (is_number_integer())
-        return -get<int64_t>();
+        return checked_int_op('-', 0, get<int64_t>());  // oscar patch: -INT64_MIN
       else
         return -get<double>();
   }
@@ -469,7 +469,7 @@ public:
       if (is_string() || rhs.is_string()) {
         return to_str() + rhs.to_str();
       } else if (is_number_integer() && rhs.is_number_integer()) {
-        return get<int64_t>() + rhs.get<int64_t>();
+        return checked_int_op('+', get<int64_t>(), rhs.get<int64_t>());  // oscar patch
       } else if (is_array() && rhs.is_array()) {
         auto res = Value::array();
         for (const auto& item : *array_) res.push_back(item);
@@ -481,22 +481,38 @@ public:
   }
   Value operator-(const Value& rhs) const {
       if (is_number_integer() && rhs.is_number_integer())
-        return get<int64_t>() - rhs.get<int64_t>();
+        return checked_int_op('-', get<int64_t>(), rhs.get<int64_t>());  // oscar patch
       else
         return get<double>() - rhs.get<double>();
   }
   Value operator*(const Value& rhs) const {
       if (is_string() && rhs.is_number_integer()) {
+        const std::string piece = to_str();
+        const int64_t n = rhs.get<int64_t>();
+        // oscar patch: 'a' * 10**10 allocated without bound.
+        if (n > 0 && piece.size() > 0 && uint64_t(n) > kMaxRepeatBytes / piece.size())
+          throw std::runtime_error("string repetition of " + std::to_string(n) + " copies is over the limit");
         std::ostringstream out;
-        for (int64_t i = 0, n = rhs.get<int64_t>(); i < n; ++i) {
-          out << to_str();
+        for (int64_t i = 0; i < n; ++i) {
+          out << piece;
         }
         return out.str();
       }
       else if (is_number_integer() && rhs.is_number_integer())
-        return get<int64_t>() * rhs.get<int64_t>();
+        return checked_int_op('*', get<int64_t>(), rhs.get<int64_t>());  // oscar patch
       else
         return get<double>() * rhs.get<double>();
+  }
+  // oscar patch (docs/reliability.md): a chat template is a stranger's code. Signed
+  // overflow in + - * (undefined behaviour) and unbounded string repetition throw.
+  static constexpr uint64_t kMaxRepeatBytes = uint64_t(1) << 24;
+  static int64_t checked_int_op(char op, int64_t a, int64_t b) {
+    int64_t r = 0;
+    const bool over = op == '+' ? __builtin_add_overflow(a, b, &r)
+                    : op == '-' ? __builtin_sub_overflow(a, b, &r)
+                                : __builtin_mul_overflow(a, b, &r);
+    if (over) throw std::runtime_error("integer overflow");
+    return r;
   }
   // oscar patch (docs/reliability.md): integer division and modulo by zero, or
   // INT64_MIN / -1, raised SIGFPE and killed the server; they now throw.
@@ -3061,16 +3077,14 @@ inline std::shared_ptr<Context> Context::builtins() {
     int64_t end = startEndStep[1];
     int64_t step = param_set[2] ? startEndStep[2] : 1;
 
+    // oscar patch: step 0 looped forever, a huge range allocated without bound, and
+    // i += step could overflow.
+    if (step == 0) throw std::runtime_error("range() step must not be zero");
+    const __int128 span = step > 0 ? (__int128)end - start : (__int128)start - end;
+    const __int128 count = span <= 0 ? 0 : (span + (step > 0 ? step : -(__int128)step) - 1) / (step > 0 ? step : -(__int128)step);
+    if (count > (1 << 20)) throw std::runtime_error("range() of more than 1048576 elements");
     auto res = Value::array();
-    if (step > 0) {
-      for (int64_t i = start; i < end; i += step) {
-        res.push_back(Value(i));
-      }
-    } else {
-      for (int64_t i = start; i > end; i += step) {
-        res.push_back(Value(i));
-      }
-    }
+    for (int64_t k = 0; k < (int64_t)count; ++k) res.push_back(Value((int64_t)(start + (__int128)k * step)));
     return res;
   }));
 
