@@ -52,7 +52,7 @@ case "$MODE" in
   tsan)
     BUILD=${BUILD_DIR:-build-tsan}
     cmake -S . -B "$BUILD" "${common[@]}" -DOSCAR_SANITIZE=thread
-    cmake --build "$BUILD" -j"${JOBS:-$(nproc)}" --target test_core test_kernels test_model test_engine test_serve oscar
+    cmake --build "$BUILD" -j"${JOBS:-$(nproc)}" --target test_core test_kernels test_kv test_model test_engine test_eval test_serve oscar
     # OpenBLAS's own threads are not instrumented: one BLAS thread keeps TSan on our code.
     # Every test of those binaries (our thread pools run inside the kernels, GEMMs and
     # forwards), then the server's concurrency, protocol and hostile-input HTTP tests.
