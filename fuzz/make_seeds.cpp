@@ -1,9 +1,10 @@
 // Writes the seed corpora of the fuzz targets into <out>/<target>/: small valid
 // files of every kind the readers accept (each checked by loading it with the
-// real reader), plus the small files under tests/data. Real files would be too
-// large for libFuzzer's input limit (the default model's header alone is 2 MB
-// of vocabulary), so the model seeds are built here with tiny shapes but the
-// same metadata keys, tensor names and block types a real GGUF has.
+// real reader), plus the small files under tests/data and the first 64 KiB of the
+// default model when it is present. Whole real files would be too large for
+// libFuzzer's input limit (the default model's header alone is 2 MB of
+// vocabulary), so the model seeds are built here with tiny shapes but the same
+// metadata keys, tensor names and block types a real GGUF has.
 //   usage: fuzz_make_seeds <out-dir>
 #include <cstdio>
 #include <filesystem>
@@ -233,6 +234,17 @@ int main(int argc, char** argv) {
     for (const char* arch : {"llama", "qwen2", "qwen3"})
       gguf_model(arch, dir_of("gguf") / fmt::format("tiny-{}.gguf", arch));
     copy_in("gguf", data / "dequant.gguf", "dequant.gguf");
+    // The default model's first 64 KiB (header, architecture keys, the start of the
+    // vocabulary), when scripts/fetch_model.sh has fetched it: a real file's layout,
+    // cut where the fuzzer's input limit cuts it.
+    const fs::path real = src / "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+    if (fs::exists(real)) {
+      std::ifstream in(real, std::ios::binary);
+      std::string head(64 * 1024, '\0');
+      in.read(head.data(), static_cast<std::streamsize>(head.size()));
+      head.resize(static_cast<size_t>(in.gcount()));
+      write_text("gguf", "smollm2-head.gguf", head);
+    }
 
     // Calibration files: per layer, per head, with the key transform.
     write_calibration(calibration(false, false), (dir_of("calibration") / "layer.safetensors").string());
