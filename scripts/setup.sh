@@ -5,7 +5,7 @@
 set -euo pipefail
 PKGS=(build-essential cmake ninja-build pkg-config git python3 python3-pip
       libeigen3-dev nlohmann-json3-dev libcli11-dev libfmt-dev
-      libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev libpcre2-dev libcpp-httplib-dev curl
+      libgtest-dev libgmock-dev libopenblas-dev libpcre2-dev libcpp-httplib-dev curl
       python3-venv)
 missing=()
 for p in "${PKGS[@]}"; do
