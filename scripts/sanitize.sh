@@ -31,6 +31,17 @@ common=(-G Ninja -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_B
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:strict_string_checks=1:detect_stack_use_after_return=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}
+
+# tests/serve/test_http.py's named tests against the sanitized server ($1 = build dir).
+http_tests() {
+  local build=$1 model=models/SmolLM2-135M-Instruct.Q4_1.gguf
+  shift
+  if [[ -f $model && -x .venv/bin/python ]]; then
+    .venv/bin/python tests/serve/test_http.py --oscar "$build/oscar" --model "$model" "$@"
+  else
+    echo "sanitize: $model or .venv absent: the server's HTTP tests are skipped"
+  fi
+}
 case "$MODE" in
   asan)
     BUILD=${BUILD_DIR:-build-asan}
@@ -41,13 +52,7 @@ case "$MODE" in
     # ASan+UBSan server decodes ~10x slower, so it runs here as its hostile-input and
     # protocol tests only (below), not as the whole CTest entry.
     ctest --test-dir "$BUILD" --output-on-failure -j"$(nproc)" -E '^serve_http$' "$@"
-    model=models/SmolLM2-135M-Instruct.Q4_1.gguf
-    if [[ -f $model && -x .venv/bin/python ]]; then
-      .venv/bin/python tests/serve/test_http.py --oscar "$BUILD/oscar" --model "$model" \
-        TestHostileInput TestCurl TestOpenAIClient.test_completion_token_prompt
-    else
-      echo "sanitize: $model or .venv absent: the server's HTTP tests under ASan are skipped"
-    fi
+    http_tests "$BUILD" TestHostileInput TestCurl TestOpenAIClient.test_completion_token_prompt
     ;;
   tsan)
     BUILD=${BUILD_DIR:-build-tsan}
@@ -59,11 +64,7 @@ case "$MODE" in
     export OPENBLAS_NUM_THREADS=1
     ctest --test-dir "$BUILD" --output-on-failure -j"$(nproc)" \
       -E '^(serve_http|hostile_files|include_layers|fuzz_.*)$' "$@"
-    model=models/SmolLM2-135M-Instruct.Q4_1.gguf
-    if [[ -f $model && -x .venv/bin/python ]]; then
-      .venv/bin/python tests/serve/test_http.py --oscar "$BUILD/oscar" --model "$model" \
-        TestConcurrency TestHostileInput TestCurl
-    fi
+    http_tests "$BUILD" TestConcurrency TestHostileInput TestCurl
     ;;
   *) echo "usage: $0 [asan|tsan] [ctest args...]" >&2; exit 2 ;;
 esac

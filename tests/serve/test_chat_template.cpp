@@ -313,20 +313,12 @@ TEST(ChatTemplate, CopiesShareTheParsedTemplate) {
 // be an error the caller can report, from the constructor (which probes the
 // template by rendering) or from render.
 TEST(ChatTemplate, ArithmeticFaultsAreErrors) {
+  // Overflow, zero-step and unbounded ranges and repetition (which looped forever or
+  // allocated without bound) are errors too.
   for (const char* src : {"{{ 1 // 0 }}", "{{ 7 % 0 }}", "{{ 1 / 0 }}",
                           "{{ (-9223372036854775807 - 1) // -1 }}",
-                          "{% for m in messages %}{{ m['content'] }}{{ loop.index // (loop.index - 1) }}{% endfor %}"}) {
-    EXPECT_THROW(
-        {
-          const ChatTemplate t(src, "<s>", "</s>");
-          (void)t.render(kSystemUser);
-        },
-        oscar::Error)
-        << src;
-  }
-  // Overflow, unbounded ranges and repetition (which allocated without bound or
-  // looped forever) are errors too.
-  for (const char* src : {"{{ 9223372036854775807 + 1 }}", "{{ -9223372036854775807 - 2 }}",
+                          "{% for m in messages %}{{ m['content'] }}{{ loop.index // (loop.index - 1) }}{% endfor %}",
+                          "{{ 9223372036854775807 + 1 }}", "{{ -9223372036854775807 - 2 }}",
                           "{{ 4611686018427387904 * 4 }}", "{% for i in range(1, 10, 0) %}{% endfor %}",
                           "{% for i in range(10, 1, 0) %}{% endfor %}", "{{ range(1000000000) | length }}",
                           "{{ 'abc' * 100000000000 }}"}) {
@@ -338,7 +330,7 @@ TEST(ChatTemplate, ArithmeticFaultsAreErrors) {
         oscar::Error)
         << src;
   }
-  // Division that is fine still renders.
+  // Arithmetic, ranges and repetition that are fine still render.
   const ChatTemplate ok("{{ 7 // 2 }} {{ 7 % 4 }} {{ -7 // -1 }} {{ range(2, 11, 3) | join(',') }} "
                         "{{ range(5, 0, -2) | join(',') }} {{ 'ab' * 3 }} {{ 3 * -4 + 1 - 2 }}",
                         "<s>", "</s>");
