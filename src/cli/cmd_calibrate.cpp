@@ -52,17 +52,33 @@ void print_key_transform(const oscar::Calibration& c) {
   std::printf("  key energy in the mean (max over heads), per layer: [%s]\n", shares.c_str());
 }
 
+// What was written: the setting, then the key transform per layer.
+void print_summary(const oscar::Calibration& c, const std::string& path,
+                   std::chrono::steady_clock::time_point t0, const oscar::CalibConfig& cfg) {
+  using namespace oscar;
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const std::string clips = cfg.clip_search ? std::string("searched per rotation")
+                                            : fmt::format("{:.2f} / {:.2f}", cfg.k_clip, cfg.v_clip);
+  std::printf("wrote %s: %d layers, %s rotations (%s), key target %s, value target %s, clips %s, %lld tokens, %.1f s\n",
+              path.c_str(), c.model.n_layers, composition_name(c.composition), granularity_name(c.granularity),
+              key_target_name(c.key_target), value_target_name(c.value_target), clips.c_str(),
+              static_cast<long long>(c.calib_tokens), s);
+  print_key_transform(c);
+}
+
 const oscar::cli::Registrar reg({"calibrate", "Calibrate OSCAR rotations and clip ratios from a model and a text, or from an activation dump",
                                  [](CLI::App& app) {
   struct Opts {
-    std::string dump, out, composition = "UHP", key_target = "query", value_target = "key-weighted",
-                           granularity = "layer", scale_dtype = "f16", grid, arch, weights_hash,
-                           key_transform = "auto";
+    std::string dump, out, preset = "recommended", composition, key_target, value_target, granularity,
+                           scale_dtype = "f16", grid, arch, weights_hash, key_transform;
     int group = 128, bits = 2, sample_tokens = 256, sink = 64, recent = 256;
     int64_t max_tokens = 0;
-    float k_clip = 0.96f, v_clip = 0.92f, key_offset_share = 0.85f;
+    float k_clip = 0, v_clip = 0, key_offset_share = 0.85f;
     bool clip_search = false, quiet = false;
     uint64_t seed = 0;
+    // The options a preset sets; one given on the command line overrides it.
+    CLI::Option *o_composition, *o_key_target, *o_value_target, *o_granularity, *o_k_clip, *o_v_clip,
+        *o_key_transform;
   };
   auto o = std::make_shared<Opts>();
   app.add_option("--activations,-a", o->dump, "Activation dump (safetensors, DESIGN §9)");
@@ -74,23 +90,31 @@ const oscar::cli::Registrar reg({"calibrate", "Calibrate OSCAR rotations and cli
   app.add_option("--tokens", mo->tokens, "Calibration tokens for -m")->capture_default_str();
   app.add_option("--chunk", mo->chunk, "Tokens per forward pass for -m")->capture_default_str();
   app.add_option("-o,--output", o->out, "Calibration file to write (safetensors)")->required();
-  app.add_option("--composition", o->composition, "none|hadamard|random|U|UH|UHP")->capture_default_str();
-  app.add_option("--key-target", o->key_target, "query (C_Q) | raw (KᵀK)")->capture_default_str();
-  app.add_option("--value-target", o->value_target, "attn-output | key-weighted | raw")->capture_default_str();
-  app.add_option("--granularity", o->granularity, "layer (pooled over KV heads) | head")->capture_default_str();
+  app.add_option("--preset", o->preset,
+                 "recommended (U·H·P per KV head, raw targets, clips 0.88/0.84, key transform auto) | "
+                 "paper (U·H·P per layer, C_Q / key-weighted targets, clips 0.96/0.92, no key transform); "
+                 "the options below override it")
+      ->capture_default_str();
+  o->o_composition = app.add_option("--composition", o->composition, "none|hadamard|random|U|UH|UHP (preset: UHP)");
+  o->o_key_target = app.add_option("--key-target", o->key_target, "query (C_Q) | raw (KᵀK) (preset)");
+  o->o_value_target =
+      app.add_option("--value-target", o->value_target, "attn-output | key-weighted | raw (preset)");
+  o->o_granularity =
+      app.add_option("--granularity", o->granularity, "layer (pooled over KV heads) | head (preset)");
   app.add_option("--group-size", o->group, "Quantization group: 32, 64 or 128 (capped at head_dim)")
       ->capture_default_str();
   app.add_option("--bits", o->bits, "Code bits: 2 or 4")->capture_default_str();
   app.add_option("--scale-dtype", o->scale_dtype, "f16 | f32 (scale/min storage)")->capture_default_str();
-  app.add_option("--key-transform", o->key_transform,
-                 "off | center | center+scale | auto (center+scale the KV heads whose key mean holds >= --key-offset-share of their key energy)")
-      ->capture_default_str();
+  o->o_key_transform = app.add_option(
+      "--key-transform", o->key_transform,
+      "off | center | center+scale | auto (center+scale the KV heads whose key mean holds >= "
+      "--key-offset-share of their key energy) (preset: recommended auto, paper off)");
   app.add_option("--key-offset-share", o->key_offset_share, "Threshold of --key-transform auto")
       ->capture_default_str();
   app.add_flag("--clip-search", o->clip_search, "Search clip ratios per layer (attention-aware error)");
   app.add_option("--clip-grid", o->grid, "Comma-separated ratios for --clip-search (default 0.80..1.0)");
-  app.add_option("--k-clip", o->k_clip, "Key clip ratio when not searching")->capture_default_str();
-  app.add_option("--v-clip", o->v_clip, "Value clip ratio when not searching")->capture_default_str();
+  o->o_k_clip = app.add_option("--k-clip", o->k_clip, "Key clip ratio when not searching (preset: 0.88 / paper 0.96)");
+  o->o_v_clip = app.add_option("--v-clip", o->v_clip, "Value clip ratio when not searching (preset: 0.84 / paper 0.92)");
   app.add_option("--sample-tokens", o->sample_tokens, "Tokens sampled per layer for --clip-search")
       ->capture_default_str();
   app.add_option("--max-tokens", o->max_tokens, "Use only the first N tokens of the dump (0 = all)");
@@ -106,22 +130,22 @@ const oscar::cli::Registrar reg({"calibrate", "Calibrate OSCAR rotations and cli
     if (o->dump.empty() == model_path->empty())
       throw Error("calibrate: give either --activations DUMP or -m MODEL --text FILE");
     if (!model_path->empty() && text_path->empty()) throw Error("calibrate: -m MODEL needs --text FILE");
-    CalibConfig cfg;
-    cfg.composition = parse_composition(o->composition);
-    cfg.key_target = parse_key_target(o->key_target);
-    cfg.value_target = parse_value_target(o->value_target);
-    cfg.granularity = parse_granularity(o->granularity);
+    CalibConfig cfg = calib_preset(o->preset);
+    if (o->o_composition->count()) cfg.composition = parse_composition(o->composition);
+    if (o->o_key_target->count()) cfg.key_target = parse_key_target(o->key_target);
+    if (o->o_value_target->count()) cfg.value_target = parse_value_target(o->value_target);
+    if (o->o_granularity->count()) cfg.granularity = parse_granularity(o->granularity);
     cfg.quant.bits = o->bits;
     cfg.quant.group_size = o->group;
     if (o->scale_dtype != "f16" && o->scale_dtype != "f32")
       throw Error(fmt::format("--scale-dtype '{}': expected f16 or f32", o->scale_dtype));
     cfg.quant.scale_dtype = o->scale_dtype == "f16" ? ScaleDtype::kF16 : ScaleDtype::kF32;
     cfg.clip_search = o->clip_search;
-    cfg.key_transform = parse_key_transform(o->key_transform);
+    if (o->o_key_transform->count()) cfg.key_transform = parse_key_transform(o->key_transform);
     cfg.key_offset_share = o->key_offset_share;
     if (!o->grid.empty()) cfg.clip_grid = parse_grid(o->grid);
-    cfg.k_clip = o->k_clip;
-    cfg.v_clip = o->v_clip;
+    if (o->o_k_clip->count()) cfg.k_clip = o->k_clip;
+    if (o->o_v_clip->count()) cfg.v_clip = o->v_clip;
     cfg.sample_tokens = o->sample_tokens;
     cfg.seed = o->seed;
     cfg.sink = o->sink;
@@ -129,12 +153,7 @@ const oscar::cli::Registrar reg({"calibrate", "Calibrate OSCAR rotations and cli
     if (!model_path->empty()) {  // model + text route
       Calibration c = eval::calibrate_model_file(*model_path, *text_path, cfg, *mo, o->quiet);
       write_calibration(c, o->out);
-      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      std::printf("wrote %s: %d layers, %s rotations (%s), key target %s, value target %s, %lld tokens, %.1f s\n",
-                  o->out.c_str(), c.model.n_layers, composition_name(c.composition), granularity_name(c.granularity),
-                  key_target_name(c.key_target), value_target_name(c.value_target),
-                  static_cast<long long>(c.calib_tokens), s);
-      print_key_transform(c);
+      print_summary(c, o->out, t0, cfg);
       return 0;
     }
     const ActivationDump dump = ActivationDump::open(o->dump);
@@ -151,12 +170,7 @@ const oscar::cli::Registrar reg({"calibrate", "Calibrate OSCAR rotations and cli
     c.text_hash = dump.text_hash();
     c.source = o->dump;
     write_calibration(c, o->out);
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::printf("wrote %s: %d layers, %s rotations (%s), key target %s, value target %s, %lld tokens, %.1f s\n",
-                o->out.c_str(), c.model.n_layers, composition_name(c.composition), granularity_name(c.granularity),
-                key_target_name(c.key_target), value_target_name(c.value_target),
-                static_cast<long long>(c.calib_tokens), s);
-    print_key_transform(c);
+    print_summary(c, o->out, t0, cfg);
     return 0;
   };
 }});

@@ -595,4 +595,22 @@ Calibration Calibrator::finish(ModelFingerprint model) {
   return c;
 }
 
+CalibConfig calib_preset(const std::string& name) {
+  CalibConfig c;
+  if (name == "paper") {
+    c.key_transform = KeyTransformMode::kOff;
+    return c;
+  }
+  if (name == "recommended") {
+    c.granularity = Granularity::kHead;
+    c.key_target = KeyTarget::kRaw;
+    c.value_target = ValueTarget::kRaw;
+    c.k_clip = 0.88f;
+    c.v_clip = 0.84f;
+    c.key_transform = KeyTransformMode::kAuto;
+    return c;
+  }
+  throw Error("calibration preset '" + name + "': expected recommended or paper");
+}
+
 }  // namespace oscar

@@ -202,10 +202,23 @@ struct Runner {
 
 kv::KvMethod bf16_method() { return {}; }
 
-kv::KvMethod oscar_method(const model::ModelWeights& w) {
+// The paper's per-layer setting with attention-output value targets.
+CalibConfig paper_attn_output() {
   CalibConfig cfg;
   cfg.granularity = Granularity::kLayer;
   cfg.value_target = ValueTarget::kAttnOutput;
+  return cfg;
+}
+
+// The default setting (per KV head, raw targets) with the key transform forced on every
+// head, so the device's centering, scaling and per-head rotations all act.
+CalibConfig recommended_center_scale() {
+  CalibConfig cfg = calib_preset("recommended");
+  cfg.key_transform = KeyTransformMode::kCenterScale;
+  return cfg;
+}
+
+kv::KvMethod oscar_method(const model::ModelWeights& w, const CalibConfig& cfg) {
   eval::ModelCalibOptions o;
   o.tokens = 384;
   o.chunk = 128;
@@ -270,11 +283,21 @@ TEST_P(CudaForward, Bf16CacheMatchesCpu) {
   EXPECT_EQ(same, 80);
 }
 
-TEST_P(CudaForward, OscarCacheMatchesCpu) {
-  SKIP_WITHOUT_GPU();
-  const Case c = GetParam();
+// 100-token prefill, 160 decode steps through many demotions, then a second sequence
+// prefilled over the INT2 pages: CUDA logits against the CPU's at every step.
+void check_oscar_cache(const Case& c, const CalibConfig& cfg) {
   model::ModelWeights w = tiny(c.arch, c.head_dim, c.heads, c.kv_heads);
-  const kv::KvMethod km = oscar_method(w);
+  const kv::KvMethod km = oscar_method(w, cfg);
+  // The recommended setting must really give one rotation per KV head and, when
+  // forced, a key mean and scales on the device.
+  if (cfg.granularity == Granularity::kHead) {
+    ASSERT_EQ(km.calib->granularity, Granularity::kHead);
+  }
+  if (cfg.key_transform == KeyTransformMode::kCenterScale) {
+    float mean_abs = 0;
+    for (float x : km.calib->layers.at(0).k_mean) mean_abs += std::fabs(x);
+    ASSERT_GT(mean_abs, 0.0f) << "center+scale calibration without a key mean";
+  }
   if (km.folds_values()) model::fold_value_rotation(w, *km.calib);
   const int V = w.cfg.vocab_size, page = 16;
   Runner cpu(w, model::make_cpu_backend({WeightDtype::kF32, 1}), km, page, 4096);
@@ -298,6 +321,16 @@ TEST_P(CudaForward, OscarCacheMatchesCpu) {
               errs.size());
   EXPECT_LE(med, 5e-3);
   EXPECT_LE(mx, 2e-2);
+}
+
+TEST_P(CudaForward, OscarCacheMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  check_oscar_cache(GetParam(), paper_attn_output());
+}
+
+TEST_P(CudaForward, OscarRecommendedWithKeyTransformMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  check_oscar_cache(GetParam(), recommended_center_scale());
 }
 
 INSTANTIATE_TEST_SUITE_P(Archs, CudaForward,
@@ -345,7 +378,7 @@ TEST(CudaDefaultModel, MatchesCpuEngine) {
     model::ModelWeights w = w0;
     kv::KvMethod km = bf16_method();
     if (int2) {
-      km = oscar_method(w);
+      km = oscar_method(w, calib_preset("recommended"));
       km.sink = 64;
       km.recent = 128;
       if (km.folds_values()) model::fold_value_rotation(w, *km.calib);
