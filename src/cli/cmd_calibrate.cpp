@@ -63,6 +63,8 @@ void print_summary(const oscar::Calibration& c, const std::string& path,
               path.c_str(), c.model.n_layers, composition_name(c.composition), granularity_name(c.granularity),
               key_target_name(c.key_target), value_target_name(c.value_target), clips.c_str(),
               static_cast<long long>(c.calib_tokens), s);
+  if (c.calib_positions > 0)
+    std::printf("  positions covered: [0, %lld)\n", static_cast<long long>(c.calib_positions));
   print_key_transform(c);
 }
 
@@ -89,6 +91,10 @@ const oscar::cli::Registrar reg({"calibrate", "Calibrate OSCAR rotations and cli
   app.add_option("--text", *text_path, "Calibration text for -m");
   app.add_option("--tokens", mo->tokens, "Calibration tokens for -m")->capture_default_str();
   app.add_option("--chunk", mo->chunk, "Tokens per forward pass for -m")->capture_default_str();
+  app.add_option("--positions", mo->positions,
+                 "For -m: spread the chunks' RoPE positions over [0, N) so the key statistics cover "
+                 "a long context's positions (-1: the model's context length; 0: every chunk at 0)")
+      ->capture_default_str();
   app.add_option("-o,--output", o->out, "Calibration file to write (safetensors)")->required();
   app.add_option("--preset", o->preset,
                  "recommended (U·H·P per KV head, raw targets, clips 0.88/0.84, key transform auto) | "

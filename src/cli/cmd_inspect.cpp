@@ -64,7 +64,7 @@ const oscar::cli::Registrar reg(
                        {"head_dim", d},
                        {"weights_hash", c.model.weights_hash}};
          j["calibration"] = {
-             {"tokens", c.calib_tokens}, {"text_hash", c.text_hash}, {"source", c.source}};
+             {"tokens", c.calib_tokens}, {"positions", c.calib_positions}, {"text_hash", c.text_hash}, {"source", c.source}};
          nlohmann::json bpe = nlohmann::json::object();
          for (int64_t T : {1024, 4096, 32768, 131072})
            bpe[std::to_string(T)] =
@@ -127,8 +127,8 @@ const oscar::cli::Registrar reg(
                      c.model.architecture.empty() ? "?" : c.model.architecture.c_str(),
                      c.model.n_layers, c.model.n_q_heads, c.model.n_kv_heads, d,
                      c.model.weights_hash.empty() ? "?" : c.model.weights_hash.c_str());
-         std::printf("  calibration: %lld tokens, text %s, source %s\n",
-                     static_cast<long long>(c.calib_tokens),
+         std::printf("  calibration: %lld tokens at positions < %lld, text %s, source %s\n",
+                     static_cast<long long>(c.calib_tokens), static_cast<long long>(c.calib_positions),
                      c.text_hash.empty() ? "?" : c.text_hash.c_str(),
                      c.source.empty() ? "?" : c.source.c_str());
          std::printf("\n%5s %4s | %-22s | %-22s | %-13s | %s\n", "layer", "rot",

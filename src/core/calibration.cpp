@@ -154,6 +154,7 @@ void write_calibration(const Calibration& c, const std::string& path) {
   w.set_metadata("model.head_dim", std::to_string(c.model.head_dim));
   w.set_metadata("model.weights_hash", c.model.weights_hash);
   w.set_metadata("calib.tokens", std::to_string(c.calib_tokens));
+  w.set_metadata("calib.positions", std::to_string(c.calib_positions));
   w.set_metadata("calib.text_hash", c.text_hash);
   w.set_metadata("calib.source", c.source);
   for (size_t i = 0; i < c.layers.size(); ++i) {
@@ -227,6 +228,7 @@ Calibration read_calibration(const std::string& path) {
   c.model.head_dim = meta_int(f, "model.head_dim");
   c.model.weights_hash = f.meta("model.weights_hash");
   c.calib_tokens = std::strtoll(f.meta("calib.tokens", "0").c_str(), nullptr, 10);
+  c.calib_positions = std::max<int64_t>(0, std::strtoll(f.meta("calib.positions", "0").c_str(), nullptr, 10));
   c.text_hash = f.meta("calib.text_hash");
   c.source = f.meta("calib.source");
   const int d = c.model.head_dim, H = c.model.n_kv_heads;

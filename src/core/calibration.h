@@ -99,6 +99,9 @@ struct Calibration {
   bool clip_search = false;
   std::string key_transform = "off";  // what calibration was asked for (the tensors say what is)
   int64_t calib_tokens = 0;
+  // One past the largest RoPE position the statistics saw (0 = not recorded: a dump, or an
+  // older file). Post-RoPE key statistics are only representative up to here.
+  int64_t calib_positions = 0;
   std::string text_hash;  // of the calibration text / dump
   std::string source;     // e.g. the dump path
   std::vector<LayerCalibration> layers;

@@ -57,6 +57,19 @@ std::string token_hash(const std::vector<int32_t>& tokens) {
   return fmt::format("{:016x}", h);
 }
 
+std::vector<int64_t> chunk_positions(const ModelCalibOptions& opts, int64_t max_position) {
+  if (opts.tokens <= 0 || opts.chunk <= 0) throw Error("calibrate: tokens and chunk must be positive");
+  if (opts.positions < -1)
+    throw Error(fmt::format("calibrate: --positions {}: expected -1 (the model's context length), 0 or a "
+                            "positive count", opts.positions));
+  const int64_t n = (opts.tokens + opts.chunk - 1) / opts.chunk;
+  const int64_t P = opts.positions < 0 ? max_position : opts.positions;
+  std::vector<int64_t> starts(size_t(n), 0);
+  if (P <= opts.chunk || n == 1) return starts;
+  for (int64_t i = 0; i < n; ++i) starts[size_t(i)] = i * (P - opts.chunk) / (n - 1);
+  return starts;
+}
+
 Calibration calibrate_model(const model::ModelWeights& w, const std::vector<int32_t>& tokens,
                             const CalibConfig& cfg_in, const ModelCalibOptions& opts,
                             const CalibProgress& progress) {
@@ -75,12 +88,16 @@ Calibration calibrate_model(const model::ModelWeights& w, const std::vector<int3
   model::DenseForward fwd(w, *be);
   Calibrator cal(cfg, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim);
   CalibHook hook(cal);
-  for (int64_t t0 = 0; t0 < opts.tokens; t0 += opts.chunk) {
+  const std::vector<int64_t> starts = chunk_positions(opts, c.max_position);
+  for (int64_t t0 = 0, i = 0; t0 < opts.tokens; t0 += opts.chunk, ++i) {
     const int64_t n = std::min<int64_t>(opts.chunk, opts.tokens - t0);
-    fwd.run(std::span<const int32_t>(tokens.data() + t0, size_t(n)), &hook, nullptr);
+    fwd.run(std::span<const int32_t>(tokens.data() + t0, size_t(n)), &hook, nullptr, starts[size_t(i)]);
     if (progress) progress(t0 + n, opts.tokens);
   }
   Calibration out = cal.finish(model::model_fingerprint(w));
+  for (size_t i = 0; i < starts.size(); ++i)  // the positions the statistics cover
+    out.calib_positions = std::max(out.calib_positions,
+                                   starts[i] + std::min<int64_t>(opts.chunk, opts.tokens - int64_t(i) * opts.chunk));
   out.text_hash = token_hash(std::vector<int32_t>(tokens.begin(), tokens.begin() + opts.tokens));
   return out;
 }

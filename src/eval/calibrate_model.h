@@ -16,7 +16,11 @@ namespace oscar::eval {
 
 struct ModelCalibOptions {
   int64_t tokens = 16384;  // calibration tokens (the text must have them)
-  int chunk = 2048;        // tokens per forward (each chunk starts at position 0)
+  int chunk = 2048;        // tokens per forward
+  // Chunk i of n starts at position i * (positions - chunk) / (n - 1): the post-RoPE key and
+  // query statistics then cover the positions a long context's cache holds (attention itself
+  // depends only on relative positions). -1: the model's context length; 0: every chunk at 0.
+  int64_t positions = -1;
   int threads = 0;
 };
 
@@ -25,6 +29,9 @@ using CalibProgress = std::function<void(int64_t done, int64_t total)>;
 
 // tokens: the tokenized calibration text. Returns the calibration with the
 // model fingerprint and the text hash filled in.
+// The first position of each chunk (ModelCalibOptions::positions).
+std::vector<int64_t> chunk_positions(const ModelCalibOptions& opts, int64_t max_position);
+
 Calibration calibrate_model(const model::ModelWeights& w, const std::vector<int32_t>& tokens,
                             const CalibConfig& cfg, const ModelCalibOptions& opts,
                             const CalibProgress& progress = nullptr);

@@ -36,10 +36,12 @@ DenseForward::DenseForward(const ModelWeights& w, backend::Backend& be) : be_(be
 DenseForward::~DenseForward() = default;
 
 void DenseForward::run(std::span<const int32_t> tokens, DenseHooks* hooks,
-                       std::vector<float>* hidden) {
+                       std::vector<float>* hidden, int64_t first_pos) {
   const ModelConfig& c = cfg_;
   const int T = static_cast<int>(tokens.size());
   if (T == 0) throw Error("dense forward: no tokens");
+  if (first_pos < 0 || first_pos + T > int64_t(INT32_MAX))
+    throw Error(fmt::format("dense forward: positions {}..{} out of range", first_pos, first_pos + T));
   for (int32_t t : tokens)
     if (t < 0 || t >= c.vocab_size)
       throw Error(fmt::format("dense forward: token id {} outside the vocabulary [0, {})", t,
@@ -52,7 +54,7 @@ void DenseForward::run(std::span<const int32_t> tokens, DenseHooks* hooks,
             v = be_.alloc(T * Dkv), o = be_.alloc(T * Dq), tmp = be_.alloc(T * size_t(H)),
             gu = be_.alloc(T * size_t(2) * I), act = be_.alloc(T * size_t(I));
   std::vector<int32_t> pos(T);
-  for (int i = 0; i < T; ++i) pos[i] = i;
+  for (int i = 0; i < T; ++i) pos[i] = int32_t(first_pos + i);
   std::vector<float> cos(size_t(T) * d / 2), sin(size_t(T) * d / 2);
   rope_tables(inv_freq_, pos.data(), T, cos.data(), sin.data());
 

@@ -1,7 +1,8 @@
 // A dense, teacher-forced, full-sequence forward pass with per-layer
 // instrumentation hooks, for calibration (DESIGN §3.1) and the accuracy
 // evaluation (§6.2). No KV cache: one call sees all T tokens at positions
-// 0..T-1 and runs exact causal attention (or the hook's replacement).
+// p0..p0+T-1 (p0 = 0 unless given) and runs exact causal attention (or the
+// hook's replacement).
 //
 // Why not Model::forward: calibration needs post-RoPE q/k/v AND the exact
 // attention output o of every layer, and the evaluation's prefill simulation
@@ -47,9 +48,12 @@ class DenseForward {
 
   const ModelConfig& config() const { return cfg_; }
 
-  // Runs tokens [T] at positions 0..T-1. hidden (optional) gets the final
-  // residual stream before the output norm, [T][hidden].
-  void run(std::span<const int32_t> tokens, DenseHooks* hooks, std::vector<float>* hidden);
+  // Runs tokens [T] at positions first_pos..first_pos+T-1. hidden (optional) gets the
+  // final residual stream before the output norm, [T][hidden]. RoPE makes attention depend
+  // only on relative positions, so first_pos changes the outputs only by rounding; it
+  // changes the post-RoPE q and k the hooks see (calibration places chunks with it).
+  void run(std::span<const int32_t> tokens, DenseHooks* hooks, std::vector<float>* hidden,
+           int64_t first_pos = 0);
 
   // Logits of n rows of final hidden states (output norm + LM head).
   //   hidden [n][hidden] -> logits [n][vocab]

@@ -176,6 +176,30 @@ TEST(Calibrator, ClipSearchNeverWorseThanDefaultOnItsSample) {
     EXPECT_LE(kerr(chosen), kerr(g) * (1 + 1e-9)) << chosen << " vs " << g;
 }
 
+// The named settings of `oscar calibrate --preset`: "paper" is the struct's defaults without
+// the key transform; "recommended" changes exactly the knobs docs/accuracy.md measured.
+TEST(Calibrator, Presets) {
+  const CalibConfig def, paper = calib_preset("paper"), rec = calib_preset("recommended");
+  EXPECT_EQ(paper.composition, def.composition);
+  EXPECT_EQ(paper.granularity, Granularity::kLayer);
+  EXPECT_EQ(paper.key_target, KeyTarget::kQuery);
+  EXPECT_EQ(paper.value_target, ValueTarget::kKeyWeighted);
+  EXPECT_EQ(paper.k_clip, 0.96f);
+  EXPECT_EQ(paper.v_clip, 0.92f);
+  EXPECT_EQ(paper.key_transform, KeyTransformMode::kOff);
+  EXPECT_EQ(rec.composition, Composition::kUHP);
+  EXPECT_EQ(rec.granularity, Granularity::kHead);
+  EXPECT_EQ(rec.key_target, KeyTarget::kRaw);
+  EXPECT_EQ(rec.value_target, ValueTarget::kRaw);
+  EXPECT_EQ(rec.k_clip, 0.88f);
+  EXPECT_EQ(rec.v_clip, 0.84f);
+  EXPECT_EQ(rec.key_transform, KeyTransformMode::kAuto);
+  EXPECT_EQ(rec.quant.bits, def.quant.bits);
+  EXPECT_EQ(rec.quant.group_size, def.quant.group_size);
+  EXPECT_THROW(calib_preset("best"), Error);
+  EXPECT_THROW(calib_preset(""), Error);
+}
+
 TEST(Calibrator, ErrorsAreClear) {
   EXPECT_THROW(Calibrator(CalibConfig{}, 1, 3, 2, 32), Error);  // GQA mismatch
   EXPECT_THROW(Calibrator(CalibConfig{}, 1, 4, 2, 48), Error);  // not pow2 / group

@@ -222,6 +222,64 @@ TEST(OscarSim, QuantizationChangesTheLogits) {
   EXPECT_GT(late, 100 * early);
 }
 
+// Calibration chunks spread over the model's positions: RoPE keeps the attention (so the
+// hidden states) the same at any first position, while the post-RoPE keys the calibration
+// sees change; the file records the positions covered.
+TEST(OscarCalib, ChunksSpreadOverTheContextPositions) {
+  eval::ModelCalibOptions o;
+  o.tokens = 8192;
+  o.chunk = 2048;
+  EXPECT_EQ(eval::chunk_positions(o, 32768), (std::vector<int64_t>{0, 10240, 20480, 30720}));
+  EXPECT_EQ(eval::chunk_positions(o, 8192), (std::vector<int64_t>{0, 2048, 4096, 6144}));
+  EXPECT_EQ(eval::chunk_positions(o, 2048), (std::vector<int64_t>{0, 0, 0, 0}));
+  o.positions = 0;
+  EXPECT_EQ(eval::chunk_positions(o, 32768), (std::vector<int64_t>{0, 0, 0, 0}));
+  o.positions = 4096;
+  o.tokens = 5000;  // a short last chunk
+  EXPECT_EQ(eval::chunk_positions(o, 32768), (std::vector<int64_t>{0, 1024, 2048}));
+
+  const auto w = model::random_weights(model::tiny_config(model::Arch::kQwen2), 3);
+  const auto toks = random_tokens(96, w.cfg.vocab_size, 5);
+  struct KeyCapture : model::DenseHooks {
+    std::vector<float> k0;
+    void on_qkv(int layer, float*, float* k, float*, int T) override {
+      if (layer == 0) k0.assign(k, k + size_t(T) * 2 * 64);
+    }
+  };
+  auto be = model::make_cpu_backend({backend::WeightDtype::kF32, 1});
+  model::DenseForward fwd(w, *be);
+  ASSERT_EQ(w.cfg.n_kv_heads * w.cfg.head_dim, 2 * 64);
+  KeyCapture a, b;
+  std::vector<float> ha, hb;
+  fwd.run(toks, &a, &ha, 0);
+  fwd.run(toks, &b, &hb, 3000);
+  double num = 0, den = 0, kd = 0;
+  for (size_t i = 0; i < ha.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(hb[i]));
+    num += (ha[i] - hb[i]) * double(ha[i] - hb[i]);
+    den += double(ha[i]) * ha[i];
+  }
+  for (size_t i = 0; i < a.k0.size(); ++i) kd = std::max(kd, double(std::fabs(a.k0[i] - b.k0[i])));
+  EXPECT_LT(std::sqrt(num / den), 1e-4) << "attention must not depend on the first position";
+  EXPECT_GT(kd, 1e-2) << "the post-RoPE keys must";
+  EXPECT_THROW(fwd.run(toks, &a, &ha, -1), Error);
+
+  CalibConfig cfg;
+  eval::ModelCalibOptions co;
+  co.tokens = 384;
+  co.chunk = 128;
+  const auto tk = random_tokens(384, w.cfg.vocab_size, 7);
+  co.positions = 0;
+  EXPECT_EQ(eval::calibrate_model(w, tk, cfg, co).calib_positions, 128);
+  co.positions = -1;  // the tiny config's context length
+  const Calibration spread = eval::calibrate_model(w, tk, cfg, co);
+  EXPECT_EQ(spread.calib_positions, w.cfg.max_position);
+  const auto path = std::filesystem::temp_directory_path() / "oscar_test_positions.safetensors";
+  write_calibration(spread, path.string());
+  EXPECT_EQ(read_calibration(path.string()).calib_positions, w.cfg.max_position);
+  std::filesystem::remove(path);
+}
+
 TEST(OscarCalib, WrongModelIsAClearError) {
   const auto w = model::random_weights(model::tiny_config(model::Arch::kLlama), 3);
   const auto other = model::random_weights(model::tiny_config(model::Arch::kLlama), 9);
