@@ -19,8 +19,9 @@ struct ModelCalibOptions {
   int chunk = 2048;        // tokens per forward
   // Chunk i of n starts at position i * (positions - chunk) / (n - 1): the post-RoPE key and
   // query statistics then cover the positions a long context's cache holds (attention itself
-  // depends only on relative positions). -1: the model's context length; 0: every chunk at 0.
-  int64_t positions = -1;
+  // depends only on relative positions). -1: the model's context length; 0 (the default):
+  // every chunk at 0 (docs/accuracy.md: spreading helped Qwen2.5 at 32K, cost SmolLM2 at 4K).
+  int64_t positions = 0;
   int threads = 0;
 };
 

@@ -229,6 +229,8 @@ TEST(OscarCalib, ChunksSpreadOverTheContextPositions) {
   eval::ModelCalibOptions o;
   o.tokens = 8192;
   o.chunk = 2048;
+  EXPECT_EQ(eval::chunk_positions(o, 32768), (std::vector<int64_t>{0, 0, 0, 0}));  // the default
+  o.positions = -1;  // the model's context length
   EXPECT_EQ(eval::chunk_positions(o, 32768), (std::vector<int64_t>{0, 10240, 20480, 30720}));
   EXPECT_EQ(eval::chunk_positions(o, 8192), (std::vector<int64_t>{0, 2048, 4096, 6144}));
   EXPECT_EQ(eval::chunk_positions(o, 2048), (std::vector<int64_t>{0, 0, 0, 0}));
