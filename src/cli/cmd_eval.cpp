@@ -69,6 +69,7 @@ struct Opts {
   std::string haystack = "data/haystack.txt", depths = "0.1,0.3,0.5,0.7,0.9", device = "cpu";
   int windows = 1, page = 64, sink = 64, recent = 256, group = 128, threads = 0, trials = 2,
       prompts = 2, new_tokens = 32, score_from = -1, chunk = 512;
+  int64_t first_position = 0;
   bool quiet = false;
 };
 
@@ -137,6 +138,11 @@ const oscar::cli::Registrar reg({"eval", "Accuracy of KV cache methods vs BF16 (
   app.add_option("--windows", o->windows, "Disjoint text windows per context length")->capture_default_str();
   app.add_option("--plot", o->plot, "Write a plot (PNG) through scripts/plot_eval.py");
   app.add_option("--weights", o->weights, "Weight dtype of the simulation: f32 | bf16")->capture_default_str();
+  app.add_option("--first-position", o->first_position,
+                 "RoPE position of each window's first token (a 4K window at 28672 holds the phases of a "
+                 "32K context's end; the BF16 reference does not change)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   app.add_option("--score-from", o->score_from,
                  "First scored position (default: sink + recent + page, the first query that "
                  "sees quantized history)");
@@ -228,6 +234,7 @@ const oscar::cli::Registrar reg({"eval", "Accuracy of KV cache methods vs BF16 (
     eo.windows = o->windows;
     eo.page_size = o->page;
     eo.score_from = o->score_from;
+    eo.first_position = o->first_position;
     eo.weights = backend::weight_dtype_from_string(o->weights);
     eo.threads = o->threads;
     const auto tokens = tokenize_file(o->model, o->text);
@@ -235,15 +242,16 @@ const oscar::cli::Registrar reg({"eval", "Accuracy of KV cache methods vs BF16 (
     if (!o->quiet) std::fprintf(stderr, "\n");
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::printf("%s", eval::format_table(r).c_str());
-    std::printf("(%s; %s; %d window(s) per context; scored positions >= %s; %.1f s)\n",
+    std::printf("(%s; %s; %d window(s) per context; scored positions >= %s; first RoPE position %lld; %.1f s)\n",
                 L.w.cfg.name.c_str(), o->text.c_str(), o->windows,
-                o->score_from >= 0 ? std::to_string(o->score_from).c_str() : "sink+recent+page", secs);
+                o->score_from >= 0 ? std::to_string(o->score_from).c_str() : "sink+recent+page",
+                static_cast<long long>(o->first_position), secs);
     std::string json_path = o->json;
     if (json_path.empty() && !o->plot.empty()) json_path = o->plot + ".json";
     if (!json_path.empty()) {
       nlohmann::json extra = {{"model", o->model}, {"calib", o->calib}, {"text", o->text},
                               {"sink", o->sink}, {"recent", o->recent}, {"page", o->page},
-                              {"seconds", secs}};
+                              {"first_position", o->first_position}, {"seconds", secs}};
       write_file(json_path, eval::to_json(r, extra.dump()));
     }
     if (!o->plot.empty()) {

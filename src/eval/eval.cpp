@@ -278,9 +278,10 @@ LoRange quantized_range(const kv::KvMethod& m, int t, int page_size) {
 }
 
 void simulate(model::DenseForward& fwd, const kv::KvMethod& m, std::span<const int32_t> tokens,
-              int page_size, int score_from, std::vector<float>& hidden, LocalErrorSums* sums) {
+              int page_size, int score_from, std::vector<float>& hidden, LocalErrorSums* sums,
+              int64_t first_position) {
   SimHook hook(fwd, m, page_size, score_from, sums);
-  fwd.run(tokens, &hook, &hidden);
+  fwd.run(tokens, &hook, &hidden, first_position);
 }
 
 std::vector<EvalResult> evaluate(const model::ModelWeights& w,
@@ -328,7 +329,8 @@ std::vector<EvalResult> evaluate(const model::ModelWeights& w,
   std::vector<std::vector<float>> href(items.size());
   for (size_t it = 0; it < items.size(); ++it) {
     if (progress) progress(fmt::format("ctx {} window {}: bf16 reference", items[it].ctx, items[it].win + 1));
-    simulate(ref_fwd, bf16, items[it].seq, opts.page_size, items[it].ctx, href[it], nullptr);
+    simulate(ref_fwd, bf16, items[it].seq, opts.page_size, items[it].ctx, href[it], nullptr,
+             opts.first_position);
   }
   std::vector<std::vector<std::vector<float>>> hm(M, std::vector<std::vector<float>>(items.size()));
   std::vector<std::vector<LocalErrorSums>> loc(M, std::vector<LocalErrorSums>(C));
@@ -345,7 +347,8 @@ std::vector<EvalResult> evaluate(const model::ModelWeights& w,
     model::DenseForward& f = mf ? *mf : ref_fwd;
     for (size_t it = 0; it < items.size(); ++it) {
       if (progress) progress(fmt::format("ctx {} window {}: {}", items[it].ctx, items[it].win + 1, m.label));
-      simulate(f, m, items[it].seq, opts.page_size, score_from, hm[mi][it], &loc[mi][items[it].ci]);
+      simulate(f, m, items[it].seq, opts.page_size, score_from, hm[mi][it], &loc[mi][items[it].ci],
+               opts.first_position);
     }
   }
 

@@ -52,6 +52,11 @@ struct EvalOptions {
   int windows = 1;     // disjoint text windows per context length
   int page_size = 64;  // the cache's page (demotion granularity)
   int score_from = -1; // first scored position; -1 = sink + recent + page
+  // RoPE position of each window's first token. Attention depends only on relative positions,
+  // so the BF16 reference does not change, but the cached keys carry the phases of positions
+  // first_position.. : a 4K window at first_position 28K tests what the cache does with the
+  // keys of the end of a 32K context, at the cost of a 4K evaluation.
+  int64_t first_position = 0;
   backend::WeightDtype weights = backend::WeightDtype::kF32;
   int threads = 0;
 };
@@ -87,7 +92,8 @@ struct LocalErrorSums {
   int64_t attn_rows = 0;
 };
 void simulate(model::DenseForward& fwd, const kv::KvMethod& m, std::span<const int32_t> tokens,
-              int page_size, int score_from, std::vector<float>& hidden, LocalErrorSums* sums);
+              int page_size, int score_from, std::vector<float>& hidden, LocalErrorSums* sums,
+              int64_t first_position = 0);
 
 // Table (fixed-width text) and JSON of results.
 std::string format_table(const std::vector<EvalResult>& r);

@@ -189,6 +189,33 @@ TEST(EvalMetrics, ProjErrZeroForExactCacheAndPositiveWhenQuantized) {
 
 }
 
+// --first-position: the BF16 reference is the same at any first RoPE position (attention is
+// relative), while a quantized cache sees other key phases, so its errors change.
+TEST(EvalMetrics, FirstPositionMovesOnlyTheCachedPhases) {
+  const auto w = model::random_weights(model::tiny_config(model::Arch::kQwen2), 24);
+  const auto tokens = random_tokens(kT, w.cfg.vocab_size, 8);
+  auto be = model::make_cpu_backend({backend::WeightDtype::kF32, 1});
+  model::DenseForward fwd(w, *be);
+  std::vector<float> h0, h1;
+  eval::simulate(fwd, naive_method(w, kSink, kT), tokens, kPage, kScoreFrom, h0, nullptr, 0);
+  eval::simulate(fwd, naive_method(w, kSink, kT), tokens, kPage, kScoreFrom, h1, nullptr, 5000);
+  ASSERT_EQ(h0.size(), h1.size());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < h0.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(h1[i]));
+    num += double(h0[i] - h1[i]) * (h0[i] - h1[i]);
+    den += double(h0[i]) * h0[i];
+  }
+  // Equal up to the BF16 rounding of the stored rows, which depends on the phases (8e-4 here).
+  EXPECT_LT(std::sqrt(num / den), 5e-3);
+  eval::LocalErrorSums a, b;
+  eval::simulate(fwd, naive_method(w, kSink, kRecent), tokens, kPage, kScoreFrom, h0, &a, 0);
+  eval::simulate(fwd, naive_method(w, kSink, kRecent), tokens, kPage, kScoreFrom, h1, &b, 5000);
+  ASSERT_GT(a.k_den, 0.0);
+  ASSERT_GT(b.k_den, 0.0);
+  EXPECT_NE(a.k_num / a.k_den, b.k_num / b.k_den);
+}
+
 TEST(EvalMetrics, ProjErrIsBasisFree) {
   // A Hadamard value rotation folded into W_v / W_o: o lives in the rotated
   // basis, W_o·o in the model's. On one layer (same inputs for both methods)
