@@ -1,7 +1,7 @@
 // Where the time of `oscar calibrate -m MODEL` goes, part by part, at the
 // shapes of the default model (SmolLM2-135M: hidden 576, 9 q / 3 kv heads,
 // head_dim 64, intermediate 1536, 30 layers), one chunk of T tokens:
-//   - the four f32 linears of a layer (model/ops_gemv.h, prefill GEMM)
+//   - the four f32 linears of a layer (backend/cpu/ops_gemv.h, prefill GEMM)
 //   - exact causal attention (model::dense_causal_attention)
 //   - Calibrator::add of one layer (fp64 covariance accumulation)
 // and, with --model/--text, the whole calibration end to end with the time
@@ -34,17 +34,17 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/backend_cpu.h"
+#include "backend/cpu/ops_gemm.h"
+#include "backend/cpu/ops_gemv.h"
+#include "backend/cpu/ops_threads.h"
 #include "core/calibrator.h"
 #include "eval/calibrate_model.h"
-#include "model/backend_cpu.h"
 #include "model/calib_forward.h"
 #include "model/fold_rotation.h"
 #include "model/forward_random.h"
 #include "model/loader.h"
 #include "model/tokenizer.h"
-#include "model/ops_gemm.h"
-#include "model/ops_gemv.h"
-#include "model/ops_threads.h"
 
 using namespace oscar;
 using Clock = std::chrono::steady_clock;
@@ -221,7 +221,7 @@ int main(int argc, char** argv) {
   }
   const int H = 576, I = 1536, Hq = 9, Hkv = 3, d = 64, L = 30;
   std::printf("SmolLM2-135M shapes, T = %d tokens per chunk, %d threads, gemv isa %s, load %.1f\n",
-              T, model::op_threads(), model::gemv_isa(), load_average());
+              T, backend::cpu::op_threads(), backend::cpu::gemv_isa(), load_average());
   std::printf("\n%-34s %10s %10s %10s %10s\n", "part (one layer, one chunk)", "ms", "cpu ms",
               "GFLOP/s", "x30 s");
   auto row = [&](const char* name, double s, double flop) {
@@ -229,7 +229,7 @@ int main(int argc, char** argv) {
                 flop / s * 1e-9, s * L);
     std::fflush(stdout);
   };
-  if (model::gemm_avx512()) {
+  if (backend::cpu::gemm_avx512()) {
     const int64_t iters = 4000000;
     volatile float sink = 0;
     const double s = best_of(reps, [&] { sink = sink + fma_loop(iters); });
@@ -248,7 +248,7 @@ int main(int argc, char** argv) {
                        Lin{"linear down 1536->576", H, I}}) {
     const std::vector<float> w = randv(size_t(l.out) * l.in, 2, 0.05f);
     const double s = best_of(reps, [&] {
-      model::linear_f32(w.data(), l.out, l.in, nullptr, x.data(), T, y.data());
+      backend::cpu::linear_f32(w.data(), l.out, l.in, nullptr, x.data(), T, y.data());
     });
     row(l.name, s, 2.0 * l.out * l.in * T);
     lin_total += s;
@@ -315,9 +315,9 @@ int main(int argc, char** argv) {
       tokens.assign(ids.begin(), ids.begin() + calib_tokens);
     }
     const double t_load = since(t0);
-    model::CpuBackendOptions bo;
+    backend::CpuBackendOptions bo;
     bo.weight_dtype = backend::WeightDtype::kF32;
-    ProfilingBackend pb(model::make_cpu_backend(bo));
+    ProfilingBackend pb(backend::make_cpu_backend(bo));
     const auto t1 = Clock::now();
     model::DenseForward fwd(w, pb);
     const double t_prep = since(t1);

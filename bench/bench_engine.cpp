@@ -19,12 +19,12 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/backend_cpu.h"
+#include "backend/cpu/ops_gemv.h"
+#include "backend/cpu/ops_threads.h"
 #include "kv/bf16_cache.h"
-#include "model/backend_cpu.h"
 #include "model/forward.h"
 #include "model/loader.h"
-#include "model/ops_gemv.h"
-#include "model/ops_threads.h"
 
 using namespace oscar;
 using Clock = std::chrono::steady_clock;
@@ -43,7 +43,7 @@ double copy_bandwidth() {
   double best = 0;
   for (int r = 0; r < 5; ++r) {
     auto t0 = Clock::now();
-    model::parallel_for(int64_t(n), 1 << 20, [&](int64_t s, int64_t e) {
+    backend::cpu::parallel_for(int64_t(n), 1 << 20, [&](int64_t s, int64_t e) {
       std::memcpy(b.data() + s, a.data() + s, size_t(e - s));
     });
     best = std::max(best, 2.0 * n / secs(t0, Clock::now()));
@@ -130,13 +130,13 @@ LlamaCpp run_llamacpp(const Args& a, int threads) {
 int main(int argc, char** argv) {
   Args a = parse(argc, argv);
   try {
-    if (a.threads > 0) model::set_op_threads(a.threads);
+    if (a.threads > 0) backend::cpu::set_op_threads(a.threads);
     struct Ratio {
       std::string name;
       double prefill, decode;
     };
     std::vector<Ratio> ratios;
-    const int threads = model::op_threads();
+    const int threads = backend::cpu::op_threads();
     const double bw = copy_bandwidth();
 
     auto t0 = Clock::now();
@@ -158,7 +158,7 @@ int main(int argc, char** argv) {
       const size_t comma = std::min(a.weights.find(',', pos), a.weights.size());
       const std::string wname = a.weights.substr(pos, comma - pos);
       pos = comma + 1;
-      auto be = model::make_cpu_backend({backend::weight_dtype_from_string(wname), threads});
+      auto be = backend::make_cpu_backend({backend::weight_dtype_from_string(wname), threads});
       model::Model m(w, *be);
       kv::Bf16KvCache cache(m.cache_shape(64),
                             int32_t(a.batch * ((a.prompt + a.gen + 63) / 64 + 1)));

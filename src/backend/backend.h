@@ -5,7 +5,7 @@
 // weights the backend prepared, so a CUDA backend can implement the same
 // interface (device buffers, device weights) without touching the model code.
 // Host data crosses the boundary only where written below (token ids,
-// positions, logits read-back). Implementations: model/backend_cpu.h (CPU),
+// positions, logits read-back). Implementations: backend/cpu/backend_cpu.h (CPU),
 // backend/cuda/backend_cuda.h (CUDA).
 //
 // Shapes are row-major; `n` is the number of token rows in the step.
@@ -79,7 +79,7 @@ class Backend {
   virtual void rms_norm(const float* x, const PreparedWeight& w, int rows, int dim, float eps,
                         float* y) = 0;
   // Rotate-half RoPE in place on x [n][heads][head_dim] with the step's tables
-  // cos, sin [n][head_dim/2] (host, from model/rope.h; computed once per step).
+  // cos, sin [n][head_dim/2] (host, kernels/cpu/rope.h; computed once per step).
   virtual void rope(float* x, int n, int heads, int head_dim, const float* host_cos,
                     const float* host_sin) = 0;
   // out = silu(gu[:, :inter]) * gu[:, inter:]. gu [n][2*inter], out [n][inter].

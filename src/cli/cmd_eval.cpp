@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "backend/cpu/ops_threads.h"
 #include "cli/registry.h"
 #include "core/error.h"
 #include "eval/calibrate_model.h"
@@ -21,7 +22,6 @@
 #include "kv/quant_methods.h"
 #include "model/fold_rotation.h"
 #include "model/loader.h"
-#include "model/ops_threads.h"
 #include "model/tokenizer.h"
 
 namespace {
@@ -100,7 +100,7 @@ struct Loaded {
 Loaded load(const Opts& o) {
   using namespace oscar;
   if (o.model.empty()) throw Error("eval: -m MODEL is required");
-  if (o.threads > 0) model::set_op_threads(o.threads);
+  if (o.threads > 0) backend::cpu::set_op_threads(o.threads);
   Loaded L;
   L.w = model::load_model(o.model);
   kv::KvMethodOptions mo;

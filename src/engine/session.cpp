@@ -5,7 +5,7 @@
 #include "backend/cuda/backend_cuda.h"
 #endif
 
-#include "model/backend_cpu.h"
+#include "backend/cpu/backend_cpu.h"
 #include "model/fold_rotation.h"
 #include "model/loader.h"
 
@@ -13,7 +13,7 @@ namespace oscar::engine {
 
 std::unique_ptr<backend::Backend> make_backend(const std::string& device, backend::WeightDtype weights,
                                              int threads) {
-  if (device == "cpu") return model::make_cpu_backend({weights, threads});
+  if (device == "cpu") return backend::make_cpu_backend({weights, threads});
   if (device == "cuda" || device.rfind("cuda:", 0) == 0) {
 #if OSCAR_WITH_CUDA
     backend::CudaBackendOptions co;

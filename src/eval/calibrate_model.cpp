@@ -8,8 +8,8 @@
 #include <sstream>
 #include <unistd.h>
 
+#include "backend/cpu/backend_cpu.h"
 #include "core/error.h"
-#include "model/backend_cpu.h"
 #include "model/calib_forward.h"
 #include "model/fold_rotation.h"
 #include "model/loader.h"
@@ -81,10 +81,10 @@ Calibration calibrate_model(const model::ModelWeights& w, const std::vector<int3
                             tokens.size(), opts.tokens));
   CalibConfig cfg = cfg_in;
   cfg.quant.group_size = std::min(cfg.quant.group_size, c.head_dim);
-  model::CpuBackendOptions bo;
+  backend::CpuBackendOptions bo;
   bo.weight_dtype = backend::WeightDtype::kF32;
   bo.threads = opts.threads;
-  auto be = model::make_cpu_backend(bo);
+  auto be = backend::make_cpu_backend(bo);
   model::DenseForward fwd(w, *be);
   Calibrator cal(cfg, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim);
   CalibHook hook(cal);

@@ -8,15 +8,15 @@
 #include <cmath>
 #include <limits>
 
+#include "backend/cpu/backend_cpu.h"
+#include "backend/cpu/ops_threads.h"
 #include "core/error.h"
 #include "core/half.h"
-#include "core/quantizer.h"
 #include "core/key_transform.h"
+#include "core/quantizer.h"
 #include "kernels/cpu/cache_write.h"
 #include "kernels/cpu/key_transform.h"
-#include "model/backend_cpu.h"
 #include "model/fold_rotation.h"
-#include "model/ops_threads.h"
 
 namespace oscar::eval {
 
@@ -158,7 +158,7 @@ bool SimHook::attention(int layer, const float* q, const float* k, const float* 
   // Query heads in parallel (op threads); each chunk of heads accumulates its
   // own sums, merged in head order (deterministic for a fixed thread count).
   std::vector<LocalErrorSums> part(Hq);
-  model::parallel_for(Hq, 1, [&](int64_t gb, int64_t ge) {
+  backend::cpu::parallel_for(Hq, 1, [&](int64_t gb, int64_t ge) {
   std::vector<float> Shi(size_t(kBlock) * T), Slo(size_t(kBlock) * T), Ph(size_t(kBlock) * T),
       B(size_t(kBlock) * T);
   LocalErrorSums& acc = part[size_t(gb)];
@@ -305,10 +305,10 @@ std::vector<EvalResult> evaluate(const model::ModelWeights& w,
         break;
       }
   }
-  model::CpuBackendOptions bo;
+  backend::CpuBackendOptions bo;
   bo.weight_dtype = opts.weights;
   bo.threads = opts.threads;
-  auto be = model::make_cpu_backend(bo);
+  auto be = backend::make_cpu_backend(bo);
   model::DenseForward ref_fwd(w, *be);
   kv::KvMethod bf16;
   bf16.label = "bf16";
@@ -341,7 +341,7 @@ std::vector<EvalResult> evaluate(const model::ModelWeights& w,
     if (m.folds_values()) {
       model::ModelWeights fw = w;
       model::fold_value_rotation(fw, *m.calib);
-      mbe = model::make_cpu_backend(bo);
+      mbe = backend::make_cpu_backend(bo);
       mf = std::make_unique<model::DenseForward>(fw, *mbe);
     }
     model::DenseForward& f = mf ? *mf : ref_fwd;

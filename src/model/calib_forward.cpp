@@ -9,9 +9,10 @@
 #include <limits>
 #include <memory>
 
+#include "backend/cpu/ops_gemm.h"
+#include "backend/cpu/ops_threads.h"
 #include "core/error.h"
-#include "model/ops_gemm.h"
-#include "model/ops_threads.h"
+#include "kernels/cpu/rope.h"
 #include "model/rope.h"
 
 namespace oscar::model {
@@ -56,7 +57,7 @@ void DenseForward::run(std::span<const int32_t> tokens, DenseHooks* hooks,
   std::vector<int32_t> pos(T);
   for (int i = 0; i < T; ++i) pos[i] = int32_t(first_pos + i);
   std::vector<float> cos(size_t(T) * d / 2), sin(size_t(T) * d / 2);
-  rope_tables(inv_freq_, pos.data(), T, cos.data(), sin.data());
+  kernels::cpu::rope_tables(inv_freq_, pos.data(), T, cos.data(), sin.data());
 
   be_.embed(*embd_, tokens.data(), T, x->data());
   for (int l = 0; l < c.n_layers; ++l) {
@@ -121,8 +122,10 @@ void dense_causal_attention(const float* q, const float* k, const float* v, int 
   const int64_t ldq = int64_t(Hq) * d, ldk = int64_t(Hkv) * d;
   // Scores in base 2: s = q·k · scale · log2(e), so the softmax is 2^(s - max).
   const float alpha = float(1.4426950408889634 / std::sqrt(double(d)));
+  namespace cpu = backend::cpu;  // the CPU backend's GEMM and op threads
   // Keys and values of each KV head packed once for every query block and head.
-  std::unique_ptr<PackedB[]> kp(new PackedB[size_t(Hkv)]), vp(new PackedB[size_t(Hkv)]);
+  std::unique_ptr<cpu::PackedB[]> kp(new cpu::PackedB[size_t(Hkv)]);
+  std::unique_ptr<cpu::PackedB[]> vp(new cpu::PackedB[size_t(Hkv)]);
   for (int h = 0; h < Hkv; ++h) {
     kp[size_t(h)].pack(k + int64_t(h) * d, ldk, /*b_nk=*/true, T, d);
     vp[size_t(h)].pack(v + int64_t(h) * d, ldk, /*b_nk=*/false, d, T);
@@ -133,7 +136,7 @@ void dense_causal_attention(const float* q, const float* k, const float* v, int 
   const int nblk = (T + kBlock - 1) / kBlock;
   const int64_t ntask = int64_t(nblk) * Hq;
   std::atomic<int64_t> next{0};
-  parallel_for(op_threads(), 1, [&](int64_t, int64_t) {
+  cpu::parallel_for(cpu::op_threads(), 1, [&](int64_t, int64_t) {
     thread_local std::vector<float> S;
     thread_local std::vector<float> inv;
     for (int64_t task; (task = next.fetch_add(1)) < ntask;) {
@@ -141,14 +144,14 @@ void dense_causal_attention(const float* q, const float* k, const float* v, int 
       const int t0 = b * kBlock, t1 = std::min(T, t0 + kBlock), n = t1 - t0;
       const int64_t lds = (t1 + 15) / 16 * 16 + 16;  // rows not 4 KiB apart
       S.resize(size_t(n) * lds);
-      gemm_packed(n, t1, d, q + int64_t(t0) * ldq + int64_t(g) * d, ldq, kp[size_t(h)], S.data(),
-                  lds, alpha);
+      cpu::gemm_packed(n, t1, d, q + int64_t(t0) * ldq + int64_t(g) * d, ldq, kp[size_t(h)],
+                       S.data(), lds, alpha);
       // Unnormalized weights 2^(s - max); each output row is divided by its Σ.
       inv.resize(size_t(n));
       for (int i = 0; i < n; ++i)
-        inv[size_t(i)] = float(1.0 / exp2_row(S.data() + i * lds, t0 + i + 1, t1));
+        inv[size_t(i)] = float(1.0 / cpu::exp2_row(S.data() + i * lds, t0 + i + 1, t1));
       float* ob = o + int64_t(t0) * ldq + int64_t(g) * d;
-      gemm_packed(n, d, t1, S.data(), lds, vp[size_t(h)], ob, ldq);
+      cpu::gemm_packed(n, d, t1, S.data(), lds, vp[size_t(h)], ob, ldq);
       for (int i = 0; i < n; ++i)
         for (int c = 0; c < d; ++c) ob[i * ldq + c] *= inv[size_t(i)];
     }

@@ -8,6 +8,7 @@
 #include <unordered_set>
 
 #include "core/error.h"
+#include "kernels/cpu/rope.h"
 #include "model/rope.h"
 
 namespace oscar::model {
@@ -178,7 +179,7 @@ void Model::forward(std::span<const SeqStep> steps, kv::KvCache& cache,
       pos[off[s] + i] = pos0[s] + i;
     }
   std::vector<float> cos(size_t(T) * d / 2), sin(size_t(T) * d / 2);
-  rope_tables(inv_freq_, pos.data(), T, cos.data(), sin.data());
+  kernels::cpu::rope_tables(inv_freq_, pos.data(), T, cos.data(), sin.data());
 
   // Single tokens go through the decode kernel together (one view, the new
   // row already stored); longer chunks through the prefill kernel one by one.

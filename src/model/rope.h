@@ -1,10 +1,8 @@
-// Rotary position embedding, rotate-half (NeoX / Hugging Face) convention:
-// channel i pairs with i + d/2 (the loaders guarantee this layout, model/config.h).
-//   out[i]       = x[i] cos(p f_i) - x[i+d/2] sin(p f_i)
-//   out[i + d/2] = x[i+d/2] cos(p f_i) + x[i] sin(p f_i),   i < d/2
+// Rotary position embedding: the inverse frequencies of a model's config. The
+// rotation itself (rotate-half convention, channel i pairs with i + d/2, which the
+// loaders guarantee, model/config.h) and its cos/sin tables are kernels/cpu/rope.h.
 #pragma once
 
-#include <cstdint>
 #include <vector>
 
 #include "model/config.h"
@@ -15,12 +13,5 @@ namespace oscar::model {
 // (llama3: wavelength-dependent division by `factor`, smoothed between
 // low/high_freq_factor; linear: all divided by `factor`), as Hugging Face computes them.
 std::vector<float> rope_inv_freq(const ModelConfig& cfg);
-
-// cos/sin tables for n tokens at positions pos: cos, sin [n][d/2] with d = 2*inv_freq.size().
-void rope_tables(const std::vector<float>& inv_freq, const int32_t* pos, int n, float* cos,
-                 float* sin);
-
-// Applies the rotation in place: x [n][heads][d], cos/sin [n][d/2].
-void rope_apply(float* x, int n, int heads, int d, const float* cos, const float* sin);
 
 }  // namespace oscar::model

@@ -20,17 +20,18 @@
 #include <filesystem>
 #include <random>
 
+#include "backend/cpu/backend_cpu.h"
 #include "backend/cuda/backend_cuda.h"
 #include "core/error.h"
 #include "eval/calibrate_model.h"
+#include "kernels/cpu/rope.h"
 #include "kv/quant_methods.h"
-#include "model/backend_cpu.h"
 #include "model/fold_rotation.h"
 #include "model/forward.h"
 #include "model/forward_random.h"
 #include "model/loader.h"
-#include "model/tokenizer.h"
 #include "model/rope.h"
+#include "model/tokenizer.h"
 
 namespace oscar {
 namespace {
@@ -94,11 +95,11 @@ oscar::Tensor tensor(std::vector<int64_t> shape, uint64_t seed, float scale = 1.
 
 TEST(CudaBackendOps, EveryOpMatchesTheCpuBackend) {
   SKIP_WITHOUT_GPU();
-  auto cpu = model::make_cpu_backend({WeightDtype::kF32, 1});
+  auto cpu = backend::make_cpu_backend({WeightDtype::kF32, 1});
   for (WeightDtype dt : {WeightDtype::kF32, WeightDtype::kBf16}) {
     SCOPED_TRACE(backend::to_string(dt));
     auto gpu = backend::make_cuda_backend({dt, 0});
-    auto cpu_same = model::make_cpu_backend({dt, 1});
+    auto cpu_same = backend::make_cpu_backend({dt, 1});
     Dev c{*cpu_same}, g{*gpu};
     const double lin_tol = dt == WeightDtype::kF32 ? 1e-5 : 1e-2;
     for (int n : {1, 3, 37, 130}) {
@@ -135,7 +136,7 @@ TEST(CudaBackendOps, EveryOpMatchesTheCpuBackend) {
       model::ModelConfig mc = model::tiny_config(model::Arch::kLlama);
       const auto inv = model::rope_inv_freq(mc);
       std::vector<float> cs(size_t(n) * d / 2), sn(size_t(n) * d / 2);
-      model::rope_tables(inv, pos.data(), n, cs.data(), sn.data());
+      kernels::cpu::rope_tables(inv, pos.data(), n, cs.data(), sn.data());
       auto rc = cf.put(r), rg = g.put(r);
       cpu->rope(rc->data(), n, heads, d, cs.data(), sn.data());
       gpu->rope(rg->data(), n, heads, d, cs.data(), sn.data());
@@ -248,7 +249,7 @@ TEST_P(CudaForward, Bf16CacheMatchesCpu) {
   const Case c = GetParam();
   const auto w = tiny(c.arch, c.head_dim, c.heads, c.kv_heads);
   const int V = w.cfg.vocab_size, page = 16;
-  Runner cpu(w, model::make_cpu_backend({WeightDtype::kF32, 1}), bf16_method(), page, 4096);
+  Runner cpu(w, backend::make_cpu_backend({WeightDtype::kF32, 1}), bf16_method(), page, 4096);
   Runner gpu(w, backend::make_cuda_backend({WeightDtype::kF32, 0}), bf16_method(), page, 4096);
   const auto prompt = random_tokens(70, V, 3);
   const kv::SeqId a = cpu.cache->create(), ga = gpu.cache->create();
@@ -300,7 +301,7 @@ void check_oscar_cache(const Case& c, const CalibConfig& cfg) {
   }
   if (km.folds_values()) model::fold_value_rotation(w, *km.calib);
   const int V = w.cfg.vocab_size, page = 16;
-  Runner cpu(w, model::make_cpu_backend({WeightDtype::kF32, 1}), km, page, 4096);
+  Runner cpu(w, backend::make_cpu_backend({WeightDtype::kF32, 1}), km, page, 4096);
   Runner gpu(w, backend::make_cuda_backend({WeightDtype::kF32, 0}), km, page, 4096);
   const kv::SeqId a = cpu.cache->create();
   ASSERT_EQ(a, gpu.cache->create());
@@ -383,7 +384,7 @@ TEST(CudaDefaultModel, MatchesCpuEngine) {
       km.recent = 128;
       if (km.folds_values()) model::fold_value_rotation(w, *km.calib);
     }
-    Runner cpu(w, model::make_cpu_backend({WeightDtype::kF32, 0}), km, 64, 4096);
+    Runner cpu(w, backend::make_cpu_backend({WeightDtype::kF32, 0}), km, 64, 4096);
     Runner gpu(w, backend::make_cuda_backend({WeightDtype::kF32, 0}), km, 64, 4096);
     const kv::SeqId s = cpu.cache->create();
     ASSERT_EQ(s, gpu.cache->create());

@@ -5,11 +5,11 @@
 #include <cmath>
 #include <map>
 
+#include "backend/cpu/backend_cpu.h"
 #include "core/error.h"
 #include "engine/generator.h"
 #include "engine/sampler.h"
 #include "kv/bf16_cache.h"
-#include "model/backend_cpu.h"
 #include "model/forward_random.h"
 
 namespace oscar::engine {
@@ -146,7 +146,7 @@ TEST(StopStrings, HoldsBackPrefixesAndCutsAtTheStop) {
 struct Rig {
   Rig()
       : w(model::random_weights(model::tiny_config(model::Arch::kLlama), 3)),
-        be(model::make_cpu_backend({backend::WeightDtype::kF32, 0})),
+        be(backend::make_cpu_backend({backend::WeightDtype::kF32, 0})),
         m(w, *be),
         cache(m.cache_shape(16), 64) {}
   model::ModelWeights w;

@@ -9,13 +9,13 @@
 #include <random>
 #include <thread>
 
+#include "backend/cpu/backend_cpu.h"
+#include "core/calibration.h"
 #include "engine/async_engine.h"
 #include "engine/scheduler.h"
 #include "kv/bf16_cache.h"
 #include "kv/oscar_cache.h"
-#include "core/calibration.h"
 #include "kv/quant_methods.h"
-#include "model/backend_cpu.h"
 #include "model/forward_random.h"
 
 namespace oscar::engine {
@@ -24,7 +24,7 @@ namespace {
 struct Rig {
   Rig()
       : w(model::random_weights(model::tiny_config(model::Arch::kLlama), 3)),
-        be(model::make_cpu_backend({backend::WeightDtype::kF32, 0})),
+        be(backend::make_cpu_backend({backend::WeightDtype::kF32, 0})),
         m(w, *be) {}
   // A Hadamard-rotated INT2 cache for this model, pages of 16, sink 16, window
   // 16 (demotes early); `o` gives the pool sizes and prefix caching.

@@ -9,12 +9,12 @@
 #include <cmath>
 #include <random>
 
+#include "backend/cpu/backend_cpu.h"
 #include "core/calibration.h"
 #include "core/half.h"
 #include "core/quantizer.h"
 #include "eval/eval.h"
 #include "kv/quant_methods.h"
-#include "model/backend_cpu.h"
 #include "model/calib_forward.h"
 #include "model/fold_rotation.h"
 #include "model/forward_random.h"
@@ -66,7 +66,7 @@ TEST(EvalMetrics, ProjErrMatchesDirectComputation) {
             group = Hq / Hkv;
   ASSERT_NE(H, Hq * d);  // W_o is not square: proj_err is not o_err in disguise
   const auto tokens = random_tokens(kT, cfg.vocab_size, 5);
-  auto be = model::make_cpu_backend({backend::WeightDtype::kF32, 1});
+  auto be = backend::make_cpu_backend({backend::WeightDtype::kF32, 1});
   model::DenseForward fwd(w, *be);
 
   CaptureQkv cap;
@@ -168,7 +168,7 @@ TEST(EvalMetrics, ProjErrMatchesDirectComputation) {
 TEST(EvalMetrics, ProjErrZeroForExactCacheAndPositiveWhenQuantized) {
   const auto w = model::random_weights(model::tiny_config(model::Arch::kLlama), 22);
   const auto tokens = random_tokens(kT, w.cfg.vocab_size, 6);
-  auto be = model::make_cpu_backend({backend::WeightDtype::kF32, 1});
+  auto be = backend::make_cpu_backend({backend::WeightDtype::kF32, 1});
   model::DenseForward fwd(w, *be);
   std::vector<float> hidden;
 
@@ -194,7 +194,7 @@ TEST(EvalMetrics, ProjErrZeroForExactCacheAndPositiveWhenQuantized) {
 TEST(EvalMetrics, FirstPositionMovesOnlyTheCachedPhases) {
   const auto w = model::random_weights(model::tiny_config(model::Arch::kQwen2), 24);
   const auto tokens = random_tokens(kT, w.cfg.vocab_size, 8);
-  auto be = model::make_cpu_backend({backend::WeightDtype::kF32, 1});
+  auto be = backend::make_cpu_backend({backend::WeightDtype::kF32, 1});
   model::DenseForward fwd(w, *be);
   std::vector<float> h0, h1;
   eval::simulate(fwd, naive_method(w, kSink, kT), tokens, kPage, kScoreFrom, h0, nullptr, 0);
@@ -226,7 +226,7 @@ TEST(EvalMetrics, ProjErrIsBasisFree) {
   const auto w = model::random_weights(cfg, 23);
   const auto tokens = random_tokens(kT, cfg.vocab_size, 7);
   std::vector<float> hidden;
-  auto be = model::make_cpu_backend({backend::WeightDtype::kF32, 1});
+  auto be = backend::make_cpu_backend({backend::WeightDtype::kF32, 1});
   model::DenseForward fwd(w, *be);
   eval::LocalErrorSums plain;
   eval::simulate(fwd, naive_method(w, kSink, kRecent), tokens, kPage, kScoreFrom, hidden, &plain);
@@ -237,7 +237,7 @@ TEST(EvalMetrics, ProjErrIsBasisFree) {
   ASSERT_TRUE(had.folds_values());
   model::ModelWeights fw = w;
   model::fold_value_rotation(fw, *had.calib);
-  auto be2 = model::make_cpu_backend({backend::WeightDtype::kF32, 1});
+  auto be2 = backend::make_cpu_backend({backend::WeightDtype::kF32, 1});
   model::DenseForward ffwd(fw, *be2);
   eval::LocalErrorSums rot;
   eval::simulate(ffwd, had, tokens, kPage, kScoreFrom, hidden, &rot);

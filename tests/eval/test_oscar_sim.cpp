@@ -9,12 +9,12 @@
 #include <filesystem>
 #include <random>
 
+#include "backend/cpu/backend_cpu.h"
 #include "core/error.h"
 #include "eval/calibrate_model.h"
 #include "eval/eval.h"
 #include "kv/oscar_cache.h"
 #include "kv/quant_methods.h"
-#include "model/backend_cpu.h"
 #include "model/calib_forward.h"
 #include "model/fold_rotation.h"
 #include "model/forward.h"
@@ -62,7 +62,7 @@ kv::KvMethod row_method(std::shared_ptr<const Calibration> c) {
 void compare(const model::ModelWeights& w0, const kv::KvMethod& m, int page = kPage, int T = kT) {
   model::ModelWeights w = w0;
   if (m.folds_values()) model::fold_value_rotation(w, *m.calib);
-  auto be = model::make_cpu_backend({backend::WeightDtype::kF32, 1});
+  auto be = backend::make_cpu_backend({backend::WeightDtype::kF32, 1});
   const auto tokens = random_tokens(T, w.cfg.vocab_size, 11);
 
   model::DenseForward fwd(w, *be);
@@ -151,7 +151,7 @@ TEST(OscarSim, MatchesDecodeKivi2) {
   // and a page of 16 is a clear error in both paths.
   kivi.recent = 32;
   compare(w, kivi, 32, kT);
-  auto be = model::make_cpu_backend({backend::WeightDtype::kF32, 1});
+  auto be = backend::make_cpu_backend({backend::WeightDtype::kF32, 1});
   model::Model model(w, *be);
   EXPECT_THROW(kv::make_method_cache(kivi, model.cache_shape(16), 1024), Error);
   EXPECT_THROW(eval::quantized_range(kivi, 100, 16), Error);
@@ -161,7 +161,7 @@ TEST(OscarSim, Kivi2QuantizationChangesTheLogits) {
   // Guard: kivi2's simulation is not BF16 past its first demotion, and its
   // keys really are per channel (differ from per-token rows of group 32).
   const auto w = model::random_weights(model::tiny_config(model::Arch::kLlama), 6);
-  auto be = model::make_cpu_backend({backend::WeightDtype::kF32, 1});
+  auto be = backend::make_cpu_backend({backend::WeightDtype::kF32, 1});
   const auto tokens = random_tokens(kT, w.cfg.vocab_size, 11);
   model::DenseForward fwd(w, *be);
   kv::KvMethodOptions o;
@@ -194,7 +194,7 @@ TEST(OscarSim, Kivi2QuantizationChangesTheLogits) {
 TEST(OscarSim, QuantizationChangesTheLogits) {
   // Guard against a simulation that silently falls back to BF16.
   const auto w = model::random_weights(model::tiny_config(model::Arch::kLlama), 3);
-  auto be = model::make_cpu_backend({backend::WeightDtype::kF32, 1});
+  auto be = backend::make_cpu_backend({backend::WeightDtype::kF32, 1});
   const auto tokens = random_tokens(kT, w.cfg.vocab_size, 11);
   model::DenseForward fwd(w, *be);
   kv::KvMethod bf16;
@@ -248,7 +248,7 @@ TEST(OscarCalib, ChunksSpreadOverTheContextPositions) {
       if (layer == 0) k0.assign(k, k + size_t(T) * 2 * 64);
     }
   };
-  auto be = model::make_cpu_backend({backend::WeightDtype::kF32, 1});
+  auto be = backend::make_cpu_backend({backend::WeightDtype::kF32, 1});
   model::DenseForward fwd(w, *be);
   ASSERT_EQ(w.cfg.n_kv_heads * w.cfg.head_dim, 2 * 64);
   KeyCapture a, b;

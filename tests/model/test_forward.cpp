@@ -5,13 +5,13 @@
 #include <cmath>
 #include <random>
 
+#include "backend/cpu/backend_cpu.h"
+#include "backend/cpu/ops_gemv.h"
+#include "backend/cpu/ops_gemv_q8.h"
 #include "core/error.h"
 #include "kv/bf16_cache.h"
-#include "model/backend_cpu.h"
 #include "model/forward.h"
 #include "model/forward_random.h"
-#include "model/ops_gemv.h"
-#include "model/ops_gemv_q8.h"
 #include "model/rope.h"
 #include "test_forward_ref.h"
 
@@ -97,7 +97,7 @@ struct Fixture {
   explicit Fixture(ModelConfig cfg, backend::WeightDtype wd = backend::WeightDtype::kF32, int page = 16,
                    uint64_t seed = 7)
       : w(random_weights(cfg, seed)),
-        be(make_cpu_backend({wd, 0})),
+        be(backend::make_cpu_backend({wd, 0})),
         m(w, *be),
         cache(m.cache_shape(page), 512) {}
   ModelWeights w;
@@ -288,7 +288,7 @@ TEST(Rope, Llama3ScalingMatchesHuggingFace) {
 }  // namespace
 }  // namespace oscar::model
 
-namespace oscar::model {
+namespace oscar::backend::cpu {
 namespace {
 
 // The optimized linear paths (GEMV for few rows, tiled GEMM for many, threads,
@@ -330,12 +330,12 @@ TEST(Linear, OptimizedMatchesReference) {
 }
 
 }  // namespace
-}  // namespace oscar::model
+}  // namespace oscar::backend::cpu
 
+#include "backend/cpu/ops_attention.h"
 #include "kernels/cpu/attention.h"
-#include "model/ops_attention.h"
 
-namespace oscar::model {
+namespace oscar::backend::cpu {
 namespace {
 
 // The scalar fallback attention (head dims the kernels do not take) against
@@ -379,4 +379,4 @@ TEST(GenericAttention, MatchesKernelReference) {
 }
 
 }  // namespace
-}  // namespace oscar::model
+}  // namespace oscar::backend::cpu

@@ -8,10 +8,10 @@
 #include <filesystem>
 #include <memory>
 
+#include "backend/cpu/backend_cpu.h"
 #include "core/error.h"
 #include "core/safetensors.h"
 #include "kv/bf16_cache.h"
-#include "model/backend_cpu.h"
 #include "model/forward.h"
 #include "model/loader.h"
 
@@ -125,7 +125,7 @@ TEST_P(TinyGolden, LogitsAndGreedyMatchTransformers) {
   // The tiny models and their golden files are committed: a missing one is a failure.
   ASSERT_TRUE(fs::exists(dir / "golden.safetensors")) << dir << ": no golden file";
   ModelWeights w = load_model(dir.string());
-  auto be = make_cpu_backend({backend::WeightDtype::kF32, 0});
+  auto be = backend::make_cpu_backend({backend::WeightDtype::kF32, 0});
   Model m(w, *be);
   kv::Bf16KvCache cache(m.cache_shape(16), 64);
   st::File g = st::File::open((dir / "golden.safetensors").string());
@@ -157,7 +157,7 @@ TEST(DefaultModelGolden, SmolLM2MatchesTransformers) {
   if (!fs::exists(gguf)) GTEST_SKIP() << gguf << " absent (scripts/fetch_model.sh)";
   if (!fs::exists(gold)) GTEST_SKIP() << gold << " absent";
   ModelWeights w = load_model(gguf.string());
-  auto be = make_cpu_backend({backend::WeightDtype::kF32, 0});
+  auto be = backend::make_cpu_backend({backend::WeightDtype::kF32, 0});
   Model m(w, *be);
   kv::Bf16KvCache cache(m.cache_shape(64), 16);
   st::File g = st::File::open(gold.string());
@@ -208,7 +208,7 @@ TEST(DefaultModelGolden, ReducedPrecisionWeightsStayClose) {
   const std::vector<int> topi = read_ids(g, "topk_ids");
   const int V = w.cfg.vocab_size, T = int(ids.size()), K = int(topi.size()) / T;
   for (backend::WeightDtype wd : {backend::WeightDtype::kBf16, backend::WeightDtype::kQ8}) {
-    auto be = make_cpu_backend({wd, 0});
+    auto be = backend::make_cpu_backend({wd, 0});
     Model m(w, *be);
     kv::Bf16KvCache cache(m.cache_shape(64), 4);
     kv::SeqId s = cache.create();
@@ -325,7 +325,7 @@ TEST(QwenGolden, Qwen25CoderMatchesTransformers) {
   const fs::path gold = fs::path(OSCAR_TEST_DATA_DIR) / "model" / "qwen2.5-coder-golden.safetensors";
   if (!fs::exists(gguf)) GTEST_SKIP() << gguf << " absent (scripts/fetch_qwen.sh)";
   if (!fs::exists(gold)) GTEST_SKIP() << gold << " absent";
-  ReleasingBackend be(make_cpu_backend({backend::WeightDtype::kF32, 0}));
+  ReleasingBackend be(backend::make_cpu_backend({backend::WeightDtype::kF32, 0}));
   std::unique_ptr<Model> mp;
   {
     ModelWeights w = load_model(gguf.string());

@@ -10,8 +10,8 @@
 #include <cmath>
 #include <vector>
 
+#include "backend/cpu/ops_gemv_q8.h"
 #include "core/half.h"
-#include "model/ops_gemv_q8.h"
 #include "model/weights.h"
 
 namespace oscar::model::testing {
@@ -140,15 +140,15 @@ inline ModelWeights round_matrices_bf16(const ModelWeights& w) {
   return r;
 }
 
-// The same for q8 weights (int8, scale per 32 channels; model/ops_gemv_q8.h).
+// The same for q8 weights (int8, scale per 32 channels; backend/cpu/ops_gemv_q8.h).
 inline ModelWeights round_matrices_q8(const ModelWeights& w) {
   ModelWeights r = w;
   auto rnd = [](Tensor& t) {
     const int64_t out = t.shape[0], in = t.shape[1];
     std::vector<int8_t> q(t.data.size());
-    std::vector<float> s(t.data.size() / kQ8Block);
-    quantize_q8(t.data.data(), out, in, q.data(), s.data());
-    for (size_t i = 0; i < q.size(); ++i) t.data[i] = q[i] * s[i / kQ8Block];
+    std::vector<float> s(t.data.size() / backend::cpu::kQ8Block);
+    backend::cpu::quantize_q8(t.data.data(), out, in, q.data(), s.data());
+    for (size_t i = 0; i < q.size(); ++i) t.data[i] = q[i] * s[i / backend::cpu::kQ8Block];
   };
   for (auto& L : r.layers) {
     rnd(L.wq), rnd(L.wk), rnd(L.wv), rnd(L.wo), rnd(L.w_gate), rnd(L.w_up), rnd(L.w_down);

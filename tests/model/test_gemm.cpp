@@ -1,4 +1,4 @@
-// The blocked GEMM (model/ops_gemm.h), the base-2 softmax row and the dense
+// The blocked GEMM (backend/cpu/ops_gemm.h), the base-2 softmax row and the dense
 // causal attention of the calibration forward against plain references on
 // fresh random inputs. Tolerances are relative to the natural scale of each
 // output (Σ|a·b| for a dot product), so a NaN or a wrong element fails.
@@ -8,13 +8,13 @@
 #include <random>
 #include <vector>
 
+#include "backend/cpu/backend_cpu.h"
+#include "backend/cpu/ops_gemm.h"
+#include "backend/cpu/ops_threads.h"
 #include "core/half.h"
-#include "model/backend_cpu.h"
 #include "model/calib_forward.h"
-#include "model/ops_gemm.h"
-#include "model/ops_threads.h"
 
-namespace oscar::model {
+namespace oscar::backend::cpu {
 namespace {
 
 std::vector<float> randn(size_t n, std::mt19937& rng, float scale = 1.0f) {
@@ -237,7 +237,7 @@ TEST(DenseAttention, MatchesFp64Reference) {
       auto k = randn(size_t(c.T) * c.Hkv * c.d, rng, 0.6f);
       auto v = randn(size_t(c.T) * c.Hkv * c.d, rng);
       std::vector<float> o(q.size(), NAN);
-      dense_causal_attention(q.data(), k.data(), v.data(), c.T, c.Hq, c.Hkv, c.d, o.data());
+      model::dense_causal_attention(q.data(), k.data(), v.data(), c.T, c.Hq, c.Hkv, c.d, o.data());
       const std::vector<double> r = attention_ref(q, k, v, c.T, c.Hq, c.Hkv, c.d);
       // o is a convex combination of v rows (|v| ~ 1): absolute tolerance.
       for (size_t i = 0; i < o.size(); ++i)
@@ -249,9 +249,9 @@ TEST(DenseAttention, MatchesFp64Reference) {
 }
 
 }  // namespace
-}  // namespace oscar::model
+}  // namespace oscar::backend::cpu
 
-namespace oscar::model {
+namespace oscar::backend::cpu {
 namespace {
 
 // The CPU backend's vectorized elementwise ops (SwiGLU, RMSNorm, add, column
@@ -311,4 +311,4 @@ TEST(CpuBackendOps, ElementwiseMatchFormulas) {
 }
 
 }  // namespace
-}  // namespace oscar::model
+}  // namespace oscar::backend::cpu

@@ -72,8 +72,8 @@ class Pool {
   }
 
   // Poll pred() for up to kSpinMicros, yielding the core between polls (as the
-  // model's pool in model/ops_threads.cpp does), then the caller blocks on its
-  // condition variable.
+  // CPU backend's op pool in backend/cpu/ops_threads.cpp does), then the caller
+  // blocks on its condition variable.
   template <class Pred>
   static void spin_until(const Pred& pred) {
     constexpr int kSpinMicros = 30;

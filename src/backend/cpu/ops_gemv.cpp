@@ -1,4 +1,4 @@
-#include "model/ops_gemv.h"
+#include "backend/cpu/ops_gemv.h"
 
 #include <immintrin.h>
 
@@ -11,11 +11,11 @@
 #include <cstring>
 #include <vector>
 
+#include "backend/cpu/ops_gemm.h"
+#include "backend/cpu/ops_threads.h"
 #include "core/half.h"
-#include "model/ops_gemm.h"
-#include "model/ops_threads.h"
 
-namespace oscar::model {
+namespace oscar::backend::cpu {
 
 namespace {
 
@@ -241,4 +241,4 @@ void linear_bf16_ref(const uint16_t* w, int64_t out, int64_t in, const float* bi
   rows_scalar(w, out, in, bias, x, n, y, 0, out);
 }
 
-}  // namespace oscar::model
+}  // namespace oscar::backend::cpu

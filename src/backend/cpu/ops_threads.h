@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <functional>
 
-namespace oscar::model {
+namespace oscar::backend::cpu {
 
 // Threads used by the CPU ops: set_op_threads(n > 0), else OSCAR_NUM_THREADS, else
 // std::thread::hardware_concurrency().
@@ -22,4 +22,4 @@ int op_threads();
 // Calls from inside a worker run serially (no nested parallelism).
 void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 
-}  // namespace oscar::model
+}  // namespace oscar::backend::cpu

@@ -6,13 +6,13 @@
 
 #include "backend/backend.h"
 
-namespace oscar::model {
+namespace oscar::backend {
 
 struct CpuBackendOptions {
-  backend::WeightDtype weight_dtype = backend::WeightDtype::kBf16;  // matrices; norms stay f32
+  WeightDtype weight_dtype = WeightDtype::kBf16;  // matrices; norms stay f32
   int threads = 0;                                // 0 = OSCAR_NUM_THREADS or all cores
 };
 
-std::unique_ptr<backend::Backend> make_cpu_backend(const CpuBackendOptions& opts = {});
+std::unique_ptr<Backend> make_cpu_backend(const CpuBackendOptions& opts = {});
 
-}  // namespace oscar::model
+}  // namespace oscar::backend

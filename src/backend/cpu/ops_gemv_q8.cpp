@@ -1,18 +1,18 @@
-#include "model/ops_gemv_q8.h"
+#include "backend/cpu/ops_gemv_q8.h"
 
 #include <immintrin.h>
 
 #include <algorithm>
 #include <cmath>
 
-#include "model/ops_threads.h"
+#include "backend/cpu/ops_threads.h"
 
 // GCC 12's avx512fintrin.h trips -Wmaybe-uninitialized inside its own
 // _mm512_undefined_* helpers (GCC bug 105593).
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
-namespace oscar::model {
+namespace oscar::backend::cpu {
 
 namespace {
 
@@ -155,4 +155,4 @@ void linear_q8_ref(const int8_t* q, const float* scale, int64_t out, int64_t in,
     }
 }
 
-}  // namespace oscar::model
+}  // namespace oscar::backend::cpu

@@ -1,4 +1,4 @@
-#include "model/ops_threads.h"
+#include "backend/cpu/ops_threads.h"
 
 #include <algorithm>
 #include <atomic>
@@ -9,7 +9,7 @@
 #include <thread>
 #include <vector>
 
-namespace oscar::model {
+namespace oscar::backend::cpu {
 
 namespace {
 
@@ -133,4 +133,4 @@ void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, in
   });
 }
 
-}  // namespace oscar::model
+}  // namespace oscar::backend::cpu

@@ -1,4 +1,4 @@
-#include "model/ops_gemm.h"
+#include "backend/cpu/ops_gemm.h"
 
 #include <cblas.h>
 #include <fmt/format.h>
@@ -18,14 +18,14 @@
 #include <new>
 #include <vector>
 
+#include "backend/cpu/ops_threads.h"
 #include "core/error.h"
 #include "core/half.h"
 #include "core/simd_exp.h"
-#include "model/ops_threads.h"
 
 #define OSCAR_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,fma")))
 
-namespace oscar::model {
+namespace oscar::backend::cpu {
 
 namespace {
 
@@ -461,4 +461,4 @@ void gemm_f32_ref(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, 
     }
 }
 
-}  // namespace oscar::model
+}  // namespace oscar::backend::cpu

@@ -11,7 +11,7 @@
 
 #include <cstdint>
 
-namespace oscar::model {
+namespace oscar::backend::cpu {
 
 // Token rows from which linear_* switch to the blocked GEMM.
 inline constexpr int kGemmMinRows = 16;
@@ -30,4 +30,4 @@ void linear_bf16_ref(const uint16_t* w, int64_t out, int64_t in, const float* bi
 // "avx512", "avx2" or "scalar": the GEMV path this CPU takes.
 const char* gemv_isa();
 
-}  // namespace oscar::model
+}  // namespace oscar::backend::cpu

@@ -9,7 +9,7 @@
 
 #include <cstdint>
 
-namespace oscar::model {
+namespace oscar::backend::cpu {
 
 inline constexpr int kQ8Block = 32;
 
@@ -25,4 +25,4 @@ void linear_q8(const int8_t* q, const float* scale, int64_t out, int64_t in, con
 void linear_q8_ref(const int8_t* q, const float* scale, int64_t out, int64_t in,
                    const float* bias, const float* x, int n, float* y);
 
-}  // namespace oscar::model
+}  // namespace oscar::backend::cpu

@@ -1,4 +1,4 @@
-#include "model/backend_cpu.h"
+#include "backend/cpu/backend_cpu.h"
 
 #include <cblas.h>
 #include <fmt/format.h>
@@ -16,22 +16,22 @@
 #include <cstring>
 #include <new>
 
+#include "backend/cpu/ops_attention.h"
+#include "backend/cpu/ops_gemv.h"
+#include "backend/cpu/ops_gemv_q8.h"
+#include "backend/cpu/ops_threads.h"
 #include "core/error.h"
 #include "core/half.h"
 #include "core/simd_exp.h"
 #include "kernels/cpu/attention.h"
-#include "model/ops_attention.h"
-#include "model/ops_gemv.h"
-#include "model/ops_gemv_q8.h"
-#include "model/ops_threads.h"
-#include "model/rope.h"
+#include "kernels/cpu/rope.h"
 
-namespace oscar::model {
-
+namespace oscar::backend {
+namespace cpu {
 namespace {
 
 // 64-byte aligned host memory.
-class HostBuffer : public backend::Buffer {
+class HostBuffer : public Buffer {
  public:
   explicit HostBuffer(size_t n) {
     size_ = n;
@@ -41,7 +41,7 @@ class HostBuffer : public backend::Buffer {
   ~HostBuffer() override { ::operator delete[](data_, std::align_val_t(64)); }
 };
 
-struct CpuWeight : backend::PreparedWeight {
+struct CpuWeight : PreparedWeight {
   std::vector<float> f32;      // [rows][cols] when kept in f32 (and all vectors)
   std::vector<uint16_t> bf16;  // [rows][cols] when kept in bf16
   std::vector<int8_t> q8;      // [rows][cols] when kept in q8
@@ -49,7 +49,7 @@ struct CpuWeight : backend::PreparedWeight {
   std::vector<float> bias;     // [rows] or empty
 };
 
-const CpuWeight& cw(const backend::PreparedWeight& w) { return static_cast<const CpuWeight&>(w); }
+const CpuWeight& cw(const PreparedWeight& w) { return static_cast<const CpuWeight&>(w); }
 
 #define OSCAR_AVX512_FN __attribute__((target("avx512f,avx512dq,avx512vl,fma")))
 const bool g_avx512 = [] {
@@ -110,7 +110,7 @@ OSCAR_AVX512_FN void rms_norm_avx512(const float* x, const float* w, int64_t r0,
   }
 }
 
-class CpuBackend : public backend::Backend {
+class CpuBackend : public Backend {
  public:
   explicit CpuBackend(const CpuBackendOptions& o) : opts_(o) {
     if (o.threads > 0) {
@@ -126,7 +126,7 @@ class CpuBackend : public backend::Backend {
                        op_threads());
   }
 
-  backend::BufferPtr alloc(size_t n) override { return std::make_unique<HostBuffer>(n); }
+  BufferPtr alloc(size_t n) override { return std::make_unique<HostBuffer>(n); }
   void to_host(const float* src, float* dst, size_t n) override {
     std::memcpy(dst, src, n * sizeof(float));
   }
@@ -134,7 +134,7 @@ class CpuBackend : public backend::Backend {
     std::memcpy(dst, src, n * sizeof(float));
   }
 
-  backend::WeightPtr prepare_linear(std::initializer_list<const Tensor*> ws,
+  WeightPtr prepare_linear(std::initializer_list<const Tensor*> ws,
                            std::initializer_list<const Tensor*> biases) override {
     auto w = std::make_unique<CpuWeight>();
     int64_t cols = -1, rows = 0;
@@ -152,7 +152,7 @@ class CpuBackend : public backend::Backend {
     bool any_bias = false;
     for (const Tensor* b : biases) any_bias |= (b && !b->empty());
     // q8 needs the AVX-512 kernels and whole 32-channel blocks; else bf16.
-    const bool q8 = opts_.weight_dtype == backend::WeightDtype::kQ8 && q8_supported() && cols % kQ8Block == 0;
+    const bool q8 = opts_.weight_dtype == WeightDtype::kQ8 && q8_supported() && cols % kQ8Block == 0;
     if (q8) {
       w->q8.resize(size_t(rows * cols));
       w->q8_scale.resize(size_t(rows * cols / kQ8Block));
@@ -163,7 +163,7 @@ class CpuBackend : public backend::Backend {
         r0 += t->shape[0];
       }
       w->bytes = rows * cols + rows * (cols / kQ8Block) * 4;
-    } else if (opts_.weight_dtype == backend::WeightDtype::kF32) {
+    } else if (opts_.weight_dtype == WeightDtype::kF32) {
       w->f32.reserve(size_t(rows * cols));
       for (const Tensor* t : ws) w->f32.insert(w->f32.end(), t->data.begin(), t->data.end());
       w->bytes = rows * cols * 4;
@@ -190,7 +190,7 @@ class CpuBackend : public backend::Backend {
     return w;
   }
 
-  backend::WeightPtr prepare_vector(const Tensor& v) override {
+  WeightPtr prepare_vector(const Tensor& v) override {
     auto w = std::make_unique<CpuWeight>();
     w->f32 = v.data;
     w->rows = 1;
@@ -199,7 +199,7 @@ class CpuBackend : public backend::Backend {
     return w;
   }
 
-  backend::WeightPtr prepare_embedding(const Tensor& e) override {
+  WeightPtr prepare_embedding(const Tensor& e) override {
     // Rows are gathered, never streamed whole: keep f32 (exact).
     auto w = std::make_unique<CpuWeight>();
     if (e.shape.size() != 2) throw Error("cpu backend: embedding is not a matrix");
@@ -210,7 +210,7 @@ class CpuBackend : public backend::Backend {
     return w;
   }
 
-  void embed(const backend::PreparedWeight& emb, const int32_t* tokens, int n, float* x) override {
+  void embed(const PreparedWeight& emb, const int32_t* tokens, int n, float* x) override {
     const CpuWeight& e = cw(emb);
     for (int i = 0; i < n; ++i) {
       if (tokens[i] < 0 || tokens[i] >= e.rows)
@@ -221,7 +221,7 @@ class CpuBackend : public backend::Backend {
     }
   }
 
-  void linear(const backend::PreparedWeight& pw, const float* x, int n, float* y) override {
+  void linear(const PreparedWeight& pw, const float* x, int n, float* y) override {
     const CpuWeight& w = cw(pw);
     const float* b = w.bias.empty() ? nullptr : w.bias.data();
     if (!w.q8.empty())
@@ -232,7 +232,7 @@ class CpuBackend : public backend::Backend {
       linear_f32(w.f32.data(), w.rows, w.cols, b, x, n, y);
   }
 
-  void rms_norm(const float* x, const backend::PreparedWeight& pw, int rows, int dim, float eps,
+  void rms_norm(const float* x, const PreparedWeight& pw, int rows, int dim, float eps,
                 float* y) override {
     const float* w = cw(pw).f32.data();
     if (cw(pw).cols != dim)
@@ -255,7 +255,7 @@ class CpuBackend : public backend::Backend {
 
   void rope(float* x, int n, int heads, int head_dim, const float* cos,
             const float* sin) override {
-    rope_apply(x, n, heads, head_dim, cos, sin);
+    kernels::cpu::rope_apply(x, n, heads, head_dim, cos, sin);
   }
 
   void silu_mul(const float* gu, int n, int inter, float* out) override {
@@ -308,9 +308,10 @@ class CpuBackend : public backend::Backend {
 };
 
 }  // namespace
+}  // namespace cpu
 
-std::unique_ptr<backend::Backend> make_cpu_backend(const CpuBackendOptions& opts) {
-  return std::make_unique<CpuBackend>(opts);
+std::unique_ptr<Backend> make_cpu_backend(const CpuBackendOptions& opts) {
+  return std::make_unique<cpu::CpuBackend>(opts);
 }
 
-}  // namespace oscar::model
+}  // namespace oscar::backend

@@ -1,4 +1,4 @@
-#include "model/ops_attention.h"
+#include "backend/cpu/ops_attention.h"
 
 #include <fmt/format.h>
 
@@ -8,7 +8,7 @@
 #include "core/error.h"
 #include "core/half.h"
 
-namespace oscar::model {
+namespace oscar::backend::cpu {
 
 bool kernel_supports_head_dim(int d) { return d == 64 || d == 128 || d == 256; }
 
@@ -94,4 +94,4 @@ void prefill_attention_generic(const kv::PagedKvView& kv, int b, int cached_len,
              sm_scale, o + (int64_t(i) * hq + g) * d);
 }
 
-}  // namespace oscar::model
+}  // namespace oscar::backend::cpu

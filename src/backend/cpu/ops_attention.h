@@ -6,7 +6,7 @@
 
 #include "kernels/paged_kv.h"
 
-namespace oscar::model {
+namespace oscar::backend::cpu {
 
 // True when kernels/cpu handles this head_dim (64, 128, 256).
 bool kernel_supports_head_dim(int head_dim);
@@ -17,4 +17,4 @@ void prefill_attention_generic(const kv::PagedKvView& kv, int b, int cached_len,
                                const float* k_new, const float* v_new, int n, int num_q_heads,
                                float sm_scale, float* o);
 
-}  // namespace oscar::model
+}  // namespace oscar::backend::cpu

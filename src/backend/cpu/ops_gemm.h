@@ -19,7 +19,7 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace oscar::model {
+namespace oscar::backend::cpu {
 
 void gemm_f32(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
               int64_t ldb, bool b_nk, float* C, int64_t ldc, float alpha = 1.0f,
@@ -71,4 +71,4 @@ bool gemm_avx512();
 // thread-safe; call between products.
 void gemm_force_portable(bool on);
 
-}  // namespace oscar::model
+}  // namespace oscar::backend::cpu
