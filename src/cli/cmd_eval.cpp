@@ -184,23 +184,20 @@ const oscar::cli::Registrar reg({"eval", "Accuracy of KV cache methods vs BF16 (
       po.prefill_chunk = pk->chunk;
       po.device = pk->device;
       auto tok = model::load_tokenizer(pk->model);
-      const std::string hay = eval::read_text_file(pk->haystack);
-      // One method at a time (the prompts depend only on the seed), the JSON rewritten after
-      // each: a long run that is cut short keeps the methods that finished.
-      std::vector<eval::PasskeyResult> r;
-      const auto progress = progress_fn(pk->quiet);
-      for (const kv::KvMethod& km : L.methods) {
-        auto rm = eval::run_passkey(L.w, tok, hay, {km}, po, progress);
-        r.insert(r.end(), rm.begin(), rm.end());
-        if (pk->json.empty()) continue;
+      // The JSON is rewritten after each method: a long run that is cut short keeps the
+      // methods that finished.
+      auto write_json = [&](const std::vector<eval::PasskeyResult>& done) {
+        if (pk->json.empty()) return;
         nlohmann::json j = nlohmann::json::array();
-        for (auto& x : r) {
+        for (auto& x : done) {
           const eval::Interval ci = eval::wilson_interval(x.correct, x.trials);
           j.push_back({{"method", x.method}, {"ctx", x.ctx}, {"depth", x.depth}, {"trials", x.trials},
                        {"correct", x.correct}, {"hits", x.hits}, {"ci95", {ci.lo, ci.hi}}});
         }
         write_file(pk->json, nlohmann::json{{"passkey", j}}.dump(2));
-      }
+      };
+      auto r = eval::run_passkey(L.w, tok, eval::read_text_file(pk->haystack), L.methods, po,
+                                 progress_fn(pk->quiet), write_json);
       if (!pk->quiet) std::fprintf(stderr, "\n");
       std::printf("%s", eval::format_passkey(r).c_str());
       return 0;

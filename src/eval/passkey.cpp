@@ -65,7 +65,8 @@ std::vector<int> passkey_prompt(const model::Tokenizer& tok, const std::vector<i
 std::vector<PasskeyResult> run_passkey(const model::ModelWeights& w, const model::Tokenizer& tok,
                                        const std::string& haystack,
                                        const std::vector<kv::KvMethod>& methods,
-                                       const PasskeyOptions& opts, const LongProgress& progress) {
+                                       const PasskeyOptions& opts, const LongProgress& progress,
+                                       const PasskeyPartial& on_method) {
   const std::vector<int> hay = tok.encode(haystack);
   // The same prompts for every method.
   struct Case {
@@ -102,6 +103,7 @@ std::vector<PasskeyResult> run_passkey(const model::ModelWeights& w, const model
       r.hits.push_back(ok);
     }
     for (auto& [k, r] : agg) out.push_back(r);
+    if (on_method) on_method(out);
   }
   return out;
 }

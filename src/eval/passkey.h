@@ -48,12 +48,15 @@ std::vector<int> passkey_prompt(const model::Tokenizer& tok, const std::vector<i
                                 int ctx, double depth, const std::string& key, size_t offset);
 
 using LongProgress = std::function<void(const std::string&)>;
+// Called after each method with every result so far (a long run that is cut short keeps them).
+using PasskeyPartial = std::function<void(const std::vector<PasskeyResult>&)>;
 
 std::vector<PasskeyResult> run_passkey(const model::ModelWeights& w, const model::Tokenizer& tok,
                                        const std::string& haystack,
                                        const std::vector<kv::KvMethod>& methods,
                                        const PasskeyOptions& opts,
-                                       const LongProgress& progress = nullptr);
+                                       const LongProgress& progress = nullptr,
+                                       const PasskeyPartial& on_method = nullptr);
 
 struct AgreementResult {
   std::string method;
