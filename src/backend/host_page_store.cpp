@@ -68,17 +68,28 @@ class HostPageStore final : public PageStore {
                                     k, v);
   }
 
-  void demote(int32_t src, int32_t dst) override {
+  void demote(int32_t src, int32_t dst, int64_t first_pos) override {
     if (q_.empty())
       throw Error(fmt::format("{} page store: demotion before set_quant", spec_.label));
     const int d = spec_.head_dim, ps = spec_.page_size, Hkv = spec_.num_kv_heads;
     const QuantSpec spec{spec_.bits, spec_.group_size, ScaleDtype::kF16};
-    std::vector<float> row(d);
+    std::vector<float> row(d), cs, delta;
     for (int l = 0; l < spec_.n_layers; ++l) {
       const LayerQuant& lq = q_[l];
       const kv::PagedKvView vw = layer_view(l);
+      // Page centering: the keys' centre δ_h of this page, per KV head.
+      const float* off = nullptr;
+      if (!lq.center.empty()) {
+        const int S = lq.center.pairs();
+        cs.resize(size_t(S) * 2);
+        delta.resize(size_t(Hkv) * d);
+        kv::center_angles(lq.center.freq.data(), S, double(first_pos) + 0.5 * (ps - 1), cs.data());
+        const kv::MidCenter mc = mid_center(l);
+        for (int h = 0; h < Hkv; ++h) kv::center_offset(mc, d, h, cs.data(), delta.data() + size_t(h) * d);
+        off = delta.data();
+      }
       if (uniform_[l]) {
-        kernels::cpu::demote_page(vw, src, dst, {lq.k_clip[0], lq.v_clip[0]});
+        kernels::cpu::demote_page(vw, src, dst, {lq.k_clip[0], lq.v_clip[0]}, -1, off);
         continue;
       }
       // Per-head clip ratios: the same clip -> quantize -> pack, head by head.
@@ -87,6 +98,8 @@ class HostPageStore final : public PageStore {
           for (int value = 0; value < 2; ++value) {
             const uint16_t* in = (value ? vw.bf16.v : vw.bf16.k) + vw.bf16_row_offset(src, h, slot);
             for (int c = 0; c < d; ++c) row[c] = bf16_to_f32(in[c]);
+            if (!value && off)
+              for (int c = 0; c < d; ++c) row[c] -= off[size_t(h) * d + c];
             clip_row(row.data(), d, value ? lq.v_clip[h] : lq.k_clip[h]);
             const int64_t r = vw.quant_row_index(dst, h, slot);
             quantize_row(row.data(), d, spec,
@@ -94,6 +107,17 @@ class HostPageStore final : public PageStore {
                          (value ? vw.quant.v_params : vw.quant.k_params) + r * vw.row_groups() * 2);
           }
     }
+  }
+
+  kv::MidCenter mid_center(int l) const override {
+    kv::MidCenter c;
+    if (q_.empty() || q_.at(l).center.empty()) return c;
+    const PageCenter& pc = q_[l].center;
+    c.pairs = pc.pairs();
+    c.u = pc.u.data();
+    c.w = pc.w.data();
+    c.mu = pc.mu.data();
+    return c;
   }
 
   void copy_bf16_page(int32_t from, int32_t to) override {

@@ -65,6 +65,7 @@ struct LayerQuant {
   bool identity = true;  // no key transform (keys and queries pass unchanged)
   KeyTransform xf;
   std::vector<float> k_clip, v_clip;  // [num_kv_heads]
+  PageCenter center;  // page centering of demoted keys (core/key_transform.h); empty: none
 };
 
 class PageStore {
@@ -102,9 +103,14 @@ class PageStore {
   // k, v [rows.size()][num_kv_heads][head_dim] f32, keys already transformed.
   virtual void write_bf16(int layer, const RowPlacement& rows, const float* k, const float* v) = 0;
   // BF16 page src -> quantized page dst in every layer: clip, quantize, pack
-  // (rows are already in the storage basis). A device store may queue it; it
+  // (rows are already in the storage basis). first_pos is the sequence position of the
+  // page's first token: with page centering the keys are quantized around the centre
+  // δ_h(first_pos + (page_size − 1)/2) (kernels/paged_kv.h). A device store may queue it; it
   // runs before any later operation of the store reads or writes pages.
-  virtual void demote(int32_t src, int32_t dst) = 0;
+  virtual void demote(int32_t src, int32_t dst, int64_t first_pos) = 0;
+  // The page centering of one layer as the kernels read it (u / w / mu in the store's
+  // memory; angles unset), or pairs == 0.
+  virtual kv::MidCenter mid_center(int layer) const = 0;
   // Copies BF16 page `from` to page `to` in every layer (fork of a partial page).
   virtual void copy_bf16_page(int32_t from, int32_t to) = 0;
   // Keys / queries into the storage basis, in place (set_quant's transforms).

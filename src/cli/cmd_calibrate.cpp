@@ -8,6 +8,7 @@
 #include "cli/registry.h"
 #include "core/activation_dump.h"
 #include "core/calibrator.h"
+#include "core/key_transform.h"
 #include "core/error.h"
 #include "eval/calibrate_model.h"  // -m MODEL --text FILE route (oscar-eval)
 
@@ -50,6 +51,27 @@ void print_key_transform(const oscar::Calibration& c) {
     shares += fmt::format("{}{:.2f}", l ? " " : "", mx);
   }
   std::printf("  key energy in the mean (max over heads), per layer: [%s]\n", shares.c_str());
+  // Page centering (docs/core.md "Page centering"): the heads whose middle pages follow the
+  // key offset RoPE turns, and over how many RoPE pairs.
+  int heads = 0;
+  std::string layers;
+  for (size_t l = 0; l < c.layers.size(); ++l) {
+    const auto& L = c.layers[l];
+    const int d = c.head_dim();
+    int n = 0;
+    for (size_t h = 0; d > 0 && (h + 1) * d <= L.k_rope_mean.size(); ++h) {
+      bool any = false;
+      for (int i = 0; i < d; ++i) any = any || L.k_rope_mean[h * d + i] != 0.0f;
+      n += any;
+    }
+    if (n) layers += fmt::format("{}{}", heads ? "," : "", l);
+    heads += n;
+  }
+  if (heads)
+    std::printf("  page centering: %d KV heads in layers [%s], %zu RoPE pairs\n", heads, layers.c_str(),
+                oscar::page_center_pairs(c).size());
+  else
+    std::printf("  page centering: none\n");
 }
 
 // What was written: the setting, then the key transform per layer.
@@ -77,6 +99,7 @@ const oscar::cli::Registrar reg({"calibrate", "Calibrate OSCAR rotations and cli
     int64_t max_tokens = 0;
     float k_clip = 0, v_clip = 0, key_offset_share = 0.85f;
     bool clip_search = false, quiet = false;
+    std::string page_center = "on";
     uint64_t seed = 0;
     // The options a preset sets; one given on the command line overrides it.
     CLI::Option *o_composition, *o_key_target, *o_value_target, *o_granularity, *o_k_clip, *o_v_clip,
@@ -117,6 +140,11 @@ const oscar::cli::Registrar reg({"calibrate", "Calibrate OSCAR rotations and cli
       "--key-offset-share of their key energy) (preset: recommended auto, paper off)");
   app.add_option("--key-offset-share", o->key_offset_share, "Threshold of --key-transform auto")
       ->capture_default_str();
+  app.add_option("--page-center", o->page_center,
+                 "on | off: with -m, the heads the key transform centres get per-page centres that "
+                 "follow the offset RoPE turns (exact; what keeps Qwen2's biased keys right at long "
+                 "context, docs/accuracy.md)")
+      ->capture_default_str();
   app.add_flag("--clip-search", o->clip_search, "Search clip ratios per layer (attention-aware error)");
   app.add_option("--clip-grid", o->grid, "Comma-separated ratios for --clip-search (default 0.80..1.0)");
   o->o_k_clip = app.add_option("--k-clip", o->k_clip, "Key clip ratio when not searching (preset: 0.88 / paper 0.96)");
@@ -149,6 +177,9 @@ const oscar::cli::Registrar reg({"calibrate", "Calibrate OSCAR rotations and cli
     cfg.clip_search = o->clip_search;
     if (o->o_key_transform->count()) cfg.key_transform = parse_key_transform(o->key_transform);
     cfg.key_offset_share = o->key_offset_share;
+    if (o->page_center != "on" && o->page_center != "off")
+      throw Error(fmt::format("--page-center '{}': expected on or off", o->page_center));
+    cfg.page_center = o->page_center == "on";
     if (!o->grid.empty()) cfg.clip_grid = parse_grid(o->grid);
     if (o->o_k_clip->count()) cfg.k_clip = o->k_clip;
     if (o->o_v_clip->count()) cfg.v_clip = o->v_clip;

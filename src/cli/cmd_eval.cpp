@@ -22,6 +22,7 @@
 #include "kv/quant_methods.h"
 #include "model/fold_rotation.h"
 #include "model/loader.h"
+#include "model/rope.h"
 #include "model/tokenizer.h"
 
 namespace {
@@ -106,6 +107,7 @@ Loaded load(const Opts& o) {
   kv::KvMethodOptions mo;
   mo.calib_path = o.calib;
   mo.model = model::model_fingerprint(L.w);
+  mo.rope_freq = model::rope_inv_freq(L.w.cfg);
   mo.sink = o.sink;
   mo.recent = o.recent;
   mo.group_size = o.group;

@@ -8,6 +8,7 @@
 
 #include "cli/registry.h"
 #include "core/calibration.h"
+#include "core/key_transform.h"
 #include "core/quantizer.h"
 
 namespace {
@@ -65,6 +66,16 @@ const oscar::cli::Registrar reg(
                        {"weights_hash", c.model.weights_hash}};
          j["calibration"] = {
              {"tokens", c.calib_tokens}, {"positions", c.calib_positions}, {"text_hash", c.text_hash}, {"source", c.source}};
+         {
+           int heads = 0;
+           for (const auto& L : c.layers)
+             for (size_t h = 0; d > 0 && (h + 1) * size_t(d) <= L.k_rope_mean.size(); ++h) {
+               bool any = false;
+               for (int i = 0; i < d; ++i) any = any || L.k_rope_mean[h * d + i] != 0.0f;
+               heads += any;
+             }
+           j["page_center"] = {{"kv_heads", heads}, {"rope_pairs", page_center_pairs(c).size()}};
+         }
          nlohmann::json bpe = nlohmann::json::object();
          for (int64_t T : {1024, 4096, 32768, 131072})
            bpe[std::to_string(T)] =
@@ -131,6 +142,8 @@ const oscar::cli::Registrar reg(
                      static_cast<long long>(c.calib_tokens), static_cast<long long>(c.calib_positions),
                      c.text_hash.empty() ? "?" : c.text_hash.c_str(),
                      c.source.empty() ? "?" : c.source.c_str());
+         std::printf("  page centering: %d KV heads over %d RoPE pairs\n", j["page_center"]["kv_heads"].get<int>(),
+                     int(j["page_center"]["rope_pairs"].get<size_t>()));
          std::printf("\n%5s %4s | %-22s | %-22s | %-13s | %s\n", "layer", "rot",
                      "K spectrum top1/top⅛/rank", "V spectrum top1/top⅛/rank", "clip K / V",
                      "|RᵀR−I|");

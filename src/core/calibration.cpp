@@ -27,7 +27,7 @@ constexpr const char* kFormat = "oscar-calibration";
 // Version 2 adds the optional key transform (k_mean, k_scale); version-1 files still read.
 // A file with a key transform is written as version 2, so that an older reader refuses it
 // instead of silently ignoring the tensors.
-constexpr int kFormatVersion = 2;
+constexpr int kFormatVersion = 3;
 
 int meta_int(const st::File& f, const std::string& key) {
   auto it = f.metadata().find(key);
@@ -134,7 +134,8 @@ void write_calibration(const Calibration& c, const std::string& path) {
   w.set_metadata("format", kFormat);
   bool transform = false;
   for (const LayerCalibration& L : c.layers) transform = transform || L.has_key_transform();
-  w.set_metadata("format_version", transform ? std::to_string(kFormatVersion) : "1");
+  // The oldest version that holds what the file has: readers that would ignore a tensor refuse.
+  w.set_metadata("format_version", c.has_page_center() ? "3" : transform ? "2" : "1");
   w.set_metadata("key_transform", c.key_transform);
   w.set_metadata("method", c.method);
   w.set_metadata("composition", composition_name(c.composition));
@@ -191,6 +192,16 @@ void write_calibration(const Calibration& c, const std::string& path) {
       need(L.k_scale, static_cast<size_t>(H * d), "k_scale");
       w.add_f32(p + "k_scale", {H, d}, L.k_scale.data());
     }
+    if (!L.k_rope_mean.empty()) {
+      need(L.k_rope_mean, static_cast<size_t>(H * d), "k_rope_mean");
+      w.add_f32(p + "k_rope_mean", {H, d}, L.k_rope_mean.data());
+    }
+  }
+  if (c.has_page_center()) {
+    if (c.rope_freq.size() != size_t(d / 2))
+      throw Error(fmt::format("{}: page centering needs the {} RoPE frequencies, have {}", path,
+                              d / 2, c.rope_freq.size()));
+    w.add_f32("rope_freq", {d / 2}, c.rope_freq.data());
   }
   w.write(path);
 }
@@ -252,6 +263,13 @@ Calibration read_calibration(const std::string& path) {
     if (f.find(p + "k_eigenvalues")) L.k_eigenvalues = read_checked(f, p + "k_eigenvalues", {n, d});
     if (f.find(p + "v_eigenvalues")) L.v_eigenvalues = read_checked(f, p + "v_eigenvalues", {n, d});
     if (version >= 2 && f.find(p + "k_mean")) L.k_mean = read_checked(f, p + "k_mean", {H, d});
+    if (version < 3 && f.find(p + "k_rope_mean"))
+      throw Error(fmt::format("{}: {}k_rope_mean (page centering) needs format version 3, the file says {}", path,
+                              p, version));
+    if (version >= 3 && f.find(p + "k_rope_mean")) {
+      if (d % 2 != 0) throw Error(fmt::format("{}: page centering needs an even head_dim", path));
+      L.k_rope_mean = read_checked(f, p + "k_rope_mean", {H, d});
+    }
     if (version >= 2 && f.find(p + "k_scale")) {
       L.k_scale = read_checked(f, p + "k_scale", {H, d});
       for (size_t j = 0; j < L.k_scale.size(); ++j)
@@ -273,6 +291,14 @@ Calibration read_calibration(const std::string& path) {
           throw Error(fmt::format("{}: layer {} clip ratio {} is outside (0, 1]", path, i, v));
       }
     }
+  }
+  if (c.has_page_center()) {
+    if (!f.find("rope_freq"))
+      throw Error(fmt::format("{}: has page centering (k_rope_mean) but no rope_freq", path));
+    c.rope_freq = read_checked(f, "rope_freq", {d / 2});
+    for (float x : c.rope_freq)
+      if (!(x >= 0.0f && x <= 4.0f))
+        throw Error(fmt::format("{}: rope_freq value {} is outside [0, 4]", path, x));
   }
   // Tensors for layers beyond n_layers mean the metadata lies.
   if (f.find(fmt::format("layers.{}.k_rotation", c.model.n_layers)))
@@ -302,6 +328,20 @@ void check_calibration_matches(const Calibration& c, const ModelFingerprint& m,
   if (!c.model.weights_hash.empty() && !m.weights_hash.empty() &&
       c.model.weights_hash != m.weights_hash)
     throw mismatch("weights hash", c.model.weights_hash, m.weights_hash);
+}
+
+void check_calibration_rope(const Calibration& c, const std::vector<float>& freq,
+                            const std::string& what) {
+  if (!c.has_page_center()) return;
+  if (c.rope_freq.size() != freq.size())
+    throw Error(fmt::format("{}: calibration has {} RoPE frequencies, the model {}", what,
+                            c.rope_freq.size(), freq.size()));
+  for (size_t j = 0; j < freq.size(); ++j)
+    if (!(std::fabs(double(c.rope_freq[j]) - freq[j]) <= 1e-5 * std::fabs(double(freq[j])) + 1e-12))
+      throw Error(fmt::format(
+          "{}: calibration is for a different RoPE: frequency {} is {} in the calibration but {} in the "
+          "model (context extension changed? calibrate again)",
+          what, j, c.rope_freq[j], freq[j]));
 }
 
 Calibration data_free_calibration(Composition comp, const ModelFingerprint& model, float k_clip,

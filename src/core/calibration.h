@@ -9,6 +9,8 @@
 //   layers.{i}.v_clip         [n_rot]       f32
 //   layers.{i}.k_mean         [n_kv_heads, d] f32  optional (format_version 2): key centering
 //   layers.{i}.k_scale        [n_kv_heads, d] f32  optional (format_version 2): key smoothing
+//   layers.{i}.k_rope_mean    [n_kv_heads, d] f32  optional (format_version 3): page centering
+//   rope_freq                 [d/2]           f32  with any k_rope_mean: RoPE rad per position
 // __metadata__ (all strings): format=oscar-calibration, format_version=1,
 //   method, composition, key_target, value_target, granularity, bits,
 //   group_size, scale_dtype, sink, recent, clip_search,
@@ -22,6 +24,13 @@
 // moves by the same amount, which softmax ignores. It removes what a per-token 2-bit range
 // cannot afford to spend on: a large constant key offset (Qwen2's k_proj bias) and channels
 // whose key range dwarfs their query weight. core/key_transform.h prepares it for the kernels.
+//
+// Page centering (docs/core.md "Page centering", format version 3) follows a key offset that
+// RoPE turns with the position (Qwen2's bias over a long context), which no fixed μ can: with
+// ν_h = k_rope_mean[h], the pre-RoPE key mean of head h on the slow RoPE pairs (zero on the
+// others), each quantized middle page is stored around RoPE_t(ν_h) at its centre position t
+// instead of μ_h, and the attention adds q·(RoPE_t(ν_h) − μ_h) to that page's logits, so every
+// logit is again q·k − q·μ_h: exact, at no memory cost (kernels/paged_kv.h, MidCenter).
 #pragma once
 
 #include <cstdint>
@@ -70,7 +79,10 @@ struct LayerCalibration {
   // Key transform, per KV head (any granularity): empty = none.
   std::vector<float> k_mean;   // [n_kv_heads][d] μ, post-RoPE, original basis
   std::vector<float> k_scale;  // [n_kv_heads][d] s > 0, tied over each RoPE pair (c, c + d/2)
+  // Page centering, per KV head: empty = none. Pre-RoPE basis; zero outside the slow pairs.
+  std::vector<float> k_rope_mean;  // [n_kv_heads][d] ν
   bool has_key_transform() const { return !k_mean.empty() || !k_scale.empty(); }
+  bool has_page_center() const { return !k_rope_mean.empty(); }
   // Not stored (reports): per KV head, the share of the key energy in its mean, Σμ² / Σ E[k²].
   std::vector<float> key_offset_share;
 
@@ -105,8 +117,16 @@ struct Calibration {
   std::string text_hash;  // of the calibration text / dump
   std::string source;     // e.g. the dump path
   std::vector<LayerCalibration> layers;
+  // The model's RoPE frequencies ([d/2], rad per position; pair j = channels j, j + d/2), stored
+  // with page centering (which needs them at serving time); empty otherwise.
+  std::vector<float> rope_freq;
 
   int head_dim() const { return model.head_dim; }
+  bool has_page_center() const {
+    for (const LayerCalibration& L : layers)
+      if (L.has_page_center()) return true;
+    return false;
+  }
 };
 
 void write_calibration(const Calibration& c, const std::string& path);
@@ -120,6 +140,10 @@ Calibration read_calibration(const std::string& path);
 // equal when both sides know them. `what` names the calibration (its path).
 void check_calibration_matches(const Calibration& c, const ModelFingerprint& model,
                                const std::string& what);
+// With page centering, the calibration's RoPE frequencies must be the model's (`freq`, [d/2],
+// model/rope.h rope_inv_freq) to a relative 1e-5; otherwise oscar::Error naming `what`.
+void check_calibration_rope(const Calibration& c, const std::vector<float>& freq,
+                            const std::string& what);
 
 // A calibration that needs no data: `none` (identity), `hadamard` or `random`.
 // Clip ratios are the given ones for every layer (1.0 = no clipping).

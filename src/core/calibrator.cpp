@@ -27,6 +27,8 @@ struct LayerAcc {
   bool done = false;
   std::vector<double> sum_qq, sum_kk, sum_vv, sum_oo;  // [H][d][d], upper triangles
   std::vector<double> sum_k, sum_k2;                  // [H][d] key sums (key transform)
+  std::vector<double> sum_kpre;                       // [H][d] pre-RoPE key sums (page centering)
+  int64_t pre_tokens = 0;                             // tokens in sum_kpre (all, or it is unused)
   // key-weighted: the K and V rows of every add() call, [T_i][H][d] each
   // (one block per call: no reallocation/copy as the layer grows).
   std::vector<std::vector<float>> kblocks, vblocks;
@@ -94,6 +96,15 @@ struct Calibrator::Impl {
     for (float c : {cfg.k_clip, cfg.v_clip})
       if (!(c > 0.0f && c <= 1.0f))
         throw Error(fmt::format("calibrator: clip ratio {} outside (0, 1]", c));
+    if (!cfg.rope_freq.empty()) {
+      if (hd % 2 != 0 || cfg.rope_freq.size() != size_t(hd / 2))
+        throw Error(fmt::format("calibrator: {} RoPE frequencies for head_dim {}", cfg.rope_freq.size(), hd));
+      for (float f : cfg.rope_freq)
+        if (!(f >= 0.0f && f <= 4.0f))
+          throw Error(fmt::format("calibrator: RoPE frequency {} outside [0, 4]", f));
+      if (cfg.center_page <= 0)
+        throw Error(fmt::format("calibrator: page centering span {} must be positive", cfg.center_page));
+    }
     g = nq / nkv;
     need_kk = cfg.key_target == KeyTarget::kRaw;
     need_vv = cfg.value_target == ValueTarget::kRaw;
@@ -110,10 +121,17 @@ struct Calibrator::Impl {
       if (cfg.key_transform != KeyTransformMode::kOff) {
         a.sum_k.assign(static_cast<size_t>(H) * d, 0.0);
         a.sum_k2.assign(static_cast<size_t>(H) * d, 0.0);
+        if (center_on()) a.sum_kpre.assign(static_cast<size_t>(H) * d, 0.0);
       }
       a.rng.seed(cfg.seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(l) + 1);
     }
   }
+
+  bool center_on() const {
+    return cfg.page_center && !cfg.rope_freq.empty() && cfg.key_transform != KeyTransformMode::kOff;
+  }
+  // Pairs page centering follows: freq · center_page <= 1 rad.
+  bool slow_pair(int j) const { return double(cfg.rope_freq[size_t(j)]) * cfg.center_page <= 1.0; }
 
   void log2_check() const {
     if (d <= 0 || (d & (d - 1)) != 0)
@@ -155,7 +173,8 @@ struct Calibrator::Impl {
     }
   }
 
-  void add(int l, const float* q, const float* k, const float* v, const float* o, int64_t T) {
+  void add(int l, const float* q, const float* k, const float* v, const float* o, int64_t T,
+           int64_t first_pos) {
     LayerAcc& a = layer(l, "add");
     if (a.done) throw Error(fmt::format("calibrator: layer {} was already finished", l));
     if (T < 0) throw Error("calibrator: negative token count");
@@ -175,6 +194,27 @@ struct Calibrator::Impl {
     if (need_kw) {
       a.kblocks.emplace_back(k, k + T * row);
       a.vblocks.emplace_back(v, v + T * row);
+    }
+    if (!a.sum_kpre.empty()) {
+      if (first_pos < 0) {
+        a.sum_kpre.clear();  // a block without positions: no page centering for this layer
+      } else {
+        // Undo RoPE on the slow pairs: x_j = k_j cos + k_j' sin, x_j' = k_j' cos − k_j sin.
+        const int half = d / 2;
+        for (int j = 0; j < half; ++j) {
+          if (!slow_pair(j)) continue;
+          const double f = cfg.rope_freq[size_t(j)];
+          for (int64_t t = 0; t < T; ++t) {
+            const double ang = f * double(first_pos + t), c = std::cos(ang), sn = std::sin(ang);
+            for (int h = 0; h < H; ++h) {
+              const float* kr = k + t * row + int64_t(h) * d;
+              a.sum_kpre[size_t(h) * d + j] += kr[j] * c + kr[j + half] * sn;
+              a.sum_kpre[size_t(h) * d + j + half] += kr[j + half] * c - kr[j] * sn;
+            }
+          }
+        }
+        a.pre_tokens += T;
+      }
     }
     if (!a.sum_k.empty())
       for (int64_t t = 0; t < T; ++t)
@@ -493,6 +533,19 @@ struct Calibrator::Impl {
           for (int c = 0; c < d; ++c)
             out.k_mean[size_t(h) * d + c] = static_cast<float>(mu[size_t(h) * d + c]);
     }
+    // Page centering: ν of the centred heads on the slow pairs (pre-RoPE, original basis).
+    out.k_rope_mean.clear();
+    if (!a.sum_kpre.empty() && a.pre_tokens == a.tokens && a.tokens > 0 &&
+        std::any_of(centered.begin(), centered.end(), [](char c) { return c; })) {
+      out.k_rope_mean.assign(static_cast<size_t>(H) * d, 0.0f);
+      for (int h = 0; h < H; ++h)
+        if (centered[static_cast<size_t>(h)])
+          for (int j = 0; j < d / 2; ++j)
+            if (slow_pair(j))
+              for (int c : {j, j + d / 2})
+                out.k_rope_mean[size_t(h) * d + c] =
+                    static_cast<float>(a.sum_kpre[size_t(h) * d + c] / double(a.tokens));
+    }
     if (std::any_of(scaled.begin(), scaled.end(), [](char c) { return c; })) {
       out.k_scale.assign(static_cast<size_t>(H) * d, 1.0f);
       for (int h = 0; h < H; ++h)
@@ -522,8 +575,8 @@ Calibrator::Calibrator(Calibrator&&) noexcept = default;
 Calibrator& Calibrator::operator=(Calibrator&&) noexcept = default;
 
 void Calibrator::add(int layer, const float* q, const float* k, const float* v, const float* o,
-                     int64_t T) {
-  impl_->add(layer, q, k, v, o, T);
+                     int64_t T, int64_t first_pos) {
+  impl_->add(layer, q, k, v, o, T, first_pos);
 }
 LayerTargets Calibrator::targets(int layer) const {
   return impl_->targets(layer);
@@ -592,6 +645,7 @@ Calibration Calibrator::finish(ModelFingerprint model) {
     m.finish_layer(l);
     c.layers.push_back(m.layers[static_cast<size_t>(l)].result);
   }
+  if (c.has_page_center()) c.rope_freq = m.cfg.rope_freq;
   return c;
 }
 

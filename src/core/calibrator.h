@@ -63,6 +63,13 @@ struct CalibConfig {
   // every other head of Qwen2.5-Coder-1.5B and SmolLM2-135M 0.24-0.72).
   float key_offset_share = 0.85f;
   std::vector<float> clip_grid = {0.80f, 0.84f, 0.88f, 0.90f, 0.92f, 0.94f, 0.96f, 0.98f, 1.0f};
+  // Page centering (core/calibration.h, docs/core.md "Page centering"): every head the key
+  // transform centres also gets its pre-RoPE key mean ν on the RoPE pairs that turn by at most
+  // 1 rad over a page of center_page tokens (freq · center_page <= 1). Needs rope_freq (the
+  // model's, [d/2]) and the position of every add(); off when either is missing.
+  bool page_center = true;
+  int center_page = 64;
+  std::vector<float> rope_freq;
   int sample_tokens = 256;      // per layer, for the clip search
   uint64_t seed = 0;            // random composition and reservoir sampling
   int sink = 64, recent = 256;  // recorded in the file
@@ -99,7 +106,10 @@ class Calibrator {
   // q: [T][Hq][d], k: [T][Hkv][d], v: [T][Hkv][d], o: [T][Hq][d] (attention
   // output per query head, before o_proj) or nullptr. Required: o for the
   // attn-output target. T may be 0.
-  void add(int layer, const float* q, const float* k, const float* v, const float* o, int64_t T);
+  // first_pos: the RoPE position of row 0 (rows are consecutive), or -1 when unknown (then
+  // the calibration gets no page centering).
+  void add(int layer, const float* q, const float* k, const float* v, const float* o, int64_t T,
+           int64_t first_pos = -1);
 
   // The layer's targets from everything added so far (before finish_layer).
   LayerTargets targets(int layer) const;

@@ -43,6 +43,72 @@ KeyTransform prepare_key_transform(const LayerCalibration& L, int H, int d) {
   return t;
 }
 
+std::vector<int> page_center_pairs(const Calibration& c) {
+  std::vector<int> pairs;
+  if (!c.has_page_center()) return pairs;
+  const int d = c.head_dim(), half = d / 2;
+  for (int j = 0; j < half; ++j) {
+    bool any = false;
+    for (const LayerCalibration& L : c.layers)
+      for (size_t h = 0; !L.k_rope_mean.empty() && h * d < L.k_rope_mean.size(); ++h)
+        any = any || L.k_rope_mean[h * d + j] != 0.0f || L.k_rope_mean[h * d + j + half] != 0.0f;
+    if (any) pairs.push_back(j);
+  }
+  return pairs;
+}
+
+PageCenter prepare_page_center(const Calibration& c, int layer, const KeyTransform& xf,
+                               const std::vector<int>& pairs, int H, int d) {
+  PageCenter pc;
+  if (pairs.empty()) return pc;
+  const LayerCalibration& L = c.layers.at(size_t(layer));
+  const int S = int(pairs.size()), half = d / 2;
+  if (xf.d != d || c.rope_freq.size() != size_t(half))
+    throw Error(fmt::format("page centering: head_dim {} / {} RoPE frequencies for head_dim {}", xf.d,
+                            c.rope_freq.size(), d));
+  if (!L.k_rope_mean.empty() && L.k_rope_mean.size() != size_t(H) * d)
+    throw Error(fmt::format("page centering: layer {} k_rope_mean has {} values, expected {} x {}", layer,
+                            L.k_rope_mean.size(), H, d));
+  pc.d = d;
+  pc.n_kv_heads = H;
+  pc.pair = pairs;
+  for (int j : pairs) {
+    if (j < 0 || j >= half) throw Error(fmt::format("page centering: pair {} outside [0, {})", j, half));
+    pc.freq.push_back(c.rope_freq[size_t(j)]);
+  }
+  pc.u.assign(size_t(H) * S * d, 0.0f);
+  pc.w.assign(size_t(H) * S * d, 0.0f);
+  pc.mu.assign(size_t(H) * d, 0.0f);
+  for (int h = 0; h < H; ++h) {
+    // A head without ν keeps its fixed μ: δ = 0 (u = w = mu = 0).
+    bool has = false;
+    for (int i = 0; i < d && !L.k_rope_mean.empty(); ++i) has = has || L.k_rope_mean[size_t(h) * d + i] != 0.0f;
+    if (!has) continue;
+    const float* M = xf.key_matrix(h);  // row i = e_i·M_K
+    for (int s = 0; s < S; ++s) {
+      const int j = pairs[size_t(s)], jp = j + half;
+      const double a = L.k_rope_mean.empty() ? 0.0 : L.k_rope_mean[size_t(h) * d + j];
+      const double b = L.k_rope_mean.empty() ? 0.0 : L.k_rope_mean[size_t(h) * d + jp];
+      float* u = pc.u.data() + (size_t(h) * S + s) * d;
+      float* w = pc.w.data() + (size_t(h) * S + s) * d;
+      for (int c2 = 0; c2 < d; ++c2) {
+        const double mj = M[size_t(j) * d + c2], mjp = M[size_t(jp) * d + c2];
+        u[c2] = float(a * mj + b * mjp);
+        w[c2] = float(a * mjp - b * mj);
+      }
+    }
+    // mu: μ on the centred pairs only; on the other pairs the page keeps the fixed μ.
+    if (!xf.mean.empty())
+      for (int c2 = 0; c2 < d; ++c2) {
+        double acc = 0;
+        for (int j : pairs)
+          for (int i : {j, j + half}) acc += double(xf.mean[size_t(h) * d + i]) * M[size_t(i) * d + c2];
+        pc.mu[size_t(h) * d + c2] = float(acc);
+      }
+  }
+  return pc;
+}
+
 namespace {
 void mul_row(const float* x, const float* M, int d, float* out) {
   for (int j = 0; j < d; ++j) {

@@ -32,6 +32,36 @@ struct KeyTransform {
 // Throws oscar::Error when the layer's mean / scale sizes do not match n_kv_heads x d.
 KeyTransform prepare_key_transform(const LayerCalibration& L, int n_kv_heads, int d);
 
+// A layer's page centering (core/calibration.h) prepared for the kernels, in the storage basis:
+// with ν_h the head's pre-RoPE mean and RoPE pairs s = 0..S-1 (channels j_s, j_s + d/2,
+// frequency θ_s), the centre of a middle page whose centre position is t is
+//
+//   δ_h(t) = (RoPE_t(ν_h) − μ_h|S)·M_K = Σ_s cos(θ_s t)·u[h][s] + sin(θ_s t)·w[h][s] − mu[h]
+//   u[h][s] = (ν_j e_j + ν_j' e_j')·M_K,  w[h][s] = (ν_j e_j' − ν_j' e_j)·M_K  (j = j_s, j' = j + d/2)
+//
+// with μ_h|S the fixed mean μ_h on the channels of the S pairs only. The page stores
+// (k − μ)·M_K − δ: on the S slow pairs k − RoPE_t(ν), on the others k − μ as before; and a
+// query adds q̃·δ_h(t) back to the page's logits (q̃·(x·M_K) = q·x). S counts the pairs where some head of the calibration
+// has ν ≠ 0 (the same pairs in every layer, so a batch's angle table serves all layers). A head
+// with ν = 0 has u = w = mu = 0: δ = 0, its pages keep the fixed μ of the key transform.
+struct PageCenter {
+  int d = 0, n_kv_heads = 0;
+  std::vector<int> pair;    // [S] j_s
+  std::vector<float> freq;  // [S] θ_s, rad per position
+  std::vector<float> u, w;  // [n_kv_heads][S][d]
+  std::vector<float> mu;    // [n_kv_heads][d] μ·M_K
+  int pairs() const { return static_cast<int>(pair.size()); }
+  bool empty() const { return pair.empty(); }
+};
+
+// The RoPE pairs with page centering anywhere in the calibration (ascending), and their
+// frequencies. Empty without page centering.
+std::vector<int> page_center_pairs(const Calibration& c);
+// Layer `layer`'s page centering over `pairs` (page_center_pairs(c)); an empty PageCenter when
+// `pairs` is empty. Throws oscar::Error on sizes that do not match.
+PageCenter prepare_page_center(const Calibration& c, int layer, const KeyTransform& xf,
+                               const std::vector<int>& pairs, int n_kv_heads, int d);
+
 // Reference application, fp64 accumulation (tests and small inputs):
 //   k [T][Hkv][d] -> k̃;  q [T][Hq][d] -> q̃ (query head g uses KV head g / (Hq / Hkv)).
 void apply_key_transform_ref(const KeyTransform& t, float* k, int64_t T, int Hkv);

@@ -8,6 +8,7 @@
 #include "backend/cpu/backend_cpu.h"
 #include "model/fold_rotation.h"
 #include "model/loader.h"
+#include "model/rope.h"
 
 namespace oscar::engine {
 
@@ -49,6 +50,7 @@ Session open_session(const SessionOptions& o) {
     kv::KvMethodOptions mo;
     mo.calib_path = o.calib;
     mo.model = model::model_fingerprint(w);
+    mo.rope_freq = model::rope_inv_freq(w.cfg);
     s.method = kv::resolve_kv_method(o.kv, mo);
   }
   PreparedModel p = prepare_model(std::move(w), s.method, o.device,

@@ -13,6 +13,7 @@
 #include "model/calib_forward.h"
 #include "model/fold_rotation.h"
 #include "model/loader.h"
+#include "model/rope.h"
 #include "model/tokenizer.h"
 
 namespace oscar::eval {
@@ -27,14 +28,16 @@ class CalibHook : public model::DenseHooks {
     q_ = q, k_ = k, v_ = v;
   }
   void on_attn_out(int layer, const float* o, int T) override {
-    cal_.add(layer, q_, k_, v_, o, T);
+    cal_.add(layer, q_, k_, v_, o, T, first_pos_);
   }
+  void set_first_pos(int64_t p) { first_pos_ = p; }
   // The last layer's MLP and the LM head are not needed.
   bool want_layer(int layer) override { return layer < cal_.n_layers(); }
 
  private:
   Calibrator& cal_;
   const float *q_ = nullptr, *k_ = nullptr, *v_ = nullptr;
+  int64_t first_pos_ = 0;
 };
 
 }  // namespace
@@ -81,6 +84,7 @@ Calibration calibrate_model(const model::ModelWeights& w, const std::vector<int3
                             tokens.size(), opts.tokens));
   CalibConfig cfg = cfg_in;
   cfg.quant.group_size = std::min(cfg.quant.group_size, c.head_dim);
+  if (cfg.rope_freq.empty()) cfg.rope_freq = model::rope_inv_freq(c);  // for page centering
   backend::CpuBackendOptions bo;
   bo.weight_dtype = backend::WeightDtype::kF32;
   bo.threads = opts.threads;
@@ -91,6 +95,7 @@ Calibration calibrate_model(const model::ModelWeights& w, const std::vector<int3
   const std::vector<int64_t> starts = chunk_positions(opts, c.max_position);
   for (int64_t t0 = 0, i = 0; t0 < opts.tokens; t0 += opts.chunk, ++i) {
     const int64_t n = std::min<int64_t>(opts.chunk, opts.tokens - t0);
+    hook.set_first_pos(starts[size_t(i)]);
     fwd.run(std::span<const int32_t>(tokens.data() + t0, size_t(n)), &hook, nullptr, starts[size_t(i)]);
     if (progress) progress(t0 + n, opts.tokens);
   }

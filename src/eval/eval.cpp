@@ -16,6 +16,7 @@
 #include "core/quantizer.h"
 #include "kernels/cpu/cache_write.h"
 #include "kernels/cpu/key_transform.h"
+#include "kernels/paged_kv.h"
 #include "model/fold_rotation.h"
 
 namespace oscar::eval {
@@ -30,8 +31,12 @@ void round_bf16(float* x, size_t n) {
 
 // Dequantized copies of the rows of one layer, as the method stores its middle.
 //   hi [T][H][d] (BF16-rounded, rotated) -> lo [T][H][d]
+// Keys under page centering (kernels/paged_kv.h) are quantized around their page's centre δ
+// and read back as x̂ + δ: `center` (empty: none), the page size and the RoPE position of
+// row 0 place each middle row's page as the cache does.
 void quantize_rows(const kv::KvMethod& m, const float* hi, int T, int H, int d, bool value,
-                   int layer, float* lo) {
+                   int layer, float* lo, const PageCenter* center = nullptr, int page_size = 0,
+                   int64_t first_position = 0) {
   std::copy(hi, hi + size_t(T) * H * d, lo);
   if (m.kind == kv::KvMethod::Kind::kKivi) {
     const QuantSpec spec{2, kKiviGroup, ScaleDtype::kF16};
@@ -55,26 +60,59 @@ void quantize_rows(const kv::KvMethod& m, const float* hi, int T, int H, int d, 
   }
   const LayerCalibration& lc = m.calib->layers.at(layer);
   const QuantSpec spec{m.bits, std::min(m.group_size, d), ScaleDtype::kF16};
-  for (int t = 0; t < T; ++t)
+  const bool centered = !value && center && !center->empty();
+  std::vector<float> cs, delta;
+  kv::MidCenter mc;
+  if (centered) {
+    cs.resize(size_t(center->pairs()) * 2);
+    delta.resize(size_t(H) * d);
+    mc.pairs = center->pairs();
+    mc.u = center->u.data();
+    mc.w = center->w.data();
+    mc.mu = center->mu.data();
+  }
+  int delta_page = -1;
+  for (int t = 0; t < T; ++t) {
+    const bool shift = centered && t >= m.sink;
+    if (shift && (t - m.sink) / page_size != delta_page) {
+      delta_page = (t - m.sink) / page_size;
+      kv::center_angles(center->freq.data(), mc.pairs,
+                        double(first_position) + kv::mid_page_center(m.sink, delta_page, page_size), cs.data());
+      for (int h = 0; h < H; ++h) kv::center_offset(mc, d, h, cs.data(), delta.data() + size_t(h) * d);
+    }
     for (int h = 0; h < H; ++h) {
       float* row = lo + (size_t(t) * H + h) * d;
+      const float* off = shift ? delta.data() + size_t(h) * d : nullptr;
+      if (off)
+        for (int c = 0; c < d; ++c) row[c] -= off[c];
       const float c = value ? lc.v_clip_of(h) : lc.k_clip_of(h);
       if (c < 1.0f) clip_row(row, d, c);
       fake_quantize_rows(row, 1, d, spec, row);
+      if (off)
+        for (int c = 0; c < d; ++c) row[c] += off[c];
     }
+  }
 }
 
 class SimHook : public model::DenseHooks {
  public:
   SimHook(model::DenseForward& fwd, const kv::KvMethod& m, int page_size, int score_from,
-          LocalErrorSums* sums)
-      : fwd_(fwd), m_(m), c_(fwd.config()), page_(page_size), score_from_(score_from), sums_(sums) {}
+          LocalErrorSums* sums, int64_t first_position)
+      : fwd_(fwd), m_(m), c_(fwd.config()), page_(page_size), score_from_(score_from), sums_(sums),
+        first_position_(first_position) {
+    if (m_.kind == kv::KvMethod::Kind::kRow) pairs_ = page_center_pairs(*m_.calib);
+  }
 
   void on_qkv(int layer, float* q, float* k, float* v, int T) override {
     if (m_.kind != kv::KvMethod::Kind::kRow) return;
     const LayerCalibration& lc = m_.calib->layers.at(layer);
-    if (m_.calib->composition == Composition::kNone && !lc.has_key_transform()) return;
+    if (m_.calib->composition == Composition::kNone && !lc.has_key_transform()) {
+      center_ = prepare_page_center(*m_.calib, layer, prepare_key_transform(lc, c_.n_kv_heads, c_.head_dim),
+                                    pairs_, c_.n_kv_heads, c_.head_dim);
+      return;
+    }
     xf_ = prepare_key_transform(lc, c_.n_kv_heads, c_.head_dim);
+    center_ = prepare_page_center(*m_.calib, layer, xf_, pairs_, c_.n_kv_heads, c_.head_dim);
     const KeyTransform& xf = xf_;
     if (sums_ && lc.has_key_transform()) {
       // The cache error is reported in the original basis: keep the keys and the
@@ -95,6 +133,9 @@ class SimHook : public model::DenseHooks {
   const model::ModelConfig& c_;
   int page_, score_from_;
   LocalErrorSums* sums_;
+  int64_t first_position_;     // RoPE position of token 0
+  std::vector<int> pairs_;     // page centering: the calibration's pairs (empty: none)
+  PageCenter center_;          // the layer's page centering (set by on_qkv)
   KeyTransform xf_;            // the layer's prepared key transform
   std::vector<float> k_orig_;  // keys before the key transform (when it has one)
   int layer_ = -1;             // the layer k_orig_ belongs to
@@ -112,7 +153,7 @@ bool SimHook::attention(int layer, const float* q, const float* k, const float* 
     return true;
   }
   std::vector<float> klo(nkv), vlo(nkv);
-  quantize_rows(m_, khi.data(), T, Hkv, d, false, layer, klo.data());
+  quantize_rows(m_, khi.data(), T, Hkv, d, false, layer, klo.data(), &center_, page_, first_position_);
   quantize_rows(m_, vhi.data(), T, Hkv, d, true, layer, vlo.data());
 
   std::vector<LoRange> lo(T);
@@ -280,7 +321,7 @@ LoRange quantized_range(const kv::KvMethod& m, int t, int page_size) {
 void simulate(model::DenseForward& fwd, const kv::KvMethod& m, std::span<const int32_t> tokens,
               int page_size, int score_from, std::vector<float>& hidden, LocalErrorSums* sums,
               int64_t first_position) {
-  SimHook hook(fwd, m, page_size, score_from, sums);
+  SimHook hook(fwd, m, page_size, score_from, sums, first_position);
   fwd.run(tokens, &hook, &hidden, first_position);
 }
 

@@ -38,8 +38,17 @@
 // always per-token rows. The CPU kernels (reference and optimized) read both
 // axes; the CUDA kernels read kToken only (check_decode, write_quant_tokens and
 // demote_pages reject kChannel).
+//
+// Page centering (optional, `center`; core/key_transform.h PageCenter): middle page i of
+// sequence b was quantized around the vector δ_h(t) of its centre position
+// t = mid_page_center(sink.len[b], i, page_size), so the key of a middle row is
+//   x̂ + δ_h(t),   δ_h(t) = Σ_s cos_s·u[h][s] + sin_s·w[h][s] − mu[h]
+// with (cos_s, sin_s) = center.angles[(mid.indptr[b] + i)*S + s] (center_angles). The
+// reference adds δ to the dequantized row; the fast kernels add the equal q·δ to the page's
+// logits. pairs == 0: no centering.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -70,6 +79,39 @@ struct QuantPagePool {
   uint16_t* v_params = nullptr;
 };
 
+struct MidCenter {
+  int pairs = 0;                  // S; 0 = none
+  const float* u = nullptr;       // [num_kv_heads][S][head_dim]
+  const float* w = nullptr;       // [num_kv_heads][S][head_dim]
+  const float* mu = nullptr;      // [num_kv_heads][head_dim]
+  const float* angles = nullptr;  // [mid.indptr[batch]][S][2] (cos, sin) per middle page
+};
+
+// Centre position of middle page i of a sequence whose sink holds sink_len tokens.
+inline double mid_page_center(int64_t sink_len, int64_t page_index, int page_size) {
+  return double(sink_len) + double(page_index) * page_size + 0.5 * (page_size - 1);
+}
+// (cos, sin) of θ_s · pos for S frequencies: cs [S][2]. Computed in double, stored as f32;
+// demotion and attention both read these values.
+inline void center_angles(const float* freq, int S, double pos, float* cs) {
+  for (int s = 0; s < S; ++s) {
+    const double a = double(freq[s]) * pos;
+    cs[2 * s] = static_cast<float>(std::cos(a));
+    cs[2 * s + 1] = static_cast<float>(std::sin(a));
+  }
+}
+// δ_h for angles cs [S][2]: out [head_dim] (fp64 accumulation).
+inline void center_offset(const MidCenter& c, int head_dim, int h, const float* cs, float* out) {
+  const int S = c.pairs, d = head_dim;
+  for (int k = 0; k < d; ++k) {
+    double acc = c.mu ? -double(c.mu[int64_t(h) * d + k]) : 0.0;
+    for (int s = 0; s < S; ++s)
+      acc += double(cs[2 * s]) * c.u[(int64_t(h) * S + s) * d + k] +
+             double(cs[2 * s + 1]) * c.w[(int64_t(h) * S + s) * d + k];
+    out[k] = static_cast<float>(acc);
+  }
+}
+
 struct PagedKvView {
   int batch = 0;
   int num_kv_heads = 0;
@@ -94,6 +136,7 @@ struct PagedKvView {
 
   // Declared last so that positional initializers of the fields above stay valid.
   KeyAxis key_axis = KeyAxis::kToken;
+  MidCenter center;  // page centering of the middle (see above); pairs == 0: none
 
   // fp16 elements of key params per (page, KV head), for either axis.
   int64_t key_params_per_page_head() const {
@@ -126,6 +169,10 @@ class KvBatch {
     v.sink = {sink_indptr.data(), sink_indices.data(), sink_len.data()};
     v.mid = {mid_indptr.data(), mid_indices.data(), mid_len.data()};
     v.recent = {recent_indptr.data(), recent_indices.data(), recent_len.data()};
+    if (centers && !centers->empty() && centers->at(l).pairs > 0) {
+      v.center = centers->at(l);
+      v.center.angles = mid_angles.data();
+    }
     return v;
   }
   int batch() const { return static_cast<int>(recent_len.size()); }
@@ -136,6 +183,9 @@ class KvBatch {
   std::vector<int32_t> recent_indptr, recent_indices, recent_len;
   const std::vector<Bf16PagePool>* bf16_pools = nullptr;   // [n_layers]
   const std::vector<QuantPagePool>* quant_pools = nullptr; // [n_layers] or null
+  // Page centering: per layer u / w / mu (angles unset) or null, and the batch's angle table.
+  const std::vector<MidCenter>* centers = nullptr;
+  std::vector<float> mid_angles;  // [mid_indices.size()][S][2]
 };
 
 }  // namespace oscar::kv

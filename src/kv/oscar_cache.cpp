@@ -54,6 +54,9 @@ OscarKvCache::OscarKvCache(const KvCacheShape& shape, std::shared_ptr<const Cali
   // What the page store applies per layer: the key transform and the clips.
   bool identity = calib_->composition == Composition::kNone, uniform_clip = true;
   std::vector<backend::LayerQuant> lq;
+  const std::vector<int> pairs = page_center_pairs(*calib_);
+  if (!pairs.empty() && kchan)
+    throw Error(fmt::format("{} kv cache: page centering needs per-token keys", opts_.label));
   for (const LayerCalibration& lc : calib_->layers) {
     if (lc.n_rot != 1 && lc.n_rot != shape_.num_kv_heads)
       throw Error(fmt::format("{} kv cache: calibration has {} rotations per layer for {} KV heads",
@@ -61,6 +64,8 @@ OscarKvCache::OscarKvCache(const KvCacheShape& shape, std::shared_ptr<const Cali
     identity = identity && !lc.has_key_transform();
     backend::LayerQuant& q = lq.emplace_back();
     q.xf = prepare_key_transform(lc, shape_.num_kv_heads, d);
+    q.center = prepare_page_center(*calib_, int(lq.size()) - 1, q.xf, pairs, shape_.num_kv_heads, d);
+    if (center_freq_.empty()) center_freq_ = q.center.freq;
     for (int h = 0; h < shape_.num_kv_heads; ++h) {
       q.k_clip.push_back(lc.k_clip_of(h));
       q.v_clip.push_back(lc.v_clip_of(h));
@@ -95,6 +100,8 @@ OscarKvCache::OscarKvCache(const KvCacheShape& shape, std::shared_ptr<const Cali
     bf16_pools_.push_back(store_->bf16_pool(l));
     quant_pools_.push_back(store_->quant_pool(l));
   }
+  if (!pairs.empty())
+    for (int l = 0; l < shape_.n_layers; ++l) centers_.push_back(store_->mid_center(l));
 }
 
 int64_t OscarKvCache::bf16_page_elems() const {
@@ -356,7 +363,8 @@ void OscarKvCache::place(SeqId seq, int pos, int n, backend::RowPlacement& rows)
 void OscarKvCache::demote_one(Seq& s) {
   const int32_t src = s.recent.front();
   const int32_t dst = quant_pool_.acquire();
-  store_->demote(src, dst);
+  // The page's first position: the middle starts after the sink (opts_.sink tokens).
+  store_->demote(src, dst, int64_t(opts_.sink) + s.mid_len);
   bf16_pool_.release(src);
   s.recent.erase(s.recent.begin());
   s.mid.push_back(dst);
@@ -443,6 +451,23 @@ void OscarKvCache::make_batch(std::span<const SeqId> seqs, std::span<const int> 
     out.sink_len.push_back(sink);
     out.mid_len.push_back(mid);
     out.recent_len.push_back(recent);
+  }
+  // Page centering: middle page i of every sequence has the same centre position.
+  out.centers = centers_.empty() ? nullptr : &centers_;
+  out.mid_angles.clear();
+  if (!centers_.empty()) {
+    const int S = int(center_freq_.size());
+    int most = 0;
+    for (int b = 0; b < B; ++b) most = std::max(most, out.mid_indptr[b + 1] - out.mid_indptr[b]);
+    for (int i = int(center_angles_.size() / (2 * size_t(S))); i < most; ++i) {
+      center_angles_.resize(center_angles_.size() + 2 * size_t(S));
+      center_angles(center_freq_.data(), S, mid_page_center(opts_.sink, i, ps),
+                    center_angles_.data() + size_t(i) * 2 * S);
+    }
+    out.mid_angles.reserve(out.mid_indices.size() * 2 * S + 1);
+    for (int b = 0; b < B; ++b)
+      out.mid_angles.insert(out.mid_angles.end(), center_angles_.begin(),
+                            center_angles_.begin() + size_t(out.mid_indptr[b + 1] - out.mid_indptr[b]) * 2 * S);
   }
   // Tables must never be null pointers, even when empty.
   for (auto* v : {&out.sink_indices, &out.mid_indices, &out.recent_indices})

@@ -126,6 +126,12 @@ class OscarKvCache : public KvCache {
   std::unique_ptr<backend::PageStore> store_;                    // the pages (host or device)
   std::vector<Bf16PagePool> bf16_pools_;
   std::vector<QuantPagePool> quant_pools_;
+  // Page centering (core/key_transform.h): per layer the store's u / w / mu, the pairs'
+  // frequencies, and the (cos, sin) of middle page i (positions sink + i·page + (page−1)/2,
+  // the same for every sequence), grown on demand by make_batch.
+  std::vector<MidCenter> centers_;
+  std::vector<float> center_freq_;
+  mutable std::vector<float> center_angles_;
   std::unordered_map<SeqId, Seq> seqs_;
   int64_t quant_promised_ = 0;  // sum of Seq::promised: quantized pages kept for commits
   SeqId next_id_ = 0;

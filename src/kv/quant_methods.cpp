@@ -56,10 +56,12 @@ std::vector<float> compose_from_u(std::vector<double> U, const float* eig, int d
 }
 
 std::shared_ptr<const Calibration> load_calibration(const std::string& path,
-                                                    const ModelFingerprint& model) {
+                                                    const ModelFingerprint& model,
+                                                    const std::vector<float>& rope_freq) {
   if (path.empty()) return nullptr;
   auto c = std::make_shared<Calibration>(read_calibration(path));
   check_calibration_matches(*c, model, path);
+  if (!rope_freq.empty()) check_calibration_rope(*c, rope_freq, path);
   c->source = path;
   return c;
 }
@@ -199,7 +201,7 @@ KvMethod resolve_base(const std::string& spec_in, const KvMethodOptions& opts) {
   if (path.empty())
     throw Error(fmt::format("kv method '{}' needs a calibration file (--calib FILE or {}=FILE)",
                             name, name));
-  auto c = load_calibration(path, fp);
+  auto c = load_calibration(path, fp, opts.rope_freq);
   if (name == "int2-raw-pca" && (c->key_target != KeyTarget::kRaw || c->value_target != ValueTarget::kRaw))
     throw Error(fmt::format("kv method int2-raw-pca: {} was calibrated with targets {}/{}, not "
                             "raw/raw (oscar calibrate --key-target raw --value-target raw)",

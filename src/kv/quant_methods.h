@@ -57,6 +57,7 @@ struct KvMethod {
 struct KvMethodOptions {
   std::string calib_path;  // the default calibration file for calibrated names
   ModelFingerprint model;  // calibrations are checked against it
+  std::vector<float> rope_freq;  // the model's RoPE frequencies: page centering is checked against them
   int sink = 64, recent = 256;
   int group_size = 128;
 };

@@ -258,3 +258,136 @@ TEST(KeyTransform, CalibrationFileRoundTripAndValidation) {
   EXPECT_THROW(read_calibration(path), Error);
   fs::remove(path);
 }
+
+// Page centering (core/key_transform.h PageCenter): keys whose offset ν turns with RoPE, fed at
+// positions spread over 40K. The calibrator recovers ν on the slow pairs (zero elsewhere, ~0 on
+// the head without an offset); the page centre RoPE_t(ν) removes the offset at every position,
+// where the fixed mean μ leaves most of it; the file keeps ν and the frequencies.
+TEST(PageCenter, CalibratorRecoversATurningOffsetAndFilesKeepIt) {
+  const int H = 2, Hq = 4, d = 32, half = d / 2, T = 100, chunks = 4;
+  std::vector<float> freq(half);
+  for (int j = 0; j < half; ++j) freq[j] = float(std::pow(10000.0, -2.0 * j / d));
+  // The offset on the slow pairs (those page centering follows) and a smaller one on two
+  // fast pairs, which it must leave alone.
+  std::vector<double> nu(d, 0.0);
+  for (int j = 0; j < half; ++j)
+    for (int c : {j, j + half}) nu[c] = freq[j] * 64.0 <= 1.0 ? 25.0 + 3.0 * (c % 7) : (j < 2 ? 5.0 : 0.0);
+  auto rope = [&](const double* x, double pos, double* out) {
+    for (int j = 0; j < half; ++j) {
+      const double a = freq[j] * pos;
+      out[j] = x[j] * std::cos(a) - x[j + half] * std::sin(a);
+      out[j + half] = x[j + half] * std::cos(a) + x[j] * std::sin(a);
+    }
+  };
+  std::mt19937_64 rng(5);
+  std::normal_distribution<double> N(0.0, 1.0);
+  CalibConfig cfg;
+  cfg.rope_freq = freq;
+  cfg.center_page = 64;
+  // center: every head (auto's post-RoPE offset share is diluted by positions this spread).
+  cfg.key_transform = KeyTransformMode::kCenter;
+  Calibrator cal(cfg, 1, Hq, H, d);
+  std::vector<std::vector<float>> kept;  // keys per chunk, for the residual check
+  std::vector<int64_t> starts;
+  for (int ch = 0; ch < chunks; ++ch) {
+    const int64_t p0 = int64_t(ch) * 10000;
+    std::vector<float> q(size_t(T) * Hq * d), k(size_t(T) * H * d), v(size_t(T) * H * d);
+    for (auto& x : q) x = float(N(rng));
+    for (auto& x : v) x = float(N(rng));
+    std::vector<double> pre(d), post(d);
+    for (int t = 0; t < T; ++t)
+      for (int h = 0; h < H; ++h) {
+        for (int c = 0; c < d; ++c) pre[c] = N(rng) + (h == 1 ? nu[c] : 0.0);
+        rope(pre.data(), double(p0 + t), post.data());
+        for (int c = 0; c < d; ++c) k[(size_t(t) * H + h) * d + c] = float(post[c]);
+      }
+    cal.add(0, q.data(), k.data(), v.data(), nullptr, T, p0);
+    kept.push_back(k);
+    starts.push_back(p0);
+  }
+  Calibration c = cal.finish();
+  ASSERT_TRUE(c.has_page_center());
+  EXPECT_EQ(c.rope_freq, freq);
+  const LayerCalibration& L = c.layers[0];
+  ASSERT_EQ(L.k_rope_mean.size(), size_t(H) * d);
+  const std::vector<int> pairs = page_center_pairs(c);
+  int slow = 0;
+  for (int j = 0; j < half; ++j) {
+    const bool is_slow = freq[j] * 64.0 <= 1.0;
+    slow += is_slow;
+    EXPECT_EQ(std::count(pairs.begin(), pairs.end(), j), is_slow ? 1 : 0) << "pair " << j;
+    for (int cc : {j, j + half}) {
+      EXPECT_NEAR(L.k_rope_mean[cc], 0.0, is_slow ? 0.3 : 0.0) << "head 0 has no offset";
+      if (is_slow)
+        EXPECT_NEAR(L.k_rope_mean[d + cc], nu[cc], 0.3) << "channel " << cc;
+      else
+        EXPECT_EQ(L.k_rope_mean[d + cc], 0.0f) << "channel " << cc;
+    }
+  }
+  EXPECT_GT(slow, 4);
+  EXPECT_LT(slow, half);
+  // Residual offset of head 1's keys at every chunk: with the page centre (as the cache stores
+  // them, (k − μ)M − δ) against the fixed mean only ((k − μ)M), on the slow pairs' energy.
+  const KeyTransform xf = prepare_key_transform(L, H, d);
+  const PageCenter pc = prepare_page_center(c, 0, xf, pairs, H, d);
+  ASSERT_EQ(pc.pairs(), int(pairs.size()));
+  std::vector<float> cs(2 * pairs.size()), delta(d);
+  double e_fixed = 0, e_page = 0;
+  for (int ch = 0; ch < chunks; ++ch)
+    for (int t = 0; t < T; ++t) {
+      const double pos = double(starts[ch] + t);
+      for (int s = 0; s < pc.pairs(); ++s) {
+        cs[2 * s] = float(std::cos(pc.freq[s] * pos));
+        cs[2 * s + 1] = float(std::sin(pc.freq[s] * pos));
+      }
+      // Head 1's stored row (k − μ_1)·M_K.
+      std::vector<float> row(d);
+      for (int x = 0; x < d; ++x) {
+        double acc = 0;
+        for (int i = 0; i < d; ++i)
+          acc += (double(kept[ch][(size_t(t) * H + 1) * d + i]) - xf.mean[d + i]) * xf.key_matrix(1)[size_t(i) * d + x];
+        row[x] = float(acc);
+      }
+      for (int x = 0; x < d; ++x) {
+        double dl = -pc.mu[d + x];
+        for (int s = 0; s < pc.pairs(); ++s)
+          dl += cs[2 * s] * pc.u[(size_t(1) * pc.pairs() + s) * d + x] + cs[2 * s + 1] * pc.w[(size_t(1) * pc.pairs() + s) * d + x];
+        delta[x] = float(dl);
+      }
+      // M_K = R is orthogonal (center, no scale): energies compare in either basis.
+      for (int x = 0; x < d; ++x) {
+        e_fixed += double(row[x]) * row[x];
+        e_page += double(row[x] - delta[x]) * (row[x] - delta[x]);
+      }
+    }
+  std::printf("turning offset: residual energy fixed mean %.4g, page centre %.4g\n", e_fixed, e_page);
+  EXPECT_LT(e_page, 0.25 * e_fixed);
+
+  // The file keeps ν and the frequencies (format version 3); a model with other RoPE
+  // frequencies is refused by name.
+  namespace fs = std::filesystem;
+  const std::string path =
+      (fs::temp_directory_path() / ("oscar_test_pc_" + std::to_string(::getpid()) + ".safetensors")).string();
+  c.model.n_layers = 1;
+  c.model.n_q_heads = Hq;
+  c.model.n_kv_heads = H;
+  c.model.head_dim = d;
+  c.group_size = 32;
+  write_calibration(c, path);
+  const Calibration r = read_calibration(path);
+  EXPECT_EQ(r.layers[0].k_rope_mean, L.k_rope_mean);
+  EXPECT_EQ(r.rope_freq, freq);
+  EXPECT_NO_THROW(check_calibration_rope(r, freq, path));
+  std::vector<float> other = freq;
+  other[3] *= 1.5f;
+  try {
+    check_calibration_rope(r, other, path);
+    FAIL() << "other RoPE frequencies accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("different RoPE"), std::string::npos) << e.what();
+  }
+  Calibration bad = c;
+  bad.rope_freq.pop_back();
+  EXPECT_THROW(write_calibration(bad, path), Error);
+  fs::remove(path);
+}

@@ -171,6 +171,34 @@ struct HostCache {
     for (int reg = 0; reg < 3; ++reg) *dr[reg] = {d_indptr[reg].ptr, d_indices[reg].ptr, d_len[reg].ptr};
   }
 
+  // Page centering (kernels/paged_kv.h MidCenter) on both views: S random pairs, centre
+  // vectors of scale `mag`, the angle table of every middle page.
+  std::vector<float> cu, cw, cmu, cfreq, cangles;
+  DeviceBuffer<float> d_cu, d_cw, d_cmu, d_cangles;
+  void add_center(int S, uint32_t seed, float mag = 1.0f) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> nd(0.0f, mag);
+    std::uniform_real_distribution<float> fr(0.0f, 0.05f);
+    cu.resize(size_t(hkv) * S * d);
+    cw.resize(cu.size());
+    cmu.resize(size_t(hkv) * d);
+    for (auto* v : {&cu, &cw, &cmu})
+      for (float& x : *v) x = nd(rng);
+    cfreq.resize(S);
+    for (float& f : cfreq) f = fr(rng);
+    cangles.assign(std::max<size_t>(1, size_t(indptr[1][batch]) * 2 * S), 0.0f);
+    for (int b = 0; b < batch; ++b)
+      for (int i = 0; i < indptr[1][b + 1] - indptr[1][b]; ++i)
+        kv::center_angles(cfreq.data(), S, kv::mid_page_center(len[0][b], i, page),
+                          cangles.data() + size_t(indptr[1][b] + i) * 2 * S);
+    d_cu = DeviceBuffer<float>(cu);
+    d_cw = DeviceBuffer<float>(cw);
+    d_cmu = DeviceBuffer<float>(cmu);
+    d_cangles = DeviceBuffer<float>(cangles);
+    host_view.center = {S, cu.data(), cw.data(), cmu.data(), cangles.data()};
+    dev_view.center = {S, d_cu.ptr, d_cw.ptr, d_cmu.ptr, d_cangles.ptr};
+  }
+
   kv::PagedKvView make_view(uint16_t* bk, uint16_t* bv, uint8_t* kc, uint8_t* vc, uint16_t* kp,
                             uint16_t* vp, std::vector<int32_t>* ip, std::vector<int32_t>* ix,
                             std::vector<int32_t>* ln) {

@@ -322,6 +322,38 @@ TEST(CudaCacheWrite, DemotionBitExact) {
   }
 }
 
+// Page centering: each demoted page's keys quantized around its centre δ_h (key_offset), as
+// the CPU reference does; bit-exact. Without the offset the key bytes differ (the test can fail).
+TEST(CudaCacheWrite, DemotionWithPageCentreBitExact) {
+  if (!test::have_gpu()) GTEST_SKIP() << "no GPU";
+  std::mt19937 rng(6);
+  for (const Shape& s : kShapes) {
+    const int npages = 5;
+    Pools host(s.d, s.hkv, s.page, s.group, npages);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (auto& x : host.bk) x = f32_to_bf16(nd(rng) + 6.0f);  // an offset the centre removes
+    for (auto& x : host.bv) x = f32_to_bf16(nd(rng));
+    DevPools dev(host);
+    const std::vector<int32_t> src = {3, 0, 4}, dst = {1, 4, 2};
+    const cpu::ClipRatios clip{0.96f, 0.92f};
+    std::vector<float> off(src.size() * s.hkv * s.d);
+    for (auto& x : off) x = 6.0f + 0.5f * nd(rng);
+    for (size_t i = 0; i < src.size(); ++i)
+      cpu::demote_page_ref(host.host(), src[i], dst[i], clip, -1, off.data() + i * s.hkv * s.d);
+    DeviceBuffer<int32_t> ds(src), dd(dst);
+    DeviceBuffer<float> doff(off);
+    OSCAR_CUDA_CHECK(demote_pages(dev.view(host), int(src.size()), ds.ptr, dd.ptr, clip, -1, nullptr, doff.ptr));
+    OSCAR_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_EQ(count_diff(dev.kc.download(), host.kc), 0u) << "d=" << s.d << " G=" << s.group;
+    EXPECT_EQ(count_diff(dev.kp.download(), host.kp), 0u);
+    EXPECT_EQ(count_diff(dev.vc.download(), host.vc), 0u);
+    EXPECT_EQ(count_diff(dev.vp.download(), host.vp), 0u);
+    OSCAR_CUDA_CHECK(demote_pages(dev.view(host), int(src.size()), ds.ptr, dd.ptr, clip, -1, nullptr));
+    OSCAR_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_GT(count_diff(dev.kp.download(), host.kp), 0u) << "the offset changed nothing";
+  }
+}
+
 TEST(CudaCacheWrite, RejectsBadArguments) {
   if (!test::have_gpu()) GTEST_SKIP() << "no GPU";
   Pools host(96, 1, 16, 32, 1);  // head_dim 96 unsupported

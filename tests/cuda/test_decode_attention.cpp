@@ -35,6 +35,7 @@ struct Case {
   const char* name;
   int fuse = -1;        // plan_decode's fuse_windows (1: the fused window + merge kernel wherever it can run)
   bool host_pages = true;  // the plan gets the host page table (DecodePlan::first_pages, v44)
+  int center_pairs = 0;    // page centering (HostCache::add_center); the plan then takes one page per chunk
 };
 
 int num_sms() {
@@ -108,6 +109,7 @@ Result run_case(const Case& c, uint32_t seed, bool bf16_kernel = false, int vari
                 int calls = 1) {
   const float k_scale = 1.5f;  // peaky softmax: logits with std ~1.5*|q|
   HostCache cache(c.seqs, c.hkv, c.d, c.page, c.group, seed, k_scale);
+  if (c.center_pairs > 0) cache.add_center(c.center_pairs, seed + 17);
   const int hq = c.hkv * c.gqa, batch = cache.batch;
   std::mt19937 rng(seed ^ 0x9e3779b9u);
   std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -123,8 +125,10 @@ Result run_case(const Case& c, uint32_t seed, bool bf16_kernel = false, int vari
                               lse_ref[call].data());
   }
 
-  DecodePlan plan =
-      plan_decode(batch, regions_of(cache, c.host_pages), c.hkv, num_sms(), c.tiles_per_chunk, 0, -1.0f, c.fuse);
+  DecodePlan plan = c.center_pairs > 0
+                        ? plan_decode(batch, regions_of(cache, c.host_pages), c.hkv, num_sms(), c.page / 16, 0, -1.0f, 0)
+                        : plan_decode(batch, regions_of(cache, c.host_pages), c.hkv, num_sms(), c.tiles_per_chunk, 0,
+                                      -1.0f, c.fuse);
   DecodeWorkspace ws = alloc_decode_workspace(std::max(plan.num_chunks, 1), batch, hq, c.d);
   std::vector<DeviceBuffer<float>> d_q, d_o, d_lse;
   for (int call = 0; call < calls; ++call) {
@@ -201,6 +205,33 @@ TEST(CudaDecode, MixedRegionsDefaultShape) {
 // The fused window + merge kernel (v27) on the same shapes, forced where the
 // planner would not choose it: every head dim, GQA and loop variant, forced
 // chunking (many middle chunks to merge), plain launches, repeated calls.
+// Page centering: every middle page's logits shift by q̃·δ (kernels/paged_kv.h); the GPU adds
+// the shift per one-page chunk in the merge, the CPU reference adds δ to the rows (shifts of a
+// few logits: a GPU path that dropped them would fail). A plan with middle chunks longer than a
+// page, or a view without its angle table, is refused.
+TEST(CudaDecode, PageCenteredMiddle) {
+  if (!test::have_gpu()) GTEST_SKIP() << "no GPU";
+  for (int d : {64, 128})
+    for (int gqa : {1, 4, 6}) {
+      Case c{d, d == 64 ? 64 : 128, gqa, 2, 64, mixed_seqs(64), 0, "page centering"};
+      c.center_pairs = 3 + gqa;
+      for (int variant : {0, 1}) expect_ok(c, 71 + gqa, false, variant);
+    }
+  // Refusals: a middle chunk longer than a page, or fused windows.
+  HostCache cache({{64, 1000, 300}}, 2, 128, 64, 128, 5);
+  cache.add_center(4, 9);
+  DecodeWorkspace ws = alloc_decode_workspace(64, 1, 8, 128);
+  DeviceBuffer<float> q(8 * 128), o(8 * 128);
+  DecodeParams p = params_for(cache, q.ptr, 8, 0.1f, o.ptr, nullptr);
+  const DecodePlan ok = plan_decode(1, regions_of(cache), 2, num_sms(), 4, 0, -1.0f, 0);
+  EXPECT_EQ(check_decode(p, ok, ws), "");
+  const DecodePlan wide = plan_decode(1, regions_of(cache), 2, num_sms(), 8, 0, -1.0f, 0);
+  EXPECT_NE(check_decode(p, wide, ws).find("within one page"), std::string::npos);
+  p.kv.center.angles = nullptr;
+  EXPECT_NE(check_decode(p, ok, ws).find("angle table"), std::string::npos);
+  free_decode_workspace(ws);
+}
+
 TEST(CudaDecode, FusedWindowsAndMerge) {
   if (!test::have_gpu()) GTEST_SKIP() << "no GPU";
   uint32_t seed = 900;

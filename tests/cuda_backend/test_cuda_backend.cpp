@@ -228,6 +228,10 @@ kv::KvMethod oscar_method(const model::ModelWeights& w, const CalibConfig& cfg) 
   m.kind = kv::KvMethod::Kind::kRow;
   m.calib = std::make_shared<Calibration>(
       eval::calibrate_model(w, random_tokens(384, w.cfg.vocab_size, 7), cfg, o));
+  // With every head centred, page centering exactly when asked for.
+  if (cfg.key_transform == KeyTransformMode::kCenterScale) {
+    EXPECT_EQ(m.calib->has_page_center(), cfg.page_center);
+  }
   m.bits = 2;
   m.group_size = 64;
   m.sink = 16;
@@ -329,9 +333,19 @@ TEST_P(CudaForward, OscarCacheMatchesCpu) {
   check_oscar_cache(GetParam(), paper_attn_output());
 }
 
+// With page centering (every head centred, chunk positions known: the calibration has ν), so
+// the device's per-page demotion centres, prefill gather and decode merge shifts all act.
 TEST_P(CudaForward, OscarRecommendedWithKeyTransformMatchesCpu) {
   SKIP_WITHOUT_GPU();
   check_oscar_cache(GetParam(), recommended_center_scale());
+}
+
+// The key transform alone (fixed mean, no page centres).
+TEST_P(CudaForward, OscarKeyTransformWithoutPageCentreMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  CalibConfig cfg = recommended_center_scale();
+  cfg.page_center = false;
+  check_oscar_cache(GetParam(), cfg);
 }
 
 INSTANTIATE_TEST_SUITE_P(Archs, CudaForward,

@@ -280,6 +280,84 @@ TEST(DecodeAttention, MatchesReferenceAcrossShapesAndRegions) {
   EXPECT_GT(cases, 100);
 }
 
+// Page centering: every middle key is x̂ + δ_h(t) of its page. The reference against the dense
+// softmax over those keys, then every optimized kernel (per-page partials) against the
+// reference, across shapes, GQA, pages and splits.
+TEST(DecodeAttentionRef, PageCenteredMiddleMatchesDense) {
+  std::mt19937 rng(31);
+  for (int d : {64, 128}) {
+    CacheSpec s;
+    s.d = d;
+    s.group = d == 64 ? 32 : 128;
+    s.page = 16;
+    s.hkv = 2;
+    s.center_pairs = 5;
+    s.sink = {5, 16, 0};
+    s.mid = {37, 48, 0};
+    s.recent = {9, 1, 3};
+    const int hq = 4;
+    TestCache tc = make_cache(s, rng);
+    const int B = tc.batch();
+    auto q = random_vec(rng, size_t(B) * hq * d, 1.0f);
+    std::vector<float> o(q.size(), NAN), lse(size_t(B) * hq, NAN);
+    const float sm = 1.0f / std::sqrt(float(d));
+    decode_attention_ref(tc.view, q.data(), hq, sm, o.data(), lse.data());
+    // Without the centre the result must differ (the test can fail).
+    kv::PagedKvView plain = tc.view;
+    plain.center = {};
+    std::vector<float> o_plain(q.size(), NAN), lse_plain(size_t(B) * hq, NAN);
+    decode_attention_ref(plain, q.data(), hq, sm, o_plain.data(), lse_plain.data());
+    double moved = 0;
+    std::vector<double> ref(d);
+    for (int b = 0; b < B; ++b)
+      for (int g = 0; g < hq; ++g) {
+        const int idx = b * hq + g;
+        const double l = test::dense_attention(q.data() + size_t(idx) * d, tc.K[b].data(), tc.V[b].data(),
+                                               tc.total(b), s.hkv, g / (hq / s.hkv), d, sm, ref.data());
+        EXPECT_TRUE(close(lse[idx], l, kRefTol, kRefTol)) << describe(s, hq) << " lse " << lse[idx] << " vs " << l;
+        for (int c = 0; c < d; ++c)
+          ASSERT_TRUE(close(o[size_t(idx) * d + c], ref[c], kRefTol, kRefTol)) << describe(s, hq) << " b=" << b;
+        if (s.mid[b] > 0) moved = std::max(moved, double(std::fabs(lse[idx] - lse_plain[idx])));
+      }
+    EXPECT_GT(moved, 0.5) << "the centre did not change the logits";
+  }
+}
+
+TEST(DecodeAttention, PageCenteredMatchesReference) {
+  std::mt19937 rng(37);
+  const std::vector<std::vector<int>> patterns = {{0, 33, 0}, {4, 49, 7}, {16, 64, 16}, {3, 65, 1}, {64, 129, 33}, {2, 0, 3}};
+  int cases = 0;
+  for (int d : {64, 128, 256})
+    for (int bits : {2, 4})
+      for (int page : {16, 64})
+        for (int gqa : {1, 3, 8, 12}) {
+          CacheSpec s;
+          s.d = d;
+          s.group = d == 64 ? 32 : 64;
+          s.bits = bits;
+          s.page = page;
+          s.hkv = gqa >= 8 || d == 256 ? 1 : 2;
+          s.center_pairs = 1 + cases % 6;
+          set_two_sequences(s, patterns[cases % patterns.size()], patterns[(cases * 5 + 3) % patterns.size()]);
+          check_decode_case(s, s.hkv * gqa, rng);
+          if (HasFatalFailure()) return;
+          ++cases;
+        }
+  EXPECT_GE(cases, 48);
+  // Long middle: many splits per KV head, each split several pages.
+  CacheSpec s;
+  s.page = 64;
+  s.center_pairs = 8;
+  s.sink = {64, 3};
+  s.mid = {2880, 64};
+  s.recent = {300, 0};
+  for (int threads : {1, 3}) {
+    set_num_threads(threads);
+    check_decode_case(s, 12, rng);
+  }
+  set_num_threads(0);
+}
+
 TEST(DecodeAttention, LongContextAndManySplits) {
   // Long middle (many splits per KV head, several threads), batch 3 with
   // very different lengths, GQA 12 (two query sets per KV head).
@@ -580,7 +658,7 @@ void check_prefill(const PrefillCase& pc, std::mt19937& rng, bool check_dense) {
     std::vector<float> o(q.size(), NAN);
     prefill_attention(tc.view, 0, pc.cached, q.data(), kn.data(), vn.data(), n, hq, sm, o.data());
     for (size_t i = 0; i < o.size(); ++i)
-      ASSERT_TRUE(close(o[i], o_ref[i], kOptAbs, kOptRel)) << k->name << " " << what << " o[" << i << "]";
+      ASSERT_TRUE(close(o[i], o_ref[i], kOptAbs, kOptRel)) << k->name << " " << what << " o[" << i << "] " << o[i] << " vs " << o_ref[i];
   }
 }
 
@@ -599,6 +677,31 @@ TEST(PrefillAttentionRef, MatchesDenseCausalSoftmax) {
     pc.n = 13;
     check_prefill(pc, rng, /*check_dense=*/true);
   }
+}
+
+TEST(PrefillAttention, PageCenteredMiddleMatchesDenseAndReference) {
+  // Cached middle pages with page centering: reference vs dense (keys x̂ + δ), then every
+  // optimized kernel vs the reference, over several cached lengths and shapes.
+  std::mt19937 rng(29);
+  for (int d : {64, 128})
+    for (int gqa : {1, 4}) {
+      PrefillCase pc;
+      pc.spec.d = d;
+      pc.spec.group = d == 64 ? 32 : 128;
+      pc.spec.hkv = 2;
+      pc.spec.page = 16;
+      pc.spec.center_pairs = 3;
+      pc.spec.sink = {6};
+      pc.spec.mid = {40};
+      pc.spec.recent = {11};
+      pc.hq = 2 * gqa;
+      for (int cached : {6, 30, 57}) {
+        pc.cached = cached;
+        pc.n = 9;
+        check_prefill(pc, rng, /*check_dense=*/true);
+        if (HasFatalFailure()) return;
+      }
+    }
 }
 
 TEST(PrefillAttention, MatchesReferenceAcrossShapes) {

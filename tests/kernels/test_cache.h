@@ -26,6 +26,9 @@ struct CacheSpec {
   // past the region's end are filled too (their params cover them); spans
   // wholly past it keep NaN params.
   bool key_channel = false;
+  // Page centering (paged_kv.h MidCenter): `center_pairs` random pairs with large random
+  // u / w / mu, so a kernel that ignores the centre is far off. 0 = none.
+  int center_pairs = 0;
   std::vector<int> sink, mid, recent;  // per sequence (sizes define the batch)
 };
 
@@ -38,6 +41,7 @@ struct TestCache {
   std::vector<uint8_t> kc, vc;                   // quantized codes
   std::vector<uint16_t> kp, vp;                  // quantized params
   std::vector<int32_t> indptr[3], idx[3], len[3];  // sink, mid, recent
+  std::vector<float> cu, cw, cmu, cfreq, cangles;  // page centering (spec.center_pairs > 0)
   kv::PagedKvView view;
   // Dense copy as the kernels must see it: [b] -> [T_b][hkv][d].
   std::vector<std::vector<float>> K, V;
@@ -166,6 +170,37 @@ inline TestCache make_cache(const CacheSpec& spec, std::mt19937& rng) {
   v.quant = {tc.kc.data(), tc.vc.data(), tc.kp.data(), tc.vp.data()};
   kv::RegionTable* regs[3] = {&v.sink, &v.mid, &v.recent};
   for (int r = 0; r < 3; ++r) *regs[r] = {tc.indptr[r].data(), tc.idx[r].data(), tc.len[r].data()};
+  if (spec.center_pairs > 0) {
+    // Random centre vectors and frequencies; the dense copy's middle keys get + δ_h(t).
+    const int S = spec.center_pairs;
+    std::normal_distribution<float> big(0.0f, 1.0f);
+    std::uniform_real_distribution<float> fr(0.0f, 0.05f);
+    tc.cu.resize(size_t(H) * S * d);
+    tc.cw.resize(tc.cu.size());
+    tc.cmu.resize(size_t(H) * d);
+    for (auto* vec : {&tc.cu, &tc.cw, &tc.cmu})
+      for (float& x : *vec) x = big(rng);
+    for (int i = 0; i < S; ++i) tc.cfreq.push_back(fr(rng));
+    tc.cangles.assign(size_t(std::max<int32_t>(1, tc.indptr[1][B])) * S * 2, 0.0f);
+    v.center.pairs = S;
+    v.center.u = tc.cu.data();
+    v.center.w = tc.cw.data();
+    v.center.mu = tc.cmu.data();
+    v.center.angles = tc.cangles.data();
+    std::vector<float> delta(d);
+    for (int b = 0; b < B; ++b)
+      for (int pi = 0; pi < tc.indptr[1][b + 1] - tc.indptr[1][b]; ++pi) {
+        float* cs = tc.cangles.data() + size_t(tc.indptr[1][b] + pi) * S * 2;
+        kv::center_angles(tc.cfreq.data(), S, kv::mid_page_center(spec.sink[b], pi, P), cs);
+        for (int h = 0; h < H; ++h) {
+          kv::center_offset(v.center, d, h, cs, delta.data());
+          for (int i = pi * P; i < std::min(spec.mid[b], (pi + 1) * P); ++i) {
+            float* row = tc.K[b].data() + (size_t(spec.sink[b] + i) * H + h) * d;
+            for (int c = 0; c < d; ++c) row[c] += delta[c];
+          }
+        }
+      }
+  }
   return tc;
 }
 

@@ -276,9 +276,9 @@ def main():
             mutate(d)
         return Case(name, what, make, gen + ["-m", P(name)], expect)
 
-    def calib_case(name, what, mutate, expect):
+    def calib_case(name, what, mutate, expect, src="calib.safetensors"):
         def make():
-            shutil.copy(P("calib.safetensors"), P(name + ".safetensors"))
+            shutil.copy(P(src), P(name + ".safetensors"))
             mutate(P(name + ".safetensors"))
         return Case(name, what, make,
                     gen + ["-m", P("model.gguf"), "--kv", "oscar", "--calib", P(name + ".safetensors")], expect)
@@ -343,6 +343,16 @@ def main():
               "--positions", "-5", "-o", P("calib-bad.safetensors")], "--positions"),
         Case("control-calib", "generate with that calibration", lambda: None,
              gen + ["-m", P("model.gguf"), "--kv", "oscar", "--calib", P("calib.safetensors")], None, control=True),
+        # Every head centred: the file has page centering (k_rope_mean, rope_freq; format 3).
+        Case("control-calibrate-pc", "calibrate with --key-transform center (page centering)",
+             lambda: None, ["calibrate", "-q", "-m", P("model.gguf"), "--text", P("calib.txt"), "--tokens", "128",
+                            "--chunk", "64", "--key-transform", "center", "-o", P("calib-pc.safetensors")], None,
+             control=True),
+        Case("control-calib-pc", "generate with that calibration", lambda: None,
+             gen + ["-m", P("model.gguf"), "--kv", "oscar", "--calib", P("calib-pc.safetensors")], None, control=True),
+        Case("calibrate-bad-page-center", "calibrate with --page-center maybe", lambda: None,
+             ["calibrate", "-q", "-m", P("model.gguf"), "--text", P("calib.txt"), "--tokens", "128",
+              "--page-center", "maybe", "-o", P("calib-bad.safetensors")], "--page-center"),
         dump_case("control-dump", "valid activation dump", dump_tensors(), None),
         # ---- GGUF ----
         raw_case("gguf-empty", "empty file", lambda b: b"", "truncated"),
@@ -446,6 +456,17 @@ def main():
                    lambda p: st_set_floats(p, "layers.0.v_rotation", lambda v: [2 * x for x in v]), "orthogonal"),
         calib_case("calib-clip-range", "clip ratio 1.5",
                    lambda p: st_set_floats(p, "layers.0.k_clip", lambda v: [1.5] * len(v)), "clip"),
+        calib_case("calib-pc-other-rope", "page centering for other RoPE frequencies",
+                   lambda p: st_set_floats(p, "rope_freq", lambda v: [x * 0.5 for x in v]), "different RoPE",
+                   src="calib-pc.safetensors"),
+        calib_case("calib-pc-rope-range", "a RoPE frequency of 9",
+                   lambda p: st_set_floats(p, "rope_freq", lambda v: [9.0] + v[1:]), "rope_freq",
+                   src="calib-pc.safetensors"),
+        calib_case("calib-pc-nan-mean", "NaN in a page-centering mean",
+                   lambda p: st_set_floats(p, "layers.0.k_rope_mean", lambda v: [float("nan")] + v[1:]),
+                   "non-finite", src="calib-pc.safetensors"),
+        calib_case("calib-pc-old-version", "page centering in a file that says format version 2",
+                   lambda p: set_meta(p, "format_version", "2"), "format version 3", src="calib-pc.safetensors"),
         calib_case("calib-format", "format metadata of another file kind",
                    lambda p: set_meta(p, "format", "something-else"), "format"),
         # ---- activation dumps ----

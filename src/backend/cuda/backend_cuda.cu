@@ -136,6 +136,18 @@ class CudaPageStore final : public PageStore {
           throw Error(spec_.label + ": per-head clip ratios are not supported by the CUDA kernels "
                                  "(run this calibration on the CPU backend)");
       L.clip = {lq.k_clip[0], lq.v_clip[0]};
+      if (!lq.center.empty()) {
+        // Page centering: u / w / mu on the device for the attention, the host copy for the
+        // demotions' per-page centres (computed here, uploaded per flush).
+        L.center = lq.center;
+        const size_t uw = L.center.u.size() * 4, mu = L.center.mu.size() * 4;
+        L.cu = DevMem(uw);
+        L.cw = DevMem(uw);
+        L.cmu = DevMem(mu);
+        check(cudaMemcpy(L.cu.p, L.center.u.data(), uw, cudaMemcpyHostToDevice), "upload");
+        check(cudaMemcpy(L.cw.p, L.center.w.data(), uw, cudaMemcpyHostToDevice), "upload");
+        check(cudaMemcpy(L.cmu.p, L.center.mu.data(), mu, cudaMemcpyHostToDevice), "upload");
+      }
       if (!lq.identity) {
         L.n = lq.xf.n;
         const size_t mat = size_t(lq.xf.n) * d * d;
@@ -164,10 +176,22 @@ class CudaPageStore final : public PageStore {
           "write_bf16_tokens");
   }
 
-  void demote(int32_t src, int32_t dst) override {
+  kv::MidCenter mid_center(int l) const override {
+    kv::MidCenter c;
+    if (q_.empty() || q_.at(l).center.empty()) return c;
+    const Layer& L = q_[l];
+    c.pairs = L.center.pairs();
+    c.u = L.cu.as<float>();
+    c.w = L.cw.as<float>();
+    c.mu = L.cmu.as<float>();
+    return c;
+  }
+
+  void demote(int32_t src, int32_t dst, int64_t first_pos) override {
     if (q_.empty()) throw Error(spec_.label + ": demotion before set_quant");
     pending_.push_back(src);
     pending_.push_back(dst);
+    pending_pos_.push_back(first_pos);
   }
 
   void copy_bf16_page(int32_t from, int32_t to) override {
@@ -211,6 +235,8 @@ class CudaPageStore final : public PageStore {
     int n = 1;
     DevMem key, query, mean;
     kernels::cuda::ClipRatios clip;
+    PageCenter center;    // page centering (host), empty: none
+    DevMem cu, cw, cmu;   // its u / w / mu on the device
   };
 
   void upload_rows(const RowPlacement& rows) {
@@ -236,19 +262,48 @@ class CudaPageStore final : public PageStore {
       staging_[n + i] = pending_[2 * i + 1];
     }
     pending_.clear();
+    const std::vector<int64_t> pos = std::move(pending_pos_);
+    pending_pos_.clear();
     demote_dev_.ensure(2 * n * 4);
     check(cudaMemcpyAsync(demote_dev_.p, staging_.data(), 2 * n * 4, cudaMemcpyHostToDevice, st_),
           "demotion upload");
-    for (int l = 0; l < spec_.n_layers; ++l)
+    const int d = spec_.head_dim, H = spec_.num_kv_heads, ps = spec_.page_size;
+    for (int l = 0; l < spec_.n_layers; ++l) {
+      // Page centering: each page's key centre δ_h (kernels/paged_kv.h), as the host store.
+      const float* off = nullptr;
+      const Layer& L = q_[l];
+      if (!L.center.empty()) {
+        const int S = L.center.pairs();
+        kv::MidCenter mc;
+        mc.pairs = S;
+        mc.u = L.center.u.data();
+        mc.w = L.center.w.data();
+        mc.mu = L.center.mu.data();
+        offset_host_.resize(n * H * d);
+        std::vector<float> cs(2 * size_t(S));
+        for (size_t i = 0; i < n; ++i) {
+          kv::center_angles(L.center.freq.data(), S, double(pos[i]) + 0.5 * (ps - 1), cs.data());
+          for (int h = 0; h < H; ++h) kv::center_offset(mc, d, h, cs.data(), offset_host_.data() + (i * H + h) * d);
+        }
+        offset_dev_.ensure(offset_host_.size() * 4);
+        check(cudaMemcpyAsync(offset_dev_.p, offset_host_.data(), offset_host_.size() * 4, cudaMemcpyHostToDevice,
+                              st_),
+              "page centre upload");
+        off = offset_dev_.as<float>();
+      }
       check(kernels::cuda::demote_pages(layer_view(l), int(n), demote_dev_.as<int32_t>(),
-                                        demote_dev_.as<int32_t>() + n, q_[l].clip, -1, st_),
+                                        demote_dev_.as<int32_t>() + n, L.clip, -1, st_, off),
             "demote_pages");
+    }
   }
 
   cudaStream_t st_;
   std::vector<DevMem> k_, v_, kc_, vc_, kp_, vp_;
   std::vector<Layer> q_;
   std::vector<int32_t> pending_;  // (src, dst) pairs
+  std::vector<int64_t> pending_pos_;  // first position of each pending page
+  std::vector<float> offset_host_;    // page centres of one flush, [n][Hkv][d]
+  DevMem offset_dev_;
   std::vector<int32_t> staging_;
   DevMem rows_dev_, demote_dev_;
   uint64_t rows_epoch_ = 0;
@@ -257,9 +312,10 @@ class CudaPageStore final : public PageStore {
 
 // Device copies of one KvBatch's region tables (the same for every layer).
 struct DeviceTables {
-  DevMem mem;
+  DevMem mem, angles_mem;
   kv::RegionTable sink, mid, recent;
   std::vector<int32_t> host;
+  const float* angles = nullptr;  // page centering: the batch's middle-page angles (device)
   int batch = 0;
 
   void upload(const kv::KvBatch& b, cudaStream_t st) {
@@ -278,11 +334,19 @@ struct DeviceTables {
     sink = {d + off[0], d + off[1], d + off[2]};
     mid = {d + off[3], d + off[4], d + off[5]};
     recent = {d + off[6], d + off[7], d + off[8]};
+    angles = nullptr;
+    if (!b.mid_angles.empty()) {
+      angles_mem.ensure(b.mid_angles.size() * 4);
+      check(cudaMemcpyAsync(angles_mem.p, b.mid_angles.data(), b.mid_angles.size() * 4, cudaMemcpyHostToDevice, st),
+            "angle table upload");
+      angles = angles_mem.as<float>();
+    }
   }
   kv::PagedKvView apply(kv::PagedKvView v) const {
     v.sink = sink;
     v.mid = mid;
     v.recent = recent;
+    if (v.center.pairs > 0) v.center.angles = angles;
     return v;
   }
 };
@@ -494,7 +558,12 @@ class CudaBackend final : public Backend {
       hr.indptr[0] = dec.sink_indptr.data();
       hr.indptr[1] = dec.mid_indptr.data();
       hr.indptr[2] = dec.recent_indptr.data();
-      plan_ = kernels::cuda::plan_decode(dec.batch(), hr, dec.base.num_kv_heads, num_sms_);
+      // Page centering: one middle page per chunk (the merge shifts each chunk by its page's
+      // centre term, kernels/cuda/decode_attention.h), no fused windows.
+      const bool centered = dec.centers && !dec.mid_angles.empty();
+      plan_ = centered ? kernels::cuda::plan_decode(dec.batch(), hr, dec.base.num_kv_heads, num_sms_,
+                                                    dec.base.page_size / 16, 0, -1.0f, 0)
+                       : kernels::cuda::plan_decode(dec.batch(), hr, dec.base.num_kv_heads, num_sms_);
       have_plan_ = true;
       plan_uploaded_ = false;
     }

@@ -139,6 +139,16 @@ __global__ void gather_kv_k(kv::PagedKvView kv, int b, int L, const float* k_new
       const uint8_t* vc = kv.quant.v_codes + row * cb;
       kx = f16_to_f32(kv.quant.k_params[po + 1]) +
            float(get_code(kc, c, kv.group_size, kv.bits)) * f16_to_f32(kv.quant.k_params[po]);
+      if (kv.center.pairs > 0) {
+        // Page centering (kernels/paged_kv.h): the key is x̂ + δ_h(t) of its page.
+        const int S = kv.center.pairs;
+        const float* cs = kv.center.angles + (int64_t(kv.mid.indptr[b]) + r / ps) * 2 * S;
+        float dl = kv.center.mu ? -kv.center.mu[int64_t(h) * d + c] : 0.0f;
+        for (int s = 0; s < S; ++s)
+          dl += cs[2 * s] * kv.center.u[(int64_t(h) * S + s) * d + c] +
+                cs[2 * s + 1] * kv.center.w[(int64_t(h) * S + s) * d + c];
+        kx += dl;
+      }
       vx = f16_to_f32(kv.quant.v_params[po + 1]) +
            float(get_code(vc, c, kv.group_size, kv.bits)) * f16_to_f32(kv.quant.v_params[po]);
     }

@@ -160,6 +160,10 @@ void widen_rows(const kv::PagedKvView& kv, const kv::RegionTable& r, bool quanti
   const int d = kv.head_dim, n = i1 - i0, B = detail::kBlock;
   std::fill(kt, kt + size_t((n + B - 1) / B) * d * B, 0.0f);
   std::vector<float> krow(d);
+  // Page centering: middle keys are x̂ + δ_h(t) of their page (paged_kv.h).
+  const bool centered = quantized && kv.center.pairs > 0;
+  std::vector<float> delta(centered ? d : 0);
+  int delta_page = -1;
   for (int i = i0; i < i1; ++i) {
     const int32_t page = detail::region_page(r, kv, b, i);
     const int slot = i % kv.page_size;
@@ -194,6 +198,15 @@ void widen_rows(const kv::PagedKvView& kv, const kv::RegionTable& r, bool quanti
               out[g * G + q * per_lane + j] = mn + float((gb[j] >> (bits * q)) & mask) * sc;
         }
       }
+      if (centered) {
+        const int pi = i / kv.page_size;
+        if (pi != delta_page) {
+          center_offset(kv.center, d, h, kv.center.angles + int64_t(r.indptr[b] + pi) * kv.center.pairs * 2,
+                        delta.data());
+          delta_page = pi;
+        }
+        for (int c = 0; c < d; ++c) krow[c] += delta[c];
+      }
     } else {
       const int64_t off = kv.bf16_row_offset(page, h, slot);
       for (int c = 0; c < d; ++c) {
@@ -209,6 +222,61 @@ void widen_rows(const kv::PagedKvView& kv, const kv::RegionTable& r, bool quanti
 struct DecodeItem {
   int b, h, region, i0, i1;
 };
+
+// Middle rows [i0, i1) (page-aligned) of sequence b, KV head h, with page centering: each page
+// is a separate softmax partial whose logits all move by q·δ_h(t) (paged_kv.h), merged into
+// the running state (m, l, acc) of the group's `group` pre-scaled queries q [group][d]. The
+// shift is Σ_s A_s cos_s + B_s sin_s − C with A_s = q·u[h][s], B_s = q·w[h][s], C = q·mu[h],
+// computed once per query: S multiply-adds per page instead of a d-vector.
+void centered_middle(const kv::PagedKvView& kv, const RowKernels& K, int b, int h, int i0, int i1,
+                     int group, const float* q, float* m, float* l, float* acc) {
+  const int d = kv.head_dim, S = kv.center.pairs, ps = kv.page_size;
+  std::vector<double> coef(size_t(group) * (2 * S + 1));
+  for (int g = 0; g < group; ++g) {
+    const float* qg = q + int64_t(g) * d;
+    double* cf = coef.data() + size_t(g) * (2 * S + 1);
+    for (int s = 0; s < S; ++s) {
+      const float* u = kv.center.u + (int64_t(h) * S + s) * d;
+      const float* w = kv.center.w + (int64_t(h) * S + s) * d;
+      double a = 0, bb = 0;
+      for (int c = 0; c < d; ++c) a += double(qg[c]) * u[c], bb += double(qg[c]) * w[c];
+      cf[2 * s] = a;
+      cf[2 * s + 1] = bb;
+    }
+    double cc = 0;
+    if (kv.center.mu)
+      for (int c = 0; c < d; ++c) cc += double(qg[c]) * kv.center.mu[int64_t(h) * d + c];
+    cf[2 * S] = cc;
+  }
+  std::vector<float> tm(group), tl(group), tacc(size_t(group) * d);
+  for (int p0 = i0; p0 < i1; p0 += ps) {
+    const int p1 = std::min(i1, p0 + ps);
+    std::fill(tm.begin(), tm.end(), kNegInf);
+    std::fill(tl.begin(), tl.end(), 0.0f);
+    std::fill(tacc.begin(), tacc.end(), 0.0f);
+    const RegionRows rr{&kv, &kv.mid, true, b, h, p0, p1, 0};
+    for (int s = 0; s < num_sets(group); ++s) {
+      const int g0 = set_begin(group, s), g1 = set_begin(group, s + 1);
+      QuerySet set{g1 - g0, q + int64_t(g0) * d, nullptr, tm.data() + g0, tl.data() + g0,
+                   tacc.data() + int64_t(g0) * d};
+      K.region(rr, set);
+    }
+    const float* cs = kv.center.angles + (int64_t(kv.mid.indptr[b]) + p0 / ps) * S * 2;
+    for (int g = 0; g < group; ++g) {
+      const double* cf = coef.data() + size_t(g) * (2 * S + 1);
+      double off = -cf[2 * S];
+      for (int s = 0; s < S; ++s) off += cf[2 * s] * cs[2 * s] + cf[2 * s + 1] * cs[2 * s + 1];
+      const float mt = tm[g] + float(off);
+      const float mx = std::max(m[g], mt);
+      const float a = std::exp2(m[g] - mx), bt = std::exp2(mt - mx);
+      l[g] = l[g] * a + tl[g] * bt;
+      float* ag = acc + int64_t(g) * d;
+      const float* tg = tacc.data() + int64_t(g) * d;
+      for (int c = 0; c < d; ++c) ag[c] = ag[c] * a + tg[c] * bt;
+      m[g] = mx;
+    }
+  }
+}
 
 }  // namespace
 
@@ -263,11 +331,15 @@ void decode_attention(const kv::PagedKvView& kv, const float* q, int num_q_heads
     std::fill(m, m + group, kNegInf);
     std::fill(l, l + group, 0.0f);
     std::fill(acc, acc + int64_t(group) * d, 0.0f);
+    const float* qh = qs.data() + (int64_t(w.b) * num_q_heads + w.h * group) * d;
+    if (w.region == 1 && kv.center.pairs > 0) {
+      centered_middle(kv, K, w.b, w.h, w.i0, w.i1, group, qh, m, l, acc);
+      return;
+    }
     const RegionRows rr{&kv, regions[w.region], w.region == 1, w.b, w.h, w.i0, w.i1, 0};
     for (int s = 0; s < num_sets(group); ++s) {
       const int g0 = set_begin(group, s), g1 = set_begin(group, s + 1);
-      QuerySet set{g1 - g0, qs.data() + (int64_t(w.b) * num_q_heads + w.h * group + g0) * d, nullptr,
-                   m + g0, l + g0, acc + int64_t(g0) * d};
+      QuerySet set{g1 - g0, qh + int64_t(g0) * d, nullptr, m + g0, l + g0, acc + int64_t(g0) * d};
       K.region(rr, set);
     }
   });

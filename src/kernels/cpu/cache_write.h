@@ -67,9 +67,11 @@ void write_quant_tokens(const kv::PagedKvView& kv, int n, const int32_t* pages,
 // Per-channel keys: each channel's 32 values of each span quantized as one
 // group (core/quantizer.h quantize_row, group 32), codes packed into the rows;
 // num_tokens must then be a multiple of 32.
+// key_offset ([num_kv_heads][head_dim] f32, or nullptr) is subtracted from every key row
+// before the clip: the page's centre δ_h(t) under page centering (paged_kv.h).
 void demote_page_ref(const kv::PagedKvView& kv, int32_t bf16_page, int32_t quant_page,
-                     ClipRatios clip, int num_tokens = -1);
+                     ClipRatios clip, int num_tokens = -1, const float* key_offset = nullptr);
 void demote_page(const kv::PagedKvView& kv, int32_t bf16_page, int32_t quant_page, ClipRatios clip,
-                 int num_tokens = -1);
+                 int num_tokens = -1, const float* key_offset = nullptr);
 
 }  // namespace oscar::kernels::cpu

@@ -125,9 +125,11 @@ void write_quant_tokens_ref(const kv::PagedKvView& kv, int n, const int32_t* pag
 }
 
 void demote_page_ref(const kv::PagedKvView& kv, int32_t bf16_page, int32_t quant_page,
-                     ClipRatios clip, int num_tokens) {
+                     ClipRatios clip, int num_tokens,
+                     const float* key_offset) {
   num_tokens = detail::check_demote(kv, bf16_page, quant_page, clip.k, num_tokens, "demote_page_ref");
   const bool kchan = kv.key_axis == kv::KeyAxis::kChannel;
+  if (kchan && key_offset) throw Error("demote_page: page centering needs per-token keys");
   const int d = kv.head_dim;
   std::vector<float> row(d);
   if (kchan)
@@ -139,6 +141,8 @@ void demote_page_ref(const kv::PagedKvView& kv, int32_t bf16_page, int32_t quant
       for (int value = kchan ? 1 : 0; value < 2; ++value) {
         const uint16_t* src = (value ? kv.bf16.v : kv.bf16.k) + kv.bf16_row_offset(bf16_page, h, s);
         for (int c = 0; c < d; ++c) row[c] = bf16_to_f32(src[c]);
+        if (!value && key_offset)
+          for (int c = 0; c < d; ++c) row[c] -= key_offset[int64_t(h) * d + c];
         quantize_into(kv, row.data(), value ? clip.v : clip.k, value, quant_page, h, s);
       }
 }

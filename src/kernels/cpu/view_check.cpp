@@ -52,6 +52,13 @@ void check_format(const kv::PagedKvView& kv, const char* who) {
   if (kv.key_axis == kv::KeyAxis::kChannel && kv.page_size % kv::kKeySpan != 0)
     fail(who, "per-channel keys need a page_size that is a multiple of " +
                   std::to_string(kv::kKeySpan) + " (got " + std::to_string(kv.page_size) + ")");
+  if (kv.center.pairs < 0 || kv.center.pairs > kv.head_dim / 2)
+    fail(who, "page centering with " + std::to_string(kv.center.pairs) + " pairs for head_dim " +
+                  std::to_string(kv.head_dim));
+  if (kv.center.pairs > 0 && (!kv.center.u || !kv.center.w))
+    fail(who, "page centering without its u / w vectors");
+  if (kv.center.pairs > 0 && kv.key_axis == kv::KeyAxis::kChannel)
+    fail(who, "page centering needs per-token keys");
 }
 
 void check_slots(const kv::PagedKvView& kv, int n, const int32_t* pages, const int32_t* slots,
@@ -103,6 +110,8 @@ void check_view(const kv::PagedKvView& kv, int num_q_heads, const char* who) {
   check_region(kv, kv.sink, "sink", bf16_ok, who);
   check_region(kv, kv.mid, "middle", quant_ok, who);
   check_region(kv, kv.recent, "recent", bf16_ok, who);
+  if (kv.center.pairs > 0 && kv.batch > 0 && kv.mid.indptr[kv.batch] > 0 && !kv.center.angles)
+    fail(who, "page centering without the middle pages' angle table");
 }
 
 }  // namespace oscar::kernels::cpu::detail

@@ -377,6 +377,7 @@ struct DemoteArgs {
   const int32_t* bf16_pages;
   const int32_t* quant_pages;
   int clip_idx_k, clip_idx_v;
+  const float* key_offset;  // [num_pages][Hkv][D] or nullptr (page centering)
 };
 
 // Rows are (page p, head h, slot s, K/V).
@@ -406,6 +407,11 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock) demote_kernel(const Demote
   float y[D / 32];
 #pragma unroll
   for (int c = 0; c < D / 32; ++c) y[c] = bf16_to_f32(src[lane + 32 * c]);
+  if (!is_v && a.key_offset) {
+    const float* off = a.key_offset + (int64_t(p) * Hkv + h) * D;
+#pragma unroll
+    for (int c = 0; c < D / 32; ++c) y[c] -= off[lane + 32 * c];
+  }
   const int64_t qr = pool_row(a.kv, dst_page, h, s);
   uint8_t* codes = (is_v ? a.kv.quant.v_codes : a.kv.quant.k_codes) + qr * (D / 4);
   uint16_t* params = (is_v ? a.kv.quant.v_params : a.kv.quant.k_params) + qr * (D / a.kv.group_size) * 2;
@@ -516,13 +522,14 @@ cudaError_t write_bf16_tokens(const kv::PagedKvView& kv, int n, const int32_t* p
 
 cudaError_t demote_pages(const kv::PagedKvView& kv, int num_pages, const int32_t* bf16_pages,
                          const int32_t* quant_pages, ClipRatios clip, int num_tokens,
-                         cudaStream_t stream) {
-  return demote_pages_dependent(kv, num_pages, bf16_pages, quant_pages, clip, num_tokens, false, stream);
+                         cudaStream_t stream, const float* key_offset) {
+  return demote_pages_dependent(kv, num_pages, bf16_pages, quant_pages, clip, num_tokens, false, stream,
+                                key_offset);
 }
 
 cudaError_t demote_pages_dependent(const kv::PagedKvView& kv, int num_pages, const int32_t* bf16_pages,
                                    const int32_t* quant_pages, ClipRatios clip, int num_tokens,
-                                   bool programmatic, cudaStream_t stream) {
+                                   bool programmatic, cudaStream_t stream, const float* key_offset) {
   // Per-channel key params (kivi2) are not implemented here: per-token only.
   if (!format_ok(kv) || kv.bits != 2 || num_pages < 0 || kv.key_axis != kv::KeyAxis::kToken)
     return cudaErrorInvalidValue;
@@ -533,7 +540,7 @@ cudaError_t demote_pages_dependent(const kv::PagedKvView& kv, int num_pages, con
       !kv.quant.v_codes || !kv.quant.k_params || !kv.quant.v_params)
     return cudaErrorInvalidValue;
   DemoteArgs a{kv, num_pages, num_tokens, bf16_pages, quant_pages,
-               clip_index_host(kv.head_dim, clip.k), clip_index_host(kv.head_dim, clip.v)};
+               clip_index_host(kv.head_dim, clip.k), clip_index_host(kv.head_dim, clip.v), key_offset};
   const int64_t rows = int64_t(num_pages) * kv.num_kv_heads * num_tokens * 2;
   const dim3 grid(blocks_for(rows)), block(32 * kRowsPerBlock);
   switch (kv.head_dim) {

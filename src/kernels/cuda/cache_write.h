@@ -75,14 +75,16 @@ cudaError_t write_bf16_tokens_dependent(const kv::PagedKvView& kv, int n, const 
 // Demotes BF16 pages bf16_pages[i] -> quantized pages quant_pages[i] (all KV
 // heads, K and V, slots [0, num_tokens); num_tokens < 0 means full pages).
 //   bf16_pages, quant_pages: [num_pages] int32 device arrays
+//   key_offset: [num_pages][Hkv][d] f32 device or nullptr: subtracted from the key rows
+//               before the clip (page centering, kernels/paged_kv.h; CPU demote_page)
 cudaError_t demote_pages(const kv::PagedKvView& kv, int num_pages, const int32_t* bf16_pages,
                          const int32_t* quant_pages, ClipRatios clip, int num_tokens,
-                         cudaStream_t stream);
+                         cudaStream_t stream, const float* key_offset = nullptr);
 
 // As demote_pages; `programmatic` as for write_bf16_tokens_dependent.
 // decode_attention uses it for DecodeParams::demote.
 cudaError_t demote_pages_dependent(const kv::PagedKvView& kv, int num_pages, const int32_t* bf16_pages,
                                    const int32_t* quant_pages, ClipRatios clip, int num_tokens,
-                                   bool programmatic, cudaStream_t stream);
+                                   bool programmatic, cudaStream_t stream, const float* key_offset = nullptr);
 
 }  // namespace oscar::kernels::cuda

@@ -1800,7 +1800,8 @@ template <int D>
 __global__ void __launch_bounds__(32 * kMergeWarps) merge_kernel(const int32_t* seq_chunk_ptr,
                                                                 const float* partial_o,
                                                                 const float* partial_lse,
-                                                                int num_q_heads, float* o, float* lse) {
+                                                                int num_q_heads, float* o, float* lse,
+                                                                const float* chunk_bias) {
   constexpr int V = D / 32, U = 4;
   __shared__ float s_m[kMergeWarps];
   __shared__ float s_l[kMergeWarps];
@@ -1819,7 +1820,7 @@ __global__ void __launch_bounds__(32 * kMergeWarps) merge_kernel(const int32_t* 
     for (int u = 0; u < U; ++u) {
       const int cu = c + u * kMergeWarps;
       const int64_t row = int64_t(cu < c1 ? cu : c) * num_q_heads + hq;
-      wt[u] = cu < c1 ? partial_lse[row] : -INFINITY;
+      wt[u] = cu < c1 ? partial_lse[row] + (chunk_bias ? chunk_bias[row] : 0.0f) : -INFINITY;
       const float* po = partial_o + row * D + lane * V;
       if constexpr (V % 4 == 0) {
 #pragma unroll
@@ -1875,6 +1876,50 @@ __global__ void __launch_bounds__(32 * kMergeWarps) merge_kernel(const int32_t* 
   }
   if (lse && tid == 0) lse[orow] = Lt != 0.0f ? (Mt + log2f(Lt)) * 0.6931471805599453f : -INFINITY;
   OSCAR_TRACE_END(2);
+}
+
+// Page centering (kernels/paged_kv.h MidCenter): the logits of middle page i of sequence b
+// move by q̃·δ_h(t_i) = Σ_s A_s cos_s + B_s sin_s − C. With one page per middle chunk
+// (check_decode), that is a shift of the chunk's partial lse, added by merge_kernel.
+// center_coef_kernel: per (sequence, query head) A_s = q̃·u[h][s], B_s = q̃·w[h][s],
+// C = q̃·mu[h] into coef [batch][Hq][2S+1] (one warp per dot product).
+template <int D>
+__global__ void __launch_bounds__(128) center_coef_kernel(const float* q, int num_q_heads, int gqa,
+                                                          kv::MidCenter c, float* coef) {
+  const int b = blockIdx.x, hq = blockIdx.y, h = hq / gqa, S = c.pairs;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const float* qr = q + (int64_t(b) * num_q_heads + hq) * D;
+  float* out = coef + (int64_t(b) * num_q_heads + hq) * (2 * S + 1);
+  for (int i = warp; i < 2 * S + 1; i += 4) {
+    const float* v = i == 2 * S ? (c.mu ? c.mu + int64_t(h) * D : nullptr)
+                                : ((i & 1) ? c.w : c.u) + (int64_t(h) * S + i / 2) * D;
+    float acc = 0.0f;
+    if (v)
+      for (int k = lane; k < D; k += 32) acc += qr[k] * v[k];
+#pragma unroll
+    for (int o = 16; o; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    if (lane == 0) out[i] = acc;
+  }
+}
+
+// chunk_bias [chunk id][Hq]: the log2-domain shift of each chunk's partial (0 for window
+// chunks). One block per launch-order entry (upload_plan's table).
+__global__ void __launch_bounds__(128) chunk_bias_kernel(const int4* chunks, int tiles_per_page, int num_q_heads,
+                                                         int S, const float* angles, const float* coef,
+                                                         float scale_log2, float* bias) {
+  const int4 c = chunks[2 * blockIdx.x], c2 = chunks[2 * blockIdx.x + 1];
+  const int b = c.x & 0xffffff, region = c.x >> 24, t0 = c.y, id = c.w;
+  for (int hq = threadIdx.x; hq < num_q_heads; hq += blockDim.x) {
+    float v = 0.0f;
+    if (region == 1) {
+      const float* cs = angles + (int64_t(c2.x) + t0 / tiles_per_page) * 2 * S;
+      const float* cf = coef + (int64_t(b) * num_q_heads + hq) * (2 * S + 1);
+      float acc = -cf[2 * S];
+      for (int s = 0; s < S; ++s) acc += cf[2 * s] * cs[2 * s] + cf[2 * s + 1] * cs[2 * s + 1];
+      v = acc * scale_log2;
+    }
+    bias[int64_t(id) * num_q_heads + hq] = v;
+  }
 }
 
 // Rotation of query rows: one block per row, D threads.
@@ -2054,7 +2099,18 @@ cudaError_t launch(const DecodeParams& p, const DecodePlan& plan, const DecodeWo
   const int nq = plan.num_quant_chunks, nb = plan.num_chunks - plan.num_quant_chunks;
   bool launched = false;
   const bool pdl = p.pdl != 0;
+  const bool centered = p.kv.center.pairs > 0 && nq > 0;
   OSCAR_DISPATCH_HEAD_DIM(p.kv.head_dim, D, {
+    if (centered) {
+      // Page centering: each chunk's shift, before the middle launch (plain launches: the
+      // merge, later in the stream, reads it after its dependency wait).
+      center_coef_kernel<D><<<dim3(p.kv.batch, p.num_q_heads), 128, 0, stream>>>(p.q, p.num_q_heads, a.gqa,
+                                                                                p.kv.center, ws.center_coef);
+      chunk_bias_kernel<<<plan.num_chunks, 128, 0, stream>>>(a.chunks, p.kv.page_size / kTileTokens, p.num_q_heads,
+                                                           p.kv.center.pairs, p.kv.center.angles, ws.center_coef,
+                                                           a.sm_scale_log2, ws.chunk_bias);
+      OSCAR_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    }
     if (nq > 0) {
       OSCAR_DISPATCH_GROUP(p.kv.group_size, D, G, {
         a.first = 0;
@@ -2099,7 +2155,7 @@ cudaError_t launch(const DecodeParams& p, const DecodePlan& plan, const DecodeWo
                                               stream, static_cast<const int32_t*>(ws.seq_chunk_ptr),
                                               static_cast<const float*>(ws.partial_o),
                                               static_cast<const float*>(ws.partial_lse), p.num_q_heads,
-                                              p.o, p.lse)));
+                                              p.o, p.lse, static_cast<const float*>(centered ? ws.chunk_bias : nullptr))));
     return cudaGetLastError();
   });
   return cudaErrorInvalidValue;
@@ -2354,6 +2410,9 @@ DecodeWorkspace alloc_decode_workspace(int capacity, int max_batch, int max_q_he
     OSCAR_CUDA_CHECK(
         cudaMalloc(&ws.partial_o, sizeof(float) * size_t(capacity) * max_q_heads * head_dim));
     OSCAR_CUDA_CHECK(cudaMalloc(&ws.partial_lse, sizeof(float) * size_t(capacity) * max_q_heads));
+    OSCAR_CUDA_CHECK(
+        cudaMalloc(&ws.center_coef, sizeof(float) * size_t(max_batch) * max_q_heads * (head_dim + 1)));
+    OSCAR_CUDA_CHECK(cudaMalloc(&ws.chunk_bias, sizeof(float) * size_t(capacity) * max_q_heads));
     // The write's flags (one per block: KV head, K/V, 32 channels); the heads
     // are bounded by the q heads.
     const size_t flags = size_t(max_batch) * max_q_heads * 2 * std::max(head_dim / 32, 1);
@@ -2381,6 +2440,8 @@ void free_decode_workspace(DecodeWorkspace& ws) {
   cudaFree(ws.first_pages);
   cudaFree(ws.partial_o);
   cudaFree(ws.partial_lse);
+  cudaFree(ws.center_coef);
+  cudaFree(ws.chunk_bias);
   cudaFree(ws.step_sync);
   ws = DecodeWorkspace{};
 }
@@ -2519,6 +2580,15 @@ std::string check_decode(const DecodeParams& p, const DecodePlan& plan, const De
   if (reinterpret_cast<uintptr_t>(kv.quant.k_codes) % 16 || reinterpret_cast<uintptr_t>(kv.bf16.k) % 16 ||
       reinterpret_cast<uintptr_t>(kv.bf16.v) % 16 || reinterpret_cast<uintptr_t>(kv.quant.v_codes) % 16)
     return who + "pools must be 16-byte aligned";
+  if (kv.center.pairs > 0 && plan.num_quant_chunks > 0) {
+    const int tpp = kv.page_size / kTileTokens;
+    if (kv.center.pairs > kv.head_dim / 2 || !kv.center.u || !kv.center.w || !kv.center.angles)
+      return who + "page centering without its vectors or angle table (or more pairs than head_dim / 2)";
+    if (plan.fused_windows || plan.tiles_per_chunk_quant <= 0 || tpp % plan.tiles_per_chunk_quant != 0)
+      return who + "page centering needs a plan whose middle chunks stay within one page and no fused "
+                   "windows (plan_decode with tiles_per_chunk = page_size / 16, fuse_windows = 0)";
+    if (!ws.center_coef || !ws.chunk_bias) return who + "workspace without the page-centering buffers";
+  }
   if (p.write.n < 0) return who + "write.n < 0";
   if (p.demote.n < 0) return who + "demote.n < 0";
   if (p.demote.n > 0) {

@@ -172,6 +172,9 @@ struct DecodeWorkspace {
   float* partial_o = nullptr;        // [capacity][max_q_heads][head_dim]
   float* partial_lse = nullptr;      // [capacity][max_q_heads] (log2 domain)
   int32_t* first_pages = nullptr;    // [capacity][4]: DecodePlan::first_pages in launch order
+  float* center_coef = nullptr;      // [max_batch][max_q_heads][head_dim + 1]: page centering's
+                                     // per-query coefficients (A_s, B_s, C)
+  float* chunk_bias = nullptr;       // [capacity][max_q_heads]: each chunk's log2 shift (page centering)
   uint32_t* step_sync = nullptr;     // [max_batch][max_q_heads][2][head_dim / 32], zeroed once:
                                      // the step write's per-block flags (DecodeParams::write, v42);
                                      // nullptr: the window tiles wait for the write launch's
