@@ -2588,6 +2588,9 @@ std::string check_decode(const DecodeParams& p, const DecodePlan& plan, const De
       return who + "page centering needs a plan whose middle chunks stay within one page and no fused "
                    "windows (plan_decode with tiles_per_chunk = page_size / 16, fuse_windows = 0)";
     if (!ws.center_coef || !ws.chunk_bias) return who + "workspace without the page-centering buffers";
+    if (p.demote.n > 0)
+      return who + "step demotions (DecodeParams::demote) do not take page centres; demote with "
+                   "demote_pages(..., key_offset) instead";
   }
   if (p.write.n < 0) return who + "write.n < 0";
   if (p.demote.n < 0) return who + "demote.n < 0";
