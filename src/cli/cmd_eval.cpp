@@ -139,7 +139,8 @@ const oscar::cli::Registrar reg({"eval", "Accuracy of KV cache methods vs BF16 (
   app.add_option("--text", o->text, "Held-out evaluation text");
   app.add_option("--windows", o->windows, "Disjoint text windows per context length")->capture_default_str();
   app.add_option("--plot", o->plot, "Write a plot (PNG) through scripts/plot_eval.py");
-  app.add_option("--weights", o->weights, "Weight dtype of the simulation: f32 | bf16")->capture_default_str();
+  app.add_option("--weights", o->weights, "Weight dtype of the simulation (or of the engine with --device): f32 | bf16")
+      ->capture_default_str();
   app.add_option("--first-position", o->first_position,
                  "RoPE position of each window's first token (a 4K window at 28672 holds the phases of a "
                  "32K context's end; the BF16 reference does not change)")
@@ -148,6 +149,12 @@ const oscar::cli::Registrar reg({"eval", "Accuracy of KV cache methods vs BF16 (
   app.add_option("--score-from", o->score_from,
                  "First scored position (default: sink + recent + page, the first query that "
                  "sees quantized history)");
+  auto* o_device = app.add_option(
+      "--device", o->device,
+      "Evaluate through the real engine on this backend (cpu, cuda, cuda:N): each window prefilled in "
+      "--chunk steps with every position's logits (ppl, KL, top-1; no local errors). Without it: the "
+      "CPU simulation (all metrics)");
+  auto* o_chunk = app.add_option("--chunk", o->chunk, "With --device: prefill tokens per engine step (default 256)");
   CLI::App* passkey = app.add_subcommand("passkey", "Passkey retrieval through the real engine");
   add_common(*passkey, *pk);
   pk->ctx = "1024,2048";
@@ -174,7 +181,7 @@ const oscar::cli::Registrar reg({"eval", "Accuracy of KV cache methods vs BF16 (
       ->capture_default_str();
   app.require_subcommand(0, 1);
 
-  return [o, pk, ag, passkey, agree]() -> int {
+  return [o, pk, ag, passkey, agree, o_device, o_chunk]() -> int {
     using namespace oscar;
     if (passkey->parsed()) {
       Loaded L = load(*pk);
@@ -227,6 +234,39 @@ const oscar::cli::Registrar reg({"eval", "Accuracy of KV cache methods vs BF16 (
     }
     if (o->text.empty()) throw Error("eval: --text FILE is required");
     const auto t0 = std::chrono::steady_clock::now();
+    if (o_device->count()) {
+      // The real engine (eval.h, evaluate_engine).
+      if (o->first_position != 0)
+        throw Error("eval: --first-position is a simulation option (the engine's positions start at 0)");
+      Loaded L = load(*o);
+      eval::EngineEvalOptions eo;
+      eo.ctx = parse_ints(o->ctx, "--ctx");
+      eo.windows = o->windows;
+      eo.page_size = o->page;
+      eo.score_from = o->score_from;
+      eo.chunk = o_chunk->count() ? o->chunk : 256;
+      eo.device = o->device;
+      eo.weights = backend::weight_dtype_from_string(o->weights);
+      eo.threads = o->threads;
+      const auto tokens = tokenize_file(o->model, o->text);
+      auto r = eval::evaluate_engine(L.w, L.methods, tokens, eo, progress_fn(o->quiet));
+      if (!o->quiet) std::fprintf(stderr, "\n");
+      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::printf("%s", eval::format_table(r).c_str());
+      std::printf("(%s; %s; %d window(s) per context; engine on %s, prefill chunks of %d, %s weights; scored "
+                  "positions >= %s; local errors not measured in this mode; %.1f s)\n",
+                  L.w.cfg.name.c_str(), o->text.c_str(), o->windows, o->device.c_str(), eo.chunk,
+                  backend::to_string(eo.weights),
+                  o->score_from >= 0 ? std::to_string(o->score_from).c_str() : "sink+recent+page", secs);
+      if (!o->json.empty()) {
+        nlohmann::json extra = {{"model", o->model}, {"calib", o->calib}, {"text", o->text},
+                                {"sink", o->sink}, {"recent", o->recent}, {"page", o->page},
+                                {"mode", "engine"}, {"device", o->device}, {"chunk", eo.chunk},
+                                {"seconds", secs}};
+        write_file(o->json, eval::to_json(r, extra.dump()));
+      }
+      return 0;
+    }
     Loaded L = load(*o);
     eval::EvalOptions eo;
     eo.ctx = parse_ints(o->ctx, "--ctx");

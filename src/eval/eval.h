@@ -95,6 +95,30 @@ void simulate(model::DenseForward& fwd, const kv::KvMethod& m, std::span<const i
               int page_size, int score_from, std::vector<float>& hidden, LocalErrorSums* sums,
               int64_t first_position = 0);
 
+// Teacher-forced evaluation through the real engine (model/forward.h over each method's
+// paged cache, on `device`: "cpu", "cuda" or "cuda:N"): every window is prefilled in chunks of
+// `chunk` tokens with the logits of every position. A chunk's queries read the earlier chunks
+// as the cache holds them (sink / INT2 middle / recent) and their own chunk in full precision,
+// which is what a serving engine computes for a prompt; with chunk = 1 it is the token-by-token
+// decode the simulation equals (tests/eval). The reference is the engine with the BF16 cache.
+// Gives ppl, KL and top-1 (and bpe); the local errors need the simulation and stay 0. What it
+// adds: contexts the CPU simulation cannot reach (32K+ on a GPU). The positions start at 0.
+struct EngineEvalOptions {
+  std::vector<int> ctx = {2048};
+  int windows = 1;
+  int page_size = 64;
+  int score_from = -1;  // -1 = sink + recent + page of the first quantized method
+  int chunk = 256;      // prefill tokens per engine step
+  std::string device = "cpu";
+  backend::WeightDtype weights = backend::WeightDtype::kBf16;
+  int threads = 0;
+};
+std::vector<EvalResult> evaluate_engine(const model::ModelWeights& w,
+                                        const std::vector<kv::KvMethod>& methods,
+                                        const std::vector<int32_t>& tokens,
+                                        const EngineEvalOptions& opts,
+                                        const EvalProgress& progress = nullptr);
+
 // Table (fixed-width text) and JSON of results.
 std::string format_table(const std::vector<EvalResult>& r);
 std::string to_json(const std::vector<EvalResult>& r, const std::string& extra_json_fields = "");

@@ -363,3 +363,51 @@ TEST(OscarCalib, RecomposedAblationsAreOrthogonalAndConsistent) {
 
 }  // namespace
 }  // namespace oscar
+
+namespace oscar {
+namespace {
+
+// The engine evaluation (eval.h, evaluate_engine) with one-token steps is the token-by-token
+// decode, which the simulation equals (above): the same ppl, KL and top-1 as evaluate() on the
+// same window. The BF16 engine against itself: KL 0, top-1 1. Longer chunks read their own
+// rows in full precision: a different (here lower) KL, so the chunk really changes the path.
+TEST(EngineEval, OneTokenStepsEqualTheSimulation) {
+  auto w = model::random_weights(model::tiny_config(model::Arch::kQwen2), 8);
+  for (size_t i = 0; i < w.layers[0].bk.data.size(); i += 5) w.layers[0].bk.data[i] += 30.0f;
+  const kv::KvMethod m = row_method(tiny_calibration(w, Granularity::kHead));
+  kv::KvMethod bf16;
+  bf16.label = "bf16";
+  const std::vector<kv::KvMethod> methods = {bf16, m};
+  const auto tokens = random_tokens(kT, w.cfg.vocab_size, 11);
+  eval::EvalOptions so;
+  so.ctx = {kT};
+  so.page_size = kPage;
+  so.threads = 1;
+  const auto sim = eval::evaluate(w, methods, tokens, so);
+  eval::EngineEvalOptions eo;
+  eo.ctx = {kT};
+  eo.page_size = kPage;
+  eo.chunk = 1;
+  eo.weights = backend::WeightDtype::kF32;
+  eo.threads = 1;
+  const auto eng = eval::evaluate_engine(w, methods, tokens, eo);
+  ASSERT_EQ(sim.size(), 2u);
+  ASSERT_EQ(eng.size(), 2u);
+  EXPECT_EQ(eng[0].kl, 0.0);
+  EXPECT_EQ(eng[0].top1, 1.0);
+  EXPECT_EQ(eng[1].positions, sim[1].positions);
+  EXPECT_GT(sim[1].kl, 1e-4);  // the INT2 middle is read (else the comparison proves nothing)
+  EXPECT_NEAR(eng[0].ppl, sim[0].ppl, 1e-3 * sim[0].ppl);
+  EXPECT_NEAR(eng[1].ppl, sim[1].ppl, 1e-3 * sim[1].ppl);
+  EXPECT_NEAR(eng[1].kl, sim[1].kl, 0.05 * sim[1].kl);
+  EXPECT_NEAR(eng[1].top1, sim[1].top1, 0.02);
+  EXPECT_EQ(eng[1].bpe, sim[1].bpe);
+  eo.chunk = 64;
+  const auto eng64 = eval::evaluate_engine(w, methods, tokens, eo);
+  EXPECT_NE(eng64[1].kl, eng[1].kl);
+  eo.chunk = 0;
+  EXPECT_THROW(eval::evaluate_engine(w, methods, tokens, eo), Error);
+}
+
+}  // namespace
+}  // namespace oscar
