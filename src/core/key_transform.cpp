@@ -69,6 +69,10 @@ PageCenter prepare_page_center(const Calibration& c, int layer, const KeyTransfo
   if (!L.k_rope_mean.empty() && L.k_rope_mean.size() != size_t(H) * d)
     throw Error(fmt::format("page centering: layer {} k_rope_mean has {} values, expected {} x {}", layer,
                             L.k_rope_mean.size(), H, d));
+  // A layer without any ν gets none (its pages keep the fixed μ and no per-page work).
+  bool any = false;
+  for (float x : L.k_rope_mean) any = any || x != 0.0f;
+  if (!any) return pc;
   pc.d = d;
   pc.n_kv_heads = H;
   pc.pair = pairs;

@@ -58,7 +58,7 @@ struct PageCenter {
 // frequencies. Empty without page centering.
 std::vector<int> page_center_pairs(const Calibration& c);
 // Layer `layer`'s page centering over `pairs` (page_center_pairs(c)); an empty PageCenter when
-// `pairs` is empty. Throws oscar::Error on sizes that do not match.
+// `pairs` is empty or the layer has no ν. Throws oscar::Error on sizes that do not match.
 PageCenter prepare_page_center(const Calibration& c, int layer, const KeyTransform& xf,
                                const std::vector<int>& pairs, int n_kv_heads, int d);
 

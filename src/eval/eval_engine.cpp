@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <vector>
 
 #include "core/error.h"
 #include "engine/session.h"
@@ -31,14 +32,12 @@ std::vector<EvalResult> evaluate_engine(const model::ModelWeights& w,
         break;
       }
   }
-  // One engine per method and the BF16 reference, all alive, so that each chunk's reference
-  // log-probabilities are computed once and compared with every method's at once.
+  // The BF16 reference engine stays; the methods' engines are made one at a time (host
+  // memory: a 1.5B model's engine is ~3 GB in BF16), each run in lockstep with the reference
+  // so that each chunk's reference log-probabilities serve the method's KL without being stored.
   kv::KvMethod bf16;
   bf16.label = "bf16";
-  std::vector<engine::PreparedModel> eng;
-  eng.push_back(engine::prepare_model(w, bf16, opts.device, opts.weights, opts.threads));
-  for (const kv::KvMethod& m : methods)
-    eng.push_back(engine::prepare_model(w, m, opts.device, opts.weights, opts.threads));
+  engine::PreparedModel ref = engine::prepare_model(w, bf16, opts.device, opts.weights, opts.threads);
 
   const size_t C = opts.ctx.size();
   std::vector<double> ref_nll(C, 0);
@@ -46,64 +45,61 @@ std::vector<EvalResult> evaluate_engine(const model::ModelWeights& w,
   std::vector<std::vector<double>> nll(M, std::vector<double>(C, 0)), kl = nll, top1 = nll;
   std::vector<double> logp;
   std::vector<float> lr, lm;
-  for (size_t ci = 0; ci < C; ++ci) {
-    const int ctx = opts.ctx[ci];
-    for (int win = 0; win < opts.windows; ++win) {
-      const int32_t* seq = tokens.data() + int64_t(win) * ctx;
-      // A fresh cache per engine and window.
-      std::vector<std::unique_ptr<kv::KvCache>> caches;
-      std::vector<kv::SeqId> ids;
-      for (int e = 0; e <= M; ++e) {
-        const kv::KvMethod& km = e == 0 ? bf16 : methods[size_t(e - 1)];
-        model::Model& mdl = *eng[size_t(e)].model;
-        caches.push_back(kv::make_method_cache(km, mdl.cache_shape(opts.page_size),
-                                               int64_t(ctx) + opts.chunk + 2 * opts.page_size, false,
-                                               eng[size_t(e)].backend->page_store_factory()));
-        ids.push_back(caches.back()->create());
-      }
-      for (int t0 = 0; t0 < ctx; t0 += opts.chunk) {
-        const int n = std::min(opts.chunk, ctx - t0);
-        if (progress)
-          progress(fmt::format("ctx {} window {}: tokens {}-{} of {}", ctx, win + 1, t0, t0 + n, ctx));
-        auto step = [&](int e, std::vector<float>& out) {
-          const model::SeqStep st{ids[size_t(e)], std::span<const int32_t>(seq + t0, size_t(n)), true};
-          eng[size_t(e)].model->forward(std::span<const model::SeqStep>(&st, 1), *caches[size_t(e)], out);
-          if (out.size() != size_t(n) * V)
-            throw Error(fmt::format("eval: engine returned {} logits for {} tokens", out.size(), n));
-        };
-        step(0, lr);
-        // Scored rows of this chunk: position t predicts t + 1.
-        const int r0 = std::max(t0, score_from), r1 = std::min(t0 + n, ctx - 1);
-        if (r1 <= r0) {
-          for (int e = 1; e <= M; ++e) step(e, lm);  // the caches advance all the same
-          continue;
+  for (int mi = 0; mi < M; ++mi) {
+    const kv::KvMethod& km = methods[size_t(mi)];
+    engine::PreparedModel me = engine::prepare_model(w, km, opts.device, opts.weights, opts.threads);
+    engine::PreparedModel* eng[2] = {&ref, &me};
+    const kv::KvMethod* kms[2] = {&bf16, &km};
+    for (size_t ci = 0; ci < C; ++ci) {
+      const int ctx = opts.ctx[ci];
+      for (int win = 0; win < opts.windows; ++win) {
+        const int32_t* seq = tokens.data() + int64_t(win) * ctx;
+        std::unique_ptr<kv::KvCache> caches[2];
+        kv::SeqId ids[2];
+        for (int e = 0; e < 2; ++e) {
+          caches[e] = kv::make_method_cache(*kms[e], eng[e]->model->cache_shape(opts.page_size),
+                                            int64_t(ctx) + opts.chunk + 2 * opts.page_size, false,
+                                            eng[e]->backend->page_store_factory());
+          ids[e] = caches[e]->create();
         }
-        logp.assign(size_t(r1 - r0) * V, 0.0);
-        std::vector<int> ref_top(size_t(r1 - r0));
-        for (int t = r0; t < r1; ++t) {
-          const float* z = lr.data() + size_t(t - t0) * V;
-          double mx = *std::max_element(z, z + V), s = 0;
-          for (int j = 0; j < V; ++j) s += std::exp(double(z[j]) - mx);
-          const double lse = mx + std::log(s);
-          double* lp = logp.data() + size_t(t - r0) * V;
-          for (int j = 0; j < V; ++j) lp[j] = z[j] - lse;
-          ref_top[size_t(t - r0)] = int(std::max_element(z, z + V) - z);
-          ref_nll[ci] -= lp[seq[t + 1]];
-        }
-        npos[ci] += r1 - r0;
-        for (int e = 1; e <= M; ++e) {
-          step(e, lm);
+        for (int t0 = 0; t0 < ctx; t0 += opts.chunk) {
+          const int n = std::min(opts.chunk, ctx - t0);
+          if (progress)
+            progress(fmt::format("{}: ctx {} window {}: tokens {}-{} of {}", km.label, ctx, win + 1, t0, t0 + n,
+                                 ctx));
+          auto step = [&](int e, std::vector<float>& out) {
+            const model::SeqStep st{ids[e], std::span<const int32_t>(seq + t0, size_t(n)), true};
+            eng[e]->model->forward(std::span<const model::SeqStep>(&st, 1), *caches[e], out);
+            if (out.size() != size_t(n) * V)
+              throw Error(fmt::format("eval: engine returned {} logits for {} tokens", out.size(), n));
+          };
+          step(0, lr);
+          step(1, lm);
+          // Scored rows of this chunk: position t predicts t + 1.
+          const int r0 = std::max(t0, score_from), r1 = std::min(t0 + n, ctx - 1);
           for (int t = r0; t < r1; ++t) {
-            const float* z = lm.data() + size_t(t - t0) * V;
-            double mx = *std::max_element(z, z + V), s = 0;
-            for (int j = 0; j < V; ++j) s += std::exp(double(z[j]) - mx);
+            auto log_softmax = [&](const float* z, std::vector<double>& lp) {
+              double mx = *std::max_element(z, z + V), s = 0;
+              for (int j = 0; j < V; ++j) s += std::exp(double(z[j]) - mx);
+              const double lse = mx + std::log(s);
+              lp.resize(size_t(V));
+              for (int j = 0; j < V; ++j) lp[size_t(j)] = z[j] - lse;
+            };
+            const float* zr = lr.data() + size_t(t - t0) * V;
+            const float* zm = lm.data() + size_t(t - t0) * V;
+            log_softmax(zr, logp);
+            double mx = *std::max_element(zm, zm + V), s = 0;
+            for (int j = 0; j < V; ++j) s += std::exp(double(zm[j]) - mx);
             const double lse = mx + std::log(s);
-            const double* lp = logp.data() + size_t(t - r0) * V;
             double k = 0;
-            for (int j = 0; j < V; ++j) k += std::exp(lp[j]) * (lp[j] - (z[j] - lse));
-            kl[size_t(e - 1)][ci] += std::max(0.0, k);
-            nll[size_t(e - 1)][ci] -= z[seq[t + 1]] - lse;
-            top1[size_t(e - 1)][ci] += int(std::max_element(z, z + V) - z) == ref_top[size_t(t - r0)];
+            for (int j = 0; j < V; ++j) k += std::exp(logp[size_t(j)]) * (logp[size_t(j)] - (zm[j] - lse));
+            if (mi == 0) {
+              ref_nll[ci] -= logp[size_t(seq[t + 1])];
+              npos[ci] += 1;
+            }
+            kl[size_t(mi)][ci] += std::max(0.0, k);
+            nll[size_t(mi)][ci] -= zm[seq[t + 1]] - lse;
+            top1[size_t(mi)][ci] += (std::max_element(zm, zm + V) - zm) == (std::max_element(zr, zr + V) - zr);
           }
         }
       }

@@ -65,7 +65,7 @@ OscarKvCache::OscarKvCache(const KvCacheShape& shape, std::shared_ptr<const Cali
     backend::LayerQuant& q = lq.emplace_back();
     q.xf = prepare_key_transform(lc, shape_.num_kv_heads, d);
     q.center = prepare_page_center(*calib_, int(lq.size()) - 1, q.xf, pairs, shape_.num_kv_heads, d);
-    if (center_freq_.empty()) center_freq_ = q.center.freq;
+    if (center_freq_.empty() && !q.center.empty()) center_freq_ = q.center.freq;
     for (int h = 0; h < shape_.num_kv_heads; ++h) {
       q.k_clip.push_back(lc.k_clip_of(h));
       q.v_clip.push_back(lc.v_clip_of(h));
