@@ -12,7 +12,14 @@
 // BF16, INT2 middle with values in groups of 32 and keys per channel over
 // 32-token spans (paged_kv.h KeyAxis::kChannel; always the float kernels).
 //
+// --center S adds an int2+pc row: the same INT2 cache with page centering over S RoPE pairs
+// (paged_kv.h MidCenter; the CPU kernel then runs each middle page as its own partial and
+// shifts it; docs/core.md "Page centering"). 44 is Qwen2.5-1.5B's count. --center-heads K
+// centres only the first K KV heads (the others' centre is 0 and they keep the plain path;
+// Qwen2.5-1.5B centres 5 of its 56 KV heads). Default: every head (the worst case).
+//
 // Usage: bench_cpu_attention [--threads N] [--ws-mb MB] [--ctx 4096,8192,...] [--quick] [--decode-only] [--kivi]
+//                            [--center S] [--center-heads K]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -96,6 +103,7 @@ struct LayerCaches {
   std::vector<std::vector<int32_t>> idx[3];
   std::vector<int32_t> indptr[3], len[3];
   std::vector<oscar::kv::PagedKvView> views;
+  std::vector<float> cu, cw, cmu, cang;  // page centering (shared by the layers: same positions)
   double bytes_per_call = 0;
   double working_set = 0;
 };
@@ -103,7 +111,8 @@ struct LayerCaches {
 // int2 == false: all T tokens in BF16 (one "sink" region). int2 == true:
 // sink 64 + INT2 middle + recent 256..319 BF16, the OSCAR layout; kivi:
 // no sink, recent 128..191, group 32, per-channel keys.
-void build(LayerCaches& c, const Shape& s0, int T, bool int2, int layers, int page, bool kivi = false) {
+void build(LayerCaches& c, const Shape& s0, int T, bool int2, int layers, int page, bool kivi = false,
+           int center_pairs = 0, int center_heads = -1) {
   Shape s = s0;
   if (kivi) s.group = 32;
   const int sink = kivi ? 0 : int2 ? std::min(T, 64) : T;
@@ -159,6 +168,26 @@ void build(LayerCaches& c, const Shape& s0, int T, bool int2, int layers, int pa
     v.mid = {c.indptr[1].data(), c.idx[1][l].data(), c.len[1].data()};
     v.recent = {c.indptr[2].data(), c.idx[2][l].data(), c.len[2].data()};
   }
+  if (center_pairs > 0 && int2 && !kivi) {
+    const int S = std::min(center_pairs, s.d / 2);
+    c.cu.resize(size_t(s.hkv) * S * s.d);
+    c.cw.resize(c.cu.size());
+    c.cmu.resize(size_t(s.hkv) * s.d);
+    std::normal_distribution<float> nd(0.0f, 0.1f);
+    for (auto* vec : {&c.cu, &c.cw, &c.cmu})
+      for (float& x : *vec) x = nd(rng);
+    for (int h = std::max(0, center_heads); h < s.hkv && center_heads >= 0; ++h) {  // uncentred heads: 0
+      std::fill(c.cu.begin() + size_t(h) * S * s.d, c.cu.begin() + size_t(h + 1) * S * s.d, 0.0f);
+      std::fill(c.cw.begin() + size_t(h) * S * s.d, c.cw.begin() + size_t(h + 1) * S * s.d, 0.0f);
+      std::fill(c.cmu.begin() + size_t(h) * s.d, c.cmu.begin() + size_t(h + 1) * s.d, 0.0f);
+    }
+    std::vector<float> freq(S);
+    for (int i = 0; i < S; ++i) freq[i] = 1e-3f / float(i + 1);
+    c.cang.resize(size_t(std::max(1, qpl)) * 2 * S);
+    for (int i = 0; i < qpl; ++i)
+      oscar::kv::center_angles(freq.data(), S, oscar::kv::mid_page_center(sink, i, page), c.cang.data() + size_t(i) * 2 * S);
+    for (auto& v : c.views) v.center = {S, c.cu.data(), c.cw.data(), c.cmu.data(), c.cang.data()};
+  }
   const double bf16_rows = double(sink + recent) * s.hkv, q_rows = double(mid) * s.hkv;
   c.bytes_per_call = 2 * (bf16_rows * s.d * 2 + q_rows * (cb + ng * 2 * 2));  // K and V
   if (kivi)  // K params: d (scale, min) pairs per 32 rows instead of ng per row
@@ -198,6 +227,7 @@ int main(int argc, char** argv) {
   double min_seconds = 1.0;
   std::vector<int> ctxs = {4096, 8192, 16384, 32768};
   bool decode_only = false, with_kivi = false;
+  int center_pairs = 0, center_heads = -1;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--threads" && i + 1 < argc) threads = std::atoi(argv[++i]);
@@ -205,6 +235,8 @@ int main(int argc, char** argv) {
     else if (a == "--quick") min_seconds = 0.3;
     else if (a == "--decode-only") decode_only = true;
     else if (a == "--kivi") with_kivi = true;
+    else if (a == "--center" && i + 1 < argc) center_pairs = std::atoi(argv[++i]);
+    else if (a == "--center-heads" && i + 1 < argc) center_heads = std::atoi(argv[++i]);
     else if (a == "--ctx" && i + 1 < argc) {
       ctxs.clear();
       std::string list = argv[++i];
@@ -214,7 +246,7 @@ int main(int argc, char** argv) {
         p = q == std::string::npos ? list.size() : q + 1;
       }
     } else {
-      std::fprintf(stderr, "usage: %s [--threads N] [--ws-mb MB] [--ctx 4096,8192] [--quick] [--decode-only] [--kivi]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--threads N] [--ws-mb MB] [--ctx 4096,8192] [--quick] [--decode-only] [--kivi] [--center S] [--center-heads K]\n", argv[0]);
       return 2;
     }
   }
@@ -224,29 +256,30 @@ int main(int argc, char** argv) {
               kc::attention_isa(), kc::num_threads(), copy_gbs);
   std::printf("INT2: G = min(128, d), fp16 scale/min, sink 64 + recent 256..319 BF16; page 64; batch 1; working set >= %.0f MB\n\n",
               ws_mb);
-  std::printf("%-14s %6s %-5s %6s %9s %10s %11s %11s %8s %7s %8s\n", "shape", "ctx", "cache", "layers", "ws MB",
+  std::printf("%-14s %6s %-7s %6s %9s %10s %11s %11s %8s %7s %8s\n", "shape", "ctx", "cache", "layers", "ws MB",
               "MB/call", "floor us", "us/call", "GB/s", "%copy", "speedup");
   const Shape shapes[] = {{"Qwen3-8B", 32, 8, 128, 128}, {"SmolLM2-135M", 9, 3, 64, 64}};
   const int page = 64;
   for (const Shape& s : shapes)
     for (int T : ctxs) {
       double bf16_us = 0;
-      for (int kind = 0; kind < (with_kivi ? 3 : 2); ++kind) {
-        const bool int2 = kind > 0, kivi = kind == 2;
+      for (int kind = 0; kind < 4; ++kind) {
+        if ((kind == 2 && !with_kivi) || (kind == 3 && center_pairs <= 0)) continue;
+        const bool int2 = kind > 0, kivi = kind == 2, pc = kind == 3;
         // Layers: enough for the working set, at least 2, at most 4096.
         LayerCaches probe;
         build(probe, s, T, int2, 1, page, kivi);
         const int layers = int(std::clamp(std::ceil(ws_mb * 1e6 / probe.bytes_per_call), 2.0, 4096.0));
         probe = LayerCaches{};
         LayerCaches c;
-        build(c, s, T, int2, layers, page, kivi);
+        build(c, s, T, int2, layers, page, kivi, pc ? center_pairs : 0, center_heads);
         const Result r = time_decode(c, s, min_seconds);
         if (!int2) bf16_us = r.us_per_call;
         char speed[32] = "1.00x";
         if (int2) std::snprintf(speed, sizeof speed, "%.2fx", bf16_us / r.us_per_call);
         // floor: the call's bytes moved at the measured copy bandwidth.
-        std::printf("%-14s %6d %-5s %6d %9.0f %10.3f %11.1f %11.1f %8.1f %6.1f%% %8s\n", s.name, T,
-                    kivi ? "kivi2" : int2 ? "int2" : "bf16", layers, c.working_set / 1e6, c.bytes_per_call / 1e6,
+        std::printf("%-14s %6d %-7s %6d %9.0f %10.3f %11.1f %11.1f %8.1f %6.1f%% %8s\n", s.name, T,
+                    kivi ? "kivi2" : pc ? "int2+pc" : int2 ? "int2" : "bf16", layers, c.working_set / 1e6, c.bytes_per_call / 1e6,
                     c.bytes_per_call / (copy_gbs * 1e9) * 1e6, r.us_per_call, r.gbs, 100.0 * r.gbs / copy_gbs, speed);
         std::fflush(stdout);
       }

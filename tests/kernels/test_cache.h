@@ -27,7 +27,8 @@ struct CacheSpec {
   // wholly past it keep NaN params.
   bool key_channel = false;
   // Page centering (paged_kv.h MidCenter): `center_pairs` random pairs with large random
-  // u / w / mu, so a kernel that ignores the centre is far off. 0 = none.
+  // u / w / mu, so a kernel that ignores the centre is far off. 0 = none. With an even count and
+  // more than one KV head, head 1's centre is 0 (a head without ν: the kernels' plain path).
   int center_pairs = 0;
   std::vector<int> sink, mid, recent;  // per sequence (sizes define the batch)
 };
@@ -181,6 +182,11 @@ inline TestCache make_cache(const CacheSpec& spec, std::mt19937& rng) {
     for (auto* vec : {&tc.cu, &tc.cw, &tc.cmu})
       for (float& x : *vec) x = big(rng);
     for (int i = 0; i < S; ++i) tc.cfreq.push_back(fr(rng));
+    if (S % 2 == 0 && H > 1) {
+      std::fill(tc.cu.begin() + size_t(S) * d, tc.cu.begin() + size_t(2 * S) * d, 0.0f);
+      std::fill(tc.cw.begin() + size_t(S) * d, tc.cw.begin() + size_t(2 * S) * d, 0.0f);
+      std::fill(tc.cmu.begin() + d, tc.cmu.begin() + 2 * d, 0.0f);
+    }
     tc.cangles.assign(size_t(std::max<int32_t>(1, tc.indptr[1][B])) * S * 2, 0.0f);
     v.center.pairs = S;
     v.center.u = tc.cu.data();

@@ -223,31 +223,51 @@ struct DecodeItem {
   int b, h, region, i0, i1;
 };
 
+// Page centering's per-query coefficients (paged_kv.h): for query row r (of `rows`, each
+// `num_q_heads` heads) and head g, A_s = q·u[h][s], B_s = q·w[h][s], C = q·mu[h] into
+// coef [rows][num_q_heads][2S+1]; q as the kernels see it (pre-scaled).
+void center_coefficients(const kv::PagedKvView& kv, const float* q, int rows, int num_q_heads,
+                         std::vector<float>& coef) {
+  const int d = kv.head_dim, S = kv.center.pairs, group = num_q_heads / kv.num_kv_heads;
+  coef.assign(size_t(rows) * num_q_heads * (2 * S + 1), 0.0f);
+  for (int r = 0; r < rows; ++r)
+    for (int g = 0; g < num_q_heads; ++g) {
+      const int h = g / group;
+      const float* qg = q + (int64_t(r) * num_q_heads + g) * d;
+      float* cf = coef.data() + (size_t(r) * num_q_heads + g) * (2 * S + 1);
+      for (int i = 0; i < 2 * S + 1; ++i) {
+        const float* v = i == 2 * S ? kv.center.mu ? kv.center.mu + int64_t(h) * d : nullptr
+                                    : ((i & 1) ? kv.center.w : kv.center.u) + (int64_t(h) * S + i / 2) * d;
+        float acc = 0.0f;
+        if (v)
+          for (int c = 0; c < d; ++c) acc += qg[c] * v[c];
+        cf[i] = acc;
+      }
+    }
+}
+
+// Per KV head: whether its page centre is not identically 0 (paged_kv.h).
+std::vector<char> center_active_heads(const kv::PagedKvView& kv) {
+  const int d = kv.head_dim, S = kv.center.pairs;
+  std::vector<char> active(size_t(kv.num_kv_heads), 0);
+  for (int h = 0; h < kv.num_kv_heads; ++h) {
+    bool any = false;
+    for (int64_t i = int64_t(h) * S * d; i < int64_t(h + 1) * S * d && !any; ++i)
+      any = kv.center.u[i] != 0.0f || kv.center.w[i] != 0.0f;
+    for (int c = 0; c < d && !any && kv.center.mu; ++c) any = kv.center.mu[int64_t(h) * d + c] != 0.0f;
+    active[size_t(h)] = any;
+  }
+  return active;
+}
+
 // Middle rows [i0, i1) (page-aligned) of sequence b, KV head h, with page centering: each page
 // is a separate softmax partial whose logits all move by q·δ_h(t) (paged_kv.h), merged into
 // the running state (m, l, acc) of the group's `group` pre-scaled queries q [group][d]. The
-// shift is Σ_s A_s cos_s + B_s sin_s − C with A_s = q·u[h][s], B_s = q·w[h][s], C = q·mu[h],
-// computed once per query: S multiply-adds per page instead of a d-vector.
+// shift is Σ_s A_s cos_s + B_s sin_s − C (coef [group][2S+1], center_coefficients): S
+// multiply-adds per page instead of a d-vector.
 void centered_middle(const kv::PagedKvView& kv, const RowKernels& K, int b, int h, int i0, int i1,
-                     int group, const float* q, float* m, float* l, float* acc) {
+                     int group, const float* q, const float* coef, float* m, float* l, float* acc) {
   const int d = kv.head_dim, S = kv.center.pairs, ps = kv.page_size;
-  std::vector<double> coef(size_t(group) * (2 * S + 1));
-  for (int g = 0; g < group; ++g) {
-    const float* qg = q + int64_t(g) * d;
-    double* cf = coef.data() + size_t(g) * (2 * S + 1);
-    for (int s = 0; s < S; ++s) {
-      const float* u = kv.center.u + (int64_t(h) * S + s) * d;
-      const float* w = kv.center.w + (int64_t(h) * S + s) * d;
-      double a = 0, bb = 0;
-      for (int c = 0; c < d; ++c) a += double(qg[c]) * u[c], bb += double(qg[c]) * w[c];
-      cf[2 * s] = a;
-      cf[2 * s + 1] = bb;
-    }
-    double cc = 0;
-    if (kv.center.mu)
-      for (int c = 0; c < d; ++c) cc += double(qg[c]) * kv.center.mu[int64_t(h) * d + c];
-    cf[2 * S] = cc;
-  }
   std::vector<float> tm(group), tl(group), tacc(size_t(group) * d);
   for (int p0 = i0; p0 < i1; p0 += ps) {
     const int p1 = std::min(i1, p0 + ps);
@@ -263,9 +283,9 @@ void centered_middle(const kv::PagedKvView& kv, const RowKernels& K, int b, int 
     }
     const float* cs = kv.center.angles + (int64_t(kv.mid.indptr[b]) + p0 / ps) * S * 2;
     for (int g = 0; g < group; ++g) {
-      const double* cf = coef.data() + size_t(g) * (2 * S + 1);
-      double off = -cf[2 * S];
-      for (int s = 0; s < S; ++s) off += cf[2 * s] * cs[2 * s] + cf[2 * s + 1] * cs[2 * s + 1];
+      const float* cf = coef + size_t(g) * (2 * S + 1);
+      double off = -double(cf[2 * S]);
+      for (int s = 0; s < S; ++s) off += double(cf[2 * s]) * cs[2 * s] + double(cf[2 * s + 1]) * cs[2 * s + 1];
       const float mt = tm[g] + float(off);
       const float mx = std::max(m[g], mt);
       const float a = std::exp2(m[g] - mx), bt = std::exp2(mt - mx);
@@ -319,6 +339,15 @@ void decode_attention(const kv::PagedKvView& kv, const float* q, int num_q_heads
     }
   first_item[size_t(units)] = int64_t(items.size());
 
+  // Page centering: the per-query coefficients, once per call; heads whose centre is 0
+  // (u = w = mu = 0: no ν) keep the plain path.
+  std::vector<float> coef;
+  std::vector<char> active;
+  if (kv.center.pairs > 0) {
+    center_coefficients(kv, qs.data(), kv.batch, num_q_heads, coef);
+    active = center_active_heads(kv);
+  }
+
   // Per item: m [group], l [group], acc [group][d].
   const int64_t per_item = int64_t(group) * (d + 2);
   std::vector<float> scratch(items.size() * size_t(per_item));
@@ -332,8 +361,9 @@ void decode_attention(const kv::PagedKvView& kv, const float* q, int num_q_heads
     std::fill(l, l + group, 0.0f);
     std::fill(acc, acc + int64_t(group) * d, 0.0f);
     const float* qh = qs.data() + (int64_t(w.b) * num_q_heads + w.h * group) * d;
-    if (w.region == 1 && kv.center.pairs > 0) {
-      centered_middle(kv, K, w.b, w.h, w.i0, w.i1, group, qh, m, l, acc);
+    if (w.region == 1 && kv.center.pairs > 0 && active[size_t(w.h)]) {
+      const float* cf = coef.data() + (size_t(w.b) * num_q_heads + size_t(w.h) * group) * (2 * kv.center.pairs + 1);
+      centered_middle(kv, K, w.b, w.h, w.i0, w.i1, group, qh, cf, m, l, acc);
       return;
     }
     const RegionRows rr{&kv, regions[w.region], w.region == 1, w.b, w.h, w.i0, w.i1, 0};
