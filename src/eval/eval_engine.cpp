@@ -19,6 +19,7 @@ std::vector<EvalResult> evaluate_engine(const model::ModelWeights& w,
                                         const EngineEvalOptions& opts, const EvalProgress& progress) {
   const int V = w.cfg.vocab_size, M = int(methods.size());
   if (opts.chunk <= 0) throw Error(fmt::format("eval: prefill chunk {} must be positive", opts.chunk));
+  if (M == 0) throw Error("eval: no method to evaluate");
   for (int ctx : opts.ctx)
     if (ctx < 2 || int64_t(ctx) * opts.windows > int64_t(tokens.size()))
       throw Error(fmt::format("eval: the text has {} tokens; {} window(s) of {} tokens need {}",
