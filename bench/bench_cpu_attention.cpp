@@ -104,6 +104,7 @@ struct LayerCaches {
   std::vector<int32_t> indptr[3], len[3];
   std::vector<oscar::kv::PagedKvView> views;
   std::vector<float> cu, cw, cmu, cang;  // page centering (shared by the layers: same positions)
+  std::vector<uint8_t> cactive;
   double bytes_per_call = 0;
   double working_set = 0;
 };
@@ -176,7 +177,9 @@ void build(LayerCaches& c, const Shape& s0, int T, bool int2, int layers, int pa
     std::normal_distribution<float> nd(0.0f, 0.1f);
     for (auto* vec : {&c.cu, &c.cw, &c.cmu})
       for (float& x : *vec) x = nd(rng);
+    c.cactive.assign(size_t(s.hkv), 1);
     for (int h = std::max(0, center_heads); h < s.hkv && center_heads >= 0; ++h) {  // uncentred heads: 0
+      c.cactive[size_t(h)] = 0;
       std::fill(c.cu.begin() + size_t(h) * S * s.d, c.cu.begin() + size_t(h + 1) * S * s.d, 0.0f);
       std::fill(c.cw.begin() + size_t(h) * S * s.d, c.cw.begin() + size_t(h + 1) * S * s.d, 0.0f);
       std::fill(c.cmu.begin() + size_t(h) * s.d, c.cmu.begin() + size_t(h + 1) * s.d, 0.0f);
@@ -186,7 +189,7 @@ void build(LayerCaches& c, const Shape& s0, int T, bool int2, int layers, int pa
     c.cang.resize(size_t(std::max(1, qpl)) * 2 * S);
     for (int i = 0; i < qpl; ++i)
       oscar::kv::center_angles(freq.data(), S, oscar::kv::mid_page_center(sink, i, page), c.cang.data() + size_t(i) * 2 * S);
-    for (auto& v : c.views) v.center = {S, c.cu.data(), c.cw.data(), c.cmu.data(), c.cang.data()};
+    for (auto& v : c.views) v.center = {S, c.cu.data(), c.cw.data(), c.cmu.data(), c.cang.data(), c.cactive.data()};
   }
   const double bf16_rows = double(sink + recent) * s.hkv, q_rows = double(mid) * s.hkv;
   c.bytes_per_call = 2 * (bf16_rows * s.d * 2 + q_rows * (cb + ng * 2 * 2));  // K and V

@@ -117,6 +117,7 @@ class HostPageStore final : public PageStore {
     c.u = pc.u.data();
     c.w = pc.w.data();
     c.mu = pc.mu.data();
+    c.active = pc.active.data();
     return c;
   }
 

@@ -56,14 +56,7 @@ void print_key_transform(const oscar::Calibration& c) {
   int heads = 0;
   std::string layers;
   for (size_t l = 0; l < c.layers.size(); ++l) {
-    const auto& L = c.layers[l];
-    const int d = c.head_dim();
-    int n = 0;
-    for (size_t h = 0; d > 0 && (h + 1) * d <= L.k_rope_mean.size(); ++h) {
-      bool any = false;
-      for (int i = 0; i < d; ++i) any = any || L.k_rope_mean[h * d + i] != 0.0f;
-      n += any;
-    }
+    const int n = c.layers[l].page_center_heads(c.head_dim());
     if (n) layers += fmt::format("{}{}", heads ? "," : "", l);
     heads += n;
   }

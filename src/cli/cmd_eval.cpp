@@ -234,11 +234,17 @@ const oscar::cli::Registrar reg({"eval", "Accuracy of KV cache methods vs BF16 (
     }
     if (o->text.empty()) throw Error("eval: --text FILE is required");
     const auto t0 = std::chrono::steady_clock::now();
-    if (o_device->count()) {
-      // The real engine (eval.h, evaluate_engine).
-      if (o->first_position != 0)
-        throw Error("eval: --first-position is a simulation option (the engine's positions start at 0)");
-      Loaded L = load(*o);
+    // The simulation (default) or, with --device, the real engine (eval.h): the same rows.
+    const bool engine = o_device->count() > 0;
+    if (engine && o->first_position != 0)
+      throw Error("eval: --first-position is a simulation option (the engine's positions start at 0)");
+    Loaded L = load(*o);
+    const auto tokens = tokenize_file(o->model, o->text);
+    std::vector<eval::EvalResult> r;
+    nlohmann::json extra = {{"model", o->model}, {"calib", o->calib}, {"text", o->text},
+                            {"sink", o->sink}, {"recent", o->recent}, {"page", o->page}};
+    std::string mode;
+    if (engine) {
       eval::EngineEvalOptions eo;
       eo.ctx = parse_ints(o->ctx, "--ctx");
       eo.windows = o->windows;
@@ -248,51 +254,34 @@ const oscar::cli::Registrar reg({"eval", "Accuracy of KV cache methods vs BF16 (
       eo.device = o->device;
       eo.weights = backend::weight_dtype_from_string(o->weights);
       eo.threads = o->threads;
-      const auto tokens = tokenize_file(o->model, o->text);
-      auto r = eval::evaluate_engine(L.w, L.methods, tokens, eo, progress_fn(o->quiet));
-      if (!o->quiet) std::fprintf(stderr, "\n");
-      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      std::printf("%s", eval::format_table(r).c_str());
-      std::printf("(%s; %s; %d window(s) per context; engine on %s, prefill chunks of %d, %s weights; scored "
-                  "positions >= %s; local errors not measured in this mode; %.1f s)\n",
-                  L.w.cfg.name.c_str(), o->text.c_str(), o->windows, o->device.c_str(), eo.chunk,
-                  backend::to_string(eo.weights),
-                  o->score_from >= 0 ? std::to_string(o->score_from).c_str() : "sink+recent+page", secs);
-      if (!o->json.empty()) {
-        nlohmann::json extra = {{"model", o->model}, {"calib", o->calib}, {"text", o->text},
-                                {"sink", o->sink}, {"recent", o->recent}, {"page", o->page},
-                                {"mode", "engine"}, {"device", o->device}, {"chunk", eo.chunk},
-                                {"seconds", secs}};
-        write_file(o->json, eval::to_json(r, extra.dump()));
-      }
-      return 0;
+      r = eval::evaluate_engine(L.w, L.methods, tokens, eo, progress_fn(o->quiet));
+      mode = fmt::format("engine on {}, prefill chunks of {}, {} weights; local errors not measured in this mode",
+                         o->device, eo.chunk, backend::to_string(eo.weights));
+      extra.update({{"mode", "engine"}, {"device", o->device}, {"chunk", eo.chunk}});
+    } else {
+      eval::EvalOptions eo;
+      eo.ctx = parse_ints(o->ctx, "--ctx");
+      eo.windows = o->windows;
+      eo.page_size = o->page;
+      eo.score_from = o->score_from;
+      eo.first_position = o->first_position;
+      eo.weights = backend::weight_dtype_from_string(o->weights);
+      eo.threads = o->threads;
+      r = eval::evaluate(L.w, L.methods, tokens, eo, progress_fn(o->quiet));
+      mode = fmt::format("first RoPE position {}", o->first_position);
+      extra["first_position"] = o->first_position;
     }
-    Loaded L = load(*o);
-    eval::EvalOptions eo;
-    eo.ctx = parse_ints(o->ctx, "--ctx");
-    eo.windows = o->windows;
-    eo.page_size = o->page;
-    eo.score_from = o->score_from;
-    eo.first_position = o->first_position;
-    eo.weights = backend::weight_dtype_from_string(o->weights);
-    eo.threads = o->threads;
-    const auto tokens = tokenize_file(o->model, o->text);
-    auto r = eval::evaluate(L.w, L.methods, tokens, eo, progress_fn(o->quiet));
     if (!o->quiet) std::fprintf(stderr, "\n");
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    extra["seconds"] = secs;
     std::printf("%s", eval::format_table(r).c_str());
-    std::printf("(%s; %s; %d window(s) per context; scored positions >= %s; first RoPE position %lld; %.1f s)\n",
+    std::printf("(%s; %s; %d window(s) per context; scored positions >= %s; %s; %.1f s)\n",
                 L.w.cfg.name.c_str(), o->text.c_str(), o->windows,
-                o->score_from >= 0 ? std::to_string(o->score_from).c_str() : "sink+recent+page",
-                static_cast<long long>(o->first_position), secs);
+                o->score_from >= 0 ? std::to_string(o->score_from).c_str() : "sink+recent+page", mode.c_str(),
+                secs);
     std::string json_path = o->json;
     if (json_path.empty() && !o->plot.empty()) json_path = o->plot + ".json";
-    if (!json_path.empty()) {
-      nlohmann::json extra = {{"model", o->model}, {"calib", o->calib}, {"text", o->text},
-                              {"sink", o->sink}, {"recent", o->recent}, {"page", o->page},
-                              {"first_position", o->first_position}, {"seconds", secs}};
-      write_file(json_path, eval::to_json(r, extra.dump()));
-    }
+    if (!json_path.empty()) write_file(json_path, eval::to_json(r, extra.dump()));
     if (!o->plot.empty()) {
       const std::string cmd = fmt::format("python3 scripts/plot_eval.py '{}' -o '{}'", json_path, o->plot);
       if (std::system(cmd.c_str()) != 0)

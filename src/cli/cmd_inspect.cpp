@@ -68,12 +68,7 @@ const oscar::cli::Registrar reg(
              {"tokens", c.calib_tokens}, {"positions", c.calib_positions}, {"text_hash", c.text_hash}, {"source", c.source}};
          {
            int heads = 0;
-           for (const auto& L : c.layers)
-             for (size_t h = 0; d > 0 && (h + 1) * size_t(d) <= L.k_rope_mean.size(); ++h) {
-               bool any = false;
-               for (int i = 0; i < d; ++i) any = any || L.k_rope_mean[h * d + i] != 0.0f;
-               heads += any;
-             }
+           for (const auto& L : c.layers) heads += L.page_center_heads(d);
            j["page_center"] = {{"kv_heads", heads}, {"rope_pairs", page_center_pairs(c).size()}};
          }
          nlohmann::json bpe = nlohmann::json::object();

@@ -83,6 +83,16 @@ struct LayerCalibration {
   std::vector<float> k_rope_mean;  // [n_kv_heads][d] ν
   bool has_key_transform() const { return !k_mean.empty() || !k_scale.empty(); }
   bool has_page_center() const { return !k_rope_mean.empty(); }
+  // KV heads of this layer with page centering (ν ≠ 0), for head_dim d.
+  int page_center_heads(int d) const {
+    int n = 0;
+    for (size_t h = 0; d > 0 && (h + 1) * size_t(d) <= k_rope_mean.size(); ++h) {
+      bool any = false;
+      for (int i = 0; i < d; ++i) any = any || k_rope_mean[h * size_t(d) + i] != 0.0f;
+      n += any;
+    }
+    return n;
+  }
   // Not stored (reports): per KV head, the share of the key energy in its mean, Σμ² / Σ E[k²].
   std::vector<float> key_offset_share;
 

@@ -73,8 +73,6 @@ PageCenter prepare_page_center(const Calibration& c, int layer, const KeyTransfo
   bool any = false;
   for (float x : L.k_rope_mean) any = any || x != 0.0f;
   if (!any) return pc;
-  pc.d = d;
-  pc.n_kv_heads = H;
   pc.pair = pairs;
   for (int j : pairs) {
     if (j < 0 || j >= half) throw Error(fmt::format("page centering: pair {} outside [0, {})", j, half));
@@ -83,11 +81,13 @@ PageCenter prepare_page_center(const Calibration& c, int layer, const KeyTransfo
   pc.u.assign(size_t(H) * S * d, 0.0f);
   pc.w.assign(size_t(H) * S * d, 0.0f);
   pc.mu.assign(size_t(H) * d, 0.0f);
+  pc.active.assign(size_t(H), 0);
   for (int h = 0; h < H; ++h) {
     // A head without ν keeps its fixed μ: δ = 0 (u = w = mu = 0).
     bool has = false;
     for (int i = 0; i < d && !L.k_rope_mean.empty(); ++i) has = has || L.k_rope_mean[size_t(h) * d + i] != 0.0f;
     if (!has) continue;
+    pc.active[size_t(h)] = 1;
     const float* M = xf.key_matrix(h);  // row i = e_i·M_K
     for (int s = 0; s < S; ++s) {
       const int j = pairs[size_t(s)], jp = j + half;

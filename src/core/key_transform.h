@@ -13,6 +13,7 @@
 // (kernels/cuda/cache_write.h, WriteRotation::k_mean) compute the same thing.
 #pragma once
 
+#include <cstdint>
 #include <vector>
 
 #include "core/calibration.h"
@@ -45,11 +46,11 @@ KeyTransform prepare_key_transform(const LayerCalibration& L, int n_kv_heads, in
 // has ν ≠ 0 (the same pairs in every layer, so a batch's angle table serves all layers). A head
 // with ν = 0 has u = w = mu = 0: δ = 0, its pages keep the fixed μ of the key transform.
 struct PageCenter {
-  int d = 0, n_kv_heads = 0;
   std::vector<int> pair;    // [S] j_s
   std::vector<float> freq;  // [S] θ_s, rad per position
   std::vector<float> u, w;  // [n_kv_heads][S][d]
   std::vector<float> mu;    // [n_kv_heads][d] μ·M_K
+  std::vector<uint8_t> active;  // [n_kv_heads] 1 where the head has ν (else u = w = mu = 0)
   int pairs() const { return static_cast<int>(pair.size()); }
   bool empty() const { return pair.empty(); }
 };

@@ -1,4 +1,5 @@
 #include "eval/eval.h"
+#include "eval/scoring.h"
 
 #include <cblas.h>
 #include <fmt/format.h>
@@ -331,21 +332,8 @@ std::vector<EvalResult> evaluate(const model::ModelWeights& w,
                                  const EvalProgress& progress) {
   const model::ModelConfig& c = w.cfg;
   const int H = c.hidden, V = c.vocab_size, M = int(methods.size());
-  for (int ctx : opts.ctx)
-    if (ctx < 2 || int64_t(ctx) * opts.windows > int64_t(tokens.size()))
-      throw Error(fmt::format("eval: the text has {} tokens; {} window(s) of {} tokens need {}",
-                              tokens.size(), opts.windows, ctx, int64_t(ctx) * opts.windows));
-  // One scored set for every method: queries past the first demotion of the
-  // (first) windowed method.
-  int score_from = opts.score_from;
-  if (score_from < 0) {
-    score_from = 64 + 256 + opts.page_size;
-    for (const kv::KvMethod& m : methods)
-      if (m.kind == kv::KvMethod::Kind::kRow) {
-        score_from = m.sink + m.recent + opts.page_size;
-        break;
-      }
-  }
+  detail::check_windows(opts.ctx, opts.windows, tokens.size());
+  const int score_from = detail::first_scored(methods, opts.score_from, opts.page_size);
   backend::CpuBackendOptions bo;
   bo.weight_dtype = opts.weights;
   bo.threads = opts.threads;
@@ -394,10 +382,8 @@ std::vector<EvalResult> evaluate(const model::ModelWeights& w,
   }
 
   // Next-token metrics over the scored positions, in blocks of rows.
-  std::vector<std::vector<double>> nll(M, std::vector<double>(C)), kl(M, std::vector<double>(C)),
-      top1(M, std::vector<double>(C)), hn(M, std::vector<double>(C)), hd(M, std::vector<double>(C));
-  std::vector<double> ref_nll(C, 0);
-  std::vector<int64_t> npos(C, 0);
+  detail::TokenScores ts(M, C);
+  std::vector<std::vector<double>> hn(M, std::vector<double>(C)), hd(M, std::vector<double>(C));
   constexpr int kRows = 64;
   std::vector<float> lr, lm;
   std::vector<double> logp_ref(size_t(kRows) * V);
@@ -409,15 +395,10 @@ std::vector<EvalResult> evaluate(const model::ModelWeights& w,
       ref_fwd.logits(href[it].data() + size_t(t0) * H, n, lr);
       std::vector<int> ref_top(n);
       for (int i = 0; i < n; ++i) {
-        const float* z = lr.data() + size_t(i) * V;
-        double mx = *std::max_element(z, z + V), s = 0;
-        for (int j = 0; j < V; ++j) s += std::exp(z[j] - mx);
-        const double lse = mx + std::log(s);
-        for (int j = 0; j < V; ++j) logp_ref[size_t(i) * V + j] = z[j] - lse;
-        ref_top[i] = int(std::max_element(z, z + V) - z);
-        ref_nll[I.ci] -= logp_ref[size_t(i) * V + I.seq[t0 + i + 1]];
+        ref_top[i] = detail::ref_log_probs(lr.data() + size_t(i) * V, V, logp_ref.data() + size_t(i) * V);
+        ts.ref_nll[I.ci] -= logp_ref[size_t(i) * V + I.seq[t0 + i + 1]];
       }
-      npos[I.ci] += n;
+      ts.npos[I.ci] += n;
       for (int mi = 0; mi < M; ++mi) {
         const float* hmv = hm[mi][it].data() + size_t(t0) * H;
         const float* hrv = href[it].data() + size_t(t0) * H;
@@ -426,62 +407,99 @@ std::vector<EvalResult> evaluate(const model::ModelWeights& w,
           hd[mi][I.ci] += double(hrv[i]) * hrv[i];
         }
         ref_fwd.logits(hmv, n, lm);
-        for (int i = 0; i < n; ++i) {
-          const float* z = lm.data() + size_t(i) * V;
-          double mx = *std::max_element(z, z + V), s = 0;
-          for (int j = 0; j < V; ++j) s += std::exp(z[j] - mx);
-          const double lse = mx + std::log(s);
-          double k = 0;
-          const double* pr = logp_ref.data() + size_t(i) * V;
-          for (int j = 0; j < V; ++j) k += std::exp(pr[j]) * (pr[j] - (z[j] - lse));
-          kl[mi][I.ci] += std::max(0.0, k);
-          nll[mi][I.ci] -= z[I.seq[t0 + i + 1]] - lse;
-          top1[mi][I.ci] += int(std::max_element(z, z + V) - z) == ref_top[i];
-        }
+        for (int i = 0; i < n; ++i)
+          detail::score_row(logp_ref.data() + size_t(i) * V, ref_top[i], lm.data() + size_t(i) * V, V,
+                            I.seq[t0 + i + 1], ts.nll[mi][I.ci], ts.kl[mi][I.ci], ts.top1[mi][I.ci]);
       }
     }
   }
+  return detail::result_rows(ts, methods, opts.ctx, opts.windows, c.head_dim, opts.page_size,
+                             [&](EvalResult& e, int mi, size_t ci) {
+                               const LocalErrorSums& L = loc[mi][ci];
+                               e.k_err = rel(L.k_num, L.k_den);
+                               e.v_err = rel(L.v_num, L.v_den);
+                               e.logit_err = rel(L.logit_num, L.logit_den);
+                               e.attn_kl = L.attn_rows ? L.attn_kl / double(L.attn_rows) : 0.0;
+                               e.o_err = rel(L.o_num, L.o_den);
+                               e.proj_err = rel(L.proj_num, L.proj_den);
+                               e.hidden_err = rel(hn[mi][ci], hd[mi][ci]);
+                             });
+}
 
+namespace detail {
+
+void check_windows(const std::vector<int>& ctx, int windows, size_t tokens) {
+  for (int c : ctx)
+    if (c < 2 || int64_t(c) * windows > int64_t(tokens))
+      throw Error(fmt::format("eval: the text has {} tokens; {} window(s) of {} tokens need {}", tokens, windows,
+                              c, int64_t(c) * windows));
+}
+
+int first_scored(const std::vector<kv::KvMethod>& methods, int score_from, int page_size) {
+  if (score_from >= 0) return score_from;
+  // One scored set for every method: queries past the first demotion of the (first) windowed method.
+  for (const kv::KvMethod& m : methods)
+    if (m.kind == kv::KvMethod::Kind::kRow) return m.sink + m.recent + page_size;
+  return 64 + 256 + page_size;
+}
+
+int ref_log_probs(const float* z, int V, double* lp) {
+  double mx = *std::max_element(z, z + V), s = 0;
+  for (int j = 0; j < V; ++j) s += std::exp(z[j] - mx);
+  const double lse = mx + std::log(s);
+  for (int j = 0; j < V; ++j) lp[j] = z[j] - lse;
+  return int(std::max_element(z, z + V) - z);
+}
+
+void score_row(const double* lp, int ref_top, const float* z, int V, int target, double& nll, double& kl,
+               double& top1) {
+  double mx = *std::max_element(z, z + V), s = 0;
+  for (int j = 0; j < V; ++j) s += std::exp(z[j] - mx);
+  const double lse = mx + std::log(s);
+  double k = 0;
+  for (int j = 0; j < V; ++j) k += std::exp(lp[j]) * (lp[j] - (z[j] - lse));
+  kl += std::max(0.0, k);
+  nll -= z[target] - lse;
+  top1 += int(std::max_element(z, z + V) - z) == ref_top;
+}
+
+std::vector<EvalResult> result_rows(const TokenScores& s, const std::vector<kv::KvMethod>& methods,
+                                    const std::vector<int>& ctx, int windows, int head_dim, int page_size,
+                                    const std::function<void(EvalResult&, int, size_t)>& more) {
+  bool listed = false;
+  for (const kv::KvMethod& m : methods) listed |= m.kind == kv::KvMethod::Kind::kBf16;
   std::vector<EvalResult> out;
-  for (size_t ci = 0; ci < C; ++ci) {
-    const double np = double(std::max<int64_t>(1, npos[ci]));
+  for (size_t ci = 0; ci < ctx.size(); ++ci) {
+    const double np = double(std::max<int64_t>(1, s.npos[ci]));
     EvalResult r;
     r.method = "bf16 (reference)";
-    r.ctx = opts.ctx[ci];
-    r.windows = opts.windows;
-    r.positions = npos[ci];
+    r.ctx = ctx[ci];
+    r.windows = windows;
+    r.positions = s.npos[ci];
     r.bpe = 16.0;
-    r.nll = ref_nll[ci] / np;
+    r.nll = s.ref_nll[ci] / np;
     r.ppl = std::exp(r.nll);
     r.top1 = 1.0;
-    bool listed = false;
-    for (const kv::KvMethod& m : methods) listed |= m.kind == kv::KvMethod::Kind::kBf16;
     if (!listed) out.push_back(r);
-    for (int mi = 0; mi < M; ++mi) {
-      const kv::KvMethod& m = methods[mi];
-      const LocalErrorSums& L = loc[mi][ci];
+    for (size_t mi = 0; mi < methods.size(); ++mi) {
       EvalResult e;
-      e.method = m.label;
-      e.ctx = opts.ctx[ci];
-      e.windows = opts.windows;
-      e.positions = npos[ci];
-      e.bpe = m.bits_per_element(e.ctx, c.head_dim, opts.page_size);
-      e.nll = nll[mi][ci] / np;
+      e.method = methods[mi].label;
+      e.ctx = ctx[ci];
+      e.windows = windows;
+      e.positions = s.npos[ci];
+      e.bpe = methods[mi].bits_per_element(e.ctx, head_dim, page_size);
+      e.nll = s.nll[mi][ci] / np;
       e.ppl = std::exp(e.nll);
-      e.kl = kl[mi][ci] / np;
-      e.top1 = top1[mi][ci] / np;
-      e.k_err = rel(L.k_num, L.k_den);
-      e.v_err = rel(L.v_num, L.v_den);
-      e.logit_err = rel(L.logit_num, L.logit_den);
-      e.attn_kl = L.attn_rows ? L.attn_kl / double(L.attn_rows) : 0.0;
-      e.o_err = rel(L.o_num, L.o_den);
-      e.proj_err = rel(L.proj_num, L.proj_den);
-      e.hidden_err = rel(hn[mi][ci], hd[mi][ci]);
+      e.kl = s.kl[mi][ci] / np;
+      e.top1 = s.top1[mi][ci] / np;
+      if (more) more(e, int(mi), ci);
       out.push_back(e);
     }
   }
   return out;
 }
+
+}  // namespace detail
 
 std::string format_table(const std::vector<EvalResult>& rs) {
   std::string s = fmt::format("{:<22} {:>6} {:>6} {:>9} {:>8} {:>8} {:>7} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}\n",

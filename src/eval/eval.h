@@ -107,7 +107,7 @@ struct EngineEvalOptions {
   std::vector<int> ctx = {2048};
   int windows = 1;
   int page_size = 64;
-  int score_from = -1;  // -1 = sink + recent + page of the first quantized method
+  int score_from = -1;  // -1: as evaluate() (sink + recent + page of the first windowed method)
   int chunk = 256;      // prefill tokens per engine step
   std::string device = "cpu";
   backend::WeightDtype weights = backend::WeightDtype::kBf16;

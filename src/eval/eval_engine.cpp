@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "engine/session.h"
 #include "eval/eval.h"
+#include "eval/scoring.h"
 #include "model/forward.h"
 
 namespace oscar::eval {
@@ -20,19 +21,8 @@ std::vector<EvalResult> evaluate_engine(const model::ModelWeights& w,
   const int V = w.cfg.vocab_size, M = int(methods.size());
   if (opts.chunk <= 0) throw Error(fmt::format("eval: prefill chunk {} must be positive", opts.chunk));
   if (M == 0) throw Error("eval: no method to evaluate");
-  for (int ctx : opts.ctx)
-    if (ctx < 2 || int64_t(ctx) * opts.windows > int64_t(tokens.size()))
-      throw Error(fmt::format("eval: the text has {} tokens; {} window(s) of {} tokens need {}",
-                              tokens.size(), opts.windows, ctx, int64_t(ctx) * opts.windows));
-  int score_from = opts.score_from;
-  if (score_from < 0) {
-    score_from = 64 + 256 + opts.page_size;
-    for (const kv::KvMethod& m : methods)
-      if (m.kind != kv::KvMethod::Kind::kBf16) {
-        score_from = m.sink + m.recent + opts.page_size;
-        break;
-      }
-  }
+  detail::check_windows(opts.ctx, opts.windows, tokens.size());
+  const int score_from = detail::first_scored(methods, opts.score_from, opts.page_size);
   // The BF16 reference engine stays; the methods' engines are made one at a time (host
   // memory: a 1.5B model's engine is ~3 GB in BF16), each run in lockstep with the reference
   // so that each chunk's reference log-probabilities serve the method's KL without being stored.
@@ -41,10 +31,8 @@ std::vector<EvalResult> evaluate_engine(const model::ModelWeights& w,
   engine::PreparedModel ref = engine::prepare_model(w, bf16, opts.device, opts.weights, opts.threads);
 
   const size_t C = opts.ctx.size();
-  std::vector<double> ref_nll(C, 0);
-  std::vector<int64_t> npos(C, 0);
-  std::vector<std::vector<double>> nll(M, std::vector<double>(C, 0)), kl = nll, top1 = nll;
-  std::vector<double> logp;
+  detail::TokenScores ts(M, C);
+  std::vector<double> logp(static_cast<size_t>(V));
   std::vector<float> lr, lm;
   for (int mi = 0; mi < M; ++mi) {
     const kv::KvMethod& km = methods[size_t(mi)];
@@ -76,66 +64,22 @@ std::vector<EvalResult> evaluate_engine(const model::ModelWeights& w,
           };
           step(0, lr);
           step(1, lm);
-          // Scored rows of this chunk: position t predicts t + 1.
+          // Scored rows of this chunk: position t predicts t + 1 (the reference counted once).
           const int r0 = std::max(t0, score_from), r1 = std::min(t0 + n, ctx - 1);
           for (int t = r0; t < r1; ++t) {
-            auto log_softmax = [&](const float* z, std::vector<double>& lp) {
-              double mx = *std::max_element(z, z + V), s = 0;
-              for (int j = 0; j < V; ++j) s += std::exp(double(z[j]) - mx);
-              const double lse = mx + std::log(s);
-              lp.resize(size_t(V));
-              for (int j = 0; j < V; ++j) lp[size_t(j)] = z[j] - lse;
-            };
-            const float* zr = lr.data() + size_t(t - t0) * V;
-            const float* zm = lm.data() + size_t(t - t0) * V;
-            log_softmax(zr, logp);
-            double mx = *std::max_element(zm, zm + V), s = 0;
-            for (int j = 0; j < V; ++j) s += std::exp(double(zm[j]) - mx);
-            const double lse = mx + std::log(s);
-            double k = 0;
-            for (int j = 0; j < V; ++j) k += std::exp(logp[size_t(j)]) * (logp[size_t(j)] - (zm[j] - lse));
+            const int ref_top = detail::ref_log_probs(lr.data() + size_t(t - t0) * V, V, logp.data());
             if (mi == 0) {
-              ref_nll[ci] -= logp[size_t(seq[t + 1])];
-              npos[ci] += 1;
+              ts.ref_nll[ci] -= logp[size_t(seq[t + 1])];
+              ts.npos[ci] += 1;
             }
-            kl[size_t(mi)][ci] += std::max(0.0, k);
-            nll[size_t(mi)][ci] -= zm[seq[t + 1]] - lse;
-            top1[size_t(mi)][ci] += (std::max_element(zm, zm + V) - zm) == (std::max_element(zr, zr + V) - zr);
+            detail::score_row(logp.data(), ref_top, lm.data() + size_t(t - t0) * V, V, seq[t + 1], ts.nll[size_t(mi)][ci],
+                              ts.kl[size_t(mi)][ci], ts.top1[size_t(mi)][ci]);
           }
         }
       }
     }
   }
-  std::vector<EvalResult> out;
-  for (size_t ci = 0; ci < C; ++ci) {
-    const double np = double(std::max<int64_t>(1, npos[ci]));
-    EvalResult r;
-    r.method = "bf16 (reference)";
-    r.ctx = opts.ctx[ci];
-    r.windows = opts.windows;
-    r.positions = npos[ci];
-    r.bpe = 16.0;
-    r.nll = ref_nll[ci] / np;
-    r.ppl = std::exp(r.nll);
-    r.top1 = 1.0;
-    bool listed = false;
-    for (const kv::KvMethod& m : methods) listed |= m.kind == kv::KvMethod::Kind::kBf16;
-    if (!listed) out.push_back(r);
-    for (int mi = 0; mi < M; ++mi) {
-      EvalResult e;
-      e.method = methods[size_t(mi)].label;
-      e.ctx = opts.ctx[ci];
-      e.windows = opts.windows;
-      e.positions = npos[ci];
-      e.bpe = methods[size_t(mi)].bits_per_element(e.ctx, w.cfg.head_dim, opts.page_size);
-      e.nll = nll[size_t(mi)][ci] / np;
-      e.ppl = std::exp(e.nll);
-      e.kl = kl[size_t(mi)][ci] / np;
-      e.top1 = top1[size_t(mi)][ci] / np;
-      out.push_back(e);
-    }
-  }
-  return out;
+  return detail::result_rows(ts, methods, opts.ctx, opts.windows, w.cfg.head_dim, opts.page_size);
 }
 
 }  // namespace oscar::eval

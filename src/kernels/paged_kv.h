@@ -85,6 +85,10 @@ struct MidCenter {
   const float* w = nullptr;       // [num_kv_heads][S][head_dim]
   const float* mu = nullptr;      // [num_kv_heads][head_dim]
   const float* angles = nullptr;  // [mid.indptr[batch]][S][2] (cos, sin) per middle page
+  // Host memory, optional: [num_kv_heads] 0 where a head's centre is 0 (u = w = mu = 0), so a
+  // kernel may skip it; nullptr = every head. (CPU kernels only.)
+  const uint8_t* active = nullptr;
+  bool head_active(int h) const { return pairs > 0 && (!active || active[h]); }
 };
 
 // Centre position of middle page i of a sequence whose sink holds sink_len tokens.
@@ -99,6 +103,12 @@ inline void center_angles(const float* freq, int S, double pos, float* cs) {
     cs[2 * s] = static_cast<float>(std::cos(a));
     cs[2 * s + 1] = static_cast<float>(std::sin(a));
   }
+}
+// δ_h of middle page i of sequence b (its angles in the table): out [head_dim].
+inline void center_offset(const MidCenter& c, int head_dim, int h, const float* cs, float* out);
+inline void mid_page_offset(const MidCenter& c, const RegionTable& mid, int head_dim, int b, int h, int i,
+                            float* out) {
+  center_offset(c, head_dim, h, c.angles + (int64_t(mid.indptr[b]) + i) * c.pairs * 2, out);
 }
 // δ_h for angles cs [S][2]: out [head_dim] (fp64 accumulation).
 inline void center_offset(const MidCenter& c, int head_dim, int h, const float* cs, float* out) {

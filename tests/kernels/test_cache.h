@@ -28,7 +28,8 @@ struct CacheSpec {
   bool key_channel = false;
   // Page centering (paged_kv.h MidCenter): `center_pairs` random pairs with large random
   // u / w / mu, so a kernel that ignores the centre is far off. 0 = none. With an even count and
-  // more than one KV head, head 1's centre is 0 (a head without ν: the kernels' plain path).
+  // more than one KV head, head 1's centre is 0 and marked inactive (a head without ν: the
+// kernels' plain path).
   int center_pairs = 0;
   std::vector<int> sink, mid, recent;  // per sequence (sizes define the batch)
 };
@@ -43,6 +44,7 @@ struct TestCache {
   std::vector<uint16_t> kp, vp;                  // quantized params
   std::vector<int32_t> indptr[3], idx[3], len[3];  // sink, mid, recent
   std::vector<float> cu, cw, cmu, cfreq, cangles;  // page centering (spec.center_pairs > 0)
+  std::vector<uint8_t> cactive;
   kv::PagedKvView view;
   // Dense copy as the kernels must see it: [b] -> [T_b][hkv][d].
   std::vector<std::vector<float>> K, V;
@@ -182,10 +184,12 @@ inline TestCache make_cache(const CacheSpec& spec, std::mt19937& rng) {
     for (auto* vec : {&tc.cu, &tc.cw, &tc.cmu})
       for (float& x : *vec) x = big(rng);
     for (int i = 0; i < S; ++i) tc.cfreq.push_back(fr(rng));
+    tc.cactive.assign(size_t(H), 1);
     if (S % 2 == 0 && H > 1) {
       std::fill(tc.cu.begin() + size_t(S) * d, tc.cu.begin() + size_t(2 * S) * d, 0.0f);
       std::fill(tc.cw.begin() + size_t(S) * d, tc.cw.begin() + size_t(2 * S) * d, 0.0f);
       std::fill(tc.cmu.begin() + d, tc.cmu.begin() + 2 * d, 0.0f);
+      tc.cactive[1] = 0;
     }
     tc.cangles.assign(size_t(std::max<int32_t>(1, tc.indptr[1][B])) * S * 2, 0.0f);
     v.center.pairs = S;
@@ -193,6 +197,7 @@ inline TestCache make_cache(const CacheSpec& spec, std::mt19937& rng) {
     v.center.w = tc.cw.data();
     v.center.mu = tc.cmu.data();
     v.center.angles = tc.cangles.data();
+    v.center.active = tc.cactive.data();
     std::vector<float> delta(d);
     for (int b = 0; b < B; ++b)
       for (int pi = 0; pi < tc.indptr[1][b + 1] - tc.indptr[1][b]; ++pi) {

@@ -161,7 +161,7 @@ void widen_rows(const kv::PagedKvView& kv, const kv::RegionTable& r, bool quanti
   std::fill(kt, kt + size_t((n + B - 1) / B) * d * B, 0.0f);
   std::vector<float> krow(d);
   // Page centering: middle keys are x̂ + δ_h(t) of their page (paged_kv.h).
-  const bool centered = quantized && kv.center.pairs > 0;
+  const bool centered = quantized && kv.center.head_active(h);
   std::vector<float> delta(centered ? d : 0);
   int delta_page = -1;
   for (int i = i0; i < i1; ++i) {
@@ -200,11 +200,7 @@ void widen_rows(const kv::PagedKvView& kv, const kv::RegionTable& r, bool quanti
       }
       if (centered) {
         const int pi = i / kv.page_size;
-        if (pi != delta_page) {
-          center_offset(kv.center, d, h, kv.center.angles + int64_t(r.indptr[b] + pi) * kv.center.pairs * 2,
-                        delta.data());
-          delta_page = pi;
-        }
+        if (pi != delta_page) mid_page_offset(kv.center, r, d, b, h, delta_page = pi, delta.data());
         for (int c = 0; c < d; ++c) krow[c] += delta[c];
       }
     } else {
@@ -244,20 +240,6 @@ void center_coefficients(const kv::PagedKvView& kv, const float* q, int rows, in
         cf[i] = acc;
       }
     }
-}
-
-// Per KV head: whether its page centre is not identically 0 (paged_kv.h).
-std::vector<char> center_active_heads(const kv::PagedKvView& kv) {
-  const int d = kv.head_dim, S = kv.center.pairs;
-  std::vector<char> active(size_t(kv.num_kv_heads), 0);
-  for (int h = 0; h < kv.num_kv_heads; ++h) {
-    bool any = false;
-    for (int64_t i = int64_t(h) * S * d; i < int64_t(h + 1) * S * d && !any; ++i)
-      any = kv.center.u[i] != 0.0f || kv.center.w[i] != 0.0f;
-    for (int c = 0; c < d && !any && kv.center.mu; ++c) any = kv.center.mu[int64_t(h) * d + c] != 0.0f;
-    active[size_t(h)] = any;
-  }
-  return active;
 }
 
 // Middle rows [i0, i1) (page-aligned) of sequence b, KV head h, with page centering: each page
@@ -340,13 +322,9 @@ void decode_attention(const kv::PagedKvView& kv, const float* q, int num_q_heads
   first_item[size_t(units)] = int64_t(items.size());
 
   // Page centering: the per-query coefficients, once per call; heads whose centre is 0
-  // (u = w = mu = 0: no ν) keep the plain path.
+  // (no ν, MidCenter::active) keep the plain path.
   std::vector<float> coef;
-  std::vector<char> active;
-  if (kv.center.pairs > 0) {
-    center_coefficients(kv, qs.data(), kv.batch, num_q_heads, coef);
-    active = center_active_heads(kv);
-  }
+  if (kv.center.pairs > 0) center_coefficients(kv, qs.data(), kv.batch, num_q_heads, coef);
 
   // Per item: m [group], l [group], acc [group][d].
   const int64_t per_item = int64_t(group) * (d + 2);
@@ -361,7 +339,7 @@ void decode_attention(const kv::PagedKvView& kv, const float* q, int num_q_heads
     std::fill(l, l + group, 0.0f);
     std::fill(acc, acc + int64_t(group) * d, 0.0f);
     const float* qh = qs.data() + (int64_t(w.b) * num_q_heads + w.h * group) * d;
-    if (w.region == 1 && kv.center.pairs > 0 && active[size_t(w.h)]) {
+    if (w.region == 1 && kv.center.head_active(w.h)) {
       const float* cf = coef.data() + (size_t(w.b) * num_q_heads + size_t(w.h) * group) * (2 * kv.center.pairs + 1);
       centered_middle(kv, K, w.b, w.h, w.i0, w.i1, group, qh, cf, m, l, acc);
       return;

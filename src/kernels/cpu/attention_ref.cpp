@@ -78,18 +78,14 @@ void region_partial(const kv::PagedKvView& kv, const kv::RegionTable& r, bool qu
   std::vector<float> row(d);
   std::vector<double> s(i1 - i0);
   // Page centering: a middle row's key is x̂ + δ_h(t) of its page (paged_kv.h).
-  const bool centered = quantized && kv.center.pairs > 0;
+  const bool centered = quantized && kv.center.head_active(h);
   std::vector<float> delta(centered ? d : 0);
   int delta_page = -1;
   for (int i = i0; i < i1; ++i) {
     fetch_row(kv, r, quantized, /*value=*/false, b, i, h, row.data());
     if (centered) {
       const int pi = i / kv.page_size;
-      if (pi != delta_page) {
-        center_offset(kv.center, d, h, kv.center.angles + int64_t(r.indptr[b] + pi) * kv.center.pairs * 2,
-                      delta.data());
-        delta_page = pi;
-      }
+      if (pi != delta_page) mid_page_offset(kv.center, r, d, b, h, delta_page = pi, delta.data());
       for (int c = 0; c < d; ++c) row[c] += delta[c];
     }
     double dot = 0.0;
