@@ -1,4 +1,3 @@
-#include "model/prepared_layer.h"
 #include "model/calib_forward.h"
 
 #include <fmt/format.h>
@@ -17,8 +16,6 @@
 
 namespace oscar::model {
 
-struct DenseForward::Layer : PreparedLayer {};
-
 DenseForward::DenseForward(const ModelWeights& w, backend::Backend& be) : be_(be), cfg_(w.cfg) {
   const ModelConfig& c = cfg_;
   if (int(w.layers.size()) != c.n_layers || c.n_heads <= 0 || c.n_kv_heads <= 0 ||
@@ -27,10 +24,7 @@ DenseForward::DenseForward(const ModelWeights& w, backend::Backend& be) : be_(be
   embd_ = be_.prepare_embedding(w.tok_embd);
   out_norm_ = be_.prepare_vector(w.out_norm);
   lm_head_ = be_.prepare_linear({c.tied_embeddings ? &w.tok_embd : &w.lm_head}, {});
-  for (const LayerWeights& lw : w.layers) {
-    Layer L{prepare_layer(be_, c, lw)};
-    layers_.push_back(std::move(L));
-  }
+  for (const LayerWeights& lw : w.layers) layers_.push_back(prepare_layer(be_, c, lw));
   inv_freq_ = rope_inv_freq(c);
 }
 
@@ -47,49 +41,30 @@ void DenseForward::run(std::span<const int32_t> tokens, DenseHooks* hooks,
     if (t < 0 || t >= c.vocab_size)
       throw Error(fmt::format("dense forward: token id {} outside the vocabulary [0, {})", t,
                               c.vocab_size));
-  const int Hq = c.n_heads, Hkv = c.n_kv_heads, d = c.head_dim, H = c.hidden,
-            I = c.intermediate;
-  const size_t Dq = size_t(Hq) * d, Dkv = size_t(Hkv) * d, Dqkv = Dq + 2 * Dkv;
-  backend::BufferPtr x = be_.alloc(T * size_t(H)), h = be_.alloc(T * size_t(H)),
-            qkv = be_.alloc(T * Dqkv), q = be_.alloc(T * Dq), k = be_.alloc(T * Dkv),
-            v = be_.alloc(T * Dkv), o = be_.alloc(T * Dq), tmp = be_.alloc(T * size_t(H)),
-            gu = be_.alloc(T * size_t(2) * I), act = be_.alloc(T * size_t(I));
+  const int Hq = c.n_heads, Hkv = c.n_kv_heads, d = c.head_dim, H = c.hidden;
+  ActivationBuffers bufs;
+  bufs.ensure(be_, c, T);
+  const LayerActivations& a = bufs.get();
   std::vector<int32_t> pos(T);
   for (int i = 0; i < T; ++i) pos[i] = int32_t(first_pos + i);
   std::vector<float> cos(size_t(T) * d / 2), sin(size_t(T) * d / 2);
   kernels::cpu::rope_tables(inv_freq_, pos.data(), T, cos.data(), sin.data());
 
-  be_.embed(*embd_, tokens.data(), T, x->data());
+  be_.embed(*embd_, tokens.data(), T, a.x);
   for (int l = 0; l < c.n_layers; ++l) {
     if (hooks && l > 0 && !hooks->want_layer(l)) return;
-    const Layer& L = layers_[l];
-    be_.rms_norm(x->data(), *L.attn_norm, T, H, c.rms_eps, h->data());
-    be_.linear(*L.wqkv, h->data(), T, qkv->data());
-    be_.copy_cols(qkv->data(), T, int(Dqkv), 0, int(Dq), q->data());
-    be_.copy_cols(qkv->data(), T, int(Dqkv), int(Dq), int(Dkv), k->data());
-    be_.copy_cols(qkv->data(), T, int(Dqkv), int(Dq + Dkv), int(Dkv), v->data());
-    if (c.qk_norm) {
-      be_.rms_norm(q->data(), *L.q_norm, T * Hq, d, c.rms_eps, q->data());
-      be_.rms_norm(k->data(), *L.k_norm, T * Hkv, d, c.rms_eps, k->data());
-    }
-    be_.rope(q->data(), T, Hq, d, cos.data(), sin.data());
-    be_.rope(k->data(), T, Hkv, d, cos.data(), sin.data());
-    if (hooks) hooks->on_qkv(l, q->data(), k->data(), v->data(), T);
-    if (!hooks || !hooks->attention(l, q->data(), k->data(), v->data(), T, o->data()))
-      dense_causal_attention(q->data(), k->data(), v->data(), T, Hq, Hkv, d, o->data());
-    if (hooks) hooks->on_attn_out(l, o->data(), T);
-    if (hooks && !hooks->want_layer(l + 1) && l + 1 < c.n_layers) return;
-    be_.linear(*L.wo, o->data(), T, tmp->data());
-    be_.add(x->data(), tmp->data(), size_t(T) * H);
-    be_.rms_norm(x->data(), *L.ffn_norm, T, H, c.rms_eps, h->data());
-    be_.linear(*L.w_gate_up, h->data(), T, gu->data());
-    be_.silu_mul(gu->data(), T, I, act->data());
-    be_.linear(*L.w_down, act->data(), T, tmp->data());
-    be_.add(x->data(), tmp->data(), size_t(T) * H);
+    const bool go_on = run_layer(be_, c, layers_[l], T, a, cos.data(), sin.data(),
+                                 [&](float* q, float* k, float* v, float* o) {
+      if (hooks) hooks->on_qkv(l, q, k, v, T);
+      if (!hooks || !hooks->attention(l, q, k, v, T, o)) dense_causal_attention(q, k, v, T, Hq, Hkv, d, o);
+      if (hooks) hooks->on_attn_out(l, o, T);
+      return !(hooks && !hooks->want_layer(l + 1) && l + 1 < c.n_layers);
+    });
+    if (!go_on) return;
   }
   if (hidden) {
     hidden->resize(size_t(T) * H);
-    be_.to_host(x->data(), hidden->data(), hidden->size());
+    be_.to_host(a.x, hidden->data(), hidden->size());
   }
 }
 

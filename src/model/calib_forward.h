@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "model/llama_layer.h"
 #include "model/weights.h"
 
 namespace oscar::model {
@@ -65,11 +66,10 @@ class DenseForward {
   void project_attention(int layer, const float* o, int n, std::vector<float>& y);
 
  private:
-  struct Layer;
   backend::Backend& be_;
   ModelConfig cfg_;
   backend::WeightPtr embd_, out_norm_, lm_head_;
-  std::vector<Layer> layers_;
+  std::vector<PreparedLayer> layers_;
   std::vector<float> inv_freq_;
 };
 

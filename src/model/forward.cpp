@@ -1,4 +1,3 @@
-#include "model/prepared_layer.h"
 #include "model/forward.h"
 
 #include <fmt/format.h>
@@ -12,8 +11,6 @@
 #include "model/rope.h"
 
 namespace oscar::model {
-
-struct Model::Layer : PreparedLayer {};
 
 namespace {
 
@@ -90,11 +87,8 @@ Model::Model(const ModelConfig& cfg, backend::Backend& backend, const Tensor& to
       expect_shape(lw.q_norm, {c.head_dim}, nm("q_norm"));
       expect_shape(lw.k_norm, {c.head_dim}, nm("k_norm"));
     }
-    Layer L{prepare_layer(be_, c, lw)};
-    step_bytes_ += L.attn_norm->bytes + L.wqkv->bytes + L.wo->bytes + L.ffn_norm->bytes +
-                   L.w_gate_up->bytes + L.w_down->bytes +
-                   (c.qk_norm ? L.q_norm->bytes + L.k_norm->bytes : 0);
-    layers_.push_back(std::move(L));
+    layers_.push_back(prepare_layer(be_, c, lw));
+    step_bytes_ += layers_.back().bytes();
   }
   inv_freq_ = rope_inv_freq(c);
 }
@@ -106,26 +100,11 @@ kv::KvCacheShape Model::cache_shape(int page_size) const {
 }
 
 void Model::ensure_workspace(int T, int R) {
-  if (T <= ws_tokens_ && R <= ws_rows_) return;
-  T = std::max(T, ws_tokens_);
-  R = std::max(R, ws_rows_);
-  const size_t H = cfg_.hidden, Dq = size_t(cfg_.n_heads) * cfg_.head_dim,
-               Dkv = size_t(cfg_.n_kv_heads) * cfg_.head_dim, I = cfg_.intermediate,
-               V = cfg_.vocab_size;
-  x_ = be_.alloc(T * H);
-  h_ = be_.alloc(T * H);
-  qkv_ = be_.alloc(T * (Dq + 2 * Dkv));
-  q_ = be_.alloc(T * Dq);
-  k_ = be_.alloc(T * Dkv);
-  v_ = be_.alloc(T * Dkv);
-  attn_ = be_.alloc(T * Dq);
-  tmp_ = be_.alloc(T * H);
-  gu_ = be_.alloc(T * 2 * I);
-  act_ = be_.alloc(T * I);
-  sel_ = be_.alloc(R * H);
-  logits_ = be_.alloc(R * V);
-  ws_tokens_ = T;
+  acts_.ensure(be_, cfg_, T);
+  if (R <= ws_rows_) return;
   ws_rows_ = R;
+  sel_ = be_.alloc(size_t(R) * cfg_.hidden);
+  logits_ = be_.alloc(size_t(R) * cfg_.vocab_size);
 }
 
 void Model::forward(std::span<const SeqStep> steps, kv::KvCache& cache,
@@ -133,8 +112,8 @@ void Model::forward(std::span<const SeqStep> steps, kv::KvCache& cache,
   const ModelConfig& c = cfg_;
   const int S = static_cast<int>(steps.size());
   const int Hq = c.n_heads, Hkv = c.n_kv_heads, d = c.head_dim;
-  const int H = c.hidden, I = c.intermediate, V = c.vocab_size;
-  const int Dq = Hq * d, Dkv = Hkv * d, Dqkv = Dq + 2 * Dkv;
+  const int H = c.hidden, V = c.vocab_size;
+  const int Dq = Hq * d, Dkv = Hkv * d;
   if (cache.shape().n_layers != c.n_layers || cache.shape().num_kv_heads != Hkv ||
       cache.shape().head_dim != d)
     throw Error(fmt::format("forward: {} kv cache shaped for {} layers x {} heads x {}, model "
@@ -206,48 +185,26 @@ void Model::forward(std::span<const SeqStep> steps, kv::KvCache& cache,
   for (int s : order) cache.place(steps[s].seq, pos0[s], len[s], rows_);
   be_.begin_step(dec_batch, pre_batch);
 
-  float* x = x_->data();
-  float* h = h_->data();
+  const LayerActivations& a = acts_.get();
+  float* x = a.x;
   be_.embed(*embd_, tokens.data(), T, x);
   for (int l = 0; l < c.n_layers; ++l) {
-    const Layer& L = layers_[l];
-    be_.rms_norm(x, *L.attn_norm, T, H, c.rms_eps, h);
-    be_.linear(*L.wqkv, h, T, qkv_->data());
-    float* q = q_->data();
-    float* k = k_->data();
-    float* v = v_->data();
-    be_.copy_cols(qkv_->data(), T, Dqkv, 0, Dq, q);
-    be_.copy_cols(qkv_->data(), T, Dqkv, Dq, Dkv, k);
-    be_.copy_cols(qkv_->data(), T, Dqkv, Dq + Dkv, Dkv, v);
-    if (c.qk_norm) {
-      be_.rms_norm(q, *L.q_norm, T * Hq, d, c.rms_eps, q);
-      be_.rms_norm(k, *L.k_norm, T * Hkv, d, c.rms_eps, k);
-    }
-    be_.rope(q, T, Hq, d, cos.data(), sin.data());
-    be_.rope(k, T, Hkv, d, cos.data(), sin.data());
-    cache.rotate_keys(l, k, T);
-    cache.rotate_queries(l, q, T, Hq);
-    cache.write_rows(l, rows_, k, v);
-
-    float* attn = attn_->data();
-    if (Bd > 0) be_.decode_attention(dec_batch.layer(l), q, Hq, sm_scale, attn);
-    if (!pre_seqs.empty()) {
-      const kv::PagedKvView pv = pre_batch.layer(l);
-      for (size_t b = 0; b < pre_seqs.size(); ++b) {
-        const int s = pre_step[b];
-        be_.prefill_attention(pv, static_cast<int>(b), pos0[s], q + int64_t(off[s]) * Dq,
-                              k + int64_t(off[s]) * Dkv, v + int64_t(off[s]) * Dkv,
-                              len[s], Hq, sm_scale, attn + int64_t(off[s]) * Dq);
+    run_layer(be_, c, layers_[l], T, a, cos.data(), sin.data(), [&](float* q, float* k, float* v, float* attn) {
+      cache.rotate_keys(l, k, T);
+      cache.rotate_queries(l, q, T, Hq);
+      cache.write_rows(l, rows_, k, v);
+      if (Bd > 0) be_.decode_attention(dec_batch.layer(l), q, Hq, sm_scale, attn);
+      if (!pre_seqs.empty()) {
+        const kv::PagedKvView pv = pre_batch.layer(l);
+        for (size_t b = 0; b < pre_seqs.size(); ++b) {
+          const int s = pre_step[b];
+          be_.prefill_attention(pv, static_cast<int>(b), pos0[s], q + int64_t(off[s]) * Dq,
+                                k + int64_t(off[s]) * Dkv, v + int64_t(off[s]) * Dkv, len[s], Hq, sm_scale,
+                                attn + int64_t(off[s]) * Dq);
+        }
       }
-    }
-    be_.linear(*L.wo, attn, T, tmp_->data());
-    be_.add(x, tmp_->data(), size_t(T) * H);
-
-    be_.rms_norm(x, *L.ffn_norm, T, H, c.rms_eps, h);
-    be_.linear(*L.w_gate_up, h, T, gu_->data());
-    be_.silu_mul(gu_->data(), T, I, act_->data());
-    be_.linear(*L.w_down, act_->data(), T, tmp_->data());
-    be_.add(x, tmp_->data(), size_t(T) * H);
+      return true;
+    });
   }
   for (int s = 0; s < S; ++s) cache.commit(steps[s].seq, len[s]);
 

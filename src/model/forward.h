@@ -23,6 +23,7 @@
 
 #include "kv/kv_cache.h"
 #include "backend/backend.h"
+#include "model/llama_layer.h"
 #include "model/weights.h"
 
 namespace oscar::model {
@@ -65,21 +66,21 @@ class Model {
   void set_logits_to_host(bool on) { logits_to_host_ = on; }
 
  private:
-  struct Layer;
   void ensure_workspace(int tokens, int out_rows);
 
   backend::Backend& be_;
   ModelConfig cfg_;
   backend::WeightPtr embd_, out_norm_, lm_head_;  // lm_head_ also when tied (a copy in matrix form)
-  std::vector<Layer> layers_;
+  std::vector<PreparedLayer> layers_;
   std::vector<float> inv_freq_;
   int64_t step_bytes_ = 0;
   bool logits_to_host_ = true;
 
   // Workspace, grown on demand.
-  int ws_tokens_ = 0, ws_rows_ = 0;
+  int ws_rows_ = 0;
   backend::RowPlacement rows_;  // the step's row placement
-  backend::BufferPtr x_, h_, qkv_, q_, k_, v_, attn_, tmp_, gu_, act_, sel_, logits_;
+  ActivationBuffers acts_;                // the step's activations (model/llama_layer.h)
+  backend::BufferPtr sel_, logits_;       // rows whose logits are wanted; their logits
 };
 
 }  // namespace oscar::model
