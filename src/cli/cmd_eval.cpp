@@ -67,7 +67,8 @@ void write_file(const std::string& path, const std::string& text) {
 struct Opts {
   std::string model, calib, text, methods = "bf16,int2-naive,int2-hadamard,kivi2,oscar",
                                    ctx = "2048", json, plot, weights = "f32";
-  std::string haystack = "data/haystack.txt", depths = "0.1,0.3,0.5,0.7,0.9", device = "cpu";
+  std::string haystack = "data/haystack.txt", depths = "0.1,0.3,0.5,0.7,0.9", device = "cpu",
+              prompt_bf16 = "on";
   int windows = 1, page = 64, sink = 64, recent = 256, group = 128, threads = 0, trials = 2,
       prompts = 2, new_tokens = 32, score_from = -1, chunk = 512;
   int64_t first_position = 0;
@@ -164,6 +165,11 @@ const oscar::cli::Registrar reg({"eval", "Accuracy of KV cache methods vs BF16 (
   passkey->add_option("--trials", pk->trials, "Prompts per (ctx, depth)")->capture_default_str();
   passkey->add_option("--device", pk->device, "cpu, cuda or cuda:N (the engine's backend)")
       ->capture_default_str();
+  passkey->add_option("--prompt-bf16", pk->prompt_bf16,
+                      "on | off: prompt chunks read the earlier chunks in BF16, demotion waits for the first "
+                      "decode step (the engine's default); off: every chunk reads them as the cache stores them")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
   passkey->add_option("--chunk", pk->chunk, "Prefill chunk (tokens per engine step)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
@@ -185,6 +191,7 @@ const oscar::cli::Registrar reg({"eval", "Accuracy of KV cache methods vs BF16 (
     using namespace oscar;
     if (passkey->parsed()) {
       Loaded L = load(*pk);
+      for (kv::KvMethod& m : L.methods) m.prompt_bf16 = pk->prompt_bf16 == "on";
       eval::PasskeyOptions po;
       po.ctx = parse_ints(pk->ctx, "--ctx");
       po.depths = parse_doubles(pk->depths, "--depths");

@@ -212,7 +212,12 @@ PageCounts OscarKvCache::pages_to_hold(int64_t tokens, int chunk) const {
 }
 
 PageCounts OscarKvCache::pages_free() const {
-  return {bf16_pool_.num_free(), quant_pool_.num_free() - quant_promised_};
+  // A BF16 prompt's backlog counts as free BF16 pages: reserve demotes it when it needs them
+  // (its quantized pages are already promised).
+  int64_t reclaimable = 0;
+  if (opts_.prompt_bf16)
+    for (const auto& [id, s] : seqs_) reclaimable += backlog(s);
+  return {bf16_pool_.num_free() + reclaimable, quant_pool_.num_free() - quant_promised_};
 }
 
 KvUsage OscarKvCache::usage() const {
@@ -312,6 +317,12 @@ void OscarKvCache::publish_prefix(SeqId seq, std::span<const int32_t> tokens) {
 void OscarKvCache::reserve(SeqId seq, int n) {
   if (n < 0) throw Error(fmt::format("{} kv cache: reserve of {} tokens", opts_.label, n));
   Seq& s = get(seq);
+  // A BF16 prompt ends at the first single-token reservation (the first decode step): its
+  // backlog is demoted before the step reads the cache. (The quantized pages are promised.)
+  if (opts_.prompt_bf16 && s.prompt && n == 1) {
+    s.prompt = false;
+    demote_due(s);
+  }
   const int64_t end = int64_t(s.length) + n;
   const int need_sink = pages_for(std::min<int64_t>(end, opts_.sink), shape_.page_size);
   const auto [more, demotions] = reservation(s, end);
@@ -322,6 +333,9 @@ void OscarKvCache::reserve(SeqId seq, int n) {
     throw Error(fmt::format("{}: out of pages ({} needed for demotion, {} free)",
                             opts_.label + " quantized page pool", extra,
                             quant_pool_.num_free() - quant_promised_));
+  // Deferred backlogs yield their BF16 pages when the pool runs short. (The counts above do
+  // not change: a demotion moves whole pages from the window to the middle.)
+  if (more > 0) reclaim_bf16(s, more);
   std::vector<int32_t> fresh;
   try {
     for (int i = 0; i < more; ++i) fresh.push_back(bf16_pool_.acquire());
@@ -371,14 +385,7 @@ void OscarKvCache::demote_one(Seq& s) {
   s.mid_len += shape_.page_size;
 }
 
-void OscarKvCache::commit(SeqId seq, int n) {
-  Seq& s = get(seq);
-  if (n < 0 || n > s.reserved)
-    throw Error(fmt::format("{} kv cache: commit of {} tokens to sequence {} with {} reserved",
-                            opts_.label, n, seq, s.reserved));
-  s.length += n;
-  s.reserved -= n;
-  // Page-granular demotion: the window ends in [W, W + page).
+void OscarKvCache::demote_due(Seq& s) {
   const int ps = shape_.page_size;
   while (s.length - opts_.sink - s.mid_len >= opts_.recent + ps) {
     // The promise is released before the page is taken, so the pool check in
@@ -389,6 +396,38 @@ void OscarKvCache::commit(SeqId seq, int n) {
     }
     demote_one(s);
   }
+}
+
+int OscarKvCache::backlog(const Seq& s) const {
+  if (!opts_.prompt_bf16 || !s.prompt) return 0;
+  const int ps = shape_.page_size;
+  const int64_t after = int64_t(s.length) - opts_.sink - s.mid_len;
+  return after >= opts_.recent + ps ? int((after - opts_.recent) / ps) : 0;
+}
+
+void OscarKvCache::reclaim_bf16(Seq& first, int pages) {
+  if (bf16_pool_.num_free() >= pages) return;
+  if (backlog(first) > 0) demote_due(first);
+  // Then the other sequences' backlogs, oldest first (ids grow with creation).
+  std::vector<SeqId> ids;
+  for (const auto& [id, s] : seqs_)
+    if (&s != &first && backlog(s) > 0) ids.push_back(id);
+  std::sort(ids.begin(), ids.end());
+  for (SeqId id : ids) {
+    if (bf16_pool_.num_free() >= pages) return;
+    demote_due(seqs_.at(id));
+  }
+}
+
+void OscarKvCache::commit(SeqId seq, int n) {
+  Seq& s = get(seq);
+  if (n < 0 || n > s.reserved)
+    throw Error(fmt::format("{} kv cache: commit of {} tokens to sequence {} with {} reserved",
+                            opts_.label, n, seq, s.reserved));
+  s.length += n;
+  s.reserved -= n;
+  // Page-granular demotion: the window ends in [W, W + page); a BF16 prompt defers it.
+  if (!(opts_.prompt_bf16 && s.prompt)) demote_due(s);
 }
 
 OscarKvCache::Regions OscarKvCache::regions(SeqId seq) const {

@@ -51,6 +51,14 @@ struct OscarCacheOptions {
   // pages in the quantized pool, each pool with its own index. Needs the sink to
   // be whole pages.
   bool prefix_caching = false;
+  // BF16 prompt: while a sequence is prefilled (reservations of more than one token, until
+  // its first single-token reservation), the pages that leave the recent window are not
+  // demoted, so every prompt chunk reads the earlier chunks in BF16, as one whole-prompt
+  // prefill would; the backlog is demoted when the prompt ends (its first decode step), or
+  // earlier, oldest sequences first, when the BF16 pool runs short (reserve). The quantized
+  // pages of the backlog are promised as if it had been demoted, so the demotion cannot
+  // fail. Off: the classic rule, demotion at every commit (what a decode step reads).
+  bool prompt_bf16 = false;
   backend::PageStoreFactory store;  // page memory; empty = host
 };
 
@@ -105,6 +113,7 @@ class OscarKvCache : public KvCache {
     std::vector<uint64_t> keys;  // prefix caching: keys of the first full pages
     int bf16_published = 0;      // full pages [0, n) offered to the BF16 index
     int quant_published = 0;     // middle pages [0, n) offered to the quantized index
+    bool prompt = true;          // prompt_bf16: no single-token reservation yet (demotion deferred)
   };
   // Middle tokens of a sequence holding `length` committed tokens (the commit rule).
   int mid_for_length(int64_t length) const;
@@ -115,6 +124,12 @@ class OscarKvCache : public KvCache {
   // (bf16 page, slot) of position p of a sequence (p in the sink or recent window).
   std::pair<int32_t, int> slot_of(const Seq& s, int p) const;
   void demote_one(Seq& s);
+  // Demotes every page that has left the recent window (the window ends in [W, W + page)).
+  void demote_due(Seq& s);
+  // Full pages beyond the recent window that a BF16 prompt has kept (0 without deferral).
+  int backlog(const Seq& s) const;
+  // Demotes deferred backlogs, the given sequence's first, until `pages` BF16 pages are free.
+  void reclaim_bf16(Seq& first, int pages);
   int64_t bf16_page_elems() const;
 
   KvCacheShape shape_;

@@ -255,6 +255,7 @@ static std::unique_ptr<KvCache> make_quant_cache(const KvMethod& m, const KvCach
   o.recent = m.recent;
   o.bits = m.bits;
   o.group_size = m.group_size;
+  o.prompt_bf16 = m.prompt_bf16;
   return std::make_unique<OscarKvCache>(shape, m.calib, o);
 }
 

@@ -46,6 +46,9 @@ struct KvMethod {
   int bits = 2;
   int group_size = 128;  // channels per (scale, min) group (clamped to head_dim)
   int sink = 64, recent = 256;
+  // Prompts read their own earlier chunks in BF16; demotion waits for the first decode step
+  // (OscarCacheOptions::prompt_bf16). The teacher-forced engine evaluation turns it off.
+  bool prompt_bf16 = true;
   // kRow with a non-identity value rotation: W_v / W_o must be folded.
   bool folds_values() const;
   // DESIGN §5.4 for a sequence of T tokens under page-granular demotion

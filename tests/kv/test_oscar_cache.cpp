@@ -181,6 +181,109 @@ TEST(OscarCache, ExhaustedPoolIsAnErrorAndLeavesTheCacheUnchanged) {
   EXPECT_EQ(c.bytes_in_use(), 0);
 }
 
+// The middle of sequence s, layer l, as bytes: codes and params of its pages in order.
+std::vector<uint8_t> middle_bytes(const OscarKvCache& c, SeqId s, int l) {
+  KvBatch b;
+  const std::vector<SeqId> seqs{s};
+  const std::vector<int> lens{c.length(s)};
+  c.make_batch(seqs, lens, b);
+  const PagedKvView v = b.layer(l);
+  std::vector<uint8_t> out;
+  for (int i = v.mid.indptr[0]; i < v.mid.indptr[1]; ++i) {
+    const int64_t r0 = v.quant_row_index(v.mid.indices[i], 0, 0), rows = int64_t(kH) * kPage;
+    const uint8_t* kc = v.quant.k_codes + r0 * v.row_code_bytes();
+    const uint8_t* vc = v.quant.v_codes + r0 * v.row_code_bytes();
+    const auto* kp = reinterpret_cast<const uint8_t*>(v.quant.k_params + r0 * v.row_groups() * 2);
+    const auto* vp = reinterpret_cast<const uint8_t*>(v.quant.v_params + r0 * v.row_groups() * 2);
+    out.insert(out.end(), kc, kc + rows * v.row_code_bytes());
+    out.insert(out.end(), vc, vc + rows * v.row_code_bytes());
+    out.insert(out.end(), kp, kp + rows * v.row_groups() * 4);
+    out.insert(out.end(), vp, vp + rows * v.row_groups() * 4);
+  }
+  return out;
+}
+
+TEST(OscarCache, Bf16PromptDefersDemotionToTheFirstDecodeStep) {
+  auto classic = make(Composition::kHadamard);
+  auto c = std::make_shared<Calibration>(data_free_calibration(Composition::kHadamard, fp(), 0.96f, 0.92f, 2, 64));
+  OscarCacheOptions o;
+  o.sink = kSink;
+  o.recent = kRecent;
+  o.group_size = 64;
+  o.max_tokens = 1024;
+  o.prompt_bf16 = true;
+  OscarKvCache deferred({kL, kH, kD, kPage}, c, o);
+  const SeqId a = classic->create(), b = deferred.create();
+  std::mt19937 r1(7), r2(7);
+  // A prompt of three chunks: the deferred cache keeps every row in BF16.
+  for (int chunk = 0; chunk < 3; ++chunk) {
+    append(*classic, a, 40, r1);
+    append(deferred, b, 40, r2);
+    const auto r = deferred.regions(b);
+    EXPECT_EQ(r.mid, 0) << "chunk " << chunk;
+    EXPECT_EQ(r.recent, deferred.length(b) - kSink);
+    // The backlog counts as free (reserve reclaims it), its quantized pages as promised.
+    EXPECT_EQ(deferred.pages_free().bf16, classic->pages_free().bf16) << "chunk " << chunk;
+    EXPECT_EQ(deferred.pages_free().quant, classic->pages_free().quant) << "chunk " << chunk;
+  }
+  ASSERT_GT(classic->regions(a).mid, 0);
+  // The first decode step demotes the backlog before it reads: from then on both caches hold
+  // the same regions and bit-identical middle pages.
+  for (int step = 0; step < 20; ++step) {
+    append(*classic, a, 1, r1);
+    append(deferred, b, 1, r2);
+    const auto ra = classic->regions(a), rb = deferred.regions(b);
+    ASSERT_EQ(ra.mid, rb.mid) << "step " << step;
+    ASSERT_EQ(ra.recent, rb.recent) << "step " << step;
+  }
+  for (int l = 0; l < kL; ++l) {
+    const auto ma = middle_bytes(*classic, a, l), mb = middle_bytes(deferred, b, l);
+    ASSERT_FALSE(ma.empty());
+    EXPECT_EQ(ma, mb) << "layer " << l;
+  }
+  EXPECT_EQ(deferred.pages_free().bf16, classic->pages_free().bf16);
+  EXPECT_EQ(deferred.pages_free().quant, classic->pages_free().quant);
+  // A multi-token step after the prompt (no longer a prompt) demotes at once.
+  append(*classic, a, 40, r1);
+  append(deferred, b, 40, r2);
+  EXPECT_EQ(deferred.regions(b).mid, classic->regions(a).mid);
+}
+
+TEST(OscarCache, Bf16PromptBacklogYieldsWhenBf16PagesRunShort) {
+  auto cal = std::make_shared<Calibration>(data_free_calibration(Composition::kNone, fp(), 1, 1, 2, 64));
+  OscarCacheOptions o;
+  o.sink = kSink;
+  o.recent = kRecent;
+  o.group_size = 64;
+  o.bf16_pages = 12;  // a sink page, the window (3 + 1 pages) and a 40-token chunk, twice over
+  o.quant_pages = 64;
+  o.prompt_bf16 = true;
+  OscarKvCache c({kL, kH, kD, kPage}, cal, o);
+  std::mt19937 rng(9);
+  const SeqId a = c.create();
+  // 10 chunks of 40 tokens: far more than 12 BF16 pages; the backlog is demoted as needed.
+  for (int chunk = 0; chunk < 10; ++chunk) {
+    ASSERT_NO_THROW(append(c, a, 40, rng)) << "chunk " << chunk;
+    ASSERT_LE(c.usage().used.bf16, 12);
+  }
+  EXPECT_GT(c.regions(a).mid, 0);
+  const int mid_a = c.regions(a).mid;
+  // A second sequence's prompt takes the first one's backlog when it needs the pages.
+  const SeqId b = c.create();
+  for (int chunk = 0; chunk < 4; ++chunk) ASSERT_NO_THROW(append(c, b, 40, rng)) << "chunk " << chunk;
+  EXPECT_GE(c.regions(a).mid, mid_a);
+  // Both decode on; the regions end where the classic rule puts them.
+  append(c, a, 1, rng);
+  append(c, b, 1, rng);
+  for (SeqId s : {a, b}) {
+    const auto r = c.regions(s);
+    EXPECT_GE(r.recent, kRecent);
+    EXPECT_LT(r.recent, kRecent + kPage);
+  }
+  // Nothing left to reclaim: the pool is what it is.
+  EXPECT_EQ(c.pages_free().bf16, 12 - c.usage().used.bf16);
+}
+
 TEST(QuantMethods, RegistryAndBits) {
   KvMethodOptions o;
   o.model = fp();
