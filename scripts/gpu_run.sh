@@ -51,7 +51,7 @@ grep -E "registers|spill" "$OUT/build.log" | sort | uniq -c | sort -rn | head -5
 if ((rc)); then grep -E "error|FAILED" "$OUT/build.log" | head -30; exit 1; fi
 echo "build: $(( $(date +%s) - t0 ))s"
 if [[ ${SASS:-0} == 1 ]] && command -v cuobjdump > /dev/null; then
-  obj=$(find build-gpu -name 'decode_attention.cu.o' | head -1)
+  obj=$(find build-gpu -name 'decode_split_d128.cu.o' | head -1)
   cuobjdump -sass "$obj" > "$OUT/sass.txt" 2>&1 && echo "sass: $(wc -l < "$OUT/sass.txt") lines"
 fi
 
@@ -71,7 +71,7 @@ if [[ $MODE == tune ]]; then
   # the same run), larger shapes, the PDL A/B; NCU=1 adds per-kernel durations
   # at batch 1 and a full profile of the INT2 split kernel at 32 x 32K.
   if command -v cuobjdump > /dev/null; then
-    obj=$(find build-gpu -name 'decode_attention.cu.o' | head -1)
+    obj=$(find build-gpu -name 'decode_split_d128.cu.o' | head -1)
     cuobjdump -sass "$obj" > "$OUT/sass.txt" 2>&1
     python3 bench/cuda/sass_hist.py decode_split_kernelILi128ELi128ELb1ELi2 < "$OUT/sass.txt" | head -40
     python3 bench/cuda/sass_hist.py decode_split_kernelILi128ELi128ELb1ELi3 < "$OUT/sass.txt" | head -40
