@@ -235,10 +235,10 @@ KvUsage OscarKvCache::usage() const {
 }
 
 int OscarKvCache::mid_for_length(int64_t length) const {
+  // Whole pages leave the window while it holds >= W + page tokens: it ends in [W, W + page).
   const int ps = shape_.page_size;
-  int mid = 0;
-  while (length - opts_.sink - mid >= opts_.recent + ps) mid += ps;
-  return mid;
+  const int64_t after = length - opts_.sink;
+  return after >= opts_.recent + ps ? int((after - opts_.recent) / ps * ps) : 0;
 }
 
 int OscarKvCache::attach_prefix(SeqId seq, std::span<const int32_t> tokens) {
@@ -400,9 +400,8 @@ void OscarKvCache::demote_due(Seq& s) {
 
 int OscarKvCache::backlog(const Seq& s) const {
   if (!opts_.prompt_bf16 || !s.prompt) return 0;
-  const int ps = shape_.page_size;
-  const int64_t after = int64_t(s.length) - opts_.sink - s.mid_len;
-  return after >= opts_.recent + ps ? int((after - opts_.recent) / ps) : 0;
+  // The pages demote_due would demote now (the commit rule of mid_for_length).
+  return (mid_for_length(s.length) - s.mid_len) / shape_.page_size;
 }
 
 void OscarKvCache::reclaim_bf16(Seq& first, int pages) {

@@ -31,13 +31,15 @@ ModelFingerprint fp() {
   return f;
 }
 
-std::unique_ptr<OscarKvCache> make(Composition comp, float kc = 0.96f, float vc = 0.92f) {
+std::unique_ptr<OscarKvCache> make(Composition comp, float kc = 0.96f, float vc = 0.92f,
+                                   bool prompt_bf16 = false) {
   auto c = std::make_shared<Calibration>(data_free_calibration(comp, fp(), kc, vc, 2, 64));
   OscarCacheOptions o;
   o.sink = kSink;
   o.recent = kRecent;
   o.group_size = 64;
   o.max_tokens = 1024;
+  o.prompt_bf16 = prompt_bf16;
   return std::make_unique<OscarKvCache>(KvCacheShape{kL, kH, kD, kPage}, c, o);
 }
 
@@ -205,14 +207,8 @@ std::vector<uint8_t> middle_bytes(const OscarKvCache& c, SeqId s, int l) {
 
 TEST(OscarCache, Bf16PromptDefersDemotionToTheFirstDecodeStep) {
   auto classic = make(Composition::kHadamard);
-  auto c = std::make_shared<Calibration>(data_free_calibration(Composition::kHadamard, fp(), 0.96f, 0.92f, 2, 64));
-  OscarCacheOptions o;
-  o.sink = kSink;
-  o.recent = kRecent;
-  o.group_size = 64;
-  o.max_tokens = 1024;
-  o.prompt_bf16 = true;
-  OscarKvCache deferred({kL, kH, kD, kPage}, c, o);
+  auto deferred_cache = make(Composition::kHadamard, 0.96f, 0.92f, /*prompt_bf16=*/true);
+  OscarKvCache& deferred = *deferred_cache;
   const SeqId a = classic->create(), b = deferred.create();
   std::mt19937 r1(7), r2(7);
   // A prompt of three chunks: the deferred cache keeps every row in BF16.
