@@ -4,7 +4,15 @@
 // host one layer at a time, DESIGN §7).
 //
 //   bench_gpu_engine [--preset qwen3-8b|llama3-8b] [--kv-gib 100] [--ctx 32768,65536]
-//                    [--batch 1,8,32] [--steps 8] [--json FILE]
+//                    [--batch 1,8,32] [--steps 8] [--graphs both|on|off] [--json FILE]
+//
+// Decode steps replay their layers from CUDA graphs (Model::set_graphs); with
+// --graphs both (the default) every equal-batch row is also timed eagerly on
+// the same cache, so the graphs' gain is measured in the same run. Each batch
+// also gets the time of its linear layers alone (cuBLAS on one layer's shapes,
+// replayed for every layer from one graph, plus the LM head): the step splits
+// into GEMM / other (the weights-only step minus GEMM) / attention + cache
+// (the step minus the weights-only step).
 //
 // Two tables:
 //   equal memory: for each context, the most sequences each cache holds in
@@ -49,6 +57,7 @@ struct Args {
   int steps = 8;
   std::string json;
   std::string methods = "bf16,int2";
+  std::string graphs = "both";
 };
 
 std::vector<int> ints(const std::string& s) {
@@ -151,6 +160,7 @@ struct Row {
   std::string method;
   int batch = 0, ctx = 0;
   double step_ms = 0, tok_s = 0, weights_ms = 0, bytes = 0, roofline_ms = 0;
+  double eager_ms = 0, gemm_ms = 0;  // the same step without graphs; the linear layers alone
   int fit = 0;  // equal-memory rows: sequences that fit
 };
 
@@ -173,12 +183,17 @@ int main(int argc, char** argv) {
     else if (s == "--steps") a.steps = std::stoi(next());
     else if (s == "--json") a.json = next();
     else if (s == "--methods") a.methods = next();
+    else if (s == "--graphs") a.graphs = next();
     else {
       std::fprintf(stderr, "usage: bench_gpu_engine [--preset qwen3-8b|llama3-8b] [--kv-gib G] "
                            "[--ctx a,b] [--batch a,b] [--batch-ctx c] [--long-ctx n] [--steps n] "
-                           "[--methods bf16,int2] [--json FILE]\n");
+                           "[--methods bf16,int2] [--graphs both|on|off] [--json FILE]\n");
       return 2;
     }
+  }
+  if (a.graphs != "both" && a.graphs != "on" && a.graphs != "off") {
+    std::fprintf(stderr, "bench_gpu_engine: --graphs takes both, on or off\n");
+    return 2;
   }
   try {
     const model::ModelConfig cfg = preset(a.preset);
@@ -251,18 +266,68 @@ int main(int argc, char** argv) {
     const int64_t bytes = int64_t(a.kv_gib * double(1ull << 30));
 
     // Times `steps` decode steps over seqs (one token each); returns ms per step.
+    m.set_graphs(a.graphs != "off");
     auto time_steps = [&](kv::KvCache& cache, const std::vector<kv::SeqId>& seqs) {
       std::vector<int32_t> tok(seqs.size(), 11);
       std::vector<model::SeqStep> st;
       for (size_t i = 0; i < seqs.size(); ++i) st.push_back({seqs[i], {&tok[i], 1}, false});
       std::vector<float> lg;
-      m.forward(st, cache, lg);  // warm-up (plans, workspaces)
+      m.forward(st, cache, lg);  // warm-up (plans, workspaces, graphs)
+      m.forward(st, cache, lg);
       cudaDeviceSynchronize();
       const auto s0 = std::chrono::steady_clock::now();
       for (int i = 0; i < a.steps; ++i) m.forward(st, cache, lg);
       cudaDeviceSynchronize();
       return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s0).count() /
              a.steps;
+    };
+    // The linear layers of a step alone at batch B: one layer's shapes (its
+    // weights are ~8x the L2, so every replay streams them from memory again)
+    // for every layer, and the LM head, from one graph.
+    backend::WeightPtr gq, go, ggu, gd, glm;
+    {
+      oscar::Tensor wq, wk, wv, wo, wg, wu, wd, lmh;
+      fill(wq, {Dq, H}, 1.0 / H, 901);
+      fill(wk, {Dkv, H}, 1.0 / H, 902);
+      fill(wv, {Dkv, H}, 1.0 / H, 903);
+      fill(wo, {H, Dq}, 1.0 / Dq, 904);
+      fill(wg, {I, H}, 1.0 / H, 905);
+      fill(wu, {I, H}, 1.0 / H, 906);
+      fill(wd, {H, I}, 1.0 / I, 907);
+      fill(lmh, {cfg.vocab_size, H}, 1.0 / H, 908);
+      gq = be->prepare_linear({&wq, &wk, &wv}, {});
+      go = be->prepare_linear({&wo}, {});
+      ggu = be->prepare_linear({&wg, &wu}, {});
+      gd = be->prepare_linear({&wd}, {});
+      glm = be->prepare_linear({&lmh}, {});
+    }
+    const int64_t gemm_bytes = int64_t(cfg.n_layers) * (gq->bytes + go->bytes + ggu->bytes + gd->bytes) + glm->bytes;
+    std::vector<std::pair<int, double>> gemm_only;
+    auto gemm_ms = [&](int B) {
+      for (auto& [b, ms] : gemm_only)
+        if (b == B) return ms;
+      auto x = be->alloc(size_t(B) * std::max<int64_t>(I, std::max(H, Dq))),
+           y = be->alloc(size_t(B) * std::max<int64_t>(2 * I, std::max<int64_t>(cfg.vocab_size, Dq + 2 * Dkv)));
+      auto all = [&] {
+        for (int l = 0; l < cfg.n_layers; ++l) {
+          be->linear(*gq, x->data(), B, y->data());
+          be->linear(*go, x->data(), B, y->data());
+          be->linear(*ggu, x->data(), B, y->data());
+          be->linear(*gd, x->data(), B, y->data());
+        }
+        be->linear(*glm, x->data(), B, y->data());
+      };
+      const uint64_t key = 0xB0000000ull + uint64_t(B);
+      be->run_graph(key, all);  // records (or runs eagerly without graphs)
+      cudaDeviceSynchronize();
+      const auto s0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < a.steps; ++i) be->run_graph(key, all);
+      cudaDeviceSynchronize();
+      const double ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s0).count() / a.steps;
+      be->clear_graphs();  // x and y go
+      gemm_only.push_back({B, ms});
+      return ms;
     };
     // The weights-only step at each batch: a context of 64 tokens.
     std::vector<std::pair<int, double>> wonly;
@@ -370,6 +435,12 @@ int main(int argc, char** argv) {
           fill_context(*cache, *be, seqs.back(), C, *kbuf, *vbuf, chunk);
         }
         r.step_ms = time_steps(*cache, seqs);
+        if (a.graphs == "both") {
+          m.set_graphs(false);
+          r.eager_ms = time_steps(*cache, seqs);
+          m.set_graphs(true);
+        }
+        r.gemm_ms = gemm_ms(B);
         r.tok_s = B / (r.step_ms * 1e-3);
         r.weights_ms = wms;
         r.bytes = double(m.weight_bytes_per_step()) + double(cache->bytes_in_use());
@@ -378,6 +449,10 @@ int main(int argc, char** argv) {
                     "streamed %6.2f GB | roofline %6.2f ms (%3.0f %%) | %8.0f tok/s\n",
                     B, C, r.method.c_str(), r.step_ms, wms, r.bytes / 1e9, r.roofline_ms,
                     100 * r.roofline_ms / r.step_ms, r.tok_s);
+        std::printf("    split: GEMM %6.2f ms (%4.0f GB/s, %3.0f %% of copy) | other %6.2f ms | attention+cache "
+                    "%6.2f ms | eager step %8.2f ms (graphs %.2fx)\n",
+                    r.gemm_ms, gemm_bytes / (r.gemm_ms * 1e-3) / 1e9, 100 * gemm_bytes / (r.gemm_ms * 1e-3) / bw,
+                    wms - r.gemm_ms, r.step_ms - wms, r.eager_ms, r.eager_ms > 0 ? r.eager_ms / r.step_ms : 0.0);
         std::fflush(stdout);
         rows_b.push_back(r);
       }
@@ -386,7 +461,8 @@ int main(int argc, char** argv) {
       std::ofstream f(a.json);
       f << "{\"preset\": \"" << a.preset << "\", \"device\": \"" << be->name()
         << "\", \"copy_gbps\": " << bw / 1e9 << ", \"kv_gib\": " << a.kv_gib
-        << ", \"weight_bytes\": " << m.weight_bytes_per_step() << ", \"equal_memory\": [";
+        << ", \"weight_bytes\": " << m.weight_bytes_per_step() << ", \"graphs\": \"" << a.graphs
+        << "\", \"gemm_bytes\": " << gemm_bytes << ", \"equal_memory\": [";
       for (size_t i = 0; i < rows_eq.size(); ++i)
         f << (i ? ", " : "") << "{\"method\": \"" << rows_eq[i].method << "\", \"ctx\": " << rows_eq[i].ctx
           << ", \"fits\": " << rows_eq[i].fit << ", \"step_ms\": " << rows_eq[i].step_ms
@@ -396,7 +472,8 @@ int main(int argc, char** argv) {
         f << (i ? ", " : "") << "{\"method\": \"" << rows_b[i].method << "\", \"batch\": " << rows_b[i].batch
           << ", \"ctx\": " << rows_b[i].ctx << ", \"step_ms\": " << rows_b[i].step_ms
           << ", \"weights_only_ms\": " << rows_b[i].weights_ms << ", \"bytes\": " << rows_b[i].bytes
-          << ", \"roofline_ms\": " << rows_b[i].roofline_ms << ", \"tok_s\": " << rows_b[i].tok_s << "}";
+          << ", \"roofline_ms\": " << rows_b[i].roofline_ms << ", \"tok_s\": " << rows_b[i].tok_s
+          << ", \"eager_step_ms\": " << rows_b[i].eager_ms << ", \"gemm_ms\": " << rows_b[i].gemm_ms << "}";
       f << "]}\n";
     }
   } catch (const std::exception& e) {

@@ -1,5 +1,7 @@
 #include "backend/backend.h"
 
+#include <vector>
+
 #include "core/error.h"
 
 namespace oscar::backend {
@@ -17,6 +19,40 @@ WeightDtype weight_dtype_from_string(const std::string& s) {
   if (s == "bf16") return WeightDtype::kBf16;
   if (s == "q8") return WeightDtype::kQ8;
   throw Error("weight dtype '" + s + "': expected f32, bf16 or q8");
+}
+
+void Backend::linear_add(const PreparedWeight& w, const float* x, int n, float* y, float* tmp) {
+  linear(w, x, n, tmp);
+  add(y, tmp, size_t(n) * size_t(w.rows));
+}
+
+void Backend::qkv_heads(const float* qkv, int n, int Hq, int Hkv, int d, const PreparedWeight* q_norm,
+                        const PreparedWeight* k_norm, float eps, const float* cos, const float* sin, float* q,
+                        float* k, float* v) {
+  if (!q_norm != !k_norm) throw Error("qkv_heads: q_norm and k_norm come together");
+  const int Dq = Hq * d, Dkv = Hkv * d, Dqkv = Dq + 2 * Dkv;
+  copy_cols(qkv, n, Dqkv, 0, Dq, q);
+  copy_cols(qkv, n, Dqkv, Dq, Dkv, k);
+  copy_cols(qkv, n, Dqkv, Dq + Dkv, Dkv, v);
+  if (q_norm) {
+    rms_norm(q, *q_norm, n * Hq, d, eps, q);
+    rms_norm(k, *k_norm, n * Hkv, d, eps, k);
+  }
+  rope(q, n, Hq, d, cos, sin);
+  rope(k, n, Hkv, d, cos, sin);
+}
+
+void Backend::argmax_rows(const float* x, int rows, int cols, int32_t* out) {
+  std::vector<float> h(size_t(rows) * size_t(cols));
+  to_host(x, h.data(), h.size());
+  for (int r = 0; r < rows; ++r) {
+    const float* row = h.data() + size_t(r) * size_t(cols);
+    int best = 0;
+    bool any = false;
+    for (int c = 0; c < cols; ++c)
+      if (row[c] == row[c] && (!any || row[c] > row[best])) best = c, any = true;
+    out[r] = best;
+  }
 }
 
 }  // namespace oscar::backend

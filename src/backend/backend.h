@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <string>
@@ -90,6 +91,23 @@ class Backend {
   virtual void copy_cols(const float* src, int n, int src_cols, int col0, int width,
                          float* dst) = 0;
 
+  // Fused forms of the ops above. The defaults compose those ops (the CPU
+  // backend keeps them, so its results are the specification); a device backend
+  // overrides them to save launches and memory passes, within the tolerances
+  // its tests state.
+  // y += x W^T (+ b): the residual add of o_proj and down_proj. tmp [n][out] is
+  // scratch the default uses (y, x, tmp distinct).
+  virtual void linear_add(const PreparedWeight& w, const float* x, int n, float* y, float* tmp);
+  // The attention inputs from the fused projection's rows qkv [n][(Hq + 2 Hkv) d]:
+  // q [n][Hq d], k, v [n][Hkv d]; q and k RMS-normed per head with q_norm / k_norm
+  // when given (Qwen3; both or neither), then RoPE on q and k (tables as rope()).
+  virtual void qkv_heads(const float* qkv, int n, int Hq, int Hkv, int d, const PreparedWeight* q_norm,
+                         const PreparedWeight* k_norm, float eps, const float* host_cos,
+                         const float* host_sin, float* q, float* k, float* v);
+  // host_out[r] = argmax of row r of x [rows][cols] (ties: the lowest index; NaN never
+  // wins; a row of NaN gives 0): greedy decoding without reading the logits back.
+  virtual void argmax_rows(const float* x, int rows, int cols, int32_t* host_out);
+
   // --- KV pages
   // The page memory of the caches this backend runs with; empty = host memory
   // (backend/page_store.h). A device backend's caches must be made with it.
@@ -100,6 +118,27 @@ class Backend {
   // the same for every layer (KvBatch::layer changes only the pools); a device
   // backend uploads and plans them here.
   virtual void begin_step(const kv::KvBatch& decode, const kv::KvBatch& prefill) {}
+
+  // --- step graphs (decode steps; a backend without them runs everything eagerly)
+  // True when run_graph records and replays (CUDA graphs).
+  virtual bool graphs_supported() const { return false; }
+  // Runs fn, or replays the device work fn issued the first time it ran under
+  // `key`. fn may only call ops whose device work is the same at every replay:
+  // fixed buffer addresses and shapes, device inputs already in place (stage
+  // host data first: stage_rope), no host reads or uploads. Where recording
+  // fails (an op that cannot be recorded, a buffer that has to grow) fn runs
+  // eagerly instead, so a wrong key costs speed, never correctness of the call
+  // itself; the caller's key must change whenever the work would. Returns true
+  // when the work ran from a graph.
+  virtual bool run_graph(uint64_t key, const std::function<void()>& fn) {
+    fn();
+    return false;
+  }
+  // Forgets every recorded graph (buffers they use were moved or freed).
+  virtual void clear_graphs() {}
+  // Uploads a step's RoPE tables (host, as rope()) ahead of graphs that apply
+  // them: later rope() calls with the same pointers and sizes use this upload.
+  virtual void stage_rope(const float* host_cos, const float* host_sin, int n, int head_dim) {}
 
   // Attention over the paged cache (contracts: kernels/cpu/attention.h).
   // q [batch][Hq][d] -> o [batch][Hq][d]

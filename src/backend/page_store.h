@@ -70,9 +70,12 @@ struct LayerQuant {
 
 class PageStore {
  public:
-  explicit PageStore(const PageStoreSpec& spec) : spec_(spec) {}
+  explicit PageStore(const PageStoreSpec& spec) : spec_(spec), id_(next_id()) {}
   virtual ~PageStore() = default;
   const PageStoreSpec& spec() const { return spec_; }
+  // Unique over the process's life (never reused): recorded step graphs that
+  // read this store's transforms are keyed by it (Backend::run_graph).
+  uint64_t id() const { return id_; }
   // "cpu" or "cuda": where the pages (and the rows handed in) live.
   virtual std::string device() const = 0;
 
@@ -122,6 +125,13 @@ class PageStore {
 
  protected:
   PageStoreSpec spec_;
+
+ private:
+  static uint64_t next_id() {
+    static std::atomic<uint64_t> n{0};
+    return ++n;
+  }
+  uint64_t id_;
 };
 
 // Makes the store of a cache; empty means host memory (make_host_page_store).

@@ -117,6 +117,12 @@ std::vector<Result> Generator::run(std::span<const Request> reqs, const OnText& 
     // Prefill: every prompt, chunked, several sequences per call.
     const auto t0 = Clock::now();
     std::vector<float> logits;
+    std::vector<int32_t> ids;  // the step's argmax ids when every stepping sequence is plain greedy
+    auto all_plain = [&](const std::vector<int>& who) {
+      for (int i : who)
+        if (!live[i].sampler.plain_greedy()) return false;
+      return true;
+    };
     std::vector<std::vector<int32_t>> chunk(N);
     for (;;) {
       std::vector<model::SeqStep> steps;
@@ -134,7 +140,8 @@ std::vector<Result> Generator::run(std::span<const Request> reqs, const OnText& 
         budget -= n;
       }
       if (steps.empty()) break;
-      m_.forward(steps, cache_, logits);
+      const bool am = all_plain(who);
+      am ? m_.forward_argmax(steps, cache_, ids) : m_.forward(steps, cache_, logits);
       for (size_t s = 0; s < who.size(); ++s) {
         const int i = who[s];
         if (live[i].fed < int(reqs[i].prompt.size())) continue;
@@ -144,7 +151,7 @@ std::vector<Result> Generator::run(std::span<const Request> reqs, const OnText& 
           cache_.release(live[i].seq);
           continue;
         }
-        const int tok = live[i].sampler.sample({logits.data() + s * V, size_t(V)}, live[i].history);
+        const int tok = am ? ids[s] : live[i].sampler.sample({logits.data() + s * V, size_t(V)}, live[i].history);
         accept(i, tok);
       }
     }
@@ -164,10 +171,11 @@ std::vector<Result> Generator::run(std::span<const Request> reqs, const OnText& 
         who.push_back(i);
       }
       if (steps.empty()) break;
-      m_.forward(steps, cache_, logits);
+      const bool am = all_plain(who);
+      am ? m_.forward_argmax(steps, cache_, ids) : m_.forward(steps, cache_, logits);
       for (size_t s = 0; s < who.size(); ++s) {
         const int i = who[s];
-        const int tok = live[i].sampler.sample({logits.data() + s * V, size_t(V)}, live[i].history);
+        const int tok = am ? ids[s] : live[i].sampler.sample({logits.data() + s * V, size_t(V)}, live[i].history);
         ++stats_.decode_tokens;
         accept(i, tok);
       }

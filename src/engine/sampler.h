@@ -31,6 +31,9 @@ class Sampler {
   // logits [vocab]; history: tokens seen so far (prompt + generated) for the
   // repetition penalty.
   int sample(std::span<const float> logits, std::span<const int> history);
+  // Greedy with no repetition penalty: the token is the argmax of the logits alone, so
+  // the model can pick it where the logits are (Model::forward_argmax).
+  bool plain_greedy() const { return p_.temperature == 0.0f && p_.repetition_penalty == 1.0f; }
   // The probabilities sample() draws from (after all transforms), for tests.
   std::vector<double> probabilities(std::span<const float> logits, std::span<const int> history);
 

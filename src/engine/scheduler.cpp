@@ -312,9 +312,15 @@ bool Scheduler::step() {
     steps.push_back({p.seq->cache_seq,
                      std::span<const int32_t>(p.seq->history.data() + p.seq->fed, size_t(p.n)),
                      false});
+  // Plain greedy sequences only: the model returns the chosen ids, not the logits.
+  bool argmax = true;
+  for (const Planned& p : plan) argmax = argmax && p.seq->sampler.plain_greedy();
   const auto t0 = Clock::now();
   try {
-    m_.forward(steps, cache_, logits_);
+    if (argmax)
+      m_.forward_argmax(steps, cache_, argmax_);
+    else
+      m_.forward(steps, cache_, logits_);
   } catch (const std::exception& e) {
     // Not expected (pages were checked): fail the step's requests, keep serving.
     for (const Planned& p : plan) finish(*p.seq, "error", std::string("forward failed: ") + e.what());
@@ -338,7 +344,7 @@ bool Scheduler::step() {
       finish(s, "length");
       continue;
     }
-    const int tok = s.sampler.sample({logits_.data() + r * size_t(V), size_t(V)}, s.history);
+    const int tok = argmax ? argmax_[r] : s.sampler.sample({logits_.data() + r * size_t(V), size_t(V)}, s.history);
     accept(s, tok, now);
   }
   std::erase_if(running_, [](const auto& s) { return s->finished; });

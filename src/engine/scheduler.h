@@ -132,6 +132,7 @@ class Scheduler {
   kv::PageCounts cache_total_;
   SchedulerMetrics metrics_;
   std::vector<float> logits_;
+  std::vector<int32_t> argmax_;  // the step's chosen ids when every sequence is plain greedy
 };
 
 // Length of the longest prefix of `s` that does not end inside a UTF-8 sequence.

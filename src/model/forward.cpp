@@ -93,13 +93,15 @@ Model::Model(const ModelConfig& cfg, backend::Backend& backend, const Tensor& to
   inv_freq_ = rope_inv_freq(c);
 }
 
-Model::~Model() = default;
+// Recorded step graphs read this model's weights and activations.
+Model::~Model() { be_.clear_graphs(); }
 
 kv::KvCacheShape Model::cache_shape(int page_size) const {
   return {cfg_.n_layers, cfg_.n_kv_heads, cfg_.head_dim, page_size};
 }
 
 void Model::ensure_workspace(int T, int R) {
+  if (T > acts_.tokens() || R > ws_rows_) be_.clear_graphs();  // the buffers move
   acts_.ensure(be_, cfg_, T);
   if (R <= ws_rows_) return;
   ws_rows_ = R;
@@ -107,12 +109,27 @@ void Model::ensure_workspace(int T, int R) {
   logits_ = be_.alloc(size_t(R) * cfg_.vocab_size);
 }
 
-void Model::forward(std::span<const SeqStep> steps, kv::KvCache& cache,
-                    std::vector<float>& logits) {
+void Model::forward(std::span<const SeqStep> steps, kv::KvCache& cache, std::vector<float>& logits) {
+  const int R = run(steps, cache);
+  if (R == 0 || !logits_to_host_) {
+    logits.clear();
+    return;
+  }
+  logits.resize(size_t(R) * cfg_.vocab_size);
+  be_.to_host(logits_->data(), logits.data(), logits.size());
+}
+
+void Model::forward_argmax(std::span<const SeqStep> steps, kv::KvCache& cache, std::vector<int32_t>& tokens) {
+  const int R = run(steps, cache);
+  tokens.resize(size_t(R));
+  if (R > 0) be_.argmax_rows(logits_->data(), R, cfg_.vocab_size, tokens.data());
+}
+
+int Model::run(std::span<const SeqStep> steps, kv::KvCache& cache) {
   const ModelConfig& c = cfg_;
   const int S = static_cast<int>(steps.size());
   const int Hq = c.n_heads, Hkv = c.n_kv_heads, d = c.head_dim;
-  const int H = c.hidden, V = c.vocab_size;
+  const int H = c.hidden;
   const int Dq = Hq * d, Dkv = Hkv * d;
   if (cache.shape().n_layers != c.n_layers || cache.shape().num_kv_heads != Hkv ||
       cache.shape().head_dim != d)
@@ -144,10 +161,7 @@ void Model::forward(std::span<const SeqStep> steps, kv::KvCache& cache,
     if (len[s] > 1) order.push_back(s);
   int T = 0;
   for (int s : order) off[s] = T, T += len[s];
-  if (T == 0) {
-    logits.clear();
-    return;
-  }
+  if (T == 0) return 0;
   for (int s = 0; s < S; ++s) cache.reserve(steps[s].seq, len[s]);
   ensure_workspace(T, R);
 
@@ -185,8 +199,48 @@ void Model::forward(std::span<const SeqStep> steps, kv::KvCache& cache,
   for (int s : order) cache.place(steps[s].seq, pos0[s], len[s], rows_);
   be_.begin_step(dec_batch, pre_batch);
 
+  // Only the rows whose logits are wanted go through the final norm and LM head.
+  // When that is every row in step order (decode steps, or all_logits), x
+  // already holds them.
+  bool all_rows = R == T;
+  for (int i = 0; i < S && all_rows; ++i) all_rows = order[i] == i;
+
   const LayerActivations& a = acts_.get();
   float* x = a.x;
+  // A step of single tokens runs its layers from recorded graphs (where the
+  // backend has them): everything between two attentions is one graph, keyed
+  // by the cache's store (its transforms), the row count and the position in
+  // the step; the cache writes and the attention, whose tables change every
+  // step, run eagerly between them (docs/gpu-engine.md, "Step graphs").
+  const bool graphs = graphs_ && be_.graphs_supported() && Bd == T && all_rows && T <= kMaxGraphRows;
+  if (graphs) {
+    const uint64_t sid = cache.store().id();
+    auto key = [&](int seg) { return (sid << 40) ^ (uint64_t(T) << 16) ^ uint64_t(seg); };
+    be_.stage_rope(cos.data(), sin.data(), T, d);
+    be_.embed(*embd_, tokens.data(), T, x);
+    auto inputs = [&](int l) {
+      layer_attention_inputs(be_, c, layers_[l], T, a, cos.data(), sin.data());
+      cache.rotate_keys(l, a.k, T);
+      cache.rotate_queries(l, a.q, T, Hq);
+    };
+    graph_runs_ += be_.run_graph(key(0), [&] { inputs(0); });
+    for (int l = 0; l < c.n_layers; ++l) {
+      cache.write_rows(l, rows_, a.k, a.v);
+      be_.decode_attention(dec_batch.layer(l), a.q, Hq, sm_scale, a.attn);
+      graph_runs_ += be_.run_graph(key(l + 1), [&] {
+        layer_attention_output_and_ffn(be_, c, layers_[l], T, a);
+        if (l + 1 < c.n_layers) {
+          inputs(l + 1);
+        } else {
+          be_.rms_norm(x, *out_norm_, T, H, c.rms_eps, x);
+          be_.linear(*lm_head_, x, T, logits_->data());
+        }
+      });
+    }
+    for (int s = 0; s < S; ++s) cache.commit(steps[s].seq, len[s]);
+    return R;
+  }
+
   be_.embed(*embd_, tokens.data(), T, x);
   for (int l = 0; l < c.n_layers; ++l) {
     run_layer(be_, c, layers_[l], T, a, cos.data(), sin.data(), [&](float* q, float* k, float* v, float* attn) {
@@ -208,11 +262,6 @@ void Model::forward(std::span<const SeqStep> steps, kv::KvCache& cache,
   }
   for (int s = 0; s < S; ++s) cache.commit(steps[s].seq, len[s]);
 
-  // Only the rows whose logits are wanted go through the final norm and LM head.
-  // When that is every row in step order (decode steps, or all_logits), x
-  // already holds them.
-  bool all_rows = R == T;
-  for (int i = 0; i < S && all_rows; ++i) all_rows = order[i] == i;
   int r = 0;
   for (int s = 0; s < S && !all_rows; ++s) {
     const int n = len[s];
@@ -227,12 +276,7 @@ void Model::forward(std::span<const SeqStep> steps, kv::KvCache& cache,
   float* sel = all_rows ? x : sel_->data();
   be_.rms_norm(sel, *out_norm_, R, H, c.rms_eps, sel);
   be_.linear(*lm_head_, sel, R, logits_->data());
-  if (!logits_to_host_) {
-    logits.clear();
-    return;
-  }
-  logits.resize(size_t(R) * V);
-  be_.to_host(logits_->data(), logits.data(), logits.size());
+  return R;
 }
 
 }  // namespace oscar::model

@@ -61,12 +61,26 @@ class Model {
   // [rows][vocab], rows in step order: tokens.size() rows for all_logits steps,
   // else 1 (the last token). Empty steps are not allowed; a sequence may appear once.
   void forward(std::span<const SeqStep> steps, kv::KvCache& cache, std::vector<float>& logits);
+  // The same step, returning each output row's argmax (greedy decoding; ties: the
+  // lowest id) instead of its logits: computed on the backend, so a GPU returns R
+  // ids, not R x vocab floats.
+  void forward_argmax(std::span<const SeqStep> steps, kv::KvCache& cache, std::vector<int32_t>& tokens);
   // Benchmarks: compute the logits but leave them on the backend (forward then
   // returns `logits` empty). Default on.
   void set_logits_to_host(bool on) { logits_to_host_ = on; }
+  // Steps of single tokens (decode) replay their layers from graphs where the
+  // backend records them (Backend::run_graph; CUDA). Default on; off runs
+  // every op eagerly (A/B runs, debugging). Results are the same either way.
+  void set_graphs(bool on) { graphs_ = on; }
+  bool graphs() const { return graphs_; }
+  // Graph replays (and first recordings) so far: tests check graphs really ran.
+  int64_t graph_runs() const { return graph_runs_; }
+  // Decode steps of at most this many sequences use graphs.
+  static constexpr int kMaxGraphRows = 512;
 
  private:
   void ensure_workspace(int tokens, int out_rows);
+  int run(std::span<const SeqStep> steps, kv::KvCache& cache);  // the step; its R output rows' logits in logits_
 
   backend::Backend& be_;
   ModelConfig cfg_;
@@ -75,6 +89,8 @@ class Model {
   std::vector<float> inv_freq_;
   int64_t step_bytes_ = 0;
   bool logits_to_host_ = true;
+  bool graphs_ = true;
+  int64_t graph_runs_ = 0;
 
   // Workspace, grown on demand.
   int ws_rows_ = 0;

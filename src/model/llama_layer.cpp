@@ -50,31 +50,20 @@ void ActivationBuffers::ensure(backend::Backend& be, const ModelConfig& c, int T
 
 void layer_attention_inputs(backend::Backend& be, const ModelConfig& c, const PreparedLayer& L, int T,
                             const LayerActivations& a, const float* cos, const float* sin) {
-  const int Hq = c.n_heads, Hkv = c.n_kv_heads, d = c.head_dim, H = c.hidden;
-  const int Dq = Hq * d, Dkv = Hkv * d, Dqkv = Dq + 2 * Dkv;
-  be.rms_norm(a.x, *L.attn_norm, T, H, c.rms_eps, a.h);
+  be.rms_norm(a.x, *L.attn_norm, T, c.hidden, c.rms_eps, a.h);
   be.linear(*L.wqkv, a.h, T, a.qkv);
-  be.copy_cols(a.qkv, T, Dqkv, 0, Dq, a.q);
-  be.copy_cols(a.qkv, T, Dqkv, Dq, Dkv, a.k);
-  be.copy_cols(a.qkv, T, Dqkv, Dq + Dkv, Dkv, a.v);
-  if (c.qk_norm) {
-    be.rms_norm(a.q, *L.q_norm, T * Hq, d, c.rms_eps, a.q);
-    be.rms_norm(a.k, *L.k_norm, T * Hkv, d, c.rms_eps, a.k);
-  }
-  be.rope(a.q, T, Hq, d, cos, sin);
-  be.rope(a.k, T, Hkv, d, cos, sin);
+  be.qkv_heads(a.qkv, T, c.n_heads, c.n_kv_heads, c.head_dim, c.qk_norm ? L.q_norm.get() : nullptr,
+               c.qk_norm ? L.k_norm.get() : nullptr, c.rms_eps, cos, sin, a.q, a.k, a.v);
 }
 
 void layer_attention_output_and_ffn(backend::Backend& be, const ModelConfig& c, const PreparedLayer& L,
                                     int T, const LayerActivations& a) {
   const int H = c.hidden, I = c.intermediate;
-  be.linear(*L.wo, a.attn, T, a.tmp);
-  be.add(a.x, a.tmp, size_t(T) * H);
+  be.linear_add(*L.wo, a.attn, T, a.x, a.tmp);
   be.rms_norm(a.x, *L.ffn_norm, T, H, c.rms_eps, a.h);
   be.linear(*L.w_gate_up, a.h, T, a.gu);
   be.silu_mul(a.gu, T, I, a.act);
-  be.linear(*L.w_down, a.act, T, a.tmp);
-  be.add(a.x, a.tmp, size_t(T) * H);
+  be.linear_add(*L.w_down, a.act, T, a.x, a.tmp);
 }
 
 }  // namespace oscar::model

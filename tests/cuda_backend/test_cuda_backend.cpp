@@ -142,6 +142,64 @@ TEST(CudaBackendOps, EveryOpMatchesTheCpuBackend) {
       gpu->rope(rg->data(), n, heads, d, cs.data(), sn.data());
       EXPECT_LE(rel_err(g.get(*rg, r.size()), cf.get(*rc, r.size())), 1e-5) << "rope";
 
+      // The fused ops: linear_add (y += x W^T + b, the GEMM's epilogue on the GPU) ...
+      {
+        const size_t ny = size_t(n) * (o1 + o2);
+        const auto y0 = randn(ny, 11 + n);
+        auto yc2 = c.put(y0), yg2 = g.put(y0);
+        auto tc = cpu_same->alloc(ny), tg = gpu->alloc(ny);
+        cpu_same->linear_add(*wc, xc->data(), n, yc2->data(), tc->data());
+        gpu->linear_add(*wg, xg->data(), n, yg2->data(), tg->data());
+        EXPECT_LE(rel_err(g.get(*yg2, ny), c.get(*yc2, ny)), lin_tol) << "linear_add";
+      }
+      // ... and qkv_heads (split, per-head QK-norm, RoPE in one kernel on the GPU), at a
+      // head_dim of whole warps and one of a partial warp (80: 40 pairs).
+      for (const int hd : {64, 80}) {
+        for (const bool norm : {false, true}) {
+          SCOPED_TRACE("qkv_heads, head_dim " + std::to_string(hd) + (norm ? ", QK-norm" : ""));
+          model::ModelConfig hcfg = mc;
+          hcfg.head_dim = hd;
+          std::vector<float> cs2(size_t(n) * hd / 2), sn2(size_t(n) * hd / 2);
+          kernels::cpu::rope_tables(model::rope_inv_freq(hcfg), pos.data(), n, cs2.data(), sn2.data());
+          const int Hq = 4, Hkv = 2, Dq = Hq * hd, Dkv = Hkv * hd;
+          const auto qkv = randn(size_t(n) * (Dq + 2 * Dkv), 12 + n + hd, 2.0f);
+          auto qn = tensor({hd}, 13, 0.3f), kn = tensor({hd}, 14, 0.3f);
+          auto qnc = cpu->prepare_vector(qn), knc = cpu->prepare_vector(kn);
+          auto qng = gpu->prepare_vector(qn), kng = gpu->prepare_vector(kn);
+          auto qkc = cf.put(qkv), qkg = g.put(qkv);
+          auto qc = cpu->alloc(size_t(n) * Dq), kc = cpu->alloc(size_t(n) * Dkv), vc = cpu->alloc(size_t(n) * Dkv);
+          auto qg = gpu->alloc(size_t(n) * Dq), kg = gpu->alloc(size_t(n) * Dkv), vg = gpu->alloc(size_t(n) * Dkv);
+          cpu->qkv_heads(qkc->data(), n, Hq, Hkv, hd, norm ? qnc.get() : nullptr, norm ? knc.get() : nullptr, 1e-6f,
+                         cs2.data(), sn2.data(), qc->data(), kc->data(), vc->data());
+          gpu->qkv_heads(qkg->data(), n, Hq, Hkv, hd, norm ? qng.get() : nullptr, norm ? kng.get() : nullptr, 1e-6f,
+                         cs2.data(), sn2.data(), qg->data(), kg->data(), vg->data());
+          EXPECT_LE(rel_err(g.get(*qg, size_t(n) * Dq), cf.get(*qc, size_t(n) * Dq)), 1e-5) << "q";
+          EXPECT_LE(rel_err(g.get(*kg, size_t(n) * Dkv), cf.get(*kc, size_t(n) * Dkv)), 1e-5) << "k";
+          EXPECT_EQ(g.get(*vg, size_t(n) * Dkv), cf.get(*vc, size_t(n) * Dkv)) << "v";
+          EXPECT_THROW(gpu->qkv_heads(qkg->data(), n, Hq, Hkv, hd, qng.get(), nullptr, 1e-6f, cs2.data(), sn2.data(),
+                                      qg->data(), kg->data(), vg->data()),
+                       Error);
+        }
+      }
+
+      // argmax_rows: the CPU backend's (the specification) on random rows of a vocabulary's
+      // width, with a tie planted in every row and NaN in some.
+      {
+        const int V = 151936;
+        auto lg = randn(size_t(n) * V, 15 + n);
+        for (int r = 0; r < n; ++r) {
+          float* row = lg.data() + size_t(r) * V;
+          const float mx = *std::max_element(row, row + V);
+          row[(r * 7919 + 5) % V] = mx;  // a tie with the existing maximum
+          if (r % 2) row[(r * 104729) % V] = NAN;
+        }
+        auto lc = cf.put(lg), lgd = g.put(lg);
+        std::vector<int32_t> oc(n), og(n);
+        cpu->argmax_rows(lc->data(), n, V, oc.data());
+        gpu->argmax_rows(lgd->data(), n, V, og.data());
+        EXPECT_EQ(og, oc) << "argmax_rows";
+      }
+
       const int inter = 80;
       const auto gu = randn(size_t(n) * 2 * inter, 8 + n, 3.0f);
       auto guc = cf.put(gu), gug = g.put(gu);
@@ -435,6 +493,68 @@ TEST(CudaDefaultModel, MatchesCpuEngine) {
       EXPECT_LE(e[e.size() / 2], 5e-3);
       EXPECT_LE(e.back(), 2e-2);
     }
+  }
+}
+
+// Decode steps replayed from CUDA graphs (Model::set_graphs, the default) against
+// the same steps run eagerly: bitwise the same logits, across batch sizes (one graph
+// set each), activation buffers that grow (graphs recorded on the old ones must not
+// replay), INT2 demotions and key transforms (OSCAR cache, every head transformed), and a
+// cache replaced by a new one on the same backend and model (new store, new graphs).
+TEST(CudaGraphs, DecodeStepsEqualEagerSteps) {
+  SKIP_WITHOUT_GPU();
+  model::ModelWeights w = tiny(model::Arch::kQwen3, 128, 16, 2);
+  CalibConfig cfg = recommended_center_scale();
+  cfg.page_center = false;  // (page centering: one chunk per page; covered eagerly above)
+  const kv::KvMethod km = oscar_method(w, cfg);
+  if (km.folds_values()) model::fold_value_rotation(w, *km.calib);
+  const int V = w.cfg.vocab_size;
+  for (const WeightDtype wd : {WeightDtype::kF32, WeightDtype::kBf16}) {
+    SCOPED_TRACE(wd == WeightDtype::kF32 ? "f32 weights" : "bf16 weights");
+    Runner eager(w, backend::make_cuda_backend({wd, 0}), km, 16, 4096);
+    Runner graph(w, backend::make_cuda_backend({wd, 0}), km, 16, 4096);
+    eager.m->set_graphs(false);
+    ASSERT_TRUE(graph.m->graphs());
+    auto both = [&](std::vector<kv::SeqId> seqs, std::vector<std::vector<int32_t>> toks, const char* what) {
+      const auto le = eager.step(seqs, toks), lg = graph.step(seqs, toks);
+      ASSERT_EQ(le.size(), lg.size()) << what;
+      ASSERT_EQ(le.size(), seqs.size() * size_t(V)) << what;
+      for (size_t i = 0; i < le.size(); ++i) ASSERT_EQ(le[i], lg[i]) << what << ": logit " << i;
+    };
+    auto next = [V](const std::vector<float>& l, int r) {
+      return int32_t(std::max_element(l.begin() + r * V, l.begin() + (r + 1) * V) - l.begin() - r * V);
+    };
+    for (int round = 0; round < 2; ++round) {
+      SCOPED_TRACE(round == 0 ? "first cache" : "a new cache on the same backend and model");
+      if (round == 1) {
+        eager.cache = kv::make_method_cache(km, eager.m->cache_shape(16), 4096, false,
+                                            eager.be->page_store_factory());
+        graph.cache = kv::make_method_cache(km, graph.m->cache_shape(16), 4096, false,
+                                            graph.be->page_store_factory());
+      }
+      const kv::SeqId a = eager.cache->create();
+      ASSERT_EQ(a, graph.cache->create());
+      const auto toks = random_tokens(200, V, 21 + round);
+      both({a}, {{toks[0], toks[1], toks[2]}}, "3-token prefill");
+      // Batch 1 decode through demotions (sink 16, recent 32, pages of 16).
+      for (int t = 3; t < 80; ++t) both({a}, {{toks[t]}}, "decode, batch 1");
+      // A longer prompt grows the activation buffers; then batches of 2 and of 1 again.
+      const kv::SeqId b = eager.cache->create();
+      ASSERT_EQ(b, graph.cache->create());
+      both({b}, {std::vector<int32_t>(toks.begin() + 80, toks.begin() + 150)}, "70-token prefill");
+      for (int t = 150; t < 180; ++t) both({a, b}, {{toks[t]}, {toks[t - 70]}}, "decode, batch 2");
+      for (int t = 180; t < 200; ++t) both({b}, {{toks[t]}}, "decode, batch 1 after growth");
+      // Greedy, each run on its own choices, as a server would.
+      std::vector<int32_t> te{7}, tg{7};
+      for (int t = 0; t < 24; ++t) {
+        te.push_back(next(eager.step({a}, {{te.back()}}), 0));
+        tg.push_back(next(graph.step({a}, {{tg.back()}}), 0));
+      }
+      EXPECT_EQ(te, tg);
+    }
+    EXPECT_EQ(eager.m->graph_runs(), 0);
+    // Every decode step: one graph before the first attention and one after each layer.
+    EXPECT_GT(graph.m->graph_runs(), 100 * (w.cfg.n_layers + 1));
   }
 }
 

@@ -2,6 +2,7 @@
 // over every architecture flavour, chunkings, batch mixes, page offsets and forks.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -188,6 +189,47 @@ TEST(Forward, MixedBatchEqualsOneSequenceAtATime) {
       err = std::max(err, double(std::abs(one.logits[0][i] - batched.logits[s][i])));
     EXPECT_LT(err, 1e-3) << "sequence " << s;
   }
+}
+
+// forward_argmax: the same step as forward, each output row's argmax instead of its
+// logits (ties to the lowest id, as the greedy sampler). Two identical caches, one fed
+// through each call, over a mixed prefill + decode schedule.
+TEST(Forward, ArgmaxEqualsArgmaxOfLogits) {
+  Fixture f(tiny_config(Arch::kLlama));
+  kv::Bf16KvCache other(f.m.cache_shape(16), 512);
+  const int V = f.w.cfg.vocab_size;
+  const auto ta = random_tokens(40, V, 11), tb = random_tokens(40, V, 12);
+  const kv::SeqId a = f.cache.create(), b = f.cache.create();
+  ASSERT_EQ(a, other.create());
+  ASSERT_EQ(b, other.create());
+  int fa = 0, fb = 0, checked = 0;
+  for (int step = 0; step < 12; ++step) {
+    // a: 9-token chunks then single tokens; b: single tokens throughout.
+    const int na = fa < 27 ? 9 : 1;
+    std::vector<int32_t> ca(ta.begin() + fa, ta.begin() + fa + na), cb{tb[fb]};
+    std::vector<SeqStep> st = {{a, ca, false}, {b, cb, false}};
+    std::vector<float> lg;
+    std::vector<int32_t> ids;
+    f.m.forward(st, f.cache, lg);
+    f.m.forward_argmax(st, other, ids);
+    ASSERT_EQ(lg.size(), 2u * V);
+    ASSERT_EQ(ids.size(), 2u);
+    for (int r = 0; r < 2; ++r) {
+      const auto row = lg.begin() + r * V;
+      EXPECT_EQ(ids[r], int32_t(std::max_element(row, row + V) - row)) << "step " << step << " row " << r;
+      ++checked;
+    }
+    fa += na;
+    ++fb;
+  }
+  EXPECT_EQ(checked, 24);
+  // Ties and NaN in the backend's own op: the first maximum wins, NaN never does.
+  std::vector<float> x = {1, 3, 3, 2, NAN, NAN, NAN, NAN, NAN, -1, 5, 5};
+  auto buf = f.be->alloc(x.size());
+  f.be->from_host(x.data(), buf->data(), x.size());
+  std::vector<int32_t> out(4);
+  f.be->argmax_rows(buf->data(), 4, 3, out.data());
+  EXPECT_EQ(out, (std::vector<int32_t>{1, 0, 0, 1}));
 }
 
 TEST(Forward, PageBoundariesAtEveryOffset) {

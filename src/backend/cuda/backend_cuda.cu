@@ -5,8 +5,12 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "backend/cuda/ops.cuh"
@@ -34,7 +38,15 @@ void check_blas(cublasStatus_t s, const char* what) {
 
 // Host-to-device copies in this file read pageable host memory with
 // cudaMemcpyAsync, which stages the data before it returns: the host buffer may
-// change right after, so no stream synchronization is needed for them.
+// change right after, so no stream synchronization is needed for them. None of
+// them may be recorded into a step graph (a replay would not repeat the host
+// side): each checks first (no_capture).
+void no_capture(cudaStream_t st, const char* what) {
+  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  check(cudaStreamIsCapturing(st, &cs), "capture status");
+  if (cs != cudaStreamCaptureStatusNone)
+    throw Error(std::string("cuda backend: ") + what + " uploads host data: not recordable in a graph");
+}
 
 // Device memory owned by RAII.
 struct DevMem {
@@ -87,7 +99,8 @@ const CudaWeight& cw(const PreparedWeight& w) { return static_cast<const CudaWei
 // KV pages in device memory.
 class CudaPageStore final : public PageStore {
  public:
-  CudaPageStore(const PageStoreSpec& s, cudaStream_t st) : PageStore(s), st_(st) {
+  CudaPageStore(const PageStoreSpec& s, cudaStream_t st, std::shared_ptr<std::atomic<uint64_t>> freed)
+      : PageStore(s), st_(st), freed_(std::move(freed)) {
     if (s.quant_pages > 0 && s.bits != 2)
       throw Error(s.label + ": the CUDA cache holds 2-bit codes only (this method has " +
                   std::to_string(s.bits) + ")");
@@ -109,6 +122,9 @@ class CudaPageStore final : public PageStore {
       }
     }
   }
+
+  // Step graphs may hold this store's transforms: the backend drops them all.
+  ~CudaPageStore() override { ++*freed_; }
 
   std::string device() const override { return "cuda"; }
   kv::Bf16PagePool bf16_pool(int l) const override {
@@ -241,6 +257,7 @@ class CudaPageStore final : public PageStore {
 
   void upload_rows(const RowPlacement& rows) {
     if (rows.epoch == rows_epoch_ && rows.size() == rows_n_) return;
+    no_capture(st_, "the row placement");
     const size_t n = size_t(rows.size());
     staging_.resize(2 * n);
     std::copy(rows.pages.begin(), rows.pages.end(), staging_.begin());
@@ -255,6 +272,7 @@ class CudaPageStore final : public PageStore {
   // Runs the queued demotions (every layer), in order.
   void flush() {
     if (pending_.empty()) return;
+    no_capture(st_, "a demotion list");
     const size_t n = pending_.size() / 2;
     staging_.resize(2 * n);
     for (size_t i = 0; i < n; ++i) {
@@ -298,6 +316,7 @@ class CudaPageStore final : public PageStore {
   }
 
   cudaStream_t st_;
+  std::shared_ptr<std::atomic<uint64_t>> freed_;  // counts destroyed stores (CudaBackend::run_graph)
   std::vector<DevMem> k_, v_, kc_, vc_, kp_, vp_;
   std::vector<Layer> q_;
   std::vector<int32_t> pending_;  // (src, dst) pairs
@@ -365,10 +384,16 @@ class CudaBackend final : public Backend {
     check_blas(cublasCreate(&blas_), "create");
     check_blas(cublasSetStream(blas_, st_), "set stream");
     check_blas(cublasSetMathMode(blas_, CUBLAS_DEFAULT_MATH), "math mode");
+    // A workspace of our own, so that cuBLAS allocates nothing while a step
+    // graph is recorded (as PyTorch does for the same reason).
+    blas_ws_ = DevMem(size_t(32) << 20);
+    check_blas(cublasSetWorkspace(blas_, blas_ws_.p, blas_ws_.bytes), "workspace");
     if (opts_.weight_dtype == WeightDtype::kQ8) opts_.weight_dtype = WeightDtype::kBf16;
+    if (const char* g = std::getenv("OSCAR_CUDA_GRAPHS")) graphs_ = std::string(g) != "0";
   }
   ~CudaBackend() override {
     cudaStreamSynchronize(st_);
+    clear_graphs();
     free_decode_ws();
     cublasDestroy(blas_);
     cudaStreamDestroy(st_);
@@ -385,10 +410,12 @@ class CudaBackend final : public Backend {
     return std::make_unique<DeviceBuffer>(n);
   }
   void to_host(const float* src, float* dst, size_t n) override {
+    no_capture(st_, "to_host");
     check(cudaMemcpyAsync(dst, src, n * 4, cudaMemcpyDeviceToHost, st_), "to_host");
     check(cudaStreamSynchronize(st_), "to_host");
   }
   void from_host(const float* src, float* dst, size_t n) override {
+    no_capture(st_, "from_host");
     check(cudaMemcpyAsync(dst, src, n * 4, cudaMemcpyHostToDevice, st_), "from_host");
     check(cudaStreamSynchronize(st_), "from_host");
   }
@@ -466,34 +493,77 @@ class CudaBackend final : public Backend {
       if (tokens[i] < 0 || tokens[i] >= e.rows)
         throw Error("embedding: token id " + std::to_string(tokens[i]) + " outside vocabulary [0, " +
                     std::to_string(e.rows) + ")");
+    no_capture(st_, "embed (token ids)");
     tokens_.ensure(size_t(n) * 4);
     check(cudaMemcpyAsync(tokens_.p, tokens, size_t(n) * 4, cudaMemcpyHostToDevice, st_), "tokens");
     cuda_ops::embed(e.w.p, false, tokens_.as<int32_t>(), n, int(e.cols), x, st_);
     check_launch("embed");
   }
 
-  void linear(const PreparedWeight& pw, const float* x, int n, float* y) override {
-    const CudaWeight& w = cw(pw);
-    if (n <= 0) return;
-    const float one = 1.0f, zero = 0.0f;
+  // y = beta y + x W^T: bf16 weights x activations rounded to bf16 (fp32
+  // accumulation and output), or SGEMM for f32 weights.
+  void gemm(const CudaWeight& w, const float* x, int n, float* y, float beta) {
+    const float one = 1.0f;
     const int out = int(w.rows), in = int(w.cols);
     if (w.bf16) {
-      xb_.ensure(size_t(n) * in * 2);
+      grow(xb_, size_t(n) * in * 2);
       cuda_ops::cast_bf16(x, xb_.as<__nv_bfloat16>(), int64_t(n) * in, st_);
       check_launch("cast");
       check_blas(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &one, w.w.p,
-                              CUDA_R_16BF, in, xb_.p, CUDA_R_16BF, in, &zero, y, CUDA_R_32F, out,
+                              CUDA_R_16BF, in, xb_.p, CUDA_R_16BF, in, &beta, y, CUDA_R_32F, out,
                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                  "bf16 GEMM");
     } else {
       check_blas(cublasSgemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &one, w.w.as<float>(),
-                             in, x, in, &zero, y, out),
+                             in, x, in, &beta, y, out),
                  "SGEMM");
     }
+  }
+
+  void linear(const PreparedWeight& pw, const float* x, int n, float* y) override {
+    const CudaWeight& w = cw(pw);
+    if (n <= 0) return;
+    gemm(w, x, n, y, 0.0f);
     if (w.bias.p) {
-      cuda_ops::add_bias(y, w.bias.as<float>(), n, out, st_);
+      cuda_ops::add_bias(y, w.bias.as<float>(), n, int(w.rows), st_);
       check_launch("bias");
     }
+  }
+
+  // y += x W^T (+ b): the GEMM's epilogue adds into y (beta = 1), no scratch.
+  void linear_add(const PreparedWeight& pw, const float* x, int n, float* y, float*) override {
+    const CudaWeight& w = cw(pw);
+    if (n <= 0) return;
+    gemm(w, x, n, y, 1.0f);
+    if (w.bias.p) {
+      cuda_ops::add_bias(y, w.bias.as<float>(), n, int(w.rows), st_);
+      check_launch("bias");
+    }
+  }
+
+  void qkv_heads(const float* qkv, int n, int Hq, int Hkv, int d, const PreparedWeight* qn,
+                 const PreparedWeight* kn, float eps, const float* cos, const float* sin, float* q, float* k,
+                 float* v) override {
+    if (!qn != !kn) throw Error("qkv_heads: q_norm and k_norm come together");
+    if ((qn && (qn->cols != d || kn->cols != d)) || d % 2 || d / 2 > 1024)
+      throw Error("qkv_heads: norm weights do not match head_dim " + std::to_string(d));
+    if (n <= 0) return;
+    if (cos != rope_cos_ || n != rope_n_ || d != rope_d_) stage_rope(cos, sin, n, d);
+    const size_t m = size_t(n) * d / 2;
+    cuda_ops::qkv_heads(qkv, n, Hq, Hkv, d, qn ? cw(*qn).w.as<float>() : nullptr,
+                        kn ? cw(*kn).w.as<float>() : nullptr, eps, rope_tab_.as<float>(),
+                        rope_tab_.as<float>() + m, q, k, v, st_);
+    check_launch("qkv_heads");
+  }
+
+  void argmax_rows(const float* x, int rows, int cols, int32_t* out) override {
+    no_capture(st_, "argmax_rows");
+    if (rows <= 0) return;
+    grow(argmax_, size_t(rows) * 4);
+    cuda_ops::argmax_rows(x, rows, cols, argmax_.as<int32_t>(), st_);
+    check_launch("argmax_rows");
+    check(cudaMemcpyAsync(out, argmax_.p, size_t(rows) * 4, cudaMemcpyDeviceToHost, st_), "argmax_rows");
+    check(cudaStreamSynchronize(st_), "argmax_rows");
   }
 
   void rms_norm(const float* x, const PreparedWeight& pw, int rows, int dim, float eps,
@@ -503,18 +573,21 @@ class CudaBackend final : public Backend {
     check_launch("rms_norm");
   }
 
+  void stage_rope(const float* cos, const float* sin, int n, int head_dim) override {
+    no_capture(st_, "stage_rope");
+    const size_t m = size_t(n) * head_dim / 2;
+    grow(rope_tab_, 2 * m * 4);
+    check(cudaMemcpyAsync(rope_tab_.p, cos, m * 4, cudaMemcpyHostToDevice, st_), "rope");
+    check(cudaMemcpyAsync(rope_tab_.as<float>() + m, sin, m * 4, cudaMemcpyHostToDevice, st_), "rope");
+    rope_cos_ = cos;
+    rope_n_ = n;
+    rope_d_ = head_dim;
+  }
+
   void rope(float* x, int n, int heads, int head_dim, const float* cos, const float* sin) override {
     // The same host tables serve q and k of every layer in a step: upload once.
     const size_t m = size_t(n) * head_dim / 2;
-    if (cos != rope_cos_ || n != rope_n_ || head_dim != rope_d_) {
-      rope_tab_.ensure(2 * m * 4);
-      check(cudaMemcpyAsync(rope_tab_.p, cos, m * 4, cudaMemcpyHostToDevice, st_), "rope");
-      check(cudaMemcpyAsync(rope_tab_.as<float>() + m, sin, m * 4, cudaMemcpyHostToDevice, st_),
-            "rope");
-      rope_cos_ = cos;
-      rope_n_ = n;
-      rope_d_ = head_dim;
-    }
+    if (cos != rope_cos_ || n != rope_n_ || head_dim != rope_d_) stage_rope(cos, sin, n, head_dim);
     cuda_ops::rope(x, n, heads, head_dim, rope_tab_.as<float>(), rope_tab_.as<float>() + m, st_);
     check_launch("rope");
   }
@@ -537,10 +610,67 @@ class CudaBackend final : public Backend {
   PageStoreFactory page_store_factory() override {
     cudaStream_t st = st_;
     const int dev = opts_.device;
-    return [st, dev](const PageStoreSpec& s) -> std::unique_ptr<PageStore> {
+    auto freed = stores_freed_;
+    return [st, dev, freed](const PageStoreSpec& s) -> std::unique_ptr<PageStore> {
       check(cudaSetDevice(dev), "set device");
-      return std::make_unique<CudaPageStore>(s, st);
+      return std::make_unique<CudaPageStore>(s, st, freed);
     };
+  }
+
+  // Step graphs: one cudaGraphExec per key, recorded by stream capture on the
+  // backend's stream (docs/gpu-engine.md, "Step graphs").
+  bool graphs_supported() const override { return graphs_; }
+
+  bool run_graph(uint64_t key, const std::function<void()>& fn) override {
+    if (!graphs_) {
+      fn();
+      return false;
+    }
+    // A destroyed page store may have held buffers a graph reads.
+    const uint64_t freed = stores_freed_->load();
+    if (freed != stores_freed_seen_) {
+      clear_graphs();
+      stores_freed_seen_ = freed;
+    }
+    if (auto it = graphs_map_.find(key); it != graphs_map_.end()) {
+      check(cudaGraphLaunch(it->second, st_), "graph launch");
+      return true;
+    }
+    // Two failed recordings of one key: it runs eagerly from then on.
+    if (auto f = graph_failures_.find(key); f != graph_failures_.end() && f->second >= 2) {
+      fn();
+      return false;
+    }
+    check(cudaSetDevice(opts_.device), "set device");
+    check(cudaStreamBeginCapture(st_, cudaStreamCaptureModeThreadLocal), "begin capture");
+    capturing_ = true;
+    bool ok = true;
+    try {
+      fn();
+    } catch (const std::exception&) {
+      ok = false;  // not recordable (or a real error, which the eager run below raises again)
+    }
+    capturing_ = false;
+    cudaGraph_t g = nullptr;
+    cudaError_t e = cudaStreamEndCapture(st_, &g);
+    cudaGraphExec_t x = nullptr;
+    if (ok && e == cudaSuccess && g) e = cudaGraphInstantiate(&x, g, 0);
+    if (g) cudaGraphDestroy(g);
+    if (ok && e == cudaSuccess && x) {
+      graphs_map_.emplace(key, x);
+      check(cudaGraphLaunch(x, st_), "graph launch");
+      return true;
+    }
+    cudaGetLastError();  // the failed capture's error is not the device's
+    ++graph_failures_[key];
+    fn();
+    return false;
+  }
+
+  void clear_graphs() override {
+    for (auto& [k, x] : graphs_map_) cudaGraphExecDestroy(x);
+    graphs_map_.clear();
+    graph_failures_.clear();
   }
 
   void begin_step(const kv::KvBatch& dec, const kv::KvBatch& pre) override {
@@ -648,6 +778,15 @@ class CudaBackend final : public Backend {
     }
   }
 
+  // Grows a buffer that step graphs may use: graphs that baked in the old
+  // address are dropped; never while recording (the eager run grows it).
+  void grow(DevMem& m, size_t n) {
+    if (n <= m.bytes) return;
+    if (capturing_) throw Error("cuda backend: buffer growth while recording a graph");
+    clear_graphs();
+    m.ensure(n);
+  }
+
   void ensure_decode_ws(int chunks, int batch, int hq, int d) {
     if (ws_.capacity >= chunks && ws_.max_batch >= batch && ws_.max_q_heads >= hq &&
         ws_.head_dim == d)
@@ -667,6 +806,13 @@ class CudaBackend final : public Backend {
   int num_sms_ = 0;
   cudaStream_t st_ = nullptr;
   cublasHandle_t blas_ = nullptr;
+  DevMem blas_ws_;
+  bool graphs_ = true, capturing_ = false;  // OSCAR_CUDA_GRAPHS=0: eager steps
+  std::unordered_map<uint64_t, cudaGraphExec_t> graphs_map_;
+  std::unordered_map<uint64_t, int> graph_failures_;
+  std::shared_ptr<std::atomic<uint64_t>> stores_freed_ = std::make_shared<std::atomic<uint64_t>>(0);
+  uint64_t stores_freed_seen_ = 0;
+  DevMem argmax_;
   DevMem tokens_, xb_, rope_tab_, kv_, qp_, s_, p_, op_;
   const float* rope_cos_ = nullptr;
   int rope_n_ = 0, rope_d_ = 0;

@@ -68,6 +68,71 @@ __global__ void rope_k(float* x, int n, int heads, int d, const float* cos, cons
   }
 }
 
+// One block per (token, head), one thread per rotate-half pair (c, c + d/2).
+__global__ void qkv_heads_k(const float* qkv, int Hq, int Hkv, int d, const float* qn, const float* kn,
+                            float eps, const float* cos, const float* sin, float* q, float* k, float* v) {
+  const int t = blockIdx.x, g = blockIdx.y, h = d / 2, c = threadIdx.x;
+  const bool on = c < h;  // the block is whole warps (the shuffles); lanes past d/2 add 0
+  const int Dq = Hq * d, Dkv = Hkv * d;
+  const float* src = qkv + int64_t(t) * (Dq + 2 * Dkv) + int64_t(g) * d;
+  float a = on ? src[c] : 0.0f, b = on ? src[c + h] : 0.0f;
+  if (g >= Hq + Hkv) {  // a value head: copied (block-uniform branch)
+    float* dst = v + int64_t(t) * Dkv + int64_t(g - Hq - Hkv) * d;
+    if (on) dst[c] = a, dst[c + h] = b;
+    return;
+  }
+  const bool is_q = g < Hq;
+  const float* w = is_q ? qn : kn;
+  if (w) {
+    double ss = double(a) * a + double(b) * b;
+    __shared__ double red[32];
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if (c % 32 == 0) red[c / 32] = ss;
+    __syncthreads();
+    if (c < 32) {
+      double r = c < int(blockDim.x) / 32 ? red[c] : 0.0;
+      for (int o = 16; o > 0; o >>= 1) r += __shfl_xor_sync(0xffffffffu, r, o);
+      if (c == 0) red[0] = r;
+    }
+    __syncthreads();
+    const float inv = static_cast<float>(1.0 / sqrt(red[0] / d + eps));
+    if (!on) return;
+    a = a * inv * w[c];
+    b = b * inv * w[c + h];
+  }
+  if (!on) return;
+  const float cs = cos[int64_t(t) * h + c], sn = sin[int64_t(t) * h + c];
+  float* dst = is_q ? q + int64_t(t) * Dq + int64_t(g) * d : k + int64_t(t) * Dkv + int64_t(g - Hq) * d;
+  dst[c] = a * cs - b * sn;
+  dst[c + h] = b * cs + a * sn;
+}
+
+// One block per row: per-thread best (value, index), then a warp and a block reduction.
+__device__ __forceinline__ bool better(float v, int i, float bv, int bi) {
+  return v == v && (bi < 0 || v > bv || (v == bv && i < bi));
+}
+__global__ void argmax_rows_k(const float* x, int cols, int32_t* out) {
+  const float* row = x + int64_t(blockIdx.x) * cols;
+  float bv = 0.0f;
+  int bi = -1;
+  for (int c = threadIdx.x; c < cols; c += blockDim.x)
+    if (better(row[c], c, bv, bi)) bv = row[c], bi = c;
+  for (int o = 16; o > 0; o >>= 1) {
+    const float v = __shfl_xor_sync(0xffffffffu, bv, o);
+    const int i = __shfl_xor_sync(0xffffffffu, bi, o);
+    if (i >= 0 && better(v, i, bv, bi)) bv = v, bi = i;
+  }
+  __shared__ float sv[kThreads / 32];
+  __shared__ int si[kThreads / 32];
+  if (threadIdx.x % 32 == 0) sv[threadIdx.x / 32] = bv, si[threadIdx.x / 32] = bi;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < int(blockDim.x) / 32; ++w)
+      if (si[w] >= 0 && better(sv[w], si[w], bv, bi)) bv = sv[w], bi = si[w];
+    out[blockIdx.x] = bi < 0 ? 0 : bi;
+  }
+}
+
 __global__ void silu_mul_k(const float* gu, int n, int inter, float* out) {
   const int64_t total = int64_t(n) * inter;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
@@ -247,6 +312,19 @@ void silu_mul(const float* gu, int n, int inter, float* out, cudaStream_t st) {
 }
 void add(float* x, const float* y, int64_t n, cudaStream_t st) {
   add_k<<<grid_cap(n), kThreads, 0, st>>>(x, y, n);
+}
+
+void argmax_rows(const float* x, int rows, int cols, int32_t* out, cudaStream_t st) {
+  if (rows > 0) argmax_rows_k<<<rows, kThreads, 0, st>>>(x, cols, out);
+}
+
+void qkv_heads(const float* qkv, int n, int Hq, int Hkv, int d, const float* qn, const float* kn, float eps,
+               const float* cos, const float* sin, float* q, float* k, float* v, cudaStream_t st) {
+  if (n <= 0) return;
+  // One thread per pair, in whole warps (the norm's shuffles take every lane).
+  const int threads = (d / 2 + 31) / 32 * 32;
+  qkv_heads_k<<<dim3(unsigned(n), unsigned(Hq + 2 * Hkv)), threads, 0, st>>>(qkv, Hq, Hkv, d, qn, kn, eps, cos,
+                                                                              sin, q, k, v);
 }
 void embed(const void* emb, bool bf16, const int32_t* tokens, int n, int hidden, float* x,
            cudaStream_t st) {

@@ -26,6 +26,13 @@ void rope(float* x, int n, int heads, int d, const float* cos, const float* sin,
 void silu_mul(const float* gu, int n, int inter, float* out, cudaStream_t st);
 // x[i] += y[i]
 void add(float* x, const float* y, int64_t n, cudaStream_t st);
+// Backend::qkv_heads in one pass: qkv [n][(Hq + 2 Hkv) d] -> q, k (per-head RMSNorm with
+// qn / kn when non-null, sums in fp64 as rms_norm; then rotate-half RoPE with cos / sin
+// [n][d/2] on the device) and v (copied). d even, d/2 <= 1024.
+void qkv_heads(const float* qkv, int n, int Hq, int Hkv, int d, const float* qn, const float* kn, float eps,
+               const float* cos, const float* sin, float* q, float* k, float* v, cudaStream_t st);
+// out[r] = argmax of row r of x [rows][cols] (ties: lowest index; NaN skipped; all NaN: 0)
+void argmax_rows(const float* x, int rows, int cols, int32_t* out, cudaStream_t st);
 // x[i] = emb[tokens[i]] (emb bf16 when `bf16`, else f32), tokens on the device
 void embed(const void* emb, bool bf16, const int32_t* tokens, int n, int hidden, float* x,
            cudaStream_t st);

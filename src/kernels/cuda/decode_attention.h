@@ -109,9 +109,10 @@ struct DecodeWorkspace {
 DecodeWorkspace alloc_decode_workspace(int capacity, int max_batch, int max_q_heads, int head_dim);
 void free_decode_workspace(DecodeWorkspace& ws);
 
-// Copies the plan's tables into the workspace (async on `stream`; the plan's
-// vectors must stay alive until the copy is done: the call synchronizes the
-// stream before returning to keep that simple). A plan whose tables do not
+// Copies the plan's tables into the workspace (async on `stream`, from
+// pageable host memory: the plan may change or go once the call returns; the
+// copies are ordered before later work on `stream`, not with other streams).
+// A plan whose tables do not
 // fit the workspace or are inconsistent (sizes, chunk ids, regions) gives
 // cudaErrorInvalidValue before anything is copied.
 // Each entry: {b | region << 24, t0, t1, chunk id, page-table offset, region

@@ -134,7 +134,10 @@ cudaError_t upload_plan(const DecodePlan& plan, const DecodeWorkspace& ws, cudaS
   OSCAR_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(ws.seq_chunk_ptr, plan.seq_chunk_ptr.data(),
                                              sizeof(int32_t) * plan.seq_chunk_ptr.size(),
                                              cudaMemcpyHostToDevice, stream));
-  return cudaStreamSynchronize(stream);
+  // No stream synchronization: an asynchronous copy from pageable host memory
+  // has read its source when it returns (staged, or done synchronously), so the
+  // local tables may go; a sync here stalled every decode step's first layer.
+  return cudaSuccess;
 }
 
 }  // namespace oscar::kernels::cuda
