@@ -25,6 +25,7 @@
 // (the same write and demotion path as a forward, without prefill compute).
 // The 2-bit cache uses the OSCAR layout with a Hadamard rotation (data-free:
 // the decode cost of a calibrated OSCAR rotation is the same d x d product).
+#include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -58,6 +59,8 @@ struct Args {
   std::string json;
   std::string methods = "bf16,int2";
   std::string graphs = "both";
+  std::vector<int> prefill = {8192, 32768};  // prompt lengths timed (0: none)
+  int prefill_chunk = 8192;
 };
 
 std::vector<int> ints(const std::string& s) {
@@ -119,6 +122,49 @@ void ones(oscar::Tensor& t, int64_t n) {
   t.data.assign(size_t(n), 1.0f);
 }
 
+// The bf16 tensor-core peak as our prefill uses it (bf16 x bf16, fp32 accumulation and
+// output), on an 8192^3 product of random data.
+double gemm_peak_flops() {
+  const int n = 8192;
+  void *a = nullptr, *b = nullptr, *c = nullptr;
+  if (cudaMalloc(&a, size_t(n) * n * 2) != cudaSuccess || cudaMalloc(&b, size_t(n) * n * 2) != cudaSuccess ||
+      cudaMalloc(&c, size_t(n) * n * 4) != cudaSuccess)
+    throw Error("bench: cannot allocate the GEMM peak buffers");
+  {
+    std::vector<uint16_t> h(size_t(n) * n);
+    uint64_t x = 88172645463325252ull;
+    for (auto& v : h) {
+      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+      v = uint16_t(0x3c00 | (x & 0x3ff)) ^ uint16_t((x >> 20) & 0x8000);  // bf16 in [-2, -1] u [1, 2]
+    }
+    cudaMemcpy(a, h.data(), h.size() * 2, cudaMemcpyHostToDevice);
+    cudaMemcpy(b, h.data(), h.size() * 2, cudaMemcpyHostToDevice);
+  }
+  cublasHandle_t hb;
+  cublasCreate(&hb);
+  const float one = 1, zero = 0;
+  auto run = [&] {
+    cublasGemmEx(hb, CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, &one, a, CUDA_R_16BF, n, b, CUDA_R_16BF, n, &zero, c,
+                 CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  };
+  run();
+  cudaDeviceSynchronize();
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  cudaEventRecord(e0);
+  for (int i = 0; i < 10; ++i) run();
+  cudaEventRecord(e1);
+  cudaEventSynchronize(e1);
+  float ms = 0;
+  cudaEventElapsedTime(&ms, e0, e1);
+  cublasDestroy(hb);
+  cudaFree(a);
+  cudaFree(b);
+  cudaFree(c);
+  return 2.0 * n * double(n) * n * 10 / (ms * 1e-3);
+}
+
 double copy_bandwidth() {
   const size_t bytes = size_t(4) << 30;
   void *a = nullptr, *b = nullptr;
@@ -161,6 +207,7 @@ struct Row {
   int batch = 0, ctx = 0;
   double step_ms = 0, tok_s = 0, weights_ms = 0, bytes = 0, roofline_ms = 0;
   double eager_ms = 0, gemm_ms = 0;  // the same step without graphs; the linear layers alone
+  double gemm_cublas_ms = 0;         // the linear layers alone with cuBLAS at every batch
   int fit = 0;  // equal-memory rows: sequences that fit
 };
 
@@ -184,10 +231,13 @@ int main(int argc, char** argv) {
     else if (s == "--json") a.json = next();
     else if (s == "--methods") a.methods = next();
     else if (s == "--graphs") a.graphs = next();
+    else if (s == "--prefill") a.prefill = ints(next());
+    else if (s == "--prefill-chunk") a.prefill_chunk = std::stoi(next());
     else {
       std::fprintf(stderr, "usage: bench_gpu_engine [--preset qwen3-8b|llama3-8b] [--kv-gib G] "
                            "[--ctx a,b] [--batch a,b] [--batch-ctx c] [--long-ctx n] [--steps n] "
-                           "[--methods bf16,int2] [--graphs both|on|off] [--json FILE]\n");
+                           "[--methods bf16,int2] [--graphs both|on|off] [--prefill 8192,32768] [--prefill-chunk n] "
+                           "[--json FILE]\n");
       return 2;
     }
   }
@@ -201,6 +251,8 @@ int main(int argc, char** argv) {
     std::printf("device: %s\n", be->name().c_str());
     const double bw = copy_bandwidth();
     std::printf("device-to-device copy: %.0f GB/s (read + write)\n", bw / 1e9);
+    const double peak = gemm_peak_flops();
+    std::printf("bf16 GEMM (8192^3, fp32 out): %.0f TFLOP/s\n", peak / 1e12);
 
     const auto t0 = std::chrono::steady_clock::now();
     oscar::Tensor embd, onorm;
@@ -271,12 +323,14 @@ int main(int argc, char** argv) {
       std::vector<int32_t> tok(seqs.size(), 11);
       std::vector<model::SeqStep> st;
       for (size_t i = 0; i < seqs.size(); ++i) st.push_back({seqs[i], {&tok[i], 1}, false});
-      std::vector<float> lg;
-      m.forward(st, cache, lg);  // warm-up (plans, workspaces, graphs)
-      m.forward(st, cache, lg);
+      // Each step ends as a greedy serving step does: the chosen ids on the host
+      // (forward_argmax), so the host waits for every step before the next.
+      std::vector<int32_t> lg;
+      m.forward_argmax(st, cache, lg);  // warm-up (plans, workspaces, graphs)
+      m.forward_argmax(st, cache, lg);
       cudaDeviceSynchronize();
       const auto s0 = std::chrono::steady_clock::now();
-      for (int i = 0; i < a.steps; ++i) m.forward(st, cache, lg);
+      for (int i = 0; i < a.steps; ++i) m.forward_argmax(st, cache, lg);
       cudaDeviceSynchronize();
       return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s0).count() /
              a.steps;
@@ -302,7 +356,12 @@ int main(int argc, char** argv) {
       glm = be->prepare_linear({&lmh}, {});
     }
     const int64_t gemm_bytes = int64_t(cfg.n_layers) * (gq->bytes + go->bytes + ggu->bytes + gd->bytes) + glm->bytes;
-    std::vector<std::pair<int, double>> gemm_only;
+    std::vector<std::pair<int, double>> gemm_only, gemm_cublas;
+    auto cublas_ms = [&](int B) {
+      for (auto& [b, ms] : gemm_cublas)
+        if (b == B) return ms;
+      return 0.0;
+    };
     auto gemm_ms = [&](int B) {
       for (auto& [b, ms] : gemm_only)
         if (b == B) return ms;
@@ -317,16 +376,21 @@ int main(int argc, char** argv) {
         }
         be->linear(*glm, x->data(), B, y->data());
       };
-      const uint64_t key = 0xB0000000ull + uint64_t(B);
-      be->run_graph(key, all);  // records (or runs eagerly without graphs)
-      cudaDeviceSynchronize();
-      const auto s0 = std::chrono::steady_clock::now();
-      for (int i = 0; i < a.steps; ++i) be->run_graph(key, all);
-      cudaDeviceSynchronize();
-      const double ms =
-          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s0).count() / a.steps;
+      auto timed = [&](uint64_t key) {
+        be->run_graph(key, all);  // records (or runs eagerly without graphs)
+        cudaDeviceSynchronize();
+        const auto s0 = std::chrono::steady_clock::now();
+        for (int i = 0; i < a.steps; ++i) be->run_graph(key, all);
+        cudaDeviceSynchronize();
+        return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s0).count() / a.steps;
+      };
+      const double ms = timed(0xB0000000ull + uint64_t(B));
+      backend::set_cuda_gemv_rows(*be, 0);
+      const double cublas = timed(0xB1000000ull + uint64_t(B));
+      backend::set_cuda_gemv_rows(*be, 8);
       be->clear_graphs();  // x and y go
       gemm_only.push_back({B, ms});
+      gemm_cublas.push_back({B, cublas});
       return ms;
     };
     // The weights-only step at each batch: a context of 64 tokens.
@@ -441,6 +505,7 @@ int main(int argc, char** argv) {
           m.set_graphs(true);
         }
         r.gemm_ms = gemm_ms(B);
+        r.gemm_cublas_ms = cublas_ms(B);
         r.tok_s = B / (r.step_ms * 1e-3);
         r.weights_ms = wms;
         r.bytes = double(m.weight_bytes_per_step()) + double(cache->bytes_in_use());
@@ -449,12 +514,60 @@ int main(int argc, char** argv) {
                     "streamed %6.2f GB | roofline %6.2f ms (%3.0f %%) | %8.0f tok/s\n",
                     B, C, r.method.c_str(), r.step_ms, wms, r.bytes / 1e9, r.roofline_ms,
                     100 * r.roofline_ms / r.step_ms, r.tok_s);
-        std::printf("    split: GEMM %6.2f ms (%4.0f GB/s, %3.0f %% of copy) | other %6.2f ms | attention+cache "
-                    "%6.2f ms | eager step %8.2f ms (graphs %.2fx)\n",
+        std::printf("    split: GEMM %6.2f ms (%4.0f GB/s, %3.0f %% of copy; cuBLAS alone %6.2f ms) | other %6.2f ms | "
+                    "attention+cache %6.2f ms | eager step %8.2f ms (graphs %.2fx)\n",
                     r.gemm_ms, gemm_bytes / (r.gemm_ms * 1e-3) / 1e9, 100 * gemm_bytes / (r.gemm_ms * 1e-3) / bw,
-                    wms - r.gemm_ms, r.step_ms - wms, r.eager_ms, r.eager_ms > 0 ? r.eager_ms / r.step_ms : 0.0);
+                    r.gemm_cublas_ms, wms - r.gemm_ms, r.step_ms - wms, r.eager_ms,
+                    r.eager_ms > 0 ? r.eager_ms / r.step_ms : 0.0);
         std::fflush(stdout);
         rows_b.push_back(r);
+      }
+    }
+    // ---- prefill: one prompt in chunks, against the bf16 GEMM peak of this run.
+    struct Pre {
+      std::string method;
+      int tokens = 0;
+      double ms = 0, flops = 0;
+    };
+    std::vector<Pre> pre;
+    const double lin_params = double(gemm_bytes) / 2 - double(cfg.vocab_size) * H;  // LM head: last rows only
+    for (int P : a.prefill) {
+      if (P <= 0) continue;
+      for (const kv::KvMethod& km : methods) {
+        Pre p;
+        p.method = km.kind == kv::KvMethod::Kind::kBf16 ? "bf16" : km.label;
+        p.tokens = P;
+        auto cache = kv::make_method_cache(km, shape, int64_t(P) + 2 * a.prefill_chunk + 1024, false,
+                                           be->page_store_factory());
+        std::vector<int32_t> toks(static_cast<size_t>(P));
+        for (int i = 0; i < P; ++i) toks[size_t(i)] = int32_t((i * 7919) % cfg.vocab_size);
+        std::vector<float> lg;
+        auto prompt = [&](kv::SeqId s, int n) {
+          for (int t = 0; t < n; t += a.prefill_chunk) {
+            const int c = std::min(a.prefill_chunk, n - t);
+            const model::SeqStep st{s, {toks.data() + t, size_t(c)}, false};
+            m.forward({&st, 1}, *cache, lg);
+          }
+        };
+        {  // warm-up: buffers, cuBLAS heuristics
+          const kv::SeqId w = cache->create();
+          prompt(w, std::min(P, a.prefill_chunk));
+          cache->release(w);
+        }
+        cudaDeviceSynchronize();
+        const kv::SeqId s = cache->create();
+        const auto s0 = std::chrono::steady_clock::now();
+        prompt(s, P);
+        cudaDeviceSynchronize();
+        p.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s0).count();
+        // Linear layers 2 x params per token; causal attention 2 x 2 x Hq x d x P^2 / 2 per layer.
+        p.flops = 2.0 * lin_params * P + 2.0 * double(cfg.n_layers) * cfg.n_heads * cfg.head_dim * double(P) * P;
+        std::printf("prefill %6d tokens (chunks of %d) | %-20s | %9.1f ms | %8.0f tok/s | %6.1f TFLOP/s (%3.0f %% of "
+                    "the GEMM peak)\n",
+                    P, a.prefill_chunk, p.method.c_str(), p.ms, P / (p.ms * 1e-3), p.flops / (p.ms * 1e-3) / 1e12,
+                    100 * p.flops / (p.ms * 1e-3) / peak);
+        std::fflush(stdout);
+        pre.push_back(p);
       }
     }
     if (!a.json.empty()) {
@@ -473,7 +586,13 @@ int main(int argc, char** argv) {
           << ", \"ctx\": " << rows_b[i].ctx << ", \"step_ms\": " << rows_b[i].step_ms
           << ", \"weights_only_ms\": " << rows_b[i].weights_ms << ", \"bytes\": " << rows_b[i].bytes
           << ", \"roofline_ms\": " << rows_b[i].roofline_ms << ", \"tok_s\": " << rows_b[i].tok_s
-          << ", \"eager_step_ms\": " << rows_b[i].eager_ms << ", \"gemm_ms\": " << rows_b[i].gemm_ms << "}";
+          << ", \"eager_step_ms\": " << rows_b[i].eager_ms << ", \"gemm_ms\": " << rows_b[i].gemm_ms
+          << ", \"gemm_cublas_ms\": " << rows_b[i].gemm_cublas_ms << "}";
+      f << "], \"gemm_peak_tflops\": " << peak / 1e12 << ", \"prefill_chunk\": " << a.prefill_chunk
+        << ", \"prefill\": [";
+      for (size_t i = 0; i < pre.size(); ++i)
+        f << (i ? ", " : "") << "{\"method\": \"" << pre[i].method << "\", \"tokens\": " << pre[i].tokens
+          << ", \"ms\": " << pre[i].ms << ", \"tflops\": " << pre[i].flops / (pre[i].ms * 1e-3) / 1e12 << "}";
       f << "]}\n";
     }
   } catch (const std::exception& e) {

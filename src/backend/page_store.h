@@ -122,6 +122,10 @@ class PageStore {
   virtual void transform_queries(int layer, float* q, int n, int n_q_heads) = 0;
   // Waits until queued work is done (host reads of device pages, tests).
   virtual void sync() {}
+  // Does now the host side of this step's writes: uploads the placement and runs
+  // the queued demotions, so that write_bf16 with the same placement is device work
+  // alone (recordable in a step graph, Backend::run_graph). Host store: nothing.
+  virtual void stage_rows(const RowPlacement& rows) {}
 
  protected:
   PageStoreSpec spec_;

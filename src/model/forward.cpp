@@ -208,24 +208,26 @@ int Model::run(std::span<const SeqStep> steps, kv::KvCache& cache) {
   const LayerActivations& a = acts_.get();
   float* x = a.x;
   // A step of single tokens runs its layers from recorded graphs (where the
-  // backend has them): everything between two attentions is one graph, keyed
+  // backend has them): everything between two attentions is one graph (the
+  // cache write of the new rows included, their placement staged first), keyed
   // by the cache's store (its transforms), the row count and the position in
-  // the step; the cache writes and the attention, whose tables change every
-  // step, run eagerly between them (docs/gpu-engine.md, "Step graphs").
+  // the step; the attention, whose tables change every step, runs eagerly
+  // between them (docs/gpu-engine.md, "Step graphs").
   const bool graphs = graphs_ && be_.graphs_supported() && Bd == T && all_rows && T <= kMaxGraphRows;
   if (graphs) {
     const uint64_t sid = cache.store().id();
     auto key = [&](int seg) { return (sid << 40) ^ (uint64_t(T) << 16) ^ uint64_t(seg); };
     be_.stage_rope(cos.data(), sin.data(), T, d);
+    cache.store().stage_rows(rows_);  // the writes in the graphs are device work only
     be_.embed(*embd_, tokens.data(), T, x);
     auto inputs = [&](int l) {
       layer_attention_inputs(be_, c, layers_[l], T, a, cos.data(), sin.data());
       cache.rotate_keys(l, a.k, T);
       cache.rotate_queries(l, a.q, T, Hq);
+      cache.write_rows(l, rows_, a.k, a.v);
     };
     graph_runs_ += be_.run_graph(key(0), [&] { inputs(0); });
     for (int l = 0; l < c.n_layers; ++l) {
-      cache.write_rows(l, rows_, a.k, a.v);
       be_.decode_attention(dec_batch.layer(l), a.q, Hq, sm_scale, a.attn);
       graph_runs_ += be_.run_graph(key(l + 1), [&] {
         layer_attention_output_and_ffn(be_, c, layers_[l], T, a);

@@ -245,6 +245,11 @@ class CudaPageStore final : public PageStore {
     check(cudaStreamSynchronize(st_), "sync");
   }
 
+  void stage_rows(const RowPlacement& rows) override {
+    flush();
+    upload_rows(rows);
+  }
+
  private:
   struct Layer {
     bool identity = true;
@@ -262,6 +267,7 @@ class CudaPageStore final : public PageStore {
     staging_.resize(2 * n);
     std::copy(rows.pages.begin(), rows.pages.end(), staging_.begin());
     std::copy(rows.slots.begin(), rows.slots.end(), staging_.begin() + n);
+    if (2 * n * 4 + 4 > rows_dev_.bytes) ++*freed_;  // the placement moves: recorded writes go
     rows_dev_.ensure(2 * n * 4 + 4);
     check(cudaMemcpyAsync(rows_dev_.p, staging_.data(), 2 * n * 4, cudaMemcpyHostToDevice, st_),
           "row placement upload");
@@ -316,7 +322,9 @@ class CudaPageStore final : public PageStore {
   }
 
   cudaStream_t st_;
-  std::shared_ptr<std::atomic<uint64_t>> freed_;  // counts destroyed stores (CudaBackend::run_graph)
+  // Counts destroyed stores and moved placement buffers: the backend drops its graphs
+  // (CudaBackend::run_graph).
+  std::shared_ptr<std::atomic<uint64_t>> freed_;
   std::vector<DevMem> k_, v_, kc_, vc_, kp_, vp_;
   std::vector<Layer> q_;
   std::vector<int32_t> pending_;  // (src, dst) pairs
@@ -390,6 +398,7 @@ class CudaBackend final : public Backend {
     check_blas(cublasSetWorkspace(blas_, blas_ws_.p, blas_ws_.bytes), "workspace");
     if (opts_.weight_dtype == WeightDtype::kQ8) opts_.weight_dtype = WeightDtype::kBf16;
     if (const char* g = std::getenv("OSCAR_CUDA_GRAPHS")) graphs_ = std::string(g) != "0";
+    if (const char* g = std::getenv("OSCAR_CUDA_GEMV_ROWS")) set_gemv_rows(std::atoi(g));
   }
   ~CudaBackend() override {
     cudaStreamSynchronize(st_);
@@ -500,11 +509,17 @@ class CudaBackend final : public Backend {
     check_launch("embed");
   }
 
-  // y = beta y + x W^T: bf16 weights x activations rounded to bf16 (fp32
-  // accumulation and output), or SGEMM for f32 weights.
+  // y = beta y + x W^T (+ b). bf16 weights: up to gemv_rows_ rows our GEMV (fp32
+  // activations as they are, bias and beta in its epilogue), beyond cuBLAS with the
+  // activations rounded to bf16 (fp32 accumulation and output); f32 weights: SGEMM.
   void gemm(const CudaWeight& w, const float* x, int n, float* y, float beta) {
     const float one = 1.0f;
     const int out = int(w.rows), in = int(w.cols);
+    if (w.bf16 && n <= gemv_rows_ && in % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0) {
+      cuda_ops::gemv_bf16(w.w.as<uint16_t>(), x, n, out, in, w.bias.as<float>(), beta, y, st_);
+      check_launch("gemv");
+      return;
+    }
     if (w.bf16) {
       grow(xb_, size_t(n) * in * 2);
       cuda_ops::cast_bf16(x, xb_.as<__nv_bfloat16>(), int64_t(n) * in, st_);
@@ -518,53 +533,17 @@ class CudaBackend final : public Backend {
                              in, x, in, &beta, y, out),
                  "SGEMM");
     }
+    if (w.bias.p) {
+      cuda_ops::add_bias(y, w.bias.as<float>(), n, out, st_);
+      check_launch("bias");
+    }
   }
 
   void linear(const PreparedWeight& pw, const float* x, int n, float* y) override {
-    const CudaWeight& w = cw(pw);
-    if (n <= 0) return;
-    gemm(w, x, n, y, 0.0f);
-    if (w.bias.p) {
-      cuda_ops::add_bias(y, w.bias.as<float>(), n, int(w.rows), st_);
-      check_launch("bias");
-    }
+    if (n > 0) gemm(cw(pw), x, n, y, 0.0f);
   }
 
-  // y += x W^T (+ b): the GEMM's epilogue adds into y (beta = 1), no scratch.
-  void linear_add(const PreparedWeight& pw, const float* x, int n, float* y, float*) override {
-    const CudaWeight& w = cw(pw);
-    if (n <= 0) return;
-    gemm(w, x, n, y, 1.0f);
-    if (w.bias.p) {
-      cuda_ops::add_bias(y, w.bias.as<float>(), n, int(w.rows), st_);
-      check_launch("bias");
-    }
-  }
-
-  void qkv_heads(const float* qkv, int n, int Hq, int Hkv, int d, const PreparedWeight* qn,
-                 const PreparedWeight* kn, float eps, const float* cos, const float* sin, float* q, float* k,
-                 float* v) override {
-    if (!qn != !kn) throw Error("qkv_heads: q_norm and k_norm come together");
-    if ((qn && (qn->cols != d || kn->cols != d)) || d % 2 || d / 2 > 1024)
-      throw Error("qkv_heads: norm weights do not match head_dim " + std::to_string(d));
-    if (n <= 0) return;
-    if (cos != rope_cos_ || n != rope_n_ || d != rope_d_) stage_rope(cos, sin, n, d);
-    const size_t m = size_t(n) * d / 2;
-    cuda_ops::qkv_heads(qkv, n, Hq, Hkv, d, qn ? cw(*qn).w.as<float>() : nullptr,
-                        kn ? cw(*kn).w.as<float>() : nullptr, eps, rope_tab_.as<float>(),
-                        rope_tab_.as<float>() + m, q, k, v, st_);
-    check_launch("qkv_heads");
-  }
-
-  void argmax_rows(const float* x, int rows, int cols, int32_t* out) override {
-    no_capture(st_, "argmax_rows");
-    if (rows <= 0) return;
-    grow(argmax_, size_t(rows) * 4);
-    cuda_ops::argmax_rows(x, rows, cols, argmax_.as<int32_t>(), st_);
-    check_launch("argmax_rows");
-    check(cudaMemcpyAsync(out, argmax_.p, size_t(rows) * 4, cudaMemcpyDeviceToHost, st_), "argmax_rows");
-    check(cudaStreamSynchronize(st_), "argmax_rows");
-  }
+  void set_gemv_rows(int rows) { gemv_rows_ = std::clamp(rows, 0, cuda_ops::kGemvMaxRows); }
 
   void rms_norm(const float* x, const PreparedWeight& pw, int rows, int dim, float eps,
                 float* y) override {
@@ -641,6 +620,9 @@ class CudaBackend final : public Backend {
       fn();
       return false;
     }
+    // A bound on what the recorded graphs hold (a server sees many batch sizes: one set of
+    // n_layers + 1 graphs each): past it, start over.
+    if (graphs_map_.size() >= kMaxGraphs) clear_graphs();
     check(cudaSetDevice(opts_.device), "set device");
     check(cudaStreamBeginCapture(st_, cudaStreamCaptureModeThreadLocal), "begin capture");
     capturing_ = true;
@@ -807,6 +789,8 @@ class CudaBackend final : public Backend {
   cudaStream_t st_ = nullptr;
   cublasHandle_t blas_ = nullptr;
   DevMem blas_ws_;
+  static constexpr size_t kMaxGraphs = 8192;
+  int gemv_rows_ = cuda_ops::kGemvMaxRows;  // linear layers of at most this many rows: gemv_bf16
   bool graphs_ = true, capturing_ = false;  // OSCAR_CUDA_GRAPHS=0: eager steps
   std::unordered_map<uint64_t, cudaGraphExec_t> graphs_map_;
   std::unordered_map<uint64_t, int> graph_failures_;
@@ -827,6 +811,12 @@ class CudaBackend final : public Backend {
 
 std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions& opts) {
   return std::make_unique<CudaBackend>(opts);
+}
+
+void set_cuda_gemv_rows(Backend& be, int rows) {
+  auto* c = dynamic_cast<CudaBackend*>(&be);
+  if (!c) throw Error("set_cuda_gemv_rows: not a CUDA backend");
+  c->set_gemv_rows(rows);
 }
 
 bool cuda_device_available() {

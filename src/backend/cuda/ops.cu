@@ -1,5 +1,6 @@
 #include "backend/cuda/ops.cuh"
 
+#include <algorithm>
 #include <cfloat>
 
 #include "core/half.h"
@@ -131,6 +132,88 @@ __global__ void argmax_rows_k(const float* x, int cols, int32_t* out) {
       if (si[w] >= 0 && better(sv[w], si[w], bv, bi)) bv = sv[w], bi = si[w];
     out[blockIdx.x] = bi < 0 ? 0 : bi;
   }
+}
+
+// gemv_bf16: each warp takes R consecutive rows of W and all N activation rows; per
+// step a lane loads 8 weights (16 bytes) of each of its R rows and the 8 matching x of
+// each activation row, U steps in flight. Rows of W are split over the grid, not K.
+template <int N, int R>
+__global__ void __launch_bounds__(256) gemv_bf16_k(const uint16_t* __restrict__ W, const float* __restrict__ x,
+                                                   int out, int in, const float* __restrict__ bias, float beta,
+                                                   float* __restrict__ y) {
+  constexpr int U = 4;
+  const int lane = threadIdx.x % 32;
+  const int warps = int(gridDim.x * blockDim.x / 32);
+  for (int o0 = int((blockIdx.x * blockDim.x + threadIdx.x) / 32) * R; o0 < out; o0 += warps * R) {
+    float acc[N][R];
+#pragma unroll
+    for (int t = 0; t < N; ++t)
+#pragma unroll
+      for (int r = 0; r < R; ++r) acc[t][r] = 0.0f;
+    const uint4* wr[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) wr[r] = reinterpret_cast<const uint4*>(W + int64_t(min(o0 + r, out - 1)) * in);
+    const int chunks = in / 8;  // 8 weights each
+    for (int c0 = lane; c0 < chunks; c0 += 32 * U) {
+      uint4 wv[U][R];
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+          if (c0 + 32 * u < chunks) wv[u][r] = __ldcs(wr[r] + c0 + 32 * u);  // streamed once: no L2 keep
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int c = c0 + 32 * u;
+        if (c >= chunks) break;
+#pragma unroll
+        for (int t = 0; t < N; ++t) {
+          const float4 xa = __ldg(reinterpret_cast<const float4*>(x + int64_t(t) * in) + 2 * c);
+          const float4 xb = __ldg(reinterpret_cast<const float4*>(x + int64_t(t) * in) + 2 * c + 1);
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            const uint4 w = wv[u][r];
+            float a = acc[t][r];
+            a = fmaf(xa.x, __uint_as_float(w.x << 16), a);
+            a = fmaf(xa.y, __uint_as_float(w.x & 0xffff0000u), a);
+            a = fmaf(xa.z, __uint_as_float(w.y << 16), a);
+            a = fmaf(xa.w, __uint_as_float(w.y & 0xffff0000u), a);
+            a = fmaf(xb.x, __uint_as_float(w.z << 16), a);
+            a = fmaf(xb.y, __uint_as_float(w.z & 0xffff0000u), a);
+            a = fmaf(xb.z, __uint_as_float(w.w << 16), a);
+            a = fmaf(xb.w, __uint_as_float(w.w & 0xffff0000u), a);
+            acc[t][r] = a;
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < N; ++t)
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int s = 16; s > 0; s >>= 1) acc[t][r] += __shfl_xor_sync(0xffffffffu, acc[t][r], s);
+    // Lane t * R + r writes (t, o0 + r).
+#pragma unroll
+    for (int t = 0; t < N; ++t)
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+        if (lane == (t * R + r) % 32 && o0 + r < out) {
+          float v = acc[t][r];
+          if (bias) v += bias[o0 + r];
+          float* yp = y + int64_t(t) * out + o0 + r;
+          *yp = beta != 0.0f ? v + beta * *yp : v;
+        }
+  }
+}
+
+template <int N>
+void launch_gemv(const uint16_t* W, const float* x, int out, int in, const float* bias, float beta, float* y,
+                 cudaStream_t st) {
+  constexpr int R = N >= 4 ? 4 : 2;
+  const int warps = (out + R - 1) / R;
+  // Up to 8 resident blocks of 256 threads per SM on 132 SMs; more warps than rows idle.
+  const int blocks = std::min((warps + 7) / 8, 132 * 8);
+  gemv_bf16_k<N, R><<<blocks, 256, 0, st>>>(W, x, out, in, bias, beta, y);
 }
 
 __global__ void silu_mul_k(const float* gu, int n, int inter, float* out) {
@@ -312,6 +395,21 @@ void silu_mul(const float* gu, int n, int inter, float* out, cudaStream_t st) {
 }
 void add(float* x, const float* y, int64_t n, cudaStream_t st) {
   add_k<<<grid_cap(n), kThreads, 0, st>>>(x, y, n);
+}
+
+void gemv_bf16(const uint16_t* W, const float* x, int n, int out, int in, const float* bias, float beta, float* y,
+               cudaStream_t st) {
+  switch (n) {
+    case 1: return launch_gemv<1>(W, x, out, in, bias, beta, y, st);
+    case 2: return launch_gemv<2>(W, x, out, in, bias, beta, y, st);
+    case 3: return launch_gemv<3>(W, x, out, in, bias, beta, y, st);
+    case 4: return launch_gemv<4>(W, x, out, in, bias, beta, y, st);
+    case 5: return launch_gemv<5>(W, x, out, in, bias, beta, y, st);
+    case 6: return launch_gemv<6>(W, x, out, in, bias, beta, y, st);
+    case 7: return launch_gemv<7>(W, x, out, in, bias, beta, y, st);
+    case 8: return launch_gemv<8>(W, x, out, in, bias, beta, y, st);
+    default: return;
+  }
 }
 
 void argmax_rows(const float* x, int rows, int cols, int32_t* out, cudaStream_t st) {

@@ -13,6 +13,12 @@
 
 namespace oscar::backend::cuda_ops {
 
+// Small-batch linear layer, memory-bound: y[t][o] = sum_i x[t][i] W[o][i] (+ beta y[t][o])
+// (+ b[o]) for t < n <= kGemvMaxRows, W [out][in] bf16 (in a multiple of 8, 16-byte
+// aligned), x fp32 (not rounded), fp32 accumulation. One warp per pair of rows of W.
+inline constexpr int kGemvMaxRows = 8;
+void gemv_bf16(const uint16_t* W, const float* x, int n, int out, int in, const float* bias, float beta, float* y,
+               cudaStream_t st);
 // y[i] = bf16(x[i])
 void cast_bf16(const float* x, __nv_bfloat16* y, int64_t n, cudaStream_t st);
 // y[r][c] += b[c]
