@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the GPU machine (the H200 here): unpacks what scripts/gpu_engine_pack.sh made,
-# runs the CUDA engine's tests against the CPU backend and the end-to-end
+# runs the CUDA kernels' and engine's tests against the CPU references and the end-to-end
 # benchmark, and leaves the logs and the JSON in $OUT (docs/gpu-engine.md).
 #
 #   bash scripts/gpu_engine_run.sh [tests|bench|all]     (default all)
@@ -16,6 +16,12 @@ export LD_LIBRARY_PATH=/tmp/p/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.total --format=csv,noheader
 rc=0
 if [[ $MODE != bench ]]; then
+  t0=$(date +%s)
+  # The kernels against their CPU references (tests/cuda).
+  timeout 300 /tmp/p/bin/test_cuda > "$OUT/test_cuda.log" 2>&1
+  r=$?; ((r)) && rc=$r
+  grep -E "^\[  (PASSED|FAILED) |^\[  FAILED" "$OUT/test_cuda.log" | head -20
+  echo "test_cuda: exit $r after $(( $(date +%s) - t0 )) s"
   t0=$(date +%s)
   /tmp/p/bin/test_cuda_backend --gtest_filter="${GTEST_FILTER:-*}" > "$OUT/test_cuda_backend.log" 2>&1
   r=$?; ((r)) && rc=$r

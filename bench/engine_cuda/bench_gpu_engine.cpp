@@ -32,6 +32,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -42,7 +43,9 @@
 #include "core/calibration.h"
 #include "core/error.h"
 #include "kv/quant_methods.h"
+#include "model/fold_rotation.h"
 #include "model/forward.h"
+#include "model/loader.h"
 
 using namespace oscar;
 
@@ -50,6 +53,7 @@ namespace {
 
 struct Args {
   std::string preset = "qwen3-8b";
+  std::string model;  // a GGUF / HF checkpoint instead of the preset's random weights
   double kv_gib = 100;
   std::vector<int> ctx = {32768, 65536, 131072};
   std::vector<int> batch = {1, 8, 32, 64};
@@ -222,6 +226,7 @@ int main(int argc, char** argv) {
       return argv[++i];
     };
     if (s == "--preset") a.preset = next();
+    else if (s == "--model") a.model = next();
     else if (s == "--kv-gib") a.kv_gib = std::stod(next());
     else if (s == "--ctx") a.ctx = ints(next());
     else if (s == "--batch") a.batch = ints(next());
@@ -234,7 +239,7 @@ int main(int argc, char** argv) {
     else if (s == "--prefill") a.prefill = ints(next());
     else if (s == "--prefill-chunk") a.prefill_chunk = std::stoi(next());
     else {
-      std::fprintf(stderr, "usage: bench_gpu_engine [--preset qwen3-8b|llama3-8b] [--kv-gib G] "
+      std::fprintf(stderr, "usage: bench_gpu_engine [--preset qwen3-8b|llama3-8b | --model PATH] [--kv-gib G] "
                            "[--ctx a,b] [--batch a,b] [--batch-ctx c] [--long-ctx n] [--steps n] "
                            "[--methods bf16,int2] [--graphs both|on|off] [--prefill 8192,32768] [--prefill-chunk n] "
                            "[--json FILE]\n");
@@ -246,7 +251,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    const model::ModelConfig cfg = preset(a.preset);
+    model::ModelWeights loaded;  // --model: its weights until the model holds them
+    if (!a.model.empty()) loaded = model::load_model(a.model);
+    const model::ModelConfig cfg = a.model.empty() ? preset(a.preset) : loaded.cfg;
     auto be = backend::make_cuda_backend({backend::WeightDtype::kBf16, 0});
     std::printf("device: %s\n", be->name().c_str());
     const double bw = copy_bandwidth();
@@ -255,43 +262,51 @@ int main(int argc, char** argv) {
     std::printf("bf16 GEMM (8192^3, fp32 out): %.0f TFLOP/s\n", peak / 1e12);
 
     const auto t0 = std::chrono::steady_clock::now();
-    oscar::Tensor embd, onorm;
-    fill(embd, {cfg.vocab_size, cfg.hidden}, 1.0, 1);
-    ones(onorm, cfg.hidden);
-    oscar::Tensor lm;
-    fill(lm, {cfg.vocab_size, cfg.hidden}, 1.0 / cfg.hidden, 2);
-    model::LayerWeights lw;
     const int64_t H = cfg.hidden, Dq = int64_t(cfg.n_heads) * cfg.head_dim,
                   Dkv = int64_t(cfg.n_kv_heads) * cfg.head_dim, I = cfg.intermediate;
-    model::Model m(cfg, *be, embd, onorm, lm,
-                   [&](int l) -> const model::LayerWeights& {
-                     const uint64_t s = 100 + 10 * uint64_t(l);
-                     ones(lw.attn_norm, H);
-                     ones(lw.ffn_norm, H);
-                     fill(lw.wq, {Dq, H}, 1.0 / H, s);
-                     fill(lw.wk, {Dkv, H}, 1.0 / H, s + 1);
-                     fill(lw.wv, {Dkv, H}, 1.0 / H, s + 2);
-                     fill(lw.wo, {H, Dq}, 1.0 / Dq, s + 3);
-                     fill(lw.w_gate, {I, H}, 1.0 / H, s + 4);
-                     fill(lw.w_up, {I, H}, 1.0 / H, s + 5);
-                     fill(lw.w_down, {H, I}, 1.0 / I, s + 6);
-                     if (cfg.qk_norm) {
-                       ones(lw.q_norm, cfg.head_dim);
-                       ones(lw.k_norm, cfg.head_dim);
-                     }
-                     std::fprintf(stderr, "\rweights: layer %d/%d", l + 1, cfg.n_layers);
-                     return lw;
-                   },
-                   cfg.n_layers);
-    embd = {}, lm = {}, lw = {};
-    std::fprintf(stderr, "\n");
-    std::printf("model: %s shapes, random BF16 weights, %.2f GB streamed per step, made in %.0f s\n",
-                a.preset.c_str(), m.weight_bytes_per_step() / 1e9,
+    std::unique_ptr<model::Model> mp;
+    ModelFingerprint fp{cfg.arch == model::Arch::kQwen3 ? "qwen3" : "llama", cfg.n_layers,
+                        cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, ""};
+    if (!a.model.empty()) {
+      fp = model::model_fingerprint(loaded);
+      mp = std::make_unique<model::Model>(loaded, *be);
+      loaded = {};
+    } else {
+      oscar::Tensor embd, onorm;
+      fill(embd, {cfg.vocab_size, cfg.hidden}, 1.0, 1);
+      ones(onorm, cfg.hidden);
+      oscar::Tensor lm;
+      fill(lm, {cfg.vocab_size, cfg.hidden}, 1.0 / cfg.hidden, 2);
+      model::LayerWeights lw;
+      mp = std::make_unique<model::Model>(cfg, *be, embd, onorm, lm,
+                     [&](int l) -> const model::LayerWeights& {
+                       const uint64_t s = 100 + 10 * uint64_t(l);
+                       ones(lw.attn_norm, H);
+                       ones(lw.ffn_norm, H);
+                       fill(lw.wq, {Dq, H}, 1.0 / H, s);
+                       fill(lw.wk, {Dkv, H}, 1.0 / H, s + 1);
+                       fill(lw.wv, {Dkv, H}, 1.0 / H, s + 2);
+                       fill(lw.wo, {H, Dq}, 1.0 / Dq, s + 3);
+                       fill(lw.w_gate, {I, H}, 1.0 / H, s + 4);
+                       fill(lw.w_up, {I, H}, 1.0 / H, s + 5);
+                       fill(lw.w_down, {H, I}, 1.0 / I, s + 6);
+                       if (cfg.qk_norm) {
+                         ones(lw.q_norm, cfg.head_dim);
+                         ones(lw.k_norm, cfg.head_dim);
+                       }
+                       std::fprintf(stderr, "\rweights: layer %d/%d", l + 1, cfg.n_layers);
+                       return lw;
+                     },
+                     cfg.n_layers);
+      std::fprintf(stderr, "\n");
+    }
+    model::Model& m = *mp;
+    std::printf("model: %s, %.2f GB streamed per step, made in %.0f s\n",
+                a.model.empty() ? (a.preset + " shapes, random BF16 weights").c_str() : a.model.c_str(),
+                m.weight_bytes_per_step() / 1e9,
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     m.set_logits_to_host(false);
 
-    ModelFingerprint fp{cfg.arch == model::Arch::kQwen3 ? "qwen3" : "llama", cfg.n_layers,
-                        cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, ""};
     std::vector<kv::KvMethod> methods;
     for (const std::string& name : {std::string("bf16"), std::string("int2")}) {
       if (a.methods.find(name) == std::string::npos) continue;
@@ -357,6 +372,10 @@ int main(int argc, char** argv) {
     }
     const int64_t gemm_bytes = int64_t(cfg.n_layers) * (gq->bytes + go->bytes + ggu->bytes + gd->bytes) + glm->bytes;
     std::vector<std::pair<int, double>> gemm_only, gemm_cublas;
+    const int gemv_rows = [] {  // the backend's setting (backend_cuda.h)
+      const char* g = std::getenv("OSCAR_CUDA_GEMV_ROWS");
+      return g ? std::atoi(g) : 1;
+    }();
     auto cublas_ms = [&](int B) {
       for (auto& [b, ms] : gemm_cublas)
         if (b == B) return ms;
@@ -387,7 +406,7 @@ int main(int argc, char** argv) {
       const double ms = timed(0xB0000000ull + uint64_t(B));
       backend::set_cuda_gemv_rows(*be, 0);
       const double cublas = timed(0xB1000000ull + uint64_t(B));
-      backend::set_cuda_gemv_rows(*be, 8);
+      backend::set_cuda_gemv_rows(*be, gemv_rows);
       be->clear_graphs();  // x and y go
       gemm_only.push_back({B, ms});
       gemm_cublas.push_back({B, cublas});
@@ -572,7 +591,7 @@ int main(int argc, char** argv) {
     }
     if (!a.json.empty()) {
       std::ofstream f(a.json);
-      f << "{\"preset\": \"" << a.preset << "\", \"device\": \"" << be->name()
+      f << "{\"preset\": \"" << (a.model.empty() ? a.preset : a.model) << "\", \"device\": \"" << be->name()
         << "\", \"copy_gbps\": " << bw / 1e9 << ", \"kv_gib\": " << a.kv_gib
         << ", \"weight_bytes\": " << m.weight_bytes_per_step() << ", \"graphs\": \"" << a.graphs
         << "\", \"gemm_bytes\": " << gemm_bytes << ", \"equal_memory\": [";

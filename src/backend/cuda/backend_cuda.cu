@@ -399,6 +399,7 @@ class CudaBackend final : public Backend {
     if (opts_.weight_dtype == WeightDtype::kQ8) opts_.weight_dtype = WeightDtype::kBf16;
     if (const char* g = std::getenv("OSCAR_CUDA_GRAPHS")) graphs_ = std::string(g) != "0";
     if (const char* g = std::getenv("OSCAR_CUDA_GEMV_ROWS")) set_gemv_rows(std::atoi(g));
+    if (const char* g = std::getenv("OSCAR_CUDA_BLAS_BETA")) blas_beta_ = std::string(g) == "1";
   }
   ~CudaBackend() override {
     cudaStreamSynchronize(st_);
@@ -515,7 +516,7 @@ class CudaBackend final : public Backend {
   void gemm(const CudaWeight& w, const float* x, int n, float* y, float beta) {
     const float one = 1.0f;
     const int out = int(w.rows), in = int(w.cols);
-    if (w.bf16 && n <= gemv_rows_ && in % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0) {
+    if (uses_gemv(w, x, n)) {
       cuda_ops::gemv_bf16(w.w.as<uint16_t>(), x, n, out, in, w.bias.as<float>(), beta, y, st_);
       check_launch("gemv");
       return;
@@ -539,11 +540,49 @@ class CudaBackend final : public Backend {
     }
   }
 
+  bool uses_gemv(const CudaWeight& w, const float* x, int n) const {
+    return w.bf16 && n <= gemv_rows_ && w.cols % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  }
+
   void linear(const PreparedWeight& pw, const float* x, int n, float* y) override {
     if (n > 0) gemm(cw(pw), x, n, y, 0.0f);
   }
 
   void set_gemv_rows(int rows) { gemv_rows_ = std::clamp(rows, 0, cuda_ops::kGemvMaxRows); }
+
+  // y += x W^T (+ b): our GEMV adds in its epilogue. Through cuBLAS the product goes
+  // to tmp and a kernel adds it, unless OSCAR_CUDA_BLAS_BETA=1 (its beta = 1 form; A/B).
+  void linear_add(const PreparedWeight& pw, const float* x, int n, float* y, float* tmp) override {
+    if (n <= 0) return;
+    if (blas_beta_ || uses_gemv(cw(pw), x, n)) return gemm(cw(pw), x, n, y, 1.0f);
+    Backend::linear_add(pw, x, n, y, tmp);
+  }
+
+  void qkv_heads(const float* qkv, int n, int Hq, int Hkv, int d, const PreparedWeight* qn,
+                 const PreparedWeight* kn, float eps, const float* cos, const float* sin, float* q, float* k,
+                 float* v) override {
+    if (!qn != !kn) throw Error("qkv_heads: q_norm and k_norm come together");
+    if ((qn && (qn->cols != d || kn->cols != d)) || d % 2 || d / 2 > 1024)
+      throw Error("qkv_heads: norm weights do not match head_dim " + std::to_string(d));
+    if (n <= 0) return;
+    if (cos != rope_cos_ || n != rope_n_ || d != rope_d_) stage_rope(cos, sin, n, d);
+    const size_t m = size_t(n) * d / 2;
+    cuda_ops::qkv_heads(qkv, n, Hq, Hkv, d, qn ? cw(*qn).w.as<float>() : nullptr,
+                        kn ? cw(*kn).w.as<float>() : nullptr, eps, rope_tab_.as<float>(),
+                        rope_tab_.as<float>() + m, q, k, v, st_);
+    check_launch("qkv_heads");
+  }
+
+  void argmax_rows(const float* x, int rows, int cols, int32_t* out) override {
+    no_capture(st_, "argmax_rows");
+    if (rows <= 0) return;
+    grow(argmax_, size_t(rows) * 4);
+    cuda_ops::argmax_rows(x, rows, cols, argmax_.as<int32_t>(), st_);
+    check_launch("argmax_rows");
+    check(cudaMemcpyAsync(out, argmax_.p, size_t(rows) * 4, cudaMemcpyDeviceToHost, st_), "argmax_rows");
+    check(cudaStreamSynchronize(st_), "argmax_rows");
+  }
+
 
   void rms_norm(const float* x, const PreparedWeight& pw, int rows, int dim, float eps,
                 float* y) override {
@@ -790,7 +829,10 @@ class CudaBackend final : public Backend {
   cublasHandle_t blas_ = nullptr;
   DevMem blas_ws_;
   static constexpr size_t kMaxGraphs = 8192;
-  int gemv_rows_ = cuda_ops::kGemvMaxRows;  // linear layers of at most this many rows: gemv_bf16
+  // Linear layers of at most this many rows use gemv_bf16: it beats cuBLAS at 1 row only
+  // (H200, Qwen3-8B shapes: 4.10 vs 4.32 ms for a step's linear layers; 2 rows 4.69 vs 4.34).
+  int gemv_rows_ = 1;
+  bool blas_beta_ = false;  // OSCAR_CUDA_BLAS_BETA=1: linear_add through cuBLAS's beta = 1
   bool graphs_ = true, capturing_ = false;  // OSCAR_CUDA_GRAPHS=0: eager steps
   std::unordered_map<uint64_t, cudaGraphExec_t> graphs_map_;
   std::unordered_map<uint64_t, int> graph_failures_;

@@ -3,7 +3,7 @@
 // caches in device memory (backend/page_store.h) driven by the CUDA cache-write
 // and decode kernels (kernels/cuda).
 //
-//   linear          up to 8 rows: our GEMV (BF16 weights, fp32 activations and
+//   linear          one row: our GEMV (BF16 weights, fp32 activations and
 //                   accumulation, bias / residual in its epilogue); more rows:
 //                   cuBLAS, BF16 weights x activations rounded to BF16, fp32
 //                   accumulation and output (weights f32: SGEMM, no TF32)
@@ -39,7 +39,7 @@ struct CudaBackendOptions {
 std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions& opts = {});
 
 // Linear layers of at most `rows` (0..8) activation rows use our GEMV (bf16 weights,
-// fp32 activations) instead of cuBLAS; default 8, env OSCAR_CUDA_GEMV_ROWS. For A/B runs.
+// fp32 activations) instead of cuBLAS; default 1, env OSCAR_CUDA_GEMV_ROWS. For A/B runs.
 void set_cuda_gemv_rows(Backend& be, int rows);
 
 // True when the build has CUDA and a device is visible.
