@@ -126,6 +126,26 @@ void ones(oscar::Tensor& t, int64_t n) {
   t.data.assign(size_t(n), 1.0f);
 }
 
+// Milliseconds `reps` calls of fn take on the GPU (CUDA events on the legacy stream, after
+// one untimed call).
+template <class F>
+float event_ms(int reps, F&& fn) {
+  fn();
+  cudaDeviceSynchronize();
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  cudaEventRecord(e0);
+  for (int i = 0; i < reps; ++i) fn();
+  cudaEventRecord(e1);
+  cudaEventSynchronize(e1);
+  float ms = 0;
+  cudaEventElapsedTime(&ms, e0, e1);
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  return ms;
+}
+
 // The bf16 tensor-core peak as our prefill uses it (bf16 x bf16, fp32 accumulation and
 // output), on an 8192^3 product of random data.
 double gemm_peak_flops() {
@@ -147,21 +167,10 @@ double gemm_peak_flops() {
   cublasHandle_t hb;
   cublasCreate(&hb);
   const float one = 1, zero = 0;
-  auto run = [&] {
+  const float ms = event_ms(10, [&] {
     cublasGemmEx(hb, CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, &one, a, CUDA_R_16BF, n, b, CUDA_R_16BF, n, &zero, c,
                  CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-  };
-  run();
-  cudaDeviceSynchronize();
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0);
-  cudaEventCreate(&e1);
-  cudaEventRecord(e0);
-  for (int i = 0; i < 10; ++i) run();
-  cudaEventRecord(e1);
-  cudaEventSynchronize(e1);
-  float ms = 0;
-  cudaEventElapsedTime(&ms, e0, e1);
+  });
   cublasDestroy(hb);
   cudaFree(a);
   cudaFree(b);
@@ -175,16 +184,7 @@ double copy_bandwidth() {
   if (cudaMalloc(&a, bytes) != cudaSuccess || cudaMalloc(&b, bytes) != cudaSuccess)
     throw Error("bench: cannot allocate the bandwidth buffers");
   cudaMemset(a, 1, bytes);
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0);
-  cudaEventCreate(&e1);
-  cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice);
-  cudaEventRecord(e0);
-  for (int i = 0; i < 5; ++i) cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice);
-  cudaEventRecord(e1);
-  cudaEventSynchronize(e1);
-  float ms = 0;
-  cudaEventElapsedTime(&ms, e0, e1);
+  const float ms = event_ms(5, [&] { cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice); });
   cudaFree(a);
   cudaFree(b);
   return 2.0 * bytes * 5 / (ms * 1e-3);  // read + write bytes per second
@@ -372,10 +372,7 @@ int main(int argc, char** argv) {
     }
     const int64_t gemm_bytes = int64_t(cfg.n_layers) * (gq->bytes + go->bytes + ggu->bytes + gd->bytes) + glm->bytes;
     std::vector<std::pair<int, double>> gemm_only, gemm_cublas;
-    const int gemv_rows = [] {  // the backend's setting (backend_cuda.h)
-      const char* g = std::getenv("OSCAR_CUDA_GEMV_ROWS");
-      return g ? std::atoi(g) : 1;
-    }();
+    const int gemv_rows = backend::cuda_gemv_rows(*be);  // restored after the cuBLAS timing
     auto cublas_ms = [&](int B) {
       for (auto& [b, ms] : gemm_cublas)
         if (b == B) return ms;

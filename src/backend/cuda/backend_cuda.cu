@@ -549,6 +549,7 @@ class CudaBackend final : public Backend {
   }
 
   void set_gemv_rows(int rows) { gemv_rows_ = std::clamp(rows, 0, cuda_ops::kGemvMaxRows); }
+  int gemv_rows() const { return gemv_rows_; }
 
   // y += x W^T (+ b): our GEMV adds in its epilogue. Through cuBLAS the product goes
   // to tmp and a kernel adds it, unless OSCAR_CUDA_BLAS_BETA=1 (its beta = 1 form; A/B).
@@ -565,18 +566,16 @@ class CudaBackend final : public Backend {
     if ((qn && (qn->cols != d || kn->cols != d)) || d % 2 || d / 2 > 1024)
       throw Error("qkv_heads: norm weights do not match head_dim " + std::to_string(d));
     if (n <= 0) return;
-    if (cos != rope_cos_ || n != rope_n_ || d != rope_d_) stage_rope(cos, sin, n, d);
-    const size_t m = size_t(n) * d / 2;
+    const float* tab = rope_tables(cos, sin, n, d);
     cuda_ops::qkv_heads(qkv, n, Hq, Hkv, d, qn ? cw(*qn).w.as<float>() : nullptr,
-                        kn ? cw(*kn).w.as<float>() : nullptr, eps, rope_tab_.as<float>(),
-                        rope_tab_.as<float>() + m, q, k, v, st_);
+                        kn ? cw(*kn).w.as<float>() : nullptr, eps, tab, tab + size_t(n) * d / 2, q, k, v, st_);
     check_launch("qkv_heads");
   }
 
   void argmax_rows(const float* x, int rows, int cols, int32_t* out) override {
     no_capture(st_, "argmax_rows");
     if (rows <= 0) return;
-    grow(argmax_, size_t(rows) * 4);
+    argmax_.ensure(size_t(rows) * 4);  // (no graph reads it)
     cuda_ops::argmax_rows(x, rows, cols, argmax_.as<int32_t>(), st_);
     check_launch("argmax_rows");
     check(cudaMemcpyAsync(out, argmax_.p, size_t(rows) * 4, cudaMemcpyDeviceToHost, st_), "argmax_rows");
@@ -602,11 +601,16 @@ class CudaBackend final : public Backend {
     rope_d_ = head_dim;
   }
 
-  void rope(float* x, int n, int heads, int head_dim, const float* cos, const float* sin) override {
-    // The same host tables serve q and k of every layer in a step: upload once.
-    const size_t m = size_t(n) * head_dim / 2;
+  // The device copy of a step's RoPE tables (cos, then sin): the same host tables serve q
+  // and k of every layer in a step, so they are uploaded once (or staged before graphs).
+  const float* rope_tables(const float* cos, const float* sin, int n, int head_dim) {
     if (cos != rope_cos_ || n != rope_n_ || head_dim != rope_d_) stage_rope(cos, sin, n, head_dim);
-    cuda_ops::rope(x, n, heads, head_dim, rope_tab_.as<float>(), rope_tab_.as<float>() + m, st_);
+    return rope_tab_.as<float>();
+  }
+
+  void rope(float* x, int n, int heads, int head_dim, const float* cos, const float* sin) override {
+    const float* tab = rope_tables(cos, sin, n, head_dim);
+    cuda_ops::rope(x, n, heads, head_dim, tab, tab + size_t(n) * head_dim / 2, st_);
     check_launch("rope");
   }
 
@@ -855,11 +859,16 @@ std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions& opts) {
   return std::make_unique<CudaBackend>(opts);
 }
 
-void set_cuda_gemv_rows(Backend& be, int rows) {
+namespace {
+CudaBackend& as_cuda(Backend& be) {
   auto* c = dynamic_cast<CudaBackend*>(&be);
-  if (!c) throw Error("set_cuda_gemv_rows: not a CUDA backend");
-  c->set_gemv_rows(rows);
+  if (!c) throw Error("cuda_gemv_rows: not a CUDA backend");
+  return *c;
 }
+}  // namespace
+
+void set_cuda_gemv_rows(Backend& be, int rows) { as_cuda(be).set_gemv_rows(rows); }
+int cuda_gemv_rows(Backend& be) { return as_cuda(be).gemv_rows(); }
 
 bool cuda_device_available() {
   int n = 0;

@@ -41,6 +41,7 @@ std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions& opts = {});
 // Linear layers of at most `rows` (0..8) activation rows use our GEMV (bf16 weights,
 // fp32 activations) instead of cuBLAS; default 1, env OSCAR_CUDA_GEMV_ROWS. For A/B runs.
 void set_cuda_gemv_rows(Backend& be, int rows);
+int cuda_gemv_rows(Backend& be);
 
 // True when the build has CUDA and a device is visible.
 bool cuda_device_available();
