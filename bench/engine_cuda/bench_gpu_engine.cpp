@@ -26,6 +26,7 @@
 // The 2-bit cache uses the OSCAR layout with a Hadamard rotation (data-free:
 // the decode cost of a calibrated OSCAR rotation is the same d x d product).
 #include <cublas_v2.h>
+#include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -69,6 +70,7 @@ struct Args {
 
 std::vector<int> ints(const std::string& s) {
   std::vector<int> v;
+  if (s == "none") return v;  // e.g. --ctx none: no equal-memory rows
   size_t b = 0;
   while (b < s.size()) {
     size_t e = s.find(',', b);
@@ -334,6 +336,9 @@ int main(int argc, char** argv) {
 
     // Times `steps` decode steps over seqs (one token each); returns ms per step.
     m.set_graphs(a.graphs != "off");
+    // OSCAR_BENCH_PROFILE=1: each timed configuration also runs one step inside a
+    // profiler range, for a per-kernel trace of one step under Nsight Compute.
+    const bool profile_step = std::getenv("OSCAR_BENCH_PROFILE") != nullptr;
     auto time_steps = [&](kv::KvCache& cache, const std::vector<kv::SeqId>& seqs) {
       std::vector<int32_t> tok(seqs.size(), 11);
       std::vector<model::SeqStep> st;
@@ -344,6 +349,12 @@ int main(int argc, char** argv) {
       m.forward_argmax(st, cache, lg);  // warm-up (plans, workspaces, graphs)
       m.forward_argmax(st, cache, lg);
       cudaDeviceSynchronize();
+      if (profile_step) {  // one step between cudaProfilerStart/Stop (ncu --profile-from-start off)
+        cudaProfilerStart();
+        m.forward_argmax(st, cache, lg);
+        cudaDeviceSynchronize();
+        cudaProfilerStop();
+      }
       const auto s0 = std::chrono::steady_clock::now();
       for (int i = 0; i < a.steps; ++i) m.forward_argmax(st, cache, lg);
       cudaDeviceSynchronize();

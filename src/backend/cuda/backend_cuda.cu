@@ -575,8 +575,9 @@ class CudaBackend final : public Backend {
   void argmax_rows(const float* x, int rows, int cols, int32_t* out) override {
     no_capture(st_, "argmax_rows");
     if (rows <= 0) return;
-    argmax_.ensure(size_t(rows) * 4);  // (no graph reads it)
-    cuda_ops::argmax_rows(x, rows, cols, argmax_.as<int32_t>(), st_);
+    const size_t ids = (size_t(rows) * 4 + 15) / 16 * 16;
+    argmax_.ensure(ids + cuda_ops::argmax_scratch_bytes(rows, cols));  // (no graph reads it)
+    cuda_ops::argmax_rows(x, rows, cols, static_cast<char*>(argmax_.p) + ids, argmax_.as<int32_t>(), st_);
     check_launch("argmax_rows");
     check(cudaMemcpyAsync(out, argmax_.p, size_t(rows) * 4, cudaMemcpyDeviceToHost, st_), "argmax_rows");
     check(cudaStreamSynchronize(st_), "argmax_rows");

@@ -34,11 +34,24 @@ __global__ void add_bias_k(float* y, const float* b, int rows, int cols) {
     y[i] += b[i % cols];
 }
 
+// One block per row. The loads are unrolled so that a thread's few loads are in
+// flight together: a rolled loop waits one memory latency per element, and was 10 us
+// for a 4096-wide row at batch 1 (measured under Nsight Compute on the H200).
 __global__ void rms_norm_k(const float* x, const float* w, int dim, float eps, float* y) {
   const float* xr = x + int64_t(blockIdx.x) * dim;
   float* yr = y + int64_t(blockIdx.x) * dim;
   double ss = 0;
-  for (int c = threadIdx.x; c < dim; c += blockDim.x) ss += double(xr[c]) * xr[c];
+  if (dim % 4 == 0) {
+    const float4* x4 = reinterpret_cast<const float4*>(xr);
+#pragma unroll 4
+    for (int c = threadIdx.x; c < dim / 4; c += blockDim.x) {
+      const float4 v = x4[c];
+      ss += double(v.x) * v.x + double(v.y) * v.y + double(v.z) * v.z + double(v.w) * v.w;
+    }
+  } else {
+#pragma unroll 4
+    for (int c = threadIdx.x; c < dim; c += blockDim.x) ss += double(xr[c]) * xr[c];
+  }
   __shared__ double red[kThreads / 32];
   for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
   if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = ss;
@@ -50,7 +63,19 @@ __global__ void rms_norm_k(const float* x, const float* w, int dim, float eps, f
   }
   __syncthreads();
   const float inv = static_cast<float>(1.0 / sqrt(red[0] / dim + eps));
-  for (int c = threadIdx.x; c < dim; c += blockDim.x) yr[c] = xr[c] * inv * w[c];
+  if (dim % 4 == 0) {
+    const float4* x4 = reinterpret_cast<const float4*>(xr);
+    const float4* w4 = reinterpret_cast<const float4*>(w);
+    float4* y4 = reinterpret_cast<float4*>(yr);
+#pragma unroll 4
+    for (int c = threadIdx.x; c < dim / 4; c += blockDim.x) {
+      const float4 v = x4[c], g = w4[c];
+      y4[c] = make_float4(v.x * inv * g.x, v.y * inv * g.y, v.z * inv * g.z, v.w * inv * g.w);
+    }
+  } else {
+#pragma unroll 4
+    for (int c = threadIdx.x; c < dim; c += blockDim.x) yr[c] = xr[c] * inv * w[c];
+  }
 }
 
 __global__ void rope_k(float* x, int n, int heads, int d, const float* cos, const float* sin) {
@@ -108,16 +133,15 @@ __global__ void qkv_heads_k(const float* qkv, int Hq, int Hkv, int d, const floa
   dst[c + h] = b * cs + a * sn;
 }
 
-// One block per row: per-thread best (value, index), then a warp and a block reduction.
+// Argmax of each row in two kernels: blocks of kArgChunk columns each find their best
+// (value, index), then one block per row reduces those. One block per row alone (a rolled
+// loop of 600 loads per thread) took 150 us for 151,936 columns on the H200.
+constexpr int kArgChunk = 4096;
 __device__ __forceinline__ bool better(float v, int i, float bv, int bi) {
   return v == v && (bi < 0 || v > bv || (v == bv && i < bi));
 }
-__global__ void argmax_rows_k(const float* x, int cols, int32_t* out) {
-  const float* row = x + int64_t(blockIdx.x) * cols;
-  float bv = 0.0f;
-  int bi = -1;
-  for (int c = threadIdx.x; c < cols; c += blockDim.x)
-    if (better(row[c], c, bv, bi)) bv = row[c], bi = c;
+// The block's best (bv, bi) into thread 0's (bv, bi).
+__device__ __forceinline__ void block_best(float& bv, int& bi) {
   for (int o = 16; o > 0; o >>= 1) {
     const float v = __shfl_xor_sync(0xffffffffu, bv, o);
     const int i = __shfl_xor_sync(0xffffffffu, bi, o);
@@ -127,11 +151,36 @@ __global__ void argmax_rows_k(const float* x, int cols, int32_t* out) {
   __shared__ int si[kThreads / 32];
   if (threadIdx.x % 32 == 0) sv[threadIdx.x / 32] = bv, si[threadIdx.x / 32] = bi;
   __syncthreads();
-  if (threadIdx.x == 0) {
+  if (threadIdx.x == 0)
     for (int w = 1; w < int(blockDim.x) / 32; ++w)
       if (si[w] >= 0 && better(sv[w], si[w], bv, bi)) bv = sv[w], bi = si[w];
-    out[blockIdx.x] = bi < 0 ? 0 : bi;
+}
+__global__ void argmax_part_k(const float* x, int cols, float* pv, int* pi) {
+  const float* row = x + int64_t(blockIdx.y) * cols;
+  const int c0 = blockIdx.x * kArgChunk, c1 = min(cols, c0 + kArgChunk);
+  float bv = 0.0f;
+  int bi = -1;
+#pragma unroll 4
+  for (int c = c0 + threadIdx.x; c < c1; c += blockDim.x) {
+    const float v = row[c];
+    if (better(v, c, bv, bi)) bv = v, bi = c;
   }
+  block_best(bv, bi);
+  if (threadIdx.x == 0) {
+    pv[int64_t(blockIdx.y) * gridDim.x + blockIdx.x] = bv;
+    pi[int64_t(blockIdx.y) * gridDim.x + blockIdx.x] = bi;
+  }
+}
+__global__ void argmax_final_k(const float* pv, const int* pi, int chunks, int32_t* out) {
+  float bv = 0.0f;
+  int bi = -1;
+  for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
+    const float v = pv[int64_t(blockIdx.x) * chunks + c];
+    const int i = pi[int64_t(blockIdx.x) * chunks + c];
+    if (i >= 0 && better(v, i, bv, bi)) bv = v, bi = i;
+  }
+  block_best(bv, bi);
+  if (threadIdx.x == 0) out[blockIdx.x] = bi < 0 ? 0 : bi;
 }
 
 // gemv_bf16: each warp takes R consecutive rows of W and all N activation rows; per
@@ -412,8 +461,16 @@ void gemv_bf16(const uint16_t* W, const float* x, int n, int out, int in, const 
   }
 }
 
-void argmax_rows(const float* x, int rows, int cols, int32_t* out, cudaStream_t st) {
-  if (rows > 0) argmax_rows_k<<<rows, kThreads, 0, st>>>(x, cols, out);
+size_t argmax_scratch_bytes(int rows, int cols) {
+  return size_t(rows) * size_t((cols + kArgChunk - 1) / kArgChunk) * 8;
+}
+void argmax_rows(const float* x, int rows, int cols, void* scratch, int32_t* out, cudaStream_t st) {
+  if (rows <= 0 || cols <= 0) return;
+  const int chunks = (cols + kArgChunk - 1) / kArgChunk;
+  float* pv = static_cast<float*>(scratch);
+  int* pi = reinterpret_cast<int*>(pv + int64_t(rows) * chunks);
+  argmax_part_k<<<dim3(unsigned(chunks), unsigned(rows)), kThreads, 0, st>>>(x, cols, pv, pi);
+  argmax_final_k<<<rows, kThreads, 0, st>>>(pv, pi, chunks, out);
 }
 
 void qkv_heads(const float* qkv, int n, int Hq, int Hkv, int d, const float* qn, const float* kn, float eps,

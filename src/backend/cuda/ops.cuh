@@ -38,7 +38,8 @@ void add(float* x, const float* y, int64_t n, cudaStream_t st);
 void qkv_heads(const float* qkv, int n, int Hq, int Hkv, int d, const float* qn, const float* kn, float eps,
                const float* cos, const float* sin, float* q, float* k, float* v, cudaStream_t st);
 // out[r] = argmax of row r of x [rows][cols] (ties: lowest index; NaN skipped; all NaN: 0)
-void argmax_rows(const float* x, int rows, int cols, int32_t* out, cudaStream_t st);
+size_t argmax_scratch_bytes(int rows, int cols);  // device scratch argmax_rows needs
+void argmax_rows(const float* x, int rows, int cols, void* scratch, int32_t* out, cudaStream_t st);
 // x[i] = emb[tokens[i]] (emb bf16 when `bf16`, else f32), tokens on the device
 void embed(const void* emb, bool bf16, const int32_t* tokens, int n, int hidden, float* x,
            cudaStream_t st);
