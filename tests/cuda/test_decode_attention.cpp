@@ -939,10 +939,12 @@ TEST(CudaDecode, RejectsUnsupportedShapes) {
 
 TEST(CudaDecode, RotateQueriesMatchesReference) {
   if (!test::have_gpu()) GTEST_SKIP() << "no GPU";
-  const int n = 3, hq = 8, d = 128;
+  const int n = 3, hq = 8;
   std::mt19937 rng(42);
   std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (int d : {64, 128, 256})
   for (int r_heads : {1, hq}) {
+    SCOPED_TRACE("d " + std::to_string(d) + ", r_heads " + std::to_string(r_heads));
     std::vector<float> q(size_t(n) * hq * d), R(size_t(r_heads) * d * d), ref(q.size());
     for (auto& x : q) x = nd(rng);
     for (auto& x : R) x = nd(rng) / std::sqrt(float(d));

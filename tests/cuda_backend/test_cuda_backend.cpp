@@ -128,6 +128,19 @@ TEST(CudaBackendOps, EveryOpMatchesTheCpuBackend) {
       cpu->rms_norm(xcf->data(), *nc, n, in, 1e-6f, hc->data());
       gpu->rms_norm(xg->data(), *ng, n, in, 1e-6f, hg->data());
       EXPECT_LE(rel_err(g.get(*hg, size_t(n) * in), cf.get(*hc, size_t(n) * in)), 1e-5) << "rms_norm";
+      // Rows of a real model's width (several vector loads per thread) and of a width
+      // that is not a multiple of 4 (the scalar path), in place on the GPU.
+      for (int dim : {4096, 577}) {
+        const auto xw = randn(size_t(n) * dim, 50 + n + dim);
+        auto ww = tensor({dim}, 51 + n, 0.3f);
+        auto wcw = cpu->prepare_vector(ww), wgw = gpu->prepare_vector(ww);
+        auto xwc = cf.put(xw), xwg = g.put(xw);
+        auto hwc = cpu->alloc(size_t(n) * dim);
+        cpu->rms_norm(xwc->data(), *wcw, n, dim, 1e-6f, hwc->data());
+        gpu->rms_norm(xwg->data(), *wgw, n, dim, 1e-6f, xwg->data());
+        EXPECT_LE(rel_err(g.get(*xwg, size_t(n) * dim), cf.get(*hwc, size_t(n) * dim)), 1e-5)
+            << "rms_norm, width " << dim;
+      }
 
       const int heads = 3, d = 64;
       const auto r = randn(size_t(n) * heads * d, 7 + n);

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
 #include <vector>
 
@@ -19,6 +20,7 @@
 #include "core/quant_format.h"
 #include "kernels/cuda/cache_write.h"
 #include "kernels/cuda/decode_attention.h"
+#include "kernels/cuda/prefill_attention.h"
 
 namespace oscar::backend {
 
@@ -229,14 +231,14 @@ class CudaPageStore final : public PageStore {
       check_launch("key centering");
     }
     check(kernels::cuda::rotate_queries(k, n, spec_.num_kv_heads, spec_.head_dim, L.key.as<float>(),
-                                        L.n == 1 ? 1 : spec_.num_kv_heads, k, st_),
+                                        L.n == 1 ? 1 : spec_.num_kv_heads, k, st_, cuda_ops::pdl()),
           "key transform");
   }
   void transform_queries(int layer, float* q, int n, int n_q_heads) override {
     if (q_.empty() || n == 0 || q_.at(layer).identity) return;
     const Layer& L = q_[layer];
     check(kernels::cuda::rotate_queries(q, n, n_q_heads, spec_.head_dim, L.query.as<float>(),
-                                        L.n == 1 ? 1 : spec_.num_kv_heads, q, st_),
+                                        L.n == 1 ? 1 : spec_.num_kv_heads, q, st_, cuda_ops::pdl()),
           "query transform");
   }
 
@@ -400,6 +402,13 @@ class CudaBackend final : public Backend {
     if (const char* g = std::getenv("OSCAR_CUDA_GRAPHS")) graphs_ = std::string(g) != "0";
     if (const char* g = std::getenv("OSCAR_CUDA_GEMV_ROWS")) set_gemv_rows(std::atoi(g));
     if (const char* g = std::getenv("OSCAR_CUDA_BLAS_BETA")) blas_beta_ = std::string(g) == "1";
+    if (const char* g = std::getenv("OSCAR_CUDA_FUSED_PREFILL")) fused_prefill_ = std::string(g) != "0";
+    // Programmatic dependent launch of the step's small kernels and GEMVs (Hopper on);
+    // OSCAR_CUDA_PDL=0 turns it off (A/B).
+    int major = 0;
+    check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, o.device), "attribute");
+    const char* pdl = std::getenv("OSCAR_CUDA_PDL");
+    cuda_ops::set_pdl(major >= 9 && !(pdl && std::string(pdl) == "0"));
   }
   ~CudaBackend() override {
     cudaStreamSynchronize(st_);
@@ -773,6 +782,16 @@ class CudaBackend final : public Backend {
     T* V = K + size_t(Hkv) * Lt * d;
     cuda_ops::gather_kv<T>(kv, b, L, k_new, v_new, Lt, K, V, st_);
     check_launch("gather_kv");
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      // The fused kernel: the scores stay on chip (kernels/cuda/prefill_attention.h).
+      if (fused_prefill_ && kernels::cuda::prefill_attention_supported(d)) {
+        check(kernels::cuda::prefill_attention_bf16(q, reinterpret_cast<const uint16_t*>(K),
+                                                    reinterpret_cast<const uint16_t*>(V), n, L, Lt, Hq, Hkv, d,
+                                                    sm_scale, o, st_),
+              "prefill attention");
+        return;
+      }
+    }
     // Query rows in sub-chunks so that the scores stay within ~512 MiB.
     const int64_t budget = int64_t(512) << 20;
     const int nc_max = int(std::clamp<int64_t>(budget / (int64_t(Hq) * Lt * 4), 1, n));
@@ -843,6 +862,7 @@ class CudaBackend final : public Backend {
   std::unordered_map<uint64_t, int> graph_failures_;
   std::shared_ptr<std::atomic<uint64_t>> stores_freed_ = std::make_shared<std::atomic<uint64_t>>(0);
   uint64_t stores_freed_seen_ = 0;
+  bool fused_prefill_ = true;  // BF16 prefill through the fused kernel (else the GEMM path)
   DevMem argmax_;
   DevMem tokens_, xb_, rope_tab_, kv_, qp_, s_, p_, op_;
   const float* rope_cos_ = nullptr;

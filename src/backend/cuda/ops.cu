@@ -5,12 +5,39 @@
 
 #include "core/half.h"
 #include "core/quant_format.h"
+#include "kernels/cuda/launch.cuh"
 
 namespace oscar::backend::cuda_ops {
 
 namespace {
 
 constexpr int kThreads = 256;
+
+// Programmatic dependent launch (sm_90): the kernels of a step are launched so that
+// the next may be scheduled while this one runs. Each kernel lets its dependents start
+// at once (pdl_enter), then waits until the launch before it has completed and its
+// writes are visible before it touches anything that launch could have produced or read
+// (every input and output but the weights). Off (set_pdl) they are plain launches; the
+// instructions are no-ops then.
+bool g_pdl = false;
+__device__ __forceinline__ void pdl_release() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_enter() {
+  pdl_release();
+  pdl_wait();
+}
+template <typename... KArgs, typename... Args>
+void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, cudaStream_t st, Args&&... args) {
+  kernels::cuda::detail::launch_pdl(kernel, grid, block, 0, g_pdl, st, std::forward<Args>(args)...);
+}
 
 template <typename T>
 __device__ __forceinline__ T from_f32(float x);
@@ -22,12 +49,14 @@ __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) {
 }
 
 __global__ void cast_bf16_k(const float* x, __nv_bfloat16* y, int64_t n) {
+  pdl_enter();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x)
     y[i] = __float2bfloat16_rn(x[i]);
 }
 
 __global__ void add_bias_k(float* y, const float* b, int rows, int cols) {
+  pdl_enter();
   const int64_t n = int64_t(rows) * cols;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x)
@@ -38,6 +67,7 @@ __global__ void add_bias_k(float* y, const float* b, int rows, int cols) {
 // flight together: a rolled loop waits one memory latency per element, and was 10 us
 // for a 4096-wide row at batch 1 (measured under Nsight Compute on the H200).
 __global__ void rms_norm_k(const float* x, const float* w, int dim, float eps, float* y) {
+  pdl_enter();
   const float* xr = x + int64_t(blockIdx.x) * dim;
   float* yr = y + int64_t(blockIdx.x) * dim;
   double ss = 0;
@@ -79,6 +109,7 @@ __global__ void rms_norm_k(const float* x, const float* w, int dim, float eps, f
 }
 
 __global__ void rope_k(float* x, int n, int heads, int d, const float* cos, const float* sin) {
+  pdl_enter();
   const int h = d / 2;
   const int64_t total = int64_t(n) * heads * h;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
@@ -97,6 +128,7 @@ __global__ void rope_k(float* x, int n, int heads, int d, const float* cos, cons
 // One block per (token, head), one thread per rotate-half pair (c, c + d/2).
 __global__ void qkv_heads_k(const float* qkv, int Hq, int Hkv, int d, const float* qn, const float* kn,
                             float eps, const float* cos, const float* sin, float* q, float* k, float* v) {
+  pdl_enter();
   const int t = blockIdx.x, g = blockIdx.y, h = d / 2, c = threadIdx.x;
   const bool on = c < h;  // the block is whole warps (the shuffles); lanes past d/2 add 0
   const int Dq = Hq * d, Dkv = Hkv * d;
@@ -156,6 +188,7 @@ __device__ __forceinline__ void block_best(float& bv, int& bi) {
       if (si[w] >= 0 && better(sv[w], si[w], bv, bi)) bv = sv[w], bi = si[w];
 }
 __global__ void argmax_part_k(const float* x, int cols, float* pv, int* pi) {
+  pdl_enter();
   const float* row = x + int64_t(blockIdx.y) * cols;
   const int c0 = blockIdx.x * kArgChunk, c1 = min(cols, c0 + kArgChunk);
   float bv = 0.0f;
@@ -172,6 +205,7 @@ __global__ void argmax_part_k(const float* x, int cols, float* pv, int* pi) {
   }
 }
 __global__ void argmax_final_k(const float* pv, const int* pi, int chunks, int32_t* out) {
+  pdl_enter();
   float bv = 0.0f;
   int bi = -1;
   for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
@@ -191,6 +225,10 @@ __global__ void __launch_bounds__(256) gemv_bf16_k(const uint16_t* __restrict__ 
                                                    int out, int in, const float* __restrict__ bias, float beta,
                                                    float* __restrict__ y) {
   constexpr int U = 4;
+  pdl_release();
+  // The weights do not depend on earlier launches: the first loads are issued before
+  // the wait, so a step's weight stream starts while the kernels before it finish.
+  bool waited = false;
   const int lane = threadIdx.x % 32;
   const int warps = int(gridDim.x * blockDim.x / 32);
   for (int o0 = int((blockIdx.x * blockDim.x + threadIdx.x) / 32) * R; o0 < out; o0 += warps * R) {
@@ -210,6 +248,7 @@ __global__ void __launch_bounds__(256) gemv_bf16_k(const uint16_t* __restrict__ 
 #pragma unroll
         for (int r = 0; r < R; ++r)
           if (c0 + 32 * u < chunks) wv[u][r] = __ldcs(wr[r] + c0 + 32 * u);  // streamed once: no L2 keep
+      if (!waited) pdl_wait(), waited = true;
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int c = c0 + 32 * u;
@@ -235,6 +274,7 @@ __global__ void __launch_bounds__(256) gemv_bf16_k(const uint16_t* __restrict__ 
         }
       }
     }
+    if (!waited) pdl_wait(), waited = true;  // lanes past the last chunk read y below
 #pragma unroll
     for (int t = 0; t < N; ++t)
 #pragma unroll
@@ -262,10 +302,11 @@ void launch_gemv(const uint16_t* W, const float* x, int out, int in, const float
   const int warps = (out + R - 1) / R;
   // Up to 8 resident blocks of 256 threads per SM on 132 SMs; more warps than rows idle.
   const int blocks = std::min((warps + 7) / 8, 132 * 8);
-  gemv_bf16_k<N, R><<<blocks, 256, 0, st>>>(W, x, out, in, bias, beta, y);
+  launch(gemv_bf16_k<N, R>, blocks, 256, st, W, x, out, in, bias, beta, y);
 }
 
 __global__ void silu_mul_k(const float* gu, int n, int inter, float* out) {
+  pdl_enter();
   const int64_t total = int64_t(n) * inter;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
        i += int64_t(gridDim.x) * blockDim.x) {
@@ -276,12 +317,14 @@ __global__ void silu_mul_k(const float* gu, int n, int inter, float* out) {
 }
 
 __global__ void add_k(float* x, const float* y, int64_t n) {
+  pdl_enter();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x)
     x[i] += y[i];
 }
 
 __global__ void embed_k(const void* emb, bool bf16, const int32_t* tokens, int hidden, float* x) {
+  pdl_enter();
   const int64_t row = tokens[blockIdx.x];
   float* xr = x + int64_t(blockIdx.x) * hidden;
   if (bf16) {
@@ -294,6 +337,7 @@ __global__ void embed_k(const void* emb, bool bf16, const int32_t* tokens, int h
 }
 
 __global__ void sub_mean_k(float* k, const float* mean, int n, int heads, int d) {
+  pdl_enter();
   const int64_t total = int64_t(n) * heads * d;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
        i += int64_t(gridDim.x) * blockDim.x)
@@ -426,24 +470,27 @@ inline unsigned grid_cap(int64_t n) {
 
 }  // namespace
 
+void set_pdl(bool on) { g_pdl = on; }
+bool pdl() { return g_pdl; }
+
 void cast_bf16(const float* x, __nv_bfloat16* y, int64_t n, cudaStream_t st) {
-  cast_bf16_k<<<grid_cap(n), kThreads, 0, st>>>(x, y, n);
+  launch(cast_bf16_k, grid_cap(n), kThreads, st, x, y, n);
 }
 void add_bias(float* y, const float* b, int rows, int cols, cudaStream_t st) {
-  add_bias_k<<<grid_cap(int64_t(rows) * cols), kThreads, 0, st>>>(y, b, rows, cols);
+  launch(add_bias_k, grid_cap(int64_t(rows) * cols), kThreads, st, y, b, rows, cols);
 }
 void rms_norm(const float* x, const float* w, int rows, int dim, float eps, float* y,
               cudaStream_t st) {
-  if (rows > 0) rms_norm_k<<<rows, kThreads, 0, st>>>(x, w, dim, eps, y);
+  if (rows > 0) launch(rms_norm_k, rows, kThreads, st, x, w, dim, eps, y);
 }
 void rope(float* x, int n, int heads, int d, const float* cos, const float* sin, cudaStream_t st) {
-  rope_k<<<grid_cap(int64_t(n) * heads * d / 2), kThreads, 0, st>>>(x, n, heads, d, cos, sin);
+  launch(rope_k, grid_cap(int64_t(n) * heads * d / 2), kThreads, st, x, n, heads, d, cos, sin);
 }
 void silu_mul(const float* gu, int n, int inter, float* out, cudaStream_t st) {
-  silu_mul_k<<<grid_cap(int64_t(n) * inter), kThreads, 0, st>>>(gu, n, inter, out);
+  launch(silu_mul_k, grid_cap(int64_t(n) * inter), kThreads, st, gu, n, inter, out);
 }
 void add(float* x, const float* y, int64_t n, cudaStream_t st) {
-  add_k<<<grid_cap(n), kThreads, 0, st>>>(x, y, n);
+  launch(add_k, grid_cap(n), kThreads, st, x, y, n);
 }
 
 void gemv_bf16(const uint16_t* W, const float* x, int n, int out, int in, const float* bias, float beta, float* y,
@@ -469,8 +516,8 @@ void argmax_rows(const float* x, int rows, int cols, void* scratch, int32_t* out
   const int chunks = (cols + kArgChunk - 1) / kArgChunk;
   float* pv = static_cast<float*>(scratch);
   int* pi = reinterpret_cast<int*>(pv + int64_t(rows) * chunks);
-  argmax_part_k<<<dim3(unsigned(chunks), unsigned(rows)), kThreads, 0, st>>>(x, cols, pv, pi);
-  argmax_final_k<<<rows, kThreads, 0, st>>>(pv, pi, chunks, out);
+  launch(argmax_part_k, dim3(unsigned(chunks), unsigned(rows)), kThreads, st, x, cols, pv, pi);
+  launch(argmax_final_k, rows, kThreads, st, pv, pi, chunks, out);
 }
 
 void qkv_heads(const float* qkv, int n, int Hq, int Hkv, int d, const float* qn, const float* kn, float eps,
@@ -478,15 +525,15 @@ void qkv_heads(const float* qkv, int n, int Hq, int Hkv, int d, const float* qn,
   if (n <= 0) return;
   // One thread per pair, in whole warps (the norm's shuffles take every lane).
   const int threads = (d / 2 + 31) / 32 * 32;
-  qkv_heads_k<<<dim3(unsigned(n), unsigned(Hq + 2 * Hkv)), threads, 0, st>>>(qkv, Hq, Hkv, d, qn, kn, eps, cos,
-                                                                              sin, q, k, v);
+  launch(qkv_heads_k, dim3(unsigned(n), unsigned(Hq + 2 * Hkv)), threads, st, qkv, Hq, Hkv, d, qn, kn, eps, cos,
+         sin, q, k, v);
 }
 void embed(const void* emb, bool bf16, const int32_t* tokens, int n, int hidden, float* x,
            cudaStream_t st) {
-  if (n > 0) embed_k<<<n, kThreads, 0, st>>>(emb, bf16, tokens, hidden, x);
+  if (n > 0) launch(embed_k, n, kThreads, st, emb, bf16, tokens, hidden, x);
 }
 void sub_mean(float* k, const float* mean, int n, int heads, int d, cudaStream_t st) {
-  sub_mean_k<<<grid_cap(int64_t(n) * heads * d), kThreads, 0, st>>>(k, mean, n, heads, d);
+  launch(sub_mean_k, grid_cap(int64_t(n) * heads * d), kThreads, st, k, mean, n, heads, d);
 }
 
 template <typename T>

@@ -16,6 +16,12 @@ namespace oscar::backend::cuda_ops {
 // Small-batch linear layer, memory-bound: y[t][o] = sum_i x[t][i] W[o][i] (+ beta y[t][o])
 // (+ b[o]) for t < n <= kGemvMaxRows, W [out][in] bf16 (in a multiple of 8, 16-byte
 // aligned), x fp32 (not rounded), fp32 accumulation. One warp per pair of rows of W.
+// Programmatic dependent launch for every kernel below (sm_90; the default off): a
+// kernel may be scheduled while the one before it runs, and waits for it before it
+// touches memory that one could have written or read (only weights are read earlier).
+void set_pdl(bool on);
+bool pdl();
+
 inline constexpr int kGemvMaxRows = 8;
 void gemv_bf16(const uint16_t* W, const float* x, int n, int out, int in, const float* bias, float beta, float* y,
                cudaStream_t st);

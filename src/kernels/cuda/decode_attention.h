@@ -139,8 +139,10 @@ cudaError_t decode_attention_bf16(const DecodeParams& p, const DecodePlan& plan,
 // q_rot[i][g] = q[i][g] * R[g / (Hq / r_heads)] (row vector times a row-major
 // [d][d] matrix); r_heads is 1 (one rotation per layer) or Hkv (per KV head).
 //   q, q_rot: [n][Hq][d] f32 device (q == q_rot is allowed); R: [r_heads][d][d].
+// programmatic: launched as a programmatic dependent of the previous launch (PDL; the
+// kernel waits for it before reading q).
 cudaError_t rotate_queries(const float* q, int n, int num_q_heads, int d, const float* R,
-                           int r_heads, float* q_rot, cudaStream_t stream);
+                           int r_heads, float* q_rot, cudaStream_t stream, bool programmatic = false);
 
 #if defined(OSCAR_DECODE_TRACE)
 // Diagnostic builds only (bench_decode --trace): buf[0] counts CTAs (zero it

@@ -2,6 +2,9 @@
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/decode_attention.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/mma.cuh"
 
 namespace oscar::kernels::cuda {
 
@@ -20,6 +23,8 @@ __global__ void __launch_bounds__(256) rotate_kernel(const float* q, int num_q_h
   constexpr int kJ = D / kParts;     // inputs per slice
   __shared__ float x[D];
   __shared__ float4 part[kParts][kCols];
+  detail::pdl_launch_dependents();  // launched as a programmatic dependent: wait for q
+  detail::pdl_wait();
   const int64_t row = blockIdx.x;
   const int head = static_cast<int>(row % num_q_heads);
   const float4* R4 = reinterpret_cast<const float4*>(R + int64_t(head / (num_q_heads / r_heads)) * D * D);
@@ -51,17 +56,20 @@ __global__ void __launch_bounds__(256) rotate_kernel(const float* q, int num_q_h
 }  // namespace
 
 cudaError_t rotate_queries(const float* q, int n, int num_q_heads, int d, const float* R,
-                           int r_heads, float* q_rot, cudaStream_t stream) {
+                           int r_heads, float* q_rot, cudaStream_t stream, bool programmatic) {
   if (n < 0 || num_q_heads <= 0 || r_heads <= 0 || num_q_heads % r_heads != 0 || !q || !R || !q_rot)
     return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
   const unsigned rows = static_cast<unsigned>(int64_t(n) * num_q_heads);
   if (d == 64) {
-    rotate_kernel<64><<<rows, 256, 0, stream>>>(q, num_q_heads, R, r_heads, q_rot);
+    OSCAR_CUDA_RETURN_IF_ERROR(detail::launch_pdl(rotate_kernel<64>, dim3(rows), dim3(256), 0, programmatic, stream, q,
+                                                  num_q_heads, R, r_heads, q_rot));
   } else if (d == 128) {
-    rotate_kernel<128><<<rows, 256, 0, stream>>>(q, num_q_heads, R, r_heads, q_rot);
+    OSCAR_CUDA_RETURN_IF_ERROR(detail::launch_pdl(rotate_kernel<128>, dim3(rows), dim3(256), 0, programmatic, stream, q,
+                                                  num_q_heads, R, r_heads, q_rot));
   } else if (d == 256) {
-    rotate_kernel<256><<<rows, 256, 0, stream>>>(q, num_q_heads, R, r_heads, q_rot);
+    OSCAR_CUDA_RETURN_IF_ERROR(detail::launch_pdl(rotate_kernel<256>, dim3(rows), dim3(256), 0, programmatic, stream, q,
+                                                  num_q_heads, R, r_heads, q_rot));
   } else {
     return cudaErrorInvalidValue;
   }
