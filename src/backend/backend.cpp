@@ -26,6 +26,18 @@ void Backend::linear_add(const PreparedWeight& w, const float* x, int n, float* 
   add(y, tmp, size_t(n) * size_t(w.rows));
 }
 
+void Backend::rms_norm_linear(const float* x, const PreparedWeight& norm, float eps, const PreparedWeight& w,
+                              int n, float* h, float* y) {
+  rms_norm(x, norm, n, int(w.cols), eps, h);
+  linear(w, h, n, y);
+}
+
+void Backend::silu_mul_linear_add(const float* gu, int n, int inter, const PreparedWeight& w, float* act,
+                                  float* y, float* tmp) {
+  silu_mul(gu, n, inter, act);
+  linear_add(w, act, n, y, tmp);
+}
+
 void Backend::qkv_heads(const float* qkv, int n, int Hq, int Hkv, int d, const PreparedWeight* q_norm,
                         const PreparedWeight* k_norm, float eps, const float* cos, const float* sin, float* q,
                         float* k, float* v) {

@@ -98,6 +98,14 @@ class Backend {
   // y += x W^T (+ b): the residual add of o_proj and down_proj. tmp [n][out] is
   // scratch the default uses (y, x, tmp distinct).
   virtual void linear_add(const PreparedWeight& w, const float* x, int n, float* y, float* tmp);
+  // h = RMSNorm(x) with norm (dim = w's input width), then y = h W^T (+ b): a layer's
+  // norm and the projection after it (h is written: the dense forward's hooks see it).
+  virtual void rms_norm_linear(const float* x, const PreparedWeight& norm, float eps, const PreparedWeight& w,
+                               int n, float* h, float* y);
+  // act = SiLU(g) * u from gu [n][2 inter] (gate columns, then up), then y += act W^T:
+  // the FFN's activation and down projection (tmp as linear_add's).
+  virtual void silu_mul_linear_add(const float* gu, int n, int inter, const PreparedWeight& w, float* act,
+                                   float* y, float* tmp);
   // The attention inputs from the fused projection's rows qkv [n][(Hq + 2 Hkv) d]:
   // q [n][Hq d], k, v [n][Hkv d]; q and k RMS-normed per head with q_norm / k_norm
   // when given (Qwen3; both or neither), then RoPE on q and k (tables as rope()).

@@ -50,20 +50,17 @@ void ActivationBuffers::ensure(backend::Backend& be, const ModelConfig& c, int T
 
 void layer_attention_inputs(backend::Backend& be, const ModelConfig& c, const PreparedLayer& L, int T,
                             const LayerActivations& a, const float* cos, const float* sin) {
-  be.rms_norm(a.x, *L.attn_norm, T, c.hidden, c.rms_eps, a.h);
-  be.linear(*L.wqkv, a.h, T, a.qkv);
+  be.rms_norm_linear(a.x, *L.attn_norm, c.rms_eps, *L.wqkv, T, a.h, a.qkv);
   be.qkv_heads(a.qkv, T, c.n_heads, c.n_kv_heads, c.head_dim, c.qk_norm ? L.q_norm.get() : nullptr,
                c.qk_norm ? L.k_norm.get() : nullptr, c.rms_eps, cos, sin, a.q, a.k, a.v);
 }
 
 void layer_attention_output_and_ffn(backend::Backend& be, const ModelConfig& c, const PreparedLayer& L,
                                     int T, const LayerActivations& a) {
-  const int H = c.hidden, I = c.intermediate;
+  const int I = c.intermediate;
   be.linear_add(*L.wo, a.attn, T, a.x, a.tmp);
-  be.rms_norm(a.x, *L.ffn_norm, T, H, c.rms_eps, a.h);
-  be.linear(*L.w_gate_up, a.h, T, a.gu);
-  be.silu_mul(a.gu, T, I, a.act);
-  be.linear_add(*L.w_down, a.act, T, a.x, a.tmp);
+  be.rms_norm_linear(a.x, *L.ffn_norm, c.rms_eps, *L.w_gate_up, T, a.h, a.gu);
+  be.silu_mul_linear_add(a.gu, T, I, *L.w_down, a.act, a.x, a.tmp);
 }
 
 }  // namespace oscar::model

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <random>
 #include <string>
 #include <vector>
@@ -77,17 +78,22 @@ TEST(CudaPrefill, FusedAttentionMatchesReference) {
     const auto ref = reference(q, K, V, s, Lt, scale);
     DeviceBuffer<float> dq(q), dout(q.size());
     DeviceBuffer<uint16_t> dK(K), dV(V);
-    dout.poison();
-    OSCAR_CUDA_CHECK(prefill_attention_bf16(dq.ptr, dK.ptr, dV.ptr, s.n, s.L, Lt, s.hq, s.hkv, s.d, scale,
-                                            dout.ptr, nullptr));
-    OSCAR_CUDA_CHECK(cudaDeviceSynchronize());
-    const auto got = dout.download();
-    // BF16 probabilities in the value product: ~2^-9 relative per term.
-    EXPECT_LE(test::rel_l2(got, ref), 1e-2);
-    double worst = 0;
-    for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::fabs(double(got[i]) - ref[i]));
-    EXPECT_LE(worst, 3e-2);
-    EXPECT_TRUE(std::isfinite(worst));
+    for (int warps : {4, 8}) {
+      dout.poison();
+      OSCAR_CUDA_CHECK(prefill_attention_bf16(dq.ptr, dK.ptr, dV.ptr, s.n, s.L, Lt, s.hq, s.hkv, s.d, scale,
+                                              dout.ptr, nullptr, warps));
+      OSCAR_CUDA_CHECK(cudaDeviceSynchronize());
+      const auto got = dout.download();
+      // BF16 probabilities in the value product: ~2^-9 relative per term.
+      const double rel = test::rel_l2(got, ref);
+      double worst = 0;
+      for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::fabs(double(got[i]) - ref[i]));
+      std::printf("  prefill n %d L %d Hq %d Hkv %d d %d, %d warps: rel_l2 %.2e, max abs %.2e\n", s.n, s.L,
+                  s.hq, s.hkv, s.d, warps, rel, worst);
+      EXPECT_LE(rel, 1e-2) << warps << " warps";
+      EXPECT_LE(worst, 3e-2) << warps << " warps";
+      EXPECT_TRUE(std::isfinite(worst));
+    }
   }
 }
 
@@ -102,6 +108,8 @@ TEST(CudaPrefill, BadArgumentsAreRefused) {
   EXPECT_EQ(prefill_attention_bf16(q.ptr, K.ptr, V.ptr, 8, 0, 8, 4, 2, 96, 0.125f, o.ptr, nullptr),
             cudaErrorInvalidValue);  // head_dim
   EXPECT_EQ(prefill_attention_bf16(q.ptr, K.ptr, V.ptr, 0, 0, 8, 4, 2, 64, 0.125f, o.ptr, nullptr), cudaSuccess);
+  EXPECT_EQ(prefill_attention_bf16(q.ptr, K.ptr, V.ptr, 8, 0, 8, 4, 2, 64, 0.125f, o.ptr, nullptr, 5),
+            cudaErrorInvalidValue);  // warps per CTA
   EXPECT_FALSE(prefill_attention_supported(256));
 }
 

@@ -165,6 +165,30 @@ TEST(CudaBackendOps, EveryOpMatchesTheCpuBackend) {
         gpu->linear_add(*wg, xg->data(), n, yg2->data(), tg->data());
         EXPECT_LE(rel_err(g.get(*yg2, ny), c.get(*yc2, ny)), lin_tol) << "linear_add";
       }
+      // ... rms_norm_linear (the norm writes the product's BF16 input on the cuBLAS path) and
+      // silu_mul_linear_add (the activation does), both outputs compared.
+      {
+        const size_t ny = size_t(n) * (o1 + o2);
+        auto hc2 = cpu_same->alloc(size_t(n) * in), hg2 = gpu->alloc(size_t(n) * in);
+        auto yc3 = cpu_same->alloc(ny), yg3 = gpu->alloc(ny);
+        auto nc2 = cpu_same->prepare_vector(nw);
+        cpu_same->rms_norm_linear(xc->data(), *nc2, 1e-6f, *wc, n, hc2->data(), yc3->data());
+        gpu->rms_norm_linear(xg->data(), *ng, 1e-6f, *wg, n, hg2->data(), yg3->data());
+        EXPECT_LE(rel_err(g.get(*hg2, size_t(n) * in), c.get(*hc2, size_t(n) * in)), 1e-5) << "rms_norm_linear h";
+        EXPECT_LE(rel_err(g.get(*yg3, ny), c.get(*yc3, ny)), lin_tol) << "rms_norm_linear y";
+        const int inter = in / 2;  // gu [n][2 inter] = x; down: [o1 + o2][inter]
+        auto wdn = tensor({o1 + o2, inter}, 13 + n);
+        auto dc = cpu_same->prepare_linear({&wdn}, {}), dg = gpu->prepare_linear({&wdn}, {});
+        const auto y0 = randn(ny, 14 + n);
+        auto yc4 = c.put(y0), yg4 = g.put(y0);
+        auto ac = cpu_same->alloc(size_t(n) * inter), ag = gpu->alloc(size_t(n) * inter);
+        auto tc = cpu_same->alloc(ny), tg = gpu->alloc(ny);
+        cpu_same->silu_mul_linear_add(xc->data(), n, inter, *dc, ac->data(), yc4->data(), tc->data());
+        gpu->silu_mul_linear_add(xg->data(), n, inter, *dg, ag->data(), yg4->data(), tg->data());
+        EXPECT_LE(rel_err(g.get(*ag, size_t(n) * inter), c.get(*ac, size_t(n) * inter)), 1e-5)
+            << "silu_mul_linear_add act";
+        EXPECT_LE(rel_err(g.get(*yg4, ny), c.get(*yc4, ny)), lin_tol) << "silu_mul_linear_add y";
+      }
       // ... and qkv_heads (split, per-head QK-norm, RoPE in one kernel on the GPU), at a
       // head_dim of whole warps and one of a partial warp (80: 40 pairs).
       for (const int hd : {64, 80}) {

@@ -401,8 +401,9 @@ class CudaBackend final : public Backend {
     if (opts_.weight_dtype == WeightDtype::kQ8) opts_.weight_dtype = WeightDtype::kBf16;
     if (const char* g = std::getenv("OSCAR_CUDA_GRAPHS")) graphs_ = std::string(g) != "0";
     if (const char* g = std::getenv("OSCAR_CUDA_GEMV_ROWS")) set_gemv_rows(std::atoi(g));
-    if (const char* g = std::getenv("OSCAR_CUDA_BLAS_BETA")) blas_beta_ = std::string(g) == "1";
+    if (const char* g = std::getenv("OSCAR_CUDA_BLAS_BETA")) blas_beta_ = std::string(g) != "0";
     if (const char* g = std::getenv("OSCAR_CUDA_FUSED_PREFILL")) fused_prefill_ = std::string(g) != "0";
+    if (const char* g = std::getenv("OSCAR_CUDA_PREFILL_WARPS")) prefill_warps_ = std::atoi(g) == 8 ? 8 : 4;
     // Programmatic dependent launch of the step's small kernels and GEMVs (Hopper on);
     // OSCAR_CUDA_PDL=0 turns it off (A/B).
     int major = 0;
@@ -534,20 +535,30 @@ class CudaBackend final : public Backend {
       grow(xb_, size_t(n) * in * 2);
       cuda_ops::cast_bf16(x, xb_.as<__nv_bfloat16>(), int64_t(n) * in, st_);
       check_launch("cast");
-      check_blas(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &one, w.w.p,
-                              CUDA_R_16BF, in, xb_.p, CUDA_R_16BF, in, &beta, y, CUDA_R_32F, out,
-                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                 "bf16 GEMM");
-    } else {
-      check_blas(cublasSgemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &one, w.w.as<float>(),
-                             in, x, in, &beta, y, out),
-                 "SGEMM");
+      return gemm_from_xb(w, n, y, beta);
     }
-    if (w.bias.p) {
-      cuda_ops::add_bias(y, w.bias.as<float>(), n, out, st_);
-      check_launch("bias");
-    }
+    check_blas(cublasSgemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &one, w.w.as<float>(), in, x, in, &beta,
+                           y, out),
+               "SGEMM");
+    add_bias(w, n, y);
   }
+  // y = beta y + xb_ W^T (+ b) through cuBLAS, xb_ holding the n activation rows in BF16.
+  void gemm_from_xb(const CudaWeight& w, int n, float* y, float beta) {
+    const float one = 1.0f;
+    const int out = int(w.rows), in = int(w.cols);
+    check_blas(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &one, w.w.p, CUDA_R_16BF, in, xb_.p,
+                            CUDA_R_16BF, in, &beta, y, CUDA_R_32F, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+               "bf16 GEMM");
+    add_bias(w, n, y);
+  }
+  void add_bias(const CudaWeight& w, int n, float* y) {
+    if (!w.bias.p) return;
+    cuda_ops::add_bias(y, w.bias.as<float>(), n, int(w.rows), st_);
+    check_launch("bias");
+  }
+  // Whether a product of n rows goes through cuBLAS in BF16 (its input can then be
+  // written in BF16 by the kernel that makes it).
+  bool blas_bf16(const CudaWeight& w, const float* x, int n) const { return w.bf16 && !uses_gemv(w, x, n); }
 
   bool uses_gemv(const CudaWeight& w, const float* x, int n) const {
     return w.bf16 && n <= gemv_rows_ && w.cols % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
@@ -561,11 +572,39 @@ class CudaBackend final : public Backend {
   int gemv_rows() const { return gemv_rows_; }
 
   // y += x W^T (+ b): our GEMV adds in its epilogue. Through cuBLAS the product goes
-  // to tmp and a kernel adds it, unless OSCAR_CUDA_BLAS_BETA=1 (its beta = 1 form; A/B).
+  // accumulates into y (beta = 1), or with OSCAR_CUDA_BLAS_BETA=0 goes to tmp and a kernel adds it.
   void linear_add(const PreparedWeight& pw, const float* x, int n, float* y, float* tmp) override {
     if (n <= 0) return;
     if (blas_beta_ || uses_gemv(cw(pw), x, n)) return gemm(cw(pw), x, n, y, 1.0f);
     Backend::linear_add(pw, x, n, y, tmp);
+  }
+
+  // The norm writes the product's BF16 input itself on the cuBLAS path (one launch less).
+  void rms_norm_linear(const float* x, const PreparedWeight& norm, float eps, const PreparedWeight& pw, int n,
+                       float* h, float* y) override {
+    const CudaWeight& w = cw(pw);
+    if (n <= 0) return;
+    if (!blas_bf16(w, h, n)) return Backend::rms_norm_linear(x, norm, eps, pw, n, h, y);
+    if (cw(norm).cols != w.cols) throw Error("rms_norm: weight does not match the row size");
+    grow(xb_, size_t(n) * w.cols * 2);
+    cuda_ops::rms_norm(x, cw(norm).w.as<float>(), n, int(w.cols), eps, h, xb_.as<__nv_bfloat16>(), st_);
+    check_launch("rms_norm");
+    gemm_from_xb(w, n, y, 0.0f);
+  }
+  // Likewise the activation writes the down projection's BF16 input.
+  void silu_mul_linear_add(const float* gu, int n, int inter, const PreparedWeight& pw, float* act, float* y,
+                           float* tmp) override {
+    const CudaWeight& w = cw(pw);
+    if (n <= 0) return;
+    if (!blas_bf16(w, act, n)) return Backend::silu_mul_linear_add(gu, n, inter, pw, act, y, tmp);
+    if (w.cols != inter) throw Error("silu_mul_linear_add: weight does not match the FFN width");
+    grow(xb_, size_t(n) * inter * 2);
+    cuda_ops::silu_mul(gu, n, inter, act, xb_.as<__nv_bfloat16>(), st_);
+    check_launch("silu_mul");
+    if (blas_beta_) return gemm_from_xb(w, n, y, 1.0f);
+    gemm_from_xb(w, n, tmp, 0.0f);
+    cuda_ops::add(y, tmp, int64_t(n) * w.rows, st_);
+    check_launch("add");
   }
 
   void qkv_heads(const float* qkv, int n, int Hq, int Hkv, int d, const PreparedWeight* qn,
@@ -596,7 +635,7 @@ class CudaBackend final : public Backend {
   void rms_norm(const float* x, const PreparedWeight& pw, int rows, int dim, float eps,
                 float* y) override {
     if (cw(pw).cols != dim) throw Error("rms_norm: weight does not match the row size");
-    cuda_ops::rms_norm(x, cw(pw).w.as<float>(), rows, dim, eps, y, st_);
+    cuda_ops::rms_norm(x, cw(pw).w.as<float>(), rows, dim, eps, y, nullptr, st_);
     check_launch("rms_norm");
   }
 
@@ -625,7 +664,7 @@ class CudaBackend final : public Backend {
   }
 
   void silu_mul(const float* gu, int n, int inter, float* out) override {
-    cuda_ops::silu_mul(gu, n, inter, out, st_);
+    cuda_ops::silu_mul(gu, n, inter, out, nullptr, st_);
     check_launch("silu_mul");
   }
   void add(float* x, const float* y, size_t n) override {
@@ -787,7 +826,7 @@ class CudaBackend final : public Backend {
       if (fused_prefill_ && kernels::cuda::prefill_attention_supported(d)) {
         check(kernels::cuda::prefill_attention_bf16(q, reinterpret_cast<const uint16_t*>(K),
                                                     reinterpret_cast<const uint16_t*>(V), n, L, Lt, Hq, Hkv, d,
-                                                    sm_scale, o, st_),
+                                                    sm_scale, o, st_, prefill_warps_),
               "prefill attention");
         return;
       }
@@ -856,13 +895,14 @@ class CudaBackend final : public Backend {
   // Linear layers of at most this many rows use gemv_bf16: it beats cuBLAS at 1 row only
   // (H200, Qwen3-8B shapes: 4.10 vs 4.32 ms for a step's linear layers; 2 rows 4.69 vs 4.34).
   int gemv_rows_ = 1;
-  bool blas_beta_ = false;  // OSCAR_CUDA_BLAS_BETA=1: linear_add through cuBLAS's beta = 1
+  bool blas_beta_ = true;  // residual adds through cuBLAS's beta = 1 (OSCAR_CUDA_BLAS_BETA=0: tmp + add kernel)
   bool graphs_ = true, capturing_ = false;  // OSCAR_CUDA_GRAPHS=0: eager steps
   std::unordered_map<uint64_t, cudaGraphExec_t> graphs_map_;
   std::unordered_map<uint64_t, int> graph_failures_;
   std::shared_ptr<std::atomic<uint64_t>> stores_freed_ = std::make_shared<std::atomic<uint64_t>>(0);
   uint64_t stores_freed_seen_ = 0;
   bool fused_prefill_ = true;  // BF16 prefill through the fused kernel (else the GEMM path)
+  int prefill_warps_ = 4;      // its CTA: 4 or 8 warps of 16 query rows
   DevMem argmax_;
   DevMem tokens_, xb_, rope_tab_, kv_, qp_, s_, p_, op_;
   const float* rope_cos_ = nullptr;

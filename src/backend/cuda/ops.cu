@@ -66,7 +66,7 @@ __global__ void add_bias_k(float* y, const float* b, int rows, int cols) {
 // One block per row. The loads are unrolled so that a thread's few loads are in
 // flight together: a rolled loop waits one memory latency per element, and was 10 us
 // for a 4096-wide row at batch 1 (measured under Nsight Compute on the H200).
-__global__ void rms_norm_k(const float* x, const float* w, int dim, float eps, float* y) {
+__global__ void rms_norm_k(const float* x, const float* w, int dim, float eps, float* y, __nv_bfloat16* yb) {
   pdl_enter();
   const float* xr = x + int64_t(blockIdx.x) * dim;
   float* yr = y + int64_t(blockIdx.x) * dim;
@@ -100,11 +100,21 @@ __global__ void rms_norm_k(const float* x, const float* w, int dim, float eps, f
 #pragma unroll 4
     for (int c = threadIdx.x; c < dim / 4; c += blockDim.x) {
       const float4 v = x4[c], g = w4[c];
-      y4[c] = make_float4(v.x * inv * g.x, v.y * inv * g.y, v.z * inv * g.z, v.w * inv * g.w);
+      const float4 o = make_float4(v.x * inv * g.x, v.y * inv * g.y, v.z * inv * g.z, v.w * inv * g.w);
+      y4[c] = o;
+      if (yb) {
+        __nv_bfloat162* b2 = reinterpret_cast<__nv_bfloat162*>(yb + int64_t(blockIdx.x) * dim) + 2 * c;
+        b2[0] = __floats2bfloat162_rn(o.x, o.y);
+        b2[1] = __floats2bfloat162_rn(o.z, o.w);
+      }
     }
   } else {
 #pragma unroll 4
-    for (int c = threadIdx.x; c < dim; c += blockDim.x) yr[c] = xr[c] * inv * w[c];
+    for (int c = threadIdx.x; c < dim; c += blockDim.x) {
+      const float o = xr[c] * inv * w[c];
+      yr[c] = o;
+      if (yb) yb[int64_t(blockIdx.x) * dim + c] = __float2bfloat16_rn(o);
+    }
   }
 }
 
@@ -305,14 +315,16 @@ void launch_gemv(const uint16_t* W, const float* x, int out, int in, const float
   launch(gemv_bf16_k<N, R>, blocks, 256, st, W, x, out, in, bias, beta, y);
 }
 
-__global__ void silu_mul_k(const float* gu, int n, int inter, float* out) {
+__global__ void silu_mul_k(const float* gu, int n, int inter, float* out, __nv_bfloat16* outb) {
   pdl_enter();
   const int64_t total = int64_t(n) * inter;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
        i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t t = i / inter, j = i % inter;
     const float g = gu[t * 2 * inter + j], u = gu[t * 2 * inter + inter + j];
-    out[i] = g / (1.0f + expf(-g)) * u;
+    const float o = g / (1.0f + expf(-g)) * u;
+    out[i] = o;
+    if (outb) outb[i] = __float2bfloat16_rn(o);
   }
 }
 
@@ -479,15 +491,15 @@ void cast_bf16(const float* x, __nv_bfloat16* y, int64_t n, cudaStream_t st) {
 void add_bias(float* y, const float* b, int rows, int cols, cudaStream_t st) {
   launch(add_bias_k, grid_cap(int64_t(rows) * cols), kThreads, st, y, b, rows, cols);
 }
-void rms_norm(const float* x, const float* w, int rows, int dim, float eps, float* y,
+void rms_norm(const float* x, const float* w, int rows, int dim, float eps, float* y, __nv_bfloat16* yb,
               cudaStream_t st) {
-  if (rows > 0) launch(rms_norm_k, rows, kThreads, st, x, w, dim, eps, y);
+  if (rows > 0) launch(rms_norm_k, rows, kThreads, st, x, w, dim, eps, y, yb);
 }
 void rope(float* x, int n, int heads, int d, const float* cos, const float* sin, cudaStream_t st) {
   launch(rope_k, grid_cap(int64_t(n) * heads * d / 2), kThreads, st, x, n, heads, d, cos, sin);
 }
-void silu_mul(const float* gu, int n, int inter, float* out, cudaStream_t st) {
-  launch(silu_mul_k, grid_cap(int64_t(n) * inter), kThreads, st, gu, n, inter, out);
+void silu_mul(const float* gu, int n, int inter, float* out, __nv_bfloat16* outb, cudaStream_t st) {
+  launch(silu_mul_k, grid_cap(int64_t(n) * inter), kThreads, st, gu, n, inter, out, outb);
 }
 void add(float* x, const float* y, int64_t n, cudaStream_t st) {
   launch(add_k, grid_cap(n), kThreads, st, x, y, n);

@@ -29,13 +29,14 @@ void gemv_bf16(const uint16_t* W, const float* x, int n, int out, int in, const 
 void cast_bf16(const float* x, __nv_bfloat16* y, int64_t n, cudaStream_t st);
 // y[r][c] += b[c]
 void add_bias(float* y, const float* b, int rows, int cols, cudaStream_t st);
-// y[r] = x[r] / rms(x[r]) * w (sum of squares in fp64, as the CPU backend)
-void rms_norm(const float* x, const float* w, int rows, int dim, float eps, float* y,
+// y[r] = x[r] / rms(x[r]) * w (sum of squares in fp64, as the CPU backend); also
+// rounded to BF16 into yb when non-null (a cuBLAS product's input: no cast launch)
+void rms_norm(const float* x, const float* w, int rows, int dim, float eps, float* y, __nv_bfloat16* yb,
               cudaStream_t st);
 // rotate-half RoPE in place, tables cos/sin [n][d/2] on the device
 void rope(float* x, int n, int heads, int d, const float* cos, const float* sin, cudaStream_t st);
-// out[t][j] = silu(gu[t][j]) * gu[t][inter + j]
-void silu_mul(const float* gu, int n, int inter, float* out, cudaStream_t st);
+// out[t][j] = silu(gu[t][j]) * gu[t][inter + j]; also in BF16 into outb when non-null
+void silu_mul(const float* gu, int n, int inter, float* out, __nv_bfloat16* outb, cudaStream_t st);
 // x[i] += y[i]
 void add(float* x, const float* y, int64_t n, cudaStream_t st);
 // Backend::qkv_heads in one pass: qkv [n][(Hq + 2 Hkv) d] -> q, k (per-head RMSNorm with

@@ -1,5 +1,5 @@
-// Fused causal prefill attention (prefill_attention.h). One CTA of 4 warps takes 64 query
-// rows of one query head (16 per warp) and walks the key tiles of 64 that those rows
+// Fused causal prefill attention (prefill_attention.h). One CTA of 4 (or 8) warps takes
+// 64 (128) query rows of one query head (16 per warp) and walks the key tiles of 64 that those rows
 // see, with the next tile's K and V copied into shared memory (cp.async) while the
 // current one is used. Per tile and warp: S = Q K^T on the tensor cores (m16n8k16, BF16
 // in, fp32 out), the causal mask on the tiles that cross the diagonal, the online
@@ -21,9 +21,7 @@ namespace {
 
 using namespace detail;
 
-constexpr int kBr = 64;       // query rows per CTA
-constexpr int kBc = 64;       // keys per tile
-constexpr int kThreads = 128;  // 4 warps x 16 rows
+constexpr int kBc = 64;  // keys per tile
 
 struct PrefillArgs {
   const float* q;
@@ -47,8 +45,10 @@ __device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const uint16_t* 
                : "r"(s));
 }
 
-template <int D>
-__global__ void __launch_bounds__(kThreads) prefill_fa_kernel(const PrefillArgs a) {
+// W warps of 16 query rows each: a CTA takes kBr = 16 W rows.
+template <int D, int W>
+__global__ void __launch_bounds__(32 * W) prefill_fa_kernel(const PrefillArgs a) {
+  constexpr int kBr = 16 * W, kThreads = 32 * W;
   constexpr int S = D + 8;  // padded smem row (BF16): 16-byte aligned, ldmatrix without bank conflicts
   extern __shared__ __align__(16) uint16_t smem[];
   uint16_t* Qs = smem;              // [kBr][S]
@@ -195,14 +195,15 @@ __global__ void __launch_bounds__(kThreads) prefill_fa_kernel(const PrefillArgs 
   }
 }
 
-template <int D>
+template <int D, int W>
 cudaError_t launch(const PrefillArgs& a, cudaStream_t stream) {
+  constexpr int kBr = 16 * W;
   const size_t smem = size_t(kBr + 4 * kBc) * (D + 8) * sizeof(uint16_t);
-  cudaError_t e = cudaFuncSetAttribute(prefill_fa_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  cudaError_t e = cudaFuncSetAttribute(prefill_fa_kernel<D, W>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        static_cast<int>(smem));
   if (e != cudaSuccess) return e;
   const dim3 grid(static_cast<unsigned>((a.n + kBr - 1) / kBr), static_cast<unsigned>(a.Hq));
-  prefill_fa_kernel<D><<<grid, kThreads, smem, stream>>>(a);
+  prefill_fa_kernel<D, W><<<grid, 32 * W, smem, stream>>>(a);
   return cudaGetLastError();
 }
 
@@ -212,7 +213,8 @@ bool prefill_attention_supported(int head_dim) { return head_dim == 64 || head_d
 
 cudaError_t prefill_attention_bf16(const float* q, const uint16_t* K, const uint16_t* V, int n, int L, int Lt,
                                    int num_q_heads, int num_kv_heads, int head_dim, float sm_scale, float* o,
-                                   cudaStream_t stream) {
+                                   cudaStream_t stream, int warps) {
+  if (warps != 4 && warps != 8) return cudaErrorInvalidValue;
   if (n < 0 || L < 0 || Lt < L + n || num_kv_heads <= 0 || num_q_heads <= 0 || num_q_heads % num_kv_heads != 0 ||
       num_q_heads > 65535 || !prefill_attention_supported(head_dim) || !(sm_scale > 0.0f))
     return cudaErrorInvalidValue;
@@ -222,7 +224,8 @@ cudaError_t prefill_attention_bf16(const float* q, const uint16_t* K, const uint
     return cudaErrorInvalidValue;
   const PrefillArgs a{q, K, V, o, n, L, Lt, num_q_heads, num_q_heads / num_kv_heads,
                       sm_scale * 1.4426950408889634f};
-  return head_dim == 64 ? launch<64>(a, stream) : launch<128>(a, stream);
+  if (head_dim == 64) return warps == 4 ? launch<64, 4>(a, stream) : launch<64, 8>(a, stream);
+  return warps == 4 ? launch<128, 4>(a, stream) : launch<128, 8>(a, stream);
 }
 
 }  // namespace oscar::kernels::cuda

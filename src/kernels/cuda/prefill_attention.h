@@ -24,6 +24,6 @@ bool prefill_attention_supported(int head_dim);
 
 cudaError_t prefill_attention_bf16(const float* q, const uint16_t* K, const uint16_t* V, int n, int L, int Lt,
                                    int num_q_heads, int num_kv_heads, int head_dim, float sm_scale, float* o,
-                                   cudaStream_t stream);
+                                   cudaStream_t stream, int warps = 4);  // warps: 4 or 8 per CTA (16 rows each)
 
 }  // namespace oscar::kernels::cuda
