@@ -6,6 +6,7 @@
 #include "core/half.h"
 #include "core/quant_format.h"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/mma.cuh"
 
 namespace oscar::backend::cuda_ops {
 
@@ -20,18 +21,9 @@ constexpr int kThreads = 256;
 // (every input and output but the weights). Off (set_pdl) they are plain launches; the
 // instructions are no-ops then.
 bool g_pdl = false;
-__device__ __forceinline__ void pdl_release() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void pdl_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
+using kernels::cuda::detail::pdl_wait;
 __device__ __forceinline__ void pdl_enter() {
-  pdl_release();
+  kernels::cuda::detail::pdl_launch_dependents();
   pdl_wait();
 }
 template <typename... KArgs, typename... Args>
@@ -235,7 +227,7 @@ __global__ void __launch_bounds__(256) gemv_bf16_k(const uint16_t* __restrict__ 
                                                    int out, int in, const float* __restrict__ bias, float beta,
                                                    float* __restrict__ y) {
   constexpr int U = 4;
-  pdl_release();
+  kernels::cuda::detail::pdl_launch_dependents();
   // The weights do not depend on earlier launches: the first loads are issued before
   // the wait, so a step's weight stream starts while the kernels before it finish.
   bool waited = false;
