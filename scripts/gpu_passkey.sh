@@ -10,7 +10,8 @@
 #   METHODS  the --methods list (bf16,int2-hadamard,oscar=calib.safetensors,...)
 #   TRIALS   prompts per depth (default $TRIALS, 10)
 # Environment: DEPTHS (default 0.1,0.3,0.5,0.7,0.9), CHUNK (prefill chunk, default 2048),
-# LIMIT (seconds per context, default 600), CALIB (--calib for a bare "oscar"), TAG (file prefix).
+# LIMIT (seconds per context, default 600), CALIB (--calib for a bare "oscar"), TAG (file prefix),
+# EXTRA (more `oscar eval passkey` flags, e.g. "--prompt-bf16 off").
 # Writes $OUT/$TAG-passkey-CTX.json and .log; prints each context's summary and its time.
 set -uo pipefail
 OSCAR=${OSCAR:-build/oscar}
@@ -30,11 +31,12 @@ for spec in "$@"; do
   base=$OUT/$TAG-$ctx
   calib=()
   [[ -n ${CALIB:-} ]] && calib=(--calib "$CALIB")
+  read -r -a extra <<< "${EXTRA:-}"
   echo "== passkey ctx $ctx, $trials prompts per depth ($DEPTHS), methods $methods"
   t0=$(date +%s)
   timeout "$LIMIT" "$OSCAR" eval passkey -m "$MODEL" "${calib[@]}" --haystack "$HAYSTACK" \
     --methods "$methods" --ctx "$ctx" --depths "$DEPTHS" --trials "$trials" --chunk "$CHUNK" \
-    --device cuda --json "$base.json" > "$base.txt" 2> "$base.log"
+    --device cuda "${extra[@]}" --json "$base.json" > "$base.txt" 2> "$base.log"
   r=$?
   echo "   exit $r after $(( $(date +%s) - t0 )) s"
   [[ $r -ne 0 ]] && { rc=$r; tail -3 "$base.log"; }
