@@ -12,9 +12,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
-cmake --build "$BUILD_DIR" --target test_cuda test_cuda_backend bench_gpu_engine oscar
+cmake --build "$BUILD_DIR" --target test_cuda test_cuda_backend bench_gpu_engine bench_gemv oscar
 rm -rf .devpay && mkdir -p .devpay/bin .devpay/lib
-cp "$BUILD_DIR/tests/test_cuda" "$BUILD_DIR/tests/test_cuda_backend" "$BUILD_DIR/bench/bench_gpu_engine" "$BUILD_DIR/oscar" .devpay/bin/
+cp "$BUILD_DIR/tests/test_cuda" "$BUILD_DIR/tests/test_cuda_backend" "$BUILD_DIR/bench/bench_gpu_engine" "$BUILD_DIR/bench/bench_gemv" "$BUILD_DIR/oscar" .devpay/bin/
 strip .devpay/bin/*
 for l in libfmt.so.9 libpcre2-8.so.0 libopenblas.so.0 libgfortran.so.5 libquadmath.so.0 \
          libcpp-httplib.so.0.11 libbrotlidec.so.1 libbrotlienc.so.1 libbrotlicommon.so.1 \

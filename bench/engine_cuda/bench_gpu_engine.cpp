@@ -214,6 +214,7 @@ struct Row {
   double step_ms = 0, tok_s = 0, weights_ms = 0, bytes = 0, roofline_ms = 0;
   double eager_ms = 0, gemm_ms = 0;  // the same step without graphs; the linear layers alone
   double gemm_cublas_ms = 0;         // the linear layers alone with cuBLAS at every batch
+  double gemm_cores_ms = 0;          // ... with the CUDA-core GEMV where the tensor-core one runs (0: n/a)
   int fit = 0;  // equal-memory rows: sequences that fit
 };
 
@@ -382,10 +383,15 @@ int main(int argc, char** argv) {
       glm = be->prepare_linear({&lmh}, {});
     }
     const int64_t gemm_bytes = int64_t(cfg.n_layers) * (gq->bytes + go->bytes + ggu->bytes + gd->bytes) + glm->bytes;
-    std::vector<std::pair<int, double>> gemm_only, gemm_cublas;
+    std::vector<std::pair<int, double>> gemm_only, gemm_cublas, gemm_cores;
     const int gemv_rows = backend::cuda_gemv_rows(*be);  // restored after the cuBLAS timing
     auto cublas_ms = [&](int B) {
       for (auto& [b, ms] : gemm_cublas)
+        if (b == B) return ms;
+      return 0.0;
+    };
+    auto cores_ms = [&](int B) {
+      for (auto& [b, ms] : gemm_cores)
         if (b == B) return ms;
       return 0.0;
     };
@@ -415,6 +421,13 @@ int main(int argc, char** argv) {
       backend::set_cuda_gemv_rows(*be, 0);
       const double cublas = timed(0xB1000000ull + uint64_t(B));
       backend::set_cuda_gemv_rows(*be, gemv_rows);
+      // Where the tensor-core GEMV runs, the same with the CUDA-core one (A/B).
+      const int mma_from = backend::cuda_gemv_mma_min_rows(*be);
+      if (B <= gemv_rows && B >= mma_from) {
+        backend::set_cuda_gemv_mma_min_rows(*be, backend::kCudaGemvNever);
+        gemm_cores.push_back({B, timed(0xB2000000ull + uint64_t(B))});
+        backend::set_cuda_gemv_mma_min_rows(*be, mma_from);
+      }
       be->clear_graphs();  // x and y go
       gemm_only.push_back({B, ms});
       gemm_cublas.push_back({B, cublas});
@@ -533,6 +546,7 @@ int main(int argc, char** argv) {
         }
         r.gemm_ms = gemm_ms(B);
         r.gemm_cublas_ms = cublas_ms(B);
+        r.gemm_cores_ms = cores_ms(B);
         r.tok_s = B / (r.step_ms * 1e-3);
         r.weights_ms = wms;
         r.bytes = double(m.weight_bytes_per_step()) + double(cache->bytes_in_use());
@@ -541,10 +555,10 @@ int main(int argc, char** argv) {
                     "streamed %6.2f GB | roofline %6.2f ms (%3.0f %%) | %8.0f tok/s\n",
                     B, C, r.method.c_str(), r.step_ms, wms, r.bytes / 1e9, r.roofline_ms,
                     100 * r.roofline_ms / r.step_ms, r.tok_s);
-        std::printf("    split: GEMM %6.2f ms (%4.0f GB/s, %3.0f %% of copy; cuBLAS alone %6.2f ms) | other %6.2f ms | "
-                    "attention+cache %6.2f ms | eager step %8.2f ms (graphs %.2fx)\n",
+        std::printf("    split: GEMM %6.2f ms (%4.0f GB/s, %3.0f %% of copy; cuBLAS alone %6.2f ms; CUDA-core GEMV %6.2f ms) | "
+                    "other %6.2f ms | attention+cache %6.2f ms | eager step %8.2f ms (graphs %.2fx)\n",
                     r.gemm_ms, gemm_bytes / (r.gemm_ms * 1e-3) / 1e9, 100 * gemm_bytes / (r.gemm_ms * 1e-3) / bw,
-                    r.gemm_cublas_ms, wms - r.gemm_ms, r.step_ms - wms, r.eager_ms,
+                    r.gemm_cublas_ms, r.gemm_cores_ms, wms - r.gemm_ms, r.step_ms - wms, r.eager_ms,
                     r.eager_ms > 0 ? r.eager_ms / r.step_ms : 0.0);
         std::fflush(stdout);
         rows_b.push_back(r);
@@ -614,7 +628,8 @@ int main(int argc, char** argv) {
           << ", \"weights_only_ms\": " << rows_b[i].weights_ms << ", \"bytes\": " << rows_b[i].bytes
           << ", \"roofline_ms\": " << rows_b[i].roofline_ms << ", \"tok_s\": " << rows_b[i].tok_s
           << ", \"eager_step_ms\": " << rows_b[i].eager_ms << ", \"gemm_ms\": " << rows_b[i].gemm_ms
-          << ", \"gemm_cublas_ms\": " << rows_b[i].gemm_cublas_ms << "}";
+          << ", \"gemm_cublas_ms\": " << rows_b[i].gemm_cublas_ms
+          << ", \"gemm_cuda_core_gemv_ms\": " << rows_b[i].gemm_cores_ms << "}";
       f << "], \"gemm_peak_tflops\": " << peak / 1e12 << ", \"prefill_chunk\": " << a.prefill_chunk
         << ", \"prefill\": [";
       for (size_t i = 0; i < pre.size(); ++i)

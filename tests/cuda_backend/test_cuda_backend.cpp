@@ -93,6 +93,56 @@ oscar::Tensor tensor(std::vector<int64_t> shape, uint64_t seed, float scale = 1.
   return t;
 }
 
+// The small-batch linear layer at every row count it takes (1-8), on both of its kernels
+// (CUDA cores; tensor cores from OSCAR_CUDA_GEMV_MMA_ROWS rows on), against the CPU
+// backend: several CTAs, K split over the CTA's warps (in = 4096), a row count that is
+// not a multiple of the CTA's 32 rows, an `in` that is not a multiple of 32 (the CUDA-core
+// fallback), bias, the residual add, and a NaN in one activation row, which must come out
+// NaN in that row and nowhere else.
+TEST(CudaBackendOps, GemvEveryRowCountMatchesTheCpuBackend) {
+  SKIP_WITHOUT_GPU();
+  auto gpu = backend::make_cuda_backend({WeightDtype::kBf16, 0});
+  auto cpu = backend::make_cpu_backend({WeightDtype::kBf16, 1});
+  Dev c{*cpu}, g{*gpu};
+  backend::set_cuda_gemv_rows(*gpu, 8);
+  const int mma_default = backend::cuda_gemv_mma_min_rows(*gpu);
+  struct Shape { int out, in; };
+  for (const Shape sh : {Shape{1000, 4096}, Shape{77, 96}, Shape{50, 72}}) {
+    auto w = tensor({sh.out, sh.in}, 70 + sh.out), b = tensor({sh.out}, 71 + sh.out);
+    auto wc = cpu->prepare_linear({&w}, {&b}), wg = gpu->prepare_linear({&w}, {&b});
+    for (int mma_from : {1, 2, backend::kCudaGemvNever}) {  // tensor cores for every n / from 2 rows / never
+      backend::set_cuda_gemv_mma_min_rows(*gpu, mma_from);
+      for (int n = 1; n <= 8; ++n) {
+        SCOPED_TRACE("out " + std::to_string(sh.out) + " in " + std::to_string(sh.in) + " rows " +
+                     std::to_string(n) + " mma from " + std::to_string(mma_from));
+        const size_t ny = size_t(n) * sh.out;
+        auto x = randn(size_t(n) * sh.in, 72 + n + sh.in);
+        auto xc = c.put(x), xg = g.put(x);
+        auto yc = cpu->alloc(ny), yg = gpu->alloc(ny);
+        cpu->linear(*wc, xc->data(), n, yc->data());
+        gpu->linear(*wg, xg->data(), n, yg->data());
+        EXPECT_LE(rel_err(g.get(*yg, ny), c.get(*yc, ny)), 1e-2) << "linear";
+        const auto t0 = randn(ny, 73 + n);
+        auto tc = c.put(t0), tg = g.put(t0);
+        cpu->linear_add(*wc, xc->data(), n, yc->data(), tc->data());
+        gpu->linear_add(*wg, xg->data(), n, yg->data(), tg->data());
+        EXPECT_LE(rel_err(g.get(*yg, ny), c.get(*yc, ny)), 1e-2) << "linear_add";
+        // A NaN in the last activation row poisons that row's outputs only.
+        x[size_t(n - 1) * sh.in + sh.in / 2] = NAN;
+        auto xn = g.put(x);
+        gpu->linear(*wg, xn->data(), n, yg->data());
+        const auto yn = g.get(*yg, ny);
+        int nan_last = 0, nan_other = 0;
+        for (size_t i = 0; i < ny; ++i)
+          if (std::isnan(yn[i])) (i >= size_t(n - 1) * sh.out ? nan_last : nan_other)++;
+        EXPECT_EQ(nan_last, sh.out) << "NaN activation row";
+        EXPECT_EQ(nan_other, 0) << "NaN leaked into other rows";
+      }
+    }
+  }
+  backend::set_cuda_gemv_mma_min_rows(*gpu, mma_default);
+}
+
 TEST(CudaBackendOps, EveryOpMatchesTheCpuBackend) {
   SKIP_WITHOUT_GPU();
   auto cpu = backend::make_cpu_backend({WeightDtype::kF32, 1});

@@ -401,6 +401,7 @@ class CudaBackend final : public Backend {
     if (opts_.weight_dtype == WeightDtype::kQ8) opts_.weight_dtype = WeightDtype::kBf16;
     if (const char* g = std::getenv("OSCAR_CUDA_GRAPHS")) graphs_ = std::string(g) != "0";
     if (const char* g = std::getenv("OSCAR_CUDA_GEMV_ROWS")) set_gemv_rows(std::atoi(g));
+    if (const char* g = std::getenv("OSCAR_CUDA_GEMV_MMA_ROWS")) gemv_mma_rows_ = std::atoi(g);
     if (const char* g = std::getenv("OSCAR_CUDA_BLAS_BETA")) blas_beta_ = std::string(g) != "0";
     if (const char* g = std::getenv("OSCAR_CUDA_FUSED_PREFILL")) fused_prefill_ = std::string(g) != "0";
     if (const char* g = std::getenv("OSCAR_CUDA_PREFILL_WARPS")) prefill_warps_ = std::atoi(g) == 8 ? 8 : 4;
@@ -527,7 +528,7 @@ class CudaBackend final : public Backend {
     const float one = 1.0f;
     const int out = int(w.rows), in = int(w.cols);
     if (uses_gemv(w, x, n)) {
-      cuda_ops::gemv_bf16(w.w.as<uint16_t>(), x, n, out, in, w.bias.as<float>(), beta, y, st_);
+      cuda_ops::gemv_bf16(w.w.as<uint16_t>(), x, n, out, in, w.bias.as<float>(), beta, y, gemv_mma_rows_, st_);
       check_launch("gemv");
       return;
     }
@@ -570,6 +571,8 @@ class CudaBackend final : public Backend {
 
   void set_gemv_rows(int rows) { gemv_rows_ = std::clamp(rows, 0, cuda_ops::kGemvMaxRows); }
   int gemv_rows() const { return gemv_rows_; }
+  void set_gemv_mma_rows(int rows) { gemv_mma_rows_ = rows; }
+  int gemv_mma_rows() const { return gemv_mma_rows_; }
 
   // y += x W^T (+ b): our GEMV adds in its epilogue. Through cuBLAS the product goes
   // accumulates into y (beta = 1), or with OSCAR_CUDA_BLAS_BETA=0 goes to tmp and a kernel adds it.
@@ -895,6 +898,9 @@ class CudaBackend final : public Backend {
   // Linear layers of at most this many rows use gemv_bf16: it beats cuBLAS at 1 row only
   // (H200, Qwen3-8B shapes: 4.10 vs 4.32 ms for a step's linear layers; 2 rows 4.69 vs 4.34).
   int gemv_rows_ = 1;
+  // From this many rows on the GEMV runs on the tensor cores (gemv_mma_k), below on
+  // the CUDA cores (gemv_bf16_k); env OSCAR_CUDA_GEMV_MMA_ROWS.
+  int gemv_mma_rows_ = 2;
   bool blas_beta_ = true;  // residual adds through cuBLAS's beta = 1 (OSCAR_CUDA_BLAS_BETA=0: tmp + add kernel)
   bool graphs_ = true, capturing_ = false;  // OSCAR_CUDA_GRAPHS=0: eager steps
   std::unordered_map<uint64_t, cudaGraphExec_t> graphs_map_;
@@ -930,6 +936,8 @@ CudaBackend& as_cuda(Backend& be) {
 
 void set_cuda_gemv_rows(Backend& be, int rows) { as_cuda(be).set_gemv_rows(rows); }
 int cuda_gemv_rows(Backend& be) { return as_cuda(be).gemv_rows(); }
+void set_cuda_gemv_mma_min_rows(Backend& be, int rows) { as_cuda(be).set_gemv_mma_rows(rows); }
+int cuda_gemv_mma_min_rows(Backend& be) { return as_cuda(be).gemv_mma_rows(); }
 
 bool cuda_device_available() {
   int n = 0;

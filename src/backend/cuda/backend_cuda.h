@@ -42,6 +42,11 @@ std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions& opts = {});
 // fp32 activations) instead of cuBLAS; default 1, env OSCAR_CUDA_GEMV_ROWS. For A/B runs.
 void set_cuda_gemv_rows(Backend& be, int rows);
 int cuda_gemv_rows(Backend& be);
+// From this many rows on (default 2) that GEMV runs on the tensor cores (x rounded to
+// BF16), below on the CUDA cores (x in fp32); env OSCAR_CUDA_GEMV_MMA_ROWS.
+inline constexpr int kCudaGemvNever = 9;  // a min_rows the tensor-core GEMV never reaches
+void set_cuda_gemv_mma_min_rows(Backend& be, int rows);
+int cuda_gemv_mma_min_rows(Backend& be);
 
 // True when the build has CUDA and a device is visible.
 bool cuda_device_available();
