@@ -9,6 +9,11 @@ with SIGTERM. Standard library only.
 
   python3 bench/serving/run_matrix.py --preset memory   # BF16 vs 2-bit at the same KV bytes
   python3 bench/serving/run_matrix.py --preset prefix   # shared-prefix data, prefix cache on/off
+  # on a GPU: longer prompts, more of them, the server on the device
+  python3 bench/serving/run_matrix.py --preset memory --model M.gguf --calib C.safetensors --mem 2048 \
+      --bf16-running 64 --oscar-running 64 --extra-server "--device cuda --max-batch-tokens 8192" \
+      --extra-bench "--num-prompts 64 --input-len 8192 --output-len 128 --max-concurrency 64"
+(--extra-bench arguments come after the preset's, so they override them.)
 """
 import argparse
 import json
@@ -64,7 +69,7 @@ CASES = {
         "bench": ["--dataset", "random", "--num-prompts", "16", "--input-len", "3072",
                   "--output-len", "64", "--range-ratio", "0", "--max-concurrency", "16"],
         "cases": [
-            ("bf16", ["--kv", "bf16", "--kv-memory-mb", "{mem}", "--max-running", "16"]),
+            ("bf16", ["--kv", "bf16", "--kv-memory-mb", "{mem}", "--max-running", "{bf16_running}"]),
             ("oscar", ["--kv", "oscar", "--calib", "{calib}", "--kv-memory-mb", "{mem}",
                        "--max-running", "{oscar_running}"]),
         ],
@@ -92,13 +97,16 @@ def main():
     ap.add_argument("--calib", default=os.path.join(ROOT, "out", "calib.safetensors"))
     ap.add_argument("--mem", default="192", help="KV MiB for the memory preset")
     ap.add_argument("--oscar-running", default="12", help="--max-running of the 2-bit case (memory preset)")
+    ap.add_argument("--bf16-running", default="16", help="--max-running of the BF16 case (memory preset)")
+    ap.add_argument("--extra-server", default="", help="extra `oscar serve` arguments for every case")
     ap.add_argument("--output-json", help="write every case's numbers here")
     ap.add_argument("--extra-bench", default="", help="extra bench_serving.py arguments")
     a = ap.parse_args()
     preset = CASES[a.preset]
     rows = []
     for name, server_args in preset["cases"]:
-        server_args = [s.format(calib=a.calib, mem=a.mem, oscar_running=a.oscar_running) for s in server_args]
+        server_args = [s.format(calib=a.calib, mem=a.mem, oscar_running=a.oscar_running,
+                                bf16_running=a.bf16_running) for s in server_args] + a.extra_server.split()
         p, port, banner = start(a.oscar, a.model, server_args)
         print(f"== {name}: {banner}", file=sys.stderr)
         out = f"/tmp/oscar_matrix_{os.getpid()}.json"
@@ -145,7 +153,8 @@ def main():
         print("| " + " | ".join(cells) + " |")
     if a.output_json:
         with open(a.output_json, "w") as f:
-            json.dump({"preset": a.preset, "bench_args": preset["bench"], "rows": rows}, f, indent=1)
+            json.dump({"preset": a.preset, "bench_args": preset["bench"] + a.extra_bench.split(), "rows": rows}, f,
+                      indent=1)
 
 
 if __name__ == "__main__":
