@@ -28,6 +28,7 @@ def main():
     ap.add_argument("json", nargs="+")
     ap.add_argument("-o", "--out", required=True)
     ap.add_argument("--title", default="Passkey retrieval")
+    ap.add_argument("--legend", default="lower left", help="matplotlib legend location")
     a = ap.parse_args()
     cells = defaultdict(lambda: [0, 0])
     for path in a.json:
@@ -59,7 +60,7 @@ def main():
     ax.set_ylabel("correct (%), 95 % Wilson interval")
     ax.set_title(a.title)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="lower left")
+    ax.legend(fontsize=8, loc=a.legend)
     fig.tight_layout()
     fig.savefig(a.out, dpi=110)
     print(f"wrote {a.out}: {len(methods)} methods, {len(xt)} contexts")
