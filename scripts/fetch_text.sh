@@ -9,8 +9,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-data}
-if [[ -s $OUT/calib.txt && -s $OUT/eval.txt ]]; then
-  echo "fetch_text: $OUT/calib.txt and $OUT/eval.txt already present"; exit 0
+if [[ -s $OUT/calib.txt && -s $OUT/eval.txt && -s $OUT/eval-code.txt ]]; then
+  echo "fetch_text: $OUT/calib.txt, $OUT/eval.txt and $OUT/eval-code.txt already present"; exit 0
 fi
 mkdir -p "$OUT/debs"
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
@@ -37,5 +37,9 @@ cat_files() { for f in "$@"; do printf '\n\n'; cat "$f"; done; }
             "$lib"/shutil.py "$lib"/timeit.py "$lib"/secrets.py
 } > "$OUT/eval.txt"
 # A standalone prose-only file for passkey haystacks.
+# The code half of eval.txt alone: its windows evaluate on Python source (eval.txt's first
+# windows are the howto / faq prose).
+cat_files "$lib"/difflib.py "$lib"/pprint.py "$lib"/queue.py "$lib"/gzip.py \
+          "$lib"/shutil.py "$lib"/timeit.py "$lib"/secrets.py > "$OUT/eval-code.txt"
 cat_files $(ls "$src"/faq/*.rst.txt | sort) > "$OUT/haystack.txt"
-( cd "$OUT" && sha256sum calib.txt eval.txt haystack.txt && wc -c calib.txt eval.txt haystack.txt )
+( cd "$OUT" && sha256sum calib.txt eval.txt eval-code.txt haystack.txt && wc -c calib.txt eval.txt eval-code.txt haystack.txt )
