@@ -53,7 +53,7 @@ struct Opts {
   std::string weights = "bf16";
   int threads = 0;
   std::string device = "cpu";
-  int max_running = 32, max_waiting = 1024, max_batch_tokens = 512, max_model_len = 0;
+  int max_running = 32, max_waiting = 1024, max_batch_tokens = 0, max_model_len = 0;
   int http_threads = 0;
   size_t max_body = 8 << 20;
 };
@@ -83,7 +83,8 @@ const oscar::cli::Registrar reg({"serve", "Serve a model over an OpenAI-compatib
   app.add_option("--max-running", o->max_running, "Most requests in the running batch")->capture_default_str();
   app.add_option("--max-waiting", o->max_waiting, "Queued requests beyond which new ones get 503")->capture_default_str();
   app.add_option("--max-batch-tokens", o->max_batch_tokens,
-                 "Tokens per forward step (decode tokens + prefill chunks)")->capture_default_str();
+                 "Tokens per forward step (decode tokens + prefill chunks); 0 = 512 on the CPU, 8192 on a "
+                 "GPU (a step's GEMMs fill the GPU from a few thousand rows)")->capture_default_str();
   app.add_option("--max-model-len", o->max_model_len, "Prompt + generation limit (0 = the model's)");
   app.add_option("--http-threads", o->http_threads, "HTTP worker threads (0 = 2 * max-running + 8)");
   app.add_option("--max-body-bytes", o->max_body, "Largest request body")->capture_default_str();
@@ -100,6 +101,9 @@ const oscar::cli::Registrar reg({"serve", "Serve a model over an OpenAI-compatib
     sigaction(SIGTERM, &sa, nullptr);
     std::signal(SIGPIPE, SIG_IGN);  // a client that vanishes must not kill the process
 
+    if (o->max_batch_tokens < 0) throw Error("serve: --max-batch-tokens must be >= 0");
+    if (o->max_batch_tokens == 0)
+      o->max_batch_tokens = o->device == "cuda" || o->device.rfind("cuda:", 0) == 0 ? 8192 : 512;
     engine::Session sess = engine::open_session({o->model, o->kv, o->calib, o->weights, o->threads, o->device});
     model::Tokenizer& tok = sess.tok;
     model::Model* m = sess.model.get();
