@@ -82,8 +82,9 @@ def main():
         ax.set_xlabel("context length [tokens]")
         ax.set_title(title, fontsize=10)
         ax.grid(True, alpha=0.3)
-    axes[0].legend(fontsize=7)
-    fig.tight_layout()
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=8, loc="lower center", ncol=min(len(labels), 4), frameon=False)
+    fig.tight_layout(rect=(0, 0.1, 1, 1))  # room for the legend below the panels
     fig.savefig(a.output, dpi=110)
     print(f"wrote {a.output}")
 
