@@ -36,10 +36,10 @@ cat_files() { for f in "$@"; do printf '\n\n'; cat "$f"; done; }
   cat_files "$lib"/difflib.py "$lib"/pprint.py "$lib"/queue.py "$lib"/gzip.py \
             "$lib"/shutil.py "$lib"/timeit.py "$lib"/secrets.py
 } > "$OUT/eval.txt"
-# A standalone prose-only file for passkey haystacks.
 # The code half of eval.txt alone: its windows evaluate on Python source (eval.txt's first
 # windows are the howto / faq prose).
 cat_files "$lib"/difflib.py "$lib"/pprint.py "$lib"/queue.py "$lib"/gzip.py \
           "$lib"/shutil.py "$lib"/timeit.py "$lib"/secrets.py > "$OUT/eval-code.txt"
+# A standalone prose-only file for passkey haystacks.
 cat_files $(ls "$src"/faq/*.rst.txt | sort) > "$OUT/haystack.txt"
 ( cd "$OUT" && sha256sum calib.txt eval.txt eval-code.txt haystack.txt && wc -c calib.txt eval.txt eval-code.txt haystack.txt )

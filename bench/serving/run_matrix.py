@@ -10,9 +10,9 @@ with SIGTERM. Standard library only.
   python3 bench/serving/run_matrix.py --preset memory   # BF16 vs 2-bit at the same KV bytes
   python3 bench/serving/run_matrix.py --preset prefix   # shared-prefix data, prefix cache on/off
   # on a GPU: longer prompts, more of them, the server on the device
-  python3 bench/serving/run_matrix.py --preset memory --model M.gguf --calib C.safetensors --mem 2048 \
-      --bf16-running 64 --oscar-running 64 --extra-server "--device cuda --max-batch-tokens 8192" \
-      --extra-bench "--num-prompts 64 --input-len 8192 --output-len 128 --max-concurrency 64"
+  python3 bench/serving/run_matrix.py --preset memory --model M.gguf --calib C.safetensors --mem 4096 \
+      --bf16-running 128 --oscar-running 128 --extra-server "--device cuda --max-batch-tokens 8192" \
+      --extra-bench "--num-prompts 128 --input-len 2048 --output-len 2048 --max-concurrency 128"
 (--extra-bench arguments come after the preset's, so they override them.)
 """
 import argparse
