@@ -3,6 +3,7 @@
 # builds two DISJOINT files (English prose + Python source code):
 #   data/calib.txt  Python 3.11 tutorial + reference (prose) and stdlib modules A
 #   data/eval.txt   Python 3.11 HOWTOs + FAQ (prose) and stdlib modules B
+#   data/eval-code.txt  stdlib modules B alone (eval.txt's code half)
 # Sources: python3.11-doc (the documentation's reStructuredText sources, PSF
 # licence) and libpython3.11-stdlib (the standard library's .py files, PSF
 # licence), fetched with `apt-get download` (apt verifies their checksums).
