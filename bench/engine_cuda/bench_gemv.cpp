@@ -5,7 +5,7 @@
 //
 //   bench_gemv [--rows 1,2,4,8] [--copies 4] [--reps 20] [--json FILE]
 //
-// Each matrix exists in --copies copies (at least 128 MiB of each shape, so the 50 MB
+// Each matrix exists in --copies copies (raised so that every shape's copies hold at least 128 MiB: the 50 MB
 // L2 cannot serve a repeat); one timed pass runs every copy of every matrix in layer
 // order, recorded once as a CUDA graph and replayed --reps times. Bytes are the weight
 // bytes read once per pass (activations and outputs are < 1 % of them at 8 rows).
@@ -110,11 +110,12 @@ int main(int argc, char** argv) try {
   auto be = backend::make_cuda_backend({backend::WeightDtype::kBf16, 0});
   const std::vector<Mat> mats = {
       {"qkv", 4096 + 2 * 1024, 4096}, {"o", 4096, 4096}, {"gate_up", 2 * 12288, 4096}, {"down", 4096, 12288}};
+  // The same number of copies of every matrix (enough that the smallest one's copies
+  // exceed 128 MiB), so that a pass over the layer is `copies` passes over one copy each.
+  for (const Mat& mt : mats) copies = std::max(copies, int(128.0 / (double(mt.out) * mt.in * 2 / (1 << 20)) + 0.999));
   std::vector<std::vector<backend::WeightPtr>> w(mats.size());
   for (size_t m = 0; m < mats.size(); ++m) {
-    const double mib = double(mats[m].out) * mats[m].in * 2 / (1 << 20);
-    const int c = std::max(copies, int(128.0 / mib + 0.999));
-    for (int k = 0; k < c; ++k) {
+    for (int k = 0; k < copies; ++k) {
       const Tensor t = filled(mats[m].out, mats[m].in, 17 * m + k);
       w[m].push_back(be->prepare_linear({&t}, {}));
     }
@@ -150,7 +151,7 @@ int main(int argc, char** argv) try {
           bytes += double(mats[k].out) * mats[k].in * 2;
         }
       }
-      // The whole layer: every copy of each matrix (the same count of each).
+      // The whole layer: every copy of each matrix.
       const char* name = m < mats.size() ? mats[m].name : "layer";
       for (const Mode& md : modes) {
         backend::set_cuda_gemv_rows(*be, md.gemv_rows);
@@ -162,7 +163,7 @@ int main(int argc, char** argv) try {
         const double ms = time_ms(reps, [&] { be->run_graph(k, pass); });
         const double gbs = bytes / (ms * 1e-3) / 1e9;
         std::printf("%-9s %4d | %-17s | %6.0f MB | %6.1f us | %8.0f | %5.1f %%\n", name, n, md.name, bytes / 1e6,
-                    ms * 1e3 / double(seq.size()) * (m < mats.size() ? 1.0 : double(mats.size())), gbs,
+                    ms * 1e3 / double(copies), gbs,
                     100 * bytes / (ms * 1e-3) / bw);
         if (jf) {
           jf << (first ? "" : ", ") << "{\"matrix\": \"" << name << "\", \"rows\": " << n << ", \"kernel\": \""
