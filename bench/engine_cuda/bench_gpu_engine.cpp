@@ -63,6 +63,7 @@ struct Args {
   int steps = 8;
   std::string json;
   std::string methods = "bf16,int2";
+  std::string calib;  // --calib: the int2 cache uses this calibration (else a data-free Hadamard one)
   std::string graphs = "both";
   std::vector<int> prefill = {8192, 32768};  // prompt lengths timed (0: none)
   int prefill_chunk = 8192;
@@ -238,13 +239,14 @@ int main(int argc, char** argv) {
     else if (s == "--steps") a.steps = std::stoi(next());
     else if (s == "--json") a.json = next();
     else if (s == "--methods") a.methods = next();
+    else if (s == "--calib") a.calib = next();
     else if (s == "--graphs") a.graphs = next();
     else if (s == "--prefill") a.prefill = ints(next());
     else if (s == "--prefill-chunk") a.prefill_chunk = std::stoi(next());
     else {
       std::fprintf(stderr, "usage: bench_gpu_engine [--preset qwen3-8b|llama3-8b | --model PATH] [--kv-gib G] "
                            "[--ctx a,b] [--batch a,b] [--batch-ctx c] [--long-ctx n] [--steps n] "
-                           "[--methods bf16,int2] [--graphs both|on|off] [--prefill 8192,32768] [--prefill-chunk n] "
+                           "[--methods bf16,int2,int2-nocenter] [--calib FILE] [--graphs both|on|off] [--prefill 8192,32768] [--prefill-chunk n] "
                            "[--json FILE]\n");
       return 2;
     }
@@ -310,19 +312,52 @@ int main(int argc, char** argv) {
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     m.set_logits_to_host(false);
 
+    // bf16; int2: the OSCAR layout with --calib's calibration (real rotations, key transform and
+    // page centering, as `oscar calibrate` wrote them) or a data-free Hadamard one; int2-nocenter:
+    // the same calibration without its page centering (an A/B of that cost).
     std::vector<kv::KvMethod> methods;
-    for (const std::string& name : {std::string("bf16"), std::string("int2")}) {
-      if (a.methods.find(name) == std::string::npos) continue;
-      kv::KvMethod km;
-      if (name == "int2") {
-        km.label = "int2 (oscar layout)";
-        km.kind = kv::KvMethod::Kind::kRow;
-        km.bits = 2;
-        km.group_size = 128;
-        km.calib = std::make_shared<Calibration>(
-            data_free_calibration(Composition::kHadamard, fp, 0.96f, 0.92f, 2, 128));
+    std::shared_ptr<Calibration> calib;
+    if (!a.calib.empty()) {
+      calib = std::make_shared<Calibration>(read_calibration(a.calib));
+      check_calibration_matches(*calib, fp, a.calib);
+    }
+    {
+      size_t b = 0;
+      while (b <= a.methods.size()) {
+        size_t e = a.methods.find(',', b);
+        if (e == std::string::npos) e = a.methods.size();
+        const std::string name = a.methods.substr(b, e - b);
+        b = e + 1;
+        if (name.empty()) continue;
+        kv::KvMethod km;
+        if (name == "int2" || name == "int2-nocenter") {
+          km.kind = kv::KvMethod::Kind::kRow;
+          km.bits = 2;
+          km.group_size = 128;
+          if (calib) {
+            km.calib = calib;
+            km.group_size = calib->group_size;
+            km.sink = calib->sink;
+            km.recent = calib->recent;
+            km.label = name == "int2" ? "int2 (calib)" : "int2 (calib, no page centre)";
+            if (name == "int2-nocenter") {
+              auto flat = std::make_shared<Calibration>(*calib);
+              for (LayerCalibration& L : flat->layers) L.k_rope_mean.clear();
+              flat->rope_freq.clear();
+              km.calib = flat;
+            }
+          } else {
+            if (name == "int2-nocenter") throw Error("bench_gpu_engine: int2-nocenter needs --calib");
+            km.label = "int2 (oscar layout)";
+            km.calib = std::make_shared<Calibration>(
+                data_free_calibration(Composition::kHadamard, fp, 0.96f, 0.92f, 2, 128));
+          }
+        } else if (name != "bf16") {
+          throw Error("bench_gpu_engine: --methods: unknown '" + name + "' (bf16, int2, int2-nocenter)");
+        }
+        methods.push_back(km);
       }
-      methods.push_back(km);
+      if (methods.empty()) throw Error("bench_gpu_engine: --methods lists nothing");
     }
     const auto shape = m.cache_shape(64);
     const int chunk = 2048;
