@@ -35,7 +35,7 @@ struct Case {
   const char* name;
   int fuse = -1;        // plan_decode's fuse_windows (1: the fused window + merge kernel wherever it can run)
   bool host_pages = true;  // the plan gets the host page table (DecodePlan::first_pages, v44)
-  int center_pairs = 0;    // page centering (HostCache::add_center); the plan then takes one page per chunk
+  int center_pairs = 0;    // page centering (HostCache::add_center)
 };
 
 int num_sms() {
@@ -125,11 +125,10 @@ Result run_case(const Case& c, uint32_t seed, bool bf16_kernel = false, int vari
                               lse_ref[call].data());
   }
 
-  DecodePlan plan = c.center_pairs > 0
-                        ? plan_decode(batch, regions_of(cache, c.host_pages), c.hkv, num_sms(), c.page / 16, 0, -1.0f, 0)
-                        : plan_decode(batch, regions_of(cache, c.host_pages), c.hkv, num_sms(), c.tiles_per_chunk, 0,
-                                      -1.0f, c.fuse);
-  DecodeWorkspace ws = alloc_decode_workspace(std::max(plan.num_chunks, 1), batch, hq, c.d);
+  DecodePlan plan =
+      plan_decode(batch, regions_of(cache, c.host_pages), c.hkv, num_sms(), c.tiles_per_chunk, 0, -1.0f, c.fuse);
+  DecodeWorkspace ws = alloc_decode_workspace(std::max(plan.num_chunks, 1), batch, hq, c.d,
+                                              c.center_pairs > 0 ? plan.num_mid_pages : 0);
   std::vector<DeviceBuffer<float>> d_q, d_o, d_lse;
   for (int call = 0; call < calls; ++call) {
     d_q.emplace_back(q[call]);
@@ -205,10 +204,13 @@ TEST(CudaDecode, MixedRegionsDefaultShape) {
 // The fused window + merge kernel (v27) on the same shapes, forced where the
 // planner would not choose it: every head dim, GQA and loop variant, forced
 // chunking (many middle chunks to merge), plain launches, repeated calls.
-// Page centering: every middle page's logits shift by q̃·δ (kernels/paged_kv.h); the GPU adds
-// the shift per one-page chunk in the merge, the CPU reference adds δ to the rows (shifts of a
-// few logits: a GPU path that dropped them would fail). A plan with middle chunks longer than a
-// page, or a view without its angle table, is refused.
+// Page centering: every middle page's logits shift by q̃·δ (kernels/paged_kv.h); the GPU's
+// middle loop adds each page's shift (page_bias_kernel), the CPU reference adds δ to the rows
+// (shifts of a few logits: a GPU path that dropped them, or took a neighbouring page's, would
+// fail). Every loop the centred dispatch takes (the int8 ring with group copies, the fp16 ring,
+// the register-prefetch loop), the planner's chunks and forced ones (steps and chunks that
+// cross pages: pages of 16 and 32 tokens), fused windows, GQA 1 to 6. A workspace without
+// room for the shifts, or a view without its angle table, is refused.
 TEST(CudaDecode, PageCenteredMiddle) {
   if (!test::have_gpu()) GTEST_SKIP() << "no GPU";
   for (int d : {64, 128})
@@ -217,19 +219,39 @@ TEST(CudaDecode, PageCenteredMiddle) {
       c.center_pairs = 3 + gqa;
       for (int variant : {0, 1}) expect_ok(c, 71 + gqa, false, variant);
     }
-  // Refusals: a middle chunk longer than a page, or fused windows.
+  for (int page : {16, 32, 128})
+    for (int tiles : {0, 4, 12}) {
+      Case c{128, 128, 4, 2, page, mixed_seqs(page), tiles, "page centering, pages / chunks"};
+      c.center_pairs = 7;
+      for (int variant : {0, 1}) expect_ok(c, 300 + page + tiles, false, variant);
+    }
+  {
+    Case c{128, 128, 4, 8, 64, mixed_seqs(64), 0, "page centering, fused windows"};
+    c.center_pairs = 11;
+    c.fuse = 1;
+    expect_ok(c, 77);
+    c.gqa = 6;
+    c.fuse = -1;
+    c.tiles_per_chunk = 8;
+    expect_ok(c, 78, false, 0, 1, 3);  // three calls on one plan and workspace
+  }
+  // Refusals.
   HostCache cache({{64, 1000, 300}}, 2, 128, 64, 128, 5);
   cache.add_center(4, 9);
-  DecodeWorkspace ws = alloc_decode_workspace(64, 1, 8, 128);
   DeviceBuffer<float> q(8 * 128), o(8 * 128);
   DecodeParams p = params_for(cache, q.ptr, 8, 0.1f, o.ptr, nullptr);
-  const DecodePlan ok = plan_decode(1, regions_of(cache), 2, num_sms(), 4, 0, -1.0f, 0);
-  EXPECT_EQ(check_decode(p, ok, ws), "");
-  const DecodePlan wide = plan_decode(1, regions_of(cache), 2, num_sms(), 8, 0, -1.0f, 0);
-  EXPECT_NE(check_decode(p, wide, ws).find("within one page"), std::string::npos);
+  const DecodePlan plan = plan_decode(1, regions_of(cache), 2, num_sms());
+  DecodeWorkspace ws = alloc_decode_workspace(64, 1, 8, 128, plan.num_mid_pages);
+  EXPECT_EQ(check_decode(p, plan, ws), "");
+  DecodeWorkspace small = alloc_decode_workspace(64, 1, 8, 128, plan.num_mid_pages - 1);
+  EXPECT_NE(check_decode(p, plan, small).find("max_mid_pages"), std::string::npos);
+  DecodeWorkspace none = alloc_decode_workspace(64, 1, 8, 128);
+  EXPECT_NE(check_decode(p, plan, none).find("max_mid_pages"), std::string::npos);
   p.kv.center.angles = nullptr;
-  EXPECT_NE(check_decode(p, ok, ws).find("angle table"), std::string::npos);
+  EXPECT_NE(check_decode(p, plan, ws).find("angle table"), std::string::npos);
   free_decode_workspace(ws);
+  free_decode_workspace(small);
+  free_decode_workspace(none);
 }
 
 TEST(CudaDecode, FusedWindowsAndMerge) {

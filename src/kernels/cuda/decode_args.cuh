@@ -55,6 +55,12 @@ struct KernelArgs {
   const uint32_t* write_done;
   uint32_t write_epoch;
   int write_flags;
+  // Page centering (kCenter middle instances): the log2-domain shift of every middle page's
+  // logits, [mid page][Hq], indexed like kv.center.angles (page-table offset c2.x + page of
+  // the chunk's tile); written by page_bias_kernel (decode_center.cu) before the launch.
+  // (Last: the other fields keep their parameter offsets, so the other instances' code is
+  // unchanged by it.)
+  const float* page_bias;
 };
 
 }  // namespace oscar::kernels::cuda::decode_impl

@@ -98,7 +98,9 @@ struct DecodeWorkspace {
   int32_t* first_pages = nullptr;    // [capacity][4]: DecodePlan::first_pages in launch order
   float* center_coef = nullptr;      // [max_batch][max_q_heads][head_dim + 1]: page centering's
                                      // per-query coefficients (A_s, B_s, C)
-  float* chunk_bias = nullptr;       // [capacity][max_q_heads]: each chunk's log2 shift (page centering)
+  int max_mid_pages = 0;             // middle pages page_bias holds (0: no page centering)
+  float* page_bias = nullptr;        // [max_mid_pages][max_q_heads]: each middle page's log2 shift
+                                     // (page centering; DecodePlan::num_mid_pages of them per step)
   uint32_t* step_sync = nullptr;     // [max_batch][max_q_heads][2][head_dim / 32], zeroed once:
                                      // the step write's per-block flags (DecodeParams::write, v42);
                                      // nullptr: the window tiles wait for the write launch's
@@ -106,7 +108,10 @@ struct DecodeWorkspace {
 };
 
 // cudaMalloc/cudaFree helpers for a workspace (throw oscar::Error on failure).
-DecodeWorkspace alloc_decode_workspace(int capacity, int max_batch, int max_q_heads, int head_dim);
+// max_mid_pages: the most middle pages (DecodePlan::num_mid_pages) a page-centred step may
+// have; 0 = none (check_decode refuses page centering with such a workspace).
+DecodeWorkspace alloc_decode_workspace(int capacity, int max_batch, int max_q_heads, int head_dim,
+                                       int max_mid_pages = 0);
 void free_decode_workspace(DecodeWorkspace& ws);
 
 // Copies the plan's tables into the workspace (async on `stream`, from

@@ -97,6 +97,20 @@ cudaError_t launch_quant(dim3 grid, const KernelArgs& a, int variant, bool group
   return launch_split<D, G, true, 1>(grid, pdl, stream, a);
 }
 
+// The same with page centering folded into the loop (kCenter instances): the int8 K/V ring
+// with whole-group copies where the default would take it, the fp16 ring for head_dim 128 /
+// group 128 otherwise (variant 1: the register-prefetch loop), the register-prefetch loop for
+// the other shapes. (The benchmark-only variants 3 and 4 map to these.)
+template <int D, int G>
+cudaError_t launch_quant_centered(dim3 grid, const KernelArgs& a, int variant, bool groups, cudaStream_t stream) {
+  constexpr bool pdl = false;
+  if constexpr (D == 128 && G == 128) {
+    if (variant == 0 && groups && a.gqa <= 4) return launch_split<D, G, true, 3, false, true, true>(grid, pdl, stream, a);
+    if (variant != 1) return launch_split<D, G, true, 0, false, false, true>(grid, pdl, stream, a);
+  }
+  return launch_split<D, G, true, 1, false, false, true>(grid, pdl, stream, a);
+}
+
 // How the step write's blocks split its rows (v42; same-call A/Bs in
 // docs/kernels-cuda.md). Its blocks run where the middle launch leaves room:
 // at once where it does not fill the GPU, else in its tail, each in a slot
@@ -159,20 +173,22 @@ cudaError_t launch(const DecodeParams& p, const DecodePlan& plan, const DecodeWo
   bool launched = false;
   const bool pdl = p.pdl != 0;
   const bool centered = p.kv.center.pairs > 0 && nq > 0;
+  a.page_bias = centered ? ws.page_bias : nullptr;
   OSCAR_DISPATCH_HEAD_DIM(p.kv.head_dim, D, {
     if (centered) {
-      // Page centering: each chunk's shift, before the middle launch (plain launches: the
-      // merge, later in the stream, reads it after its dependency wait).
-      OSCAR_CUDA_RETURN_IF_ERROR(launch_page_centering<D>(p.kv, p.q, p.num_q_heads, a.gqa, a.chunks,
-                                                          plan.num_chunks, a.sm_scale_log2,
-                                                          ws.center_coef, ws.chunk_bias, stream));
+      // Page centering: every middle page's shift, before the middle launch (plain launches,
+      // in stream order), which adds them in its loop.
+      OSCAR_CUDA_RETURN_IF_ERROR(launch_page_centering<D>(p.kv, p.q, p.num_q_heads, a.gqa, plan.num_mid_pages,
+                                                          a.sm_scale_log2, ws.center_coef, ws.page_bias, stream));
     }
     if (nq > 0) {
       OSCAR_DISPATCH_GROUP(p.kv.group_size, D, G, {
         a.first = 0;
         const bool groups = OSCAR_GROUP_COPIES != 0 && plan.mid_groups_aligned &&
                             p.kv.page_size % (kRingTiles * kTileTokens) == 0;
-        OSCAR_CUDA_RETURN_IF_ERROR((launch_quant<D, G>(dim3(p.kv.num_kv_heads, nq), a, p.variant, groups, stream)));
+        const dim3 grid(p.kv.num_kv_heads, nq);
+        OSCAR_CUDA_RETURN_IF_ERROR((centered ? launch_quant_centered<D, G>(grid, a, p.variant, groups, stream)
+                                             : launch_quant<D, G>(grid, a, p.variant, groups, stream)));
         launched = true;
       });
       if (!launched) return cudaErrorInvalidValue;
@@ -209,7 +225,7 @@ cudaError_t launch(const DecodeParams& p, const DecodePlan& plan, const DecodeWo
     }
     OSCAR_CUDA_RETURN_IF_ERROR(launch_merge<D>(
         dim3(p.kv.batch, p.num_q_heads), pdl, stream, ws.seq_chunk_ptr, ws.partial_o,
-        ws.partial_lse, p.num_q_heads, p.o, p.lse, centered ? ws.chunk_bias : nullptr));
+        ws.partial_lse, p.num_q_heads, p.o, p.lse));
     return cudaGetLastError();
   });
   return cudaErrorInvalidValue;
@@ -270,13 +286,12 @@ std::string check_decode(const DecodeParams& p, const DecodePlan& plan, const De
       reinterpret_cast<uintptr_t>(kv.bf16.v) % 16 || reinterpret_cast<uintptr_t>(kv.quant.v_codes) % 16)
     return who + "pools must be 16-byte aligned";
   if (kv.center.pairs > 0 && plan.num_quant_chunks > 0) {
-    const int tpp = kv.page_size / kTileTokens;
     if (kv.center.pairs > kv.head_dim / 2 || !kv.center.u || !kv.center.w || !kv.center.angles)
       return who + "page centering without its vectors or angle table (or more pairs than head_dim / 2)";
-    if (plan.fused_windows || plan.tiles_per_chunk_quant <= 0 || tpp % plan.tiles_per_chunk_quant != 0)
-      return who + "page centering needs a plan whose middle chunks stay within one page and no fused "
-                   "windows (plan_decode with tiles_per_chunk = page_size / 16, fuse_windows = 0)";
-    if (!ws.center_coef || !ws.chunk_bias) return who + "workspace without the page-centering buffers";
+    if (!ws.center_coef || !ws.page_bias || plan.num_mid_pages > ws.max_mid_pages)
+      return who + "page centering: the workspace holds the shifts of " + std::to_string(ws.max_mid_pages) +
+             " middle pages, the plan has " + std::to_string(plan.num_mid_pages) +
+             " (alloc_decode_workspace's max_mid_pages)";
     if (p.demote.n > 0)
       return who + "step demotions (DecodeParams::demote) do not take page centres; demote with "
                    "demote_pages(..., key_offset) instead";

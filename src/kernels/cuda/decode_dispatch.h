@@ -17,24 +17,24 @@ struct KernelArgs;  // decode_args.cuh
 // decode_split_kernel.cuh; instances: decode_split_d64.cu, _d128.cu, _d256.cu.
 // One split launch (middle or window chunks, or fused windows) of grid
 // (KV heads, chunks), with its dynamic shared memory.
-template <int D, int G, bool kQuant, int kVariant, bool kFused = false, bool kGroup = false>
+// kCenter: page centering folded into the middle loop (KernelArgs::page_bias).
+template <int D, int G, bool kQuant, int kVariant, bool kFused = false, bool kGroup = false, bool kCenter = false>
 cudaError_t launch_split(dim3 grid, bool pdl, cudaStream_t stream, const KernelArgs& a);
 
 // decode_merge.cu: the chunks of each sequence merged by log-sum-exp into
-// o [batch][Hq][D] and lse (or nullptr), grid (batch, Hq); chunk_bias: the
-// page centering's per-chunk shifts or nullptr.
+// o [batch][Hq][D] and lse (or nullptr), grid (batch, Hq).
 template <int D>
 cudaError_t launch_merge(dim3 grid, bool pdl, cudaStream_t stream, const int32_t* seq_chunk_ptr,
                          const float* partial_o, const float* partial_lse, int num_q_heads,
-                         float* o, float* lse, const float* chunk_bias);
+                         float* o, float* lse);
 
-// decode_center.cu: page centering's per-query coefficients and each
-// chunk's log2 shift (into chunk_bias [chunk id][Hq]), before the middle
-// launch; chunks: the uploaded table (upload_plan), num_chunks entries.
+// decode_center.cu: page centering's per-query coefficients, then the log2 shift of every
+// middle page's logits (page_bias [mid page][Hq], indexed like kv.center.angles), before the
+// middle launch, whose kCenter instances add them; num_mid_pages = kv.mid.indptr[batch].
 template <int D>
 cudaError_t launch_page_centering(const kv::PagedKvView& kv, const float* q, int num_q_heads,
-                                  int gqa, const int4* chunks, int num_chunks, float sm_scale_log2,
-                                  float* center_coef, float* chunk_bias, cudaStream_t stream);
+                                  int gqa, int num_mid_pages, float sm_scale_log2,
+                                  float* center_coef, float* page_bias, cudaStream_t stream);
 
 #if defined(OSCAR_DECODE_TRACE)
 // Each .cu with traced kernels is a device module with its own copy of the

@@ -28,8 +28,7 @@ template <int D>
 __global__ void __launch_bounds__(32 * kMergeWarps) merge_kernel(const int32_t* seq_chunk_ptr,
                                                                 const float* partial_o,
                                                                 const float* partial_lse,
-                                                                int num_q_heads, float* o, float* lse,
-                                                                const float* chunk_bias) {
+                                                                int num_q_heads, float* o, float* lse) {
   constexpr int V = D / 32, U = 4;
   __shared__ float s_m[kMergeWarps];
   __shared__ float s_l[kMergeWarps];
@@ -48,7 +47,7 @@ __global__ void __launch_bounds__(32 * kMergeWarps) merge_kernel(const int32_t* 
     for (int u = 0; u < U; ++u) {
       const int cu = c + u * kMergeWarps;
       const int64_t row = int64_t(cu < c1 ? cu : c) * num_q_heads + hq;
-      wt[u] = cu < c1 ? partial_lse[row] + (chunk_bias ? chunk_bias[row] : 0.0f) : -INFINITY;
+      wt[u] = cu < c1 ? partial_lse[row] : -INFINITY;
       const float* po = partial_o + row * D + lane * V;
       if constexpr (V % 4 == 0) {
 #pragma unroll
@@ -113,19 +112,19 @@ namespace decode_impl {
 template <int D>
 cudaError_t launch_merge(dim3 grid, bool pdl, cudaStream_t stream, const int32_t* seq_chunk_ptr,
                          const float* partial_o, const float* partial_lse, int num_q_heads,
-                         float* o, float* lse, const float* chunk_bias) {
+                         float* o, float* lse) {
   return launch_pdl(merge_kernel<D>, grid, dim3(32 * kMergeWarps), 0, pdl, stream, seq_chunk_ptr,
-                    partial_o, partial_lse, num_q_heads, o, lse, chunk_bias);
+                    partial_o, partial_lse, num_q_heads, o, lse);
 }
 
 #if !defined(OSCAR_CUDA_MIN_INSTANCES)
 template cudaError_t launch_merge<64>(dim3, bool, cudaStream_t, const int32_t*, const float*,
-                                      const float*, int, float*, float*, const float*);
+                                      const float*, int, float*, float*);
 template cudaError_t launch_merge<256>(dim3, bool, cudaStream_t, const int32_t*, const float*,
-                                       const float*, int, float*, float*, const float*);
+                                       const float*, int, float*, float*);
 #endif
 template cudaError_t launch_merge<128>(dim3, bool, cudaStream_t, const int32_t*, const float*,
-                                       const float*, int, float*, float*, const float*);
+                                       const float*, int, float*, float*);
 
 #if defined(OSCAR_DECODE_TRACE)
 cudaError_t set_merge_trace(unsigned long long* buf, int capacity) {

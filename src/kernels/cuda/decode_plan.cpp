@@ -27,6 +27,7 @@ DecodePlan plan_decode(int batch, const HostRegions& regions, int num_kv_heads, 
   const int32_t* recent_len = regions.len[2];
   DecodePlan plan;
   plan.batch = batch;
+  plan.num_mid_pages = regions.indptr[1][batch];
   plan.regions.resize(size_t(batch) * 6);
   for (int b = 0; b < batch; ++b)
     for (int k = 0; k < 3; ++k) {

@@ -16,10 +16,16 @@ OSCAR_DECODE_SPLIT_INSTANCE(128, 128, true, 3, false, false)
 OSCAR_DECODE_SPLIT_INSTANCE(128, 128, true, 2, false, false)
 OSCAR_DECODE_SPLIT_INSTANCE(128, 128, true, 0, false, false)
 OSCAR_DECODE_SPLIT_INSTANCE(128, 128, true, 1, false, false)
+// Middle with page centering folded into the loop (launch_quant_centered).
+OSCAR_DECODE_SPLIT_INSTANCE(128, 128, true, 3, false, true, true)
+OSCAR_DECODE_SPLIT_INSTANCE(128, 128, true, 0, false, false, true)
+OSCAR_DECODE_SPLIT_INSTANCE(128, 128, true, 1, false, false, true)
 #if !defined(OSCAR_CUDA_MIN_INSTANCES)
 // Middle, groups 64 and 32: the register-prefetch loop.
 OSCAR_DECODE_SPLIT_INSTANCE(128, 64, true, 1, false, false)
 OSCAR_DECODE_SPLIT_INSTANCE(128, 32, true, 1, false, false)
+OSCAR_DECODE_SPLIT_INSTANCE(128, 64, true, 1, false, false, true)
+OSCAR_DECODE_SPLIT_INSTANCE(128, 32, true, 1, false, false, true)
 #endif
 
 #if defined(OSCAR_DECODE_TRACE)

@@ -13,6 +13,10 @@ OSCAR_DECODE_SPLIT_INSTANCE(256, 128, false, 0, true, false)
 OSCAR_DECODE_SPLIT_INSTANCE(256, 128, true, 1, false, false)
 OSCAR_DECODE_SPLIT_INSTANCE(256, 64, true, 1, false, false)
 OSCAR_DECODE_SPLIT_INSTANCE(256, 32, true, 1, false, false)
+// Middle with page centering folded into the loop (launch_quant_centered).
+OSCAR_DECODE_SPLIT_INSTANCE(256, 128, true, 1, false, false, true)
+OSCAR_DECODE_SPLIT_INSTANCE(256, 64, true, 1, false, false, true)
+OSCAR_DECODE_SPLIT_INSTANCE(256, 32, true, 1, false, false, true)
 
 #if defined(OSCAR_DECODE_TRACE)
 template <>

@@ -12,6 +12,9 @@ OSCAR_DECODE_SPLIT_INSTANCE(64, 128, false, 0, true, false)
 // Middle: the register-prefetch loop for every group.
 OSCAR_DECODE_SPLIT_INSTANCE(64, 64, true, 1, false, false)
 OSCAR_DECODE_SPLIT_INSTANCE(64, 32, true, 1, false, false)
+// Middle with page centering folded into the loop (launch_quant_centered).
+OSCAR_DECODE_SPLIT_INSTANCE(64, 64, true, 1, false, false, true)
+OSCAR_DECODE_SPLIT_INSTANCE(64, 32, true, 1, false, false, true)
 
 #if defined(OSCAR_DECODE_TRACE)
 template <>

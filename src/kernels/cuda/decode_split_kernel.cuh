@@ -102,6 +102,25 @@ __device__ __forceinline__ void fused_merge(const KernelArgs& a, int b, int h, i
   }
 }
 
+// Page centering (kCenter): the logit shifts (log2 domain, page_bias_kernel) of tiles t .. t + N - 1
+// (clamped to tlast) of a middle chunk whose page table starts at page_off, for the lane's head
+// columns: NH = 2 (columns 2r, 2r + 1: the fp16 loops) or 1 (head r: the int8 loop). Columns
+// past the KV head's group read 0.
+template <int N, int NH>
+__device__ __forceinline__ void load_page_bias(const KernelArgs& a, int page_off, int h, int t, int tlast, int r,
+                                               float (&pb)[N][NH]) {
+  const float* base = a.page_bias + h * a.gqa;
+#pragma unroll
+  for (int u = 0; u < N; ++u) {
+    const int64_t row = int64_t(page_off + int(a.tiles_per_page.div(uint32_t(min(t + u, tlast))))) * a.num_q_heads;
+#pragma unroll
+    for (int e = 0; e < NH; ++e) {
+      const int hd = NH == 2 ? 2 * r + e : r;
+      pb[u][e] = hd < a.gqa ? __ldg(base + row + hd) : 0.0f;
+    }
+  }
+}
+
 // The split kernel. kQuant: this launch handles middle (INT2) chunks; else
 // BF16 chunks (sink / recent).
 // kVariant (INT2 loop shape; docs/kernels-cuda.md): 0 = four tiles per step
@@ -110,13 +129,16 @@ __device__ __forceinline__ void fused_merge(const KernelArgs& a, int b, int h, i
 // prefetched into registers (used for the other shapes); 2 = the ring of 0
 // with int8 tensor cores for K (v10, head_dim 128, group 128, GQA <= 4);
 // 3 = the ring with int8 tensor cores for K and V (v13: the default where
-// it applies).
-template <int D, int G, bool kQuant, int kVariant = 0, bool kFused = false, bool kGroup = false>
+// it applies). kCenter (middle only, variants 0, 1 and 3): page centering, each
+// middle page's logits shifted by its a.page_bias entry inside the loop.
+template <int D, int G, bool kQuant, int kVariant = 0, bool kFused = false, bool kGroup = false,
+          bool kCenter = false>
 __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? OSCAR_INT8K_MIN_BLOCKS
                                             : (D <= 128 && G == 128) ? 4
                                                                      : 1)
     decode_split_kernel(const KernelArgs a) {
   static_assert(!kFused || !kQuant, "the fused window + merge kernel is a BF16 instance");
+  static_assert(!kCenter || (kQuant && kVariant != 2), "page centering: middle chunks, variants 0, 1 and 3");
   constexpr int NG = kQuant ? D / G : 1;
   constexpr int kRingStages = ring_stages<kVariant>();
   // The warps' cp.async rings and, after the loop, the per-warp outputs.
@@ -209,7 +231,13 @@ __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? O
 #pragma unroll
           for (int u = 0; u < TPI; ++u) pg[u] = page_of(pages, tpp, min(tn + kStep + u, tlast));
         }
-        compute_quant_tiles(st, cur, Q, g);
+        if constexpr (kCenter) {
+          float pb[TPI][2];
+          load_page_bias(a, c2.x, h, t, tlast, r, pb);
+          compute_quant_tiles(st, cur, Q, g, pb);
+        } else {
+          compute_quant_tiles(st, cur, Q, g);
+        }
 #pragma unroll
         for (int u = 0; u < TPI; ++u) cur[u] = nxt[u];
       }
@@ -266,7 +294,12 @@ __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? O
       // The query's conversion after the first copies are issued: it runs
       // while they are in flight instead of before them (v25).
       load_query();
+      [[maybe_unused]] float inv_f = 0.0f;  // page centering in the int8 loop: its logits are not yet times Q8.f
+      if constexpr (kCenter && kVariant >= 2) inv_f = Q8.f > 0.0f ? 1.0f / Q8.f : 0.0f;
       for (int j = 0; j < ngroups; ++j, t += kStep) {
+        // Page centering: this step's shifts, loaded before the refill and the wait.
+        [[maybe_unused]] float pb[TPI][kVariant >= 2 ? 1 : 2];
+        if constexpr (kCenter) load_page_bias(a, c2.x, h, t, tlast, r, pb);
         // Refill the stage freed one step ago with group j+S-1 (its page ids
         // were fetched one step ago), then fetch group j+S's page ids.
         if constexpr (kGroup) {
@@ -318,7 +351,15 @@ __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? O
 #pragma unroll
             for (int u = 0; u < TPI; ++u) cur[u].valid = tile_valid(u);
           }
-          if constexpr (kVariant == 3) {
+          if constexpr (kVariant == 3 && kCenter) {
+            float pbf[TPI];
+#pragma unroll
+            for (int u = 0; u < TPI; ++u) pbf[u] = pb[u][0] * inv_f;
+            if (full)
+              compute_int8kv_tiles<TPI, false, true>(st, cur, Q8, g, pbf);
+            else
+              compute_int8kv_tiles<TPI, true, true>(st, cur, Q8, g, pbf);
+          } else if constexpr (kVariant == 3) {
             if (full)
               compute_int8kv_tiles<TPI, false>(st, cur, Q8, g);
             else
@@ -329,8 +370,11 @@ __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? O
             else
               compute_int8k_tiles<TPI, true>(st, cur, Q8, g);
           }
-        } else
+        } else if constexpr (kCenter) {
+          compute_quant_tiles(st, cur, Q, g, pb);
+        } else {
           compute_quant_tiles(st, cur, Q, g);
+        }
         __syncwarp();  // every lane has read this stage before it is refilled
       }
       cp_async_wait<0>();
@@ -569,12 +613,12 @@ namespace decode_impl {
 // (v33 measured the middle instances with the largest shared-memory
 // carveout too, so that 64 KB fused window CTAs surely fit beside three
 // middle CTAs: no faster at 8 x 32K, 7% slower at 8 x 4K.)
-template <int D, int G, bool kQuant, int kVariant, bool kFused, bool kGroup>
+template <int D, int G, bool kQuant, int kVariant, bool kFused, bool kGroup, bool kCenter>
 cudaError_t launch_split(dim3 grid, bool pdl, cudaStream_t stream, const KernelArgs& a) {
   constexpr int smem = split_smem_bytes<D, G, kQuant, kVariant, kFused>();
   if constexpr (smem > 48 * 1024) {
     static const cudaError_t raised = [] {
-      auto* k = decode_split_kernel<D, G, kQuant, kVariant, kFused, kGroup>;
+      auto* k = decode_split_kernel<D, G, kQuant, kVariant, kFused, kGroup, kCenter>;
       cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
       if (e == cudaSuccess)
         e = cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
@@ -582,12 +626,12 @@ cudaError_t launch_split(dim3 grid, bool pdl, cudaStream_t stream, const KernelA
     }();
     if (raised != cudaSuccess) return raised;
   }
-  return launch_pdl(decode_split_kernel<D, G, kQuant, kVariant, kFused, kGroup>, grid, dim3(kThreads), smem, pdl,
+  return launch_pdl(decode_split_kernel<D, G, kQuant, kVariant, kFused, kGroup, kCenter>, grid, dim3(kThreads), smem, pdl,
                     stream, a);
 }
 
 // One instance of the launcher (and so of its kernel), for the instance files:
-//   OSCAR_DECODE_SPLIT_INSTANCE(128, 128, true, 3, false, true)
+//   OSCAR_DECODE_SPLIT_INSTANCE(128, 128, true, 3, false, true, false)
 #define OSCAR_DECODE_SPLIT_INSTANCE(...) \
   template cudaError_t launch_split<__VA_ARGS__>(dim3, bool, cudaStream_t, const KernelArgs&);
 

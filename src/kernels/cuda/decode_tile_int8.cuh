@@ -295,13 +295,22 @@ __device__ __forceinline__ void gather_token_bytes(const QuantTile<128, 128>& T,
 __host__ __device__ constexpr int v8_shift(int m, int i) { return 2 * (m & 1) + i; }
 __host__ __device__ constexpr int v8_channel(int g, int m, int i) { return 4 * g + (m >> 1) + 32 * v8_shift(m, i); }
 
-template <int N, bool kMasked>
+// kShift (page centering): pb[u] is tile u's logit shift of head r divided by Q.f (the logits
+// here are not yet multiplied by it), added before the softmax.
+template <int N, bool kMasked, bool kShift = false>
 __device__ __forceinline__ void compute_int8kv_tiles(WarpState2<128>& st, const QuantTile<128, 128> (&T)[N],
-                                                     const Int8Query& Q, int g) {
+                                                     const Int8Query& Q, int g, const float (&pb)[N]) {
   static_assert(N % 2 == 0, "tiles pair up in the MMA's K dimension");
   float s[N][2], vs[N][2], vm[N][2];
 #pragma unroll
   for (int u = 0; u < N; ++u) int8k_logits<kMasked>(T[u], Q, g, s[u], vs[u], vm[u]);
+  if constexpr (kShift) {
+#pragma unroll
+    for (int u = 0; u < N; ++u) {
+      s[u][0] += pb[u];
+      s[u][1] += pb[u];
+    }
+  }
   const float pmax = softmax_step_lane(st, s, Q.f);
   // The value scales are the same for every head: the bound over the step's
   // tokens is a reduction over the 8 lanes of a column quad (padding slots: 0).
@@ -359,6 +368,13 @@ __device__ __forceinline__ void compute_int8kv_tiles(WarpState2<128>& st, const 
       const float lo = __int_as_float(acc[m][2 * i + 1]) - kAccBiasF;
       st.o[m][i] = fmaf(hi, f256, fmaf(lo, f1, st.o[m][i]));
     }
+}
+
+template <int N, bool kMasked>
+__device__ __forceinline__ void compute_int8kv_tiles(WarpState2<128>& st, const QuantTile<128, 128> (&T)[N],
+                                                     const Int8Query& Q, int g) {
+  const float none[N] = {};
+  compute_int8kv_tiles<N, kMasked, false>(st, T, Q, g, none);
 }
 
 }  // namespace
