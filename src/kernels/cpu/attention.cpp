@@ -242,40 +242,21 @@ void center_coefficients(const kv::PagedKvView& kv, const float* q, int rows, in
     }
 }
 
-// Middle rows [i0, i1) (page-aligned) of sequence b, KV head h, with page centering: each page
-// is a separate softmax partial whose logits all move by q·δ_h(t) (paged_kv.h), merged into
-// the running state (m, l, acc) of the group's `group` pre-scaled queries q [group][d]. The
-// shift is Σ_s A_s cos_s + B_s sin_s − C (coef [group][2S+1], center_coefficients): S
-// multiply-adds per page instead of a d-vector.
-void centered_middle(const kv::PagedKvView& kv, const RowKernels& K, int b, int h, int i0, int i1,
-                     int group, const float* q, const float* coef, float* m, float* l, float* acc) {
-  const int d = kv.head_dim, S = kv.center.pairs, ps = kv.page_size;
-  std::vector<float> tm(group), tl(group), tacc(size_t(group) * d);
-  for (int p0 = i0; p0 < i1; p0 += ps) {
-    const int p1 = std::min(i1, p0 + ps);
-    std::fill(tm.begin(), tm.end(), kNegInf);
-    std::fill(tl.begin(), tl.end(), 0.0f);
-    std::fill(tacc.begin(), tacc.end(), 0.0f);
-    const RegionRows rr{&kv, &kv.mid, true, b, h, p0, p1, 0};
-    for (int s = 0; s < num_sets(group); ++s) {
-      const int g0 = set_begin(group, s), g1 = set_begin(group, s + 1);
-      QuerySet set{g1 - g0, q + int64_t(g0) * d, nullptr, tm.data() + g0, tl.data() + g0,
-                   tacc.data() + int64_t(g0) * d};
-      K.region(rr, set);
-    }
-    const float* cs = kv.center.angles + (int64_t(kv.mid.indptr[b]) + p0 / ps) * S * 2;
+// Page centering: the logit shift of every page of middle rows [i0, i1) of sequence b for the
+// group's `group` queries, shift [page - i0 / page_size][group] (log2 domain, as the pre-scaled
+// queries): Σ_s A_s cos_s + B_s sin_s − C (coef [group][2S+1], center_coefficients), S
+// multiply-adds per page instead of a d-vector. The region kernels add it to the page's logits.
+void page_shifts(const kv::PagedKvView& kv, int b, int i0, int i1, int group, const float* coef,
+                 std::vector<float>& shift) {
+  const int S = kv.center.pairs, ps = kv.page_size, p0 = i0 / ps, np = (i1 - 1) / ps - p0 + 1;
+  shift.resize(size_t(np) * group);
+  for (int pi = 0; pi < np; ++pi) {
+    const float* cs = kv.center.angles + (int64_t(kv.mid.indptr[b]) + p0 + pi) * S * 2;
     for (int g = 0; g < group; ++g) {
       const float* cf = coef + size_t(g) * (2 * S + 1);
       double off = -double(cf[2 * S]);
       for (int s = 0; s < S; ++s) off += double(cf[2 * s]) * cs[2 * s] + double(cf[2 * s + 1]) * cs[2 * s + 1];
-      const float mt = tm[g] + float(off);
-      const float mx = std::max(m[g], mt);
-      const float a = std::exp2(m[g] - mx), bt = std::exp2(mt - mx);
-      l[g] = l[g] * a + tl[g] * bt;
-      float* ag = acc + int64_t(g) * d;
-      const float* tg = tacc.data() + int64_t(g) * d;
-      for (int c = 0; c < d; ++c) ag[c] = ag[c] * a + tg[c] * bt;
-      m[g] = mx;
+      shift[size_t(pi) * group + g] = float(off);
     }
   }
 }
@@ -339,15 +320,18 @@ void decode_attention(const kv::PagedKvView& kv, const float* q, int num_q_heads
     std::fill(l, l + group, 0.0f);
     std::fill(acc, acc + int64_t(group) * d, 0.0f);
     const float* qh = qs.data() + (int64_t(w.b) * num_q_heads + w.h * group) * d;
-    if (w.region == 1 && kv.center.head_active(w.h)) {
-      const float* cf = coef.data() + (size_t(w.b) * num_q_heads + size_t(w.h) * group) * (2 * kv.center.pairs + 1);
-      centered_middle(kv, K, w.b, w.h, w.i0, w.i1, group, qh, cf, m, l, acc);
-      return;
+    RegionRows rr{&kv, regions[w.region], w.region == 1, w.b, w.h, w.i0, w.i1, 0};
+    thread_local std::vector<float> shift;
+    const bool centered = w.region == 1 && kv.center.head_active(w.h);
+    if (centered) {
+      page_shifts(kv, w.b, w.i0, w.i1, group,
+                  coef.data() + (size_t(w.b) * num_q_heads + size_t(w.h) * group) * (2 * kv.center.pairs + 1), shift);
+      rr.shift_stride = group;
     }
-    const RegionRows rr{&kv, regions[w.region], w.region == 1, w.b, w.h, w.i0, w.i1, 0};
     for (int s = 0; s < num_sets(group); ++s) {
       const int g0 = set_begin(group, s), g1 = set_begin(group, s + 1);
       QuerySet set{g1 - g0, qh + int64_t(g0) * d, nullptr, m + g0, l + g0, acc + int64_t(g0) * d};
+      rr.shift = centered ? shift.data() + g0 : nullptr;
       K.region(rr, set);
     }
   });

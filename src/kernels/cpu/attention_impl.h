@@ -36,6 +36,11 @@ struct RegionRows {
   bool quantized = false;
   int b = 0, h = 0, i0 = 0, i1 = 0;
   int key_base = 0;
+  // Page centering (quantized rows, optional): every logit of the rows of region page
+  // pi = i / page_size moves by shift[(pi - i0 / page_size) * shift_stride + j] (log2 domain)
+  // for query j of the set. nullptr: no shift.
+  const float* shift = nullptr;
+  int shift_stride = 0;
 };
 
 

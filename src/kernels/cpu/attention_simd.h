@@ -310,9 +310,11 @@ struct RowKernel {
 
   // Quantized rows; with a compile-time plan (run_fixed) the window/chunk
   // loops unroll and every index folds to a constant.
+  // shift (page centering, optional): [NQ] added to every logit of query g.
   __attribute__((always_inline)) OSCAR_TGT static inline void run_quant(const QuantRun& run,
                                                                          const QuantPlan<W>& plan, int bits,
-                                                                         int n, int key_base, int d, QuerySet& qs) {
+                                                                         int n, int key_base, int d, QuerySet& qs,
+                                                                         const float* shift) {
     alignas(64) float s[NQ][kBlock];
     alignas(64) float p[NQ][kBlock];
     using Table = typename T::Table;
@@ -330,23 +332,27 @@ struct RowKernel {
           vt[t][g] = T::make_table(vpar[(t * ng + g) * 2], vpar[(t * ng + g) * 2 + 1], bits);
         }
       logits_quant(run.kc + int64_t(t0) * cb, cb, plan, kt, bits, nt, d, qs.q, s);
+      if (shift)
+        for (int g = 0; g < NQ; ++g)
+          for (int t = 0; t < nt; ++t) s[g][t] += shift[g];
       softmax(qs, nt, key_base + t0, d, s, p);
       accumulate_quant(run.vc + int64_t(t0) * cb, cb, plan, vt, bits, nt, d, qs, p);
     }
   }
 
   OSCAR_TGT static void run(const QuantRun& run, const QuantPlan<W>& plan, int bits, int n, int key_base,
-                            int d, QuerySet& qs) {
-    run_quant(run, plan, bits, n, key_base, d, qs);
+                            int d, QuerySet& qs, const float* shift = nullptr) {
+    run_quant(run, plan, bits, n, key_base, d, qs, shift);
   }
 
   template <int D, int G, int BITS>
-  OSCAR_TGT static void run_fixed(const QuantRun& run, int n, int key_base, QuerySet& qs) {
+  OSCAR_TGT static void run_fixed(const QuantRun& run, int n, int key_base, QuerySet& qs,
+                                  const float* shift = nullptr) {
     static constexpr QuantPlan<W> plan = make_plan<W>(D, G, BITS);
     QuantRun r = run;
     r.code_bytes = D * BITS / 8;
     r.ngroups = D / G;
-    run_quant(r, plan, BITS, n, key_base, D, qs);
+    run_quant(r, plan, BITS, n, key_base, D, qs, shift);
   }
 
   // Per-channel keys (paged_kv.h, KeyAxis::kChannel): rows [0, n) of ONE span
@@ -484,15 +490,17 @@ OSCAR_TGT void region_rows_nq(const RegionRows& rr, QuerySet& qs) {
       const int cb = kv.row_code_bytes(), ng = kv.row_groups();
       const QuantRun run{kv.quant.k_codes + row * cb, kv.quant.v_codes + row * cb,
                          kv.quant.k_params + row * ng * 2, kv.quant.v_params + row * ng * 2, cb, ng};
+      // Page centering: this page's shifts (one run never crosses a page).
+      const float* shift = rr.shift ? rr.shift + int64_t(i / ps - rr.i0 / ps) * rr.shift_stride : nullptr;
       // The default formats get compile-time plans; the rest the runtime one.
       if (kv.bits == 2 && d == 128 && kv.group_size == 128)
-        RowKernel<T, NQ>::template run_fixed<128, 128, 2>(run, n, key_base, qs);
+        RowKernel<T, NQ>::template run_fixed<128, 128, 2>(run, n, key_base, qs, shift);
       else if (kv.bits == 2 && d == 64 && kv.group_size == 64)
-        RowKernel<T, NQ>::template run_fixed<64, 64, 2>(run, n, key_base, qs);
+        RowKernel<T, NQ>::template run_fixed<64, 64, 2>(run, n, key_base, qs, shift);
       else if (kv.bits == 2 && d == 256 && kv.group_size == 128)
-        RowKernel<T, NQ>::template run_fixed<256, 128, 2>(run, n, key_base, qs);
+        RowKernel<T, NQ>::template run_fixed<256, 128, 2>(run, n, key_base, qs, shift);
       else
-        RowKernel<T, NQ>::run(run, plan, kv.bits, n, key_base, d, qs);
+        RowKernel<T, NQ>::run(run, plan, kv.bits, n, key_base, d, qs, shift);
     } else {
       const int64_t off = kv.bf16_row_offset(page, rr.h, slot);
       RowKernel<T, NQ>::run(Bf16Run{kv.bf16.k + off, kv.bf16.v + off}, n, key_base, d, qs);

@@ -171,6 +171,7 @@ struct SpanBlocks {
   const uint8_t* vc[kSpanBlocks];
   const uint16_t* kp[kSpanBlocks];
   const uint16_t* vp[kSpanBlocks];
+  const float* shift[kSpanBlocks];  // page centering: the block's page shifts [NQ], or nullptr
 };
 
 template <int D, int G, int NQ>
@@ -399,6 +400,9 @@ struct Kernel {
     const int nb = (n + 15) / 16;
     for (int b = 0; b < nb; ++b) {
       logits16(bl.kc[b], bl.kp[b], st, s, 16 * b);
+      if (const float* sh = bl.shift[b])  // page centering: the block's page moves every logit
+        for (int h = 0; h < NQ; ++h)
+          _mm512_store_ps(s[h] + 16 * b, _mm512_add_ps(_mm512_load_ps(s[h] + 16 * b), _mm512_set1_ps(sh[h])));
       __m512i par[NG];
       for (int r = 0; r < NG; ++r) par[r] = _mm512_loadu_si512(bl.vp[b] + 32 * r);
       Transpose<NG>::run(par);
@@ -522,8 +526,10 @@ OSCAR_TGT void region_quant(const RegionRows& rr, QuerySet& qs) {
       prefetch_bytes(kv.quant.v_params + row * ng * 2, int64_t(nn) * ng * 4);
     }
     const int64_t row = kv.quant_row_index(page, rr.h, slot);
+    const float* shift = rr.shift ? rr.shift + int64_t(i / ps - rr.i0 / ps) * rr.shift_stride : nullptr;
     for (int t0 = 0; t0 < n; t0 += 16) {
       const int64_t r = row + t0;
+      bl.shift[nblk] = shift;
       bl.kc[nblk] = kv.quant.k_codes + r * cb;
       bl.vc[nblk] = kv.quant.v_codes + r * cb;
       bl.kp[nblk] = kv.quant.k_params + r * ng * 2;
