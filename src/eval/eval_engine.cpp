@@ -6,6 +6,7 @@
 #include <memory>
 #include <vector>
 
+#include "backend/cpu/ops_threads.h"
 #include "core/error.h"
 #include "engine/session.h"
 #include "eval/eval.h"
@@ -32,7 +33,12 @@ std::vector<EvalResult> evaluate_engine(const model::ModelWeights& w,
 
   const size_t C = opts.ctx.size();
   detail::TokenScores ts(M, C);
-  std::vector<double> logp(static_cast<size_t>(V));
+  // One scored row: the reference's log p(target), and the method's −log p(target), KL and
+  // top-1 agreement (detail::score_row from zero).
+  struct RowScore {
+    double ref = 0, nll = 0, kl = 0, top1 = 0;
+  };
+  std::vector<RowScore> rows;
   std::vector<float> lr, lm;
   for (int mi = 0; mi < M; ++mi) {
     const kv::KvMethod& km = methods[size_t(mi)];
@@ -69,15 +75,33 @@ std::vector<EvalResult> evaluate_engine(const model::ModelWeights& w,
           step(0, lr);
           step(1, lm);
           // Scored rows of this chunk: position t predicts t + 1 (the reference counted once).
+          // Each row's two log-softmaxes over the vocabulary are most of the host's time when
+          // the engine runs on a GPU: rows in parallel (op threads), summed in row order, so
+          // the sums are those of a serial loop whatever the thread count.
           const int r0 = std::max(t0, score_from), r1 = std::min(t0 + n, ctx - 1);
-          for (int t = r0; t < r1; ++t) {
-            const int ref_top = detail::ref_log_probs(lr.data() + size_t(t - t0) * V, V, logp.data());
-            if (mi == 0) {
-              ts.ref_nll[ci] -= logp[size_t(seq[t + 1])];
-              ts.npos[ci] += 1;
+          if (r1 > r0) {
+            rows.assign(size_t(r1 - r0), RowScore{});
+            backend::cpu::parallel_for(r1 - r0, 1, [&](int64_t i0, int64_t i1) {
+              thread_local std::vector<double> logp;
+              logp.resize(size_t(V));
+              for (int64_t i = i0; i < i1; ++i) {
+                const int t = r0 + int(i);
+                RowScore& rs = rows[size_t(i)];
+                const int ref_top = detail::ref_log_probs(lr.data() + size_t(t - t0) * V, V, logp.data());
+                rs.ref = logp[size_t(seq[t + 1])];
+                detail::score_row(logp.data(), ref_top, lm.data() + size_t(t - t0) * V, V, seq[t + 1], rs.nll,
+                                  rs.kl, rs.top1);
+              }
+            });
+            for (const RowScore& rs : rows) {
+              if (mi == 0) {
+                ts.ref_nll[ci] -= rs.ref;
+                ts.npos[ci] += 1;
+              }
+              ts.nll[size_t(mi)][ci] += rs.nll;
+              ts.kl[size_t(mi)][ci] += rs.kl;
+              ts.top1[size_t(mi)][ci] += rs.top1;
             }
-            detail::score_row(logp.data(), ref_top, lm.data() + size_t(t - t0) * V, V, seq[t + 1], ts.nll[size_t(mi)][ci],
-                              ts.kl[size_t(mi)][ci], ts.top1[size_t(mi)][ci]);
           }
         }
       }
