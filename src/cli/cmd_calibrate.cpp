@@ -134,9 +134,10 @@ const oscar::cli::Registrar reg({"calibrate", "Calibrate OSCAR rotations and cli
   app.add_option("--key-offset-share", o->key_offset_share, "Threshold of --key-transform auto")
       ->capture_default_str();
   app.add_option("--page-center", o->page_center,
-                 "on | off: with -m, the heads the key transform centres get per-page centres that "
-                 "follow the offset RoPE turns (exact; what keeps Qwen2's biased keys right at long "
-                 "context, docs/accuracy.md)")
+                 "on | off | offset: with -m, the heads the key transform centres get per-page centres "
+                 "that follow the offset RoPE turns (exact; what keeps Qwen2's biased keys right at long "
+                 "context, docs/accuracy.md); offset: only those whose mean holds >= --key-offset-share "
+                 "of their key energy")
       ->capture_default_str();
   app.add_flag("--clip-search", o->clip_search, "Search clip ratios per layer (attention-aware error)");
   app.add_option("--clip-grid", o->grid, "Comma-separated ratios for --clip-search (default 0.80..1.0)");
@@ -170,9 +171,10 @@ const oscar::cli::Registrar reg({"calibrate", "Calibrate OSCAR rotations and cli
     cfg.clip_search = o->clip_search;
     if (o->o_key_transform->count()) cfg.key_transform = parse_key_transform(o->key_transform);
     cfg.key_offset_share = o->key_offset_share;
-    if (o->page_center != "on" && o->page_center != "off")
-      throw Error(fmt::format("--page-center '{}': expected on or off", o->page_center));
-    cfg.page_center = o->page_center == "on";
+    if (o->page_center != "on" && o->page_center != "off" && o->page_center != "offset")
+      throw Error(fmt::format("--page-center '{}': expected on, off or offset", o->page_center));
+    cfg.page_center = o->page_center != "off";
+    cfg.page_center_offset_only = o->page_center == "offset";
     if (!o->grid.empty()) cfg.clip_grid = parse_grid(o->grid);
     if (o->o_k_clip->count()) cfg.k_clip = o->k_clip;
     if (o->o_v_clip->count()) cfg.v_clip = o->v_clip;

@@ -533,13 +533,18 @@ struct Calibrator::Impl {
           for (int c = 0; c < d; ++c)
             out.k_mean[size_t(h) * d + c] = static_cast<float>(mu[size_t(h) * d + c]);
     }
-    // Page centering: ν of the centred heads on the slow pairs (pre-RoPE, original basis).
+    // Page centering: ν of the centred heads (with page_center_offset_only, those of them whose
+    // offset dominates) on the slow pairs (pre-RoPE, original basis).
+    std::vector<char> page_centred(centered);
+    if (cfg.page_center_offset_only)
+      for (int h = 0; h < H; ++h)
+        page_centred[static_cast<size_t>(h)] &= out.key_offset_share[static_cast<size_t>(h)] >= cfg.key_offset_share;
     out.k_rope_mean.clear();
     if (!a.sum_kpre.empty() && a.pre_tokens == a.tokens && a.tokens > 0 &&
-        std::any_of(centered.begin(), centered.end(), [](char c) { return c; })) {
+        std::any_of(page_centred.begin(), page_centred.end(), [](char c) { return c; })) {
       out.k_rope_mean.assign(static_cast<size_t>(H) * d, 0.0f);
       for (int h = 0; h < H; ++h)
-        if (centered[static_cast<size_t>(h)])
+        if (page_centred[static_cast<size_t>(h)])
           for (int j = 0; j < d / 2; ++j)
             if (slow_pair(j))
               for (int c : {j, j + d / 2})

@@ -68,6 +68,10 @@ struct CalibConfig {
   // 1 rad over a page of center_page tokens (freq · center_page <= 1). Needs rope_freq (the
   // model's, [d/2]) and the position of every add(); off when either is missing.
   bool page_center = true;
+  // ... restricted to the centred heads whose mean holds at least key_offset_share of their key
+  // energy (the heads `auto` would transform): the others keep the fixed mean μ. With the key
+  // transform on every head, page centering (and its decode cost) stays where the offset is.
+  bool page_center_offset_only = false;
   int center_page = 64;
   std::vector<float> rope_freq;
   int sample_tokens = 256;      // per layer, for the clip search

@@ -391,3 +391,51 @@ TEST(PageCenter, CalibratorRecoversATurningOffsetAndFilesKeepIt) {
   EXPECT_THROW(write_calibration(bad, path), Error);
   fs::remove(path);
 }
+
+// Page centering only where the offset dominates (--page-center offset): with the key transform
+// on every head, the head whose mean holds most of its key energy gets ν, the other one keeps
+// its fixed mean only; with page centering on every centred head both get ν.
+TEST(PageCenter, OffsetOnlyKeepsTheCentresOfOffsetDominatedHeads) {
+  const int H = 2, Hq = 4, d = 32, half = d / 2, T = 200;
+  std::vector<float> freq(half);
+  for (int j = 0; j < half; ++j) freq[j] = float(std::pow(10000.0, -2.0 * j / d));
+  auto run = [&](bool offset_only) {
+    CalibConfig cfg;
+    cfg.rope_freq = freq;
+    cfg.key_transform = KeyTransformMode::kCenterScale;
+    cfg.page_center_offset_only = offset_only;
+    Calibrator cal(cfg, 1, Hq, H, d);
+    std::mt19937_64 rng(9);
+    std::normal_distribution<double> N(0.0, 1.0);
+    std::vector<float> q(size_t(T) * Hq * d), k(size_t(T) * H * d), v(size_t(T) * H * d);
+    for (auto& x : q) x = float(N(rng));
+    for (auto& x : v) x = float(N(rng));
+    // Head 1: a large constant offset on every channel (positions 0..T: it barely turns on the
+    // slow pairs); head 0: a small one (share well below 0.85), so centering it still does something.
+    for (int t = 0; t < T; ++t)
+      for (int h = 0; h < H; ++h)
+        for (int c = 0; c < d; ++c) k[(size_t(t) * H + h) * d + c] = float(N(rng) + (h == 1 ? 40.0 : 0.5));
+    cal.add(0, q.data(), k.data(), v.data(), nullptr, T, 0);
+    return cal.finish();
+  };
+  auto head_has = [&](const std::vector<float>& x, int h) {
+    for (int c = 0; c < d; ++c)
+      if (x[size_t(h) * d + c] != 0.0f) return true;
+    return false;
+  };
+  const Calibration all = run(false), only = run(true);
+  for (const Calibration* c : {&all, &only}) {
+    const LayerCalibration& L = c->layers[0];
+    ASSERT_EQ(L.k_mean.size(), size_t(H) * d);
+    EXPECT_TRUE(head_has(L.k_mean, 0) && head_has(L.k_mean, 1)) << "the key transform centres both heads";
+    ASSERT_EQ(L.key_offset_share.size(), size_t(H));
+    EXPECT_LT(L.key_offset_share[0], 0.85f);
+    EXPECT_GT(L.key_offset_share[1], 0.85f);
+    ASSERT_EQ(L.k_rope_mean.size(), size_t(H) * d);
+    EXPECT_TRUE(head_has(L.k_rope_mean, 1));
+  }
+  EXPECT_TRUE(head_has(all.layers[0].k_rope_mean, 0));
+  EXPECT_FALSE(head_has(only.layers[0].k_rope_mean, 0)) << "offset only: head 0 keeps the fixed mean";
+  EXPECT_EQ(only.layers[0].page_center_heads(d), 1);
+  EXPECT_EQ(all.layers[0].page_center_heads(d), 2);
+}
