@@ -69,16 +69,23 @@ struct Args {
   int prefill_chunk = 8192;
 };
 
-std::vector<int> ints(const std::string& s) {
-  std::vector<int> v;
-  if (s == "none") return v;  // e.g. --ctx none: no equal-memory rows
+// The non-empty items of a comma-separated list.
+std::vector<std::string> words(const std::string& s) {
+  std::vector<std::string> v;
   size_t b = 0;
   while (b < s.size()) {
     size_t e = s.find(',', b);
     if (e == std::string::npos) e = s.size();
-    v.push_back(std::stoi(s.substr(b, e - b)));
+    if (e > b) v.push_back(s.substr(b, e - b));
     b = e + 1;
   }
+  return v;
+}
+
+std::vector<int> ints(const std::string& s) {
+  std::vector<int> v;
+  if (s == "none") return v;  // e.g. --ctx none: no equal-memory rows
+  for (const std::string& w : words(s)) v.push_back(std::stoi(w));
   return v;
 }
 
@@ -322,13 +329,7 @@ int main(int argc, char** argv) {
       check_calibration_matches(*calib, fp, a.calib);
     }
     {
-      size_t b = 0;
-      while (b <= a.methods.size()) {
-        size_t e = a.methods.find(',', b);
-        if (e == std::string::npos) e = a.methods.size();
-        const std::string name = a.methods.substr(b, e - b);
-        b = e + 1;
-        if (name.empty()) continue;
+      for (const std::string& name : words(a.methods)) {
         kv::KvMethod km;
         if (name == "int2" || name == "int2-nocenter") {
           km.kind = kv::KvMethod::Kind::kRow;

@@ -41,6 +41,11 @@ struct RegionRows {
   // for query j of the set. nullptr: no shift.
   const float* shift = nullptr;
   int shift_stride = 0;
+  // The shifts of the page holding region row i (within [i0, i1)), or nullptr.
+  const float* page_shift(int i) const {
+    const int ps = kv->page_size;
+    return shift ? shift + int64_t(i / ps - i0 / ps) * shift_stride : nullptr;
+  }
 };
 
 

@@ -491,7 +491,7 @@ OSCAR_TGT void region_rows_nq(const RegionRows& rr, QuerySet& qs) {
       const QuantRun run{kv.quant.k_codes + row * cb, kv.quant.v_codes + row * cb,
                          kv.quant.k_params + row * ng * 2, kv.quant.v_params + row * ng * 2, cb, ng};
       // Page centering: this page's shifts (one run never crosses a page).
-      const float* shift = rr.shift ? rr.shift + int64_t(i / ps - rr.i0 / ps) * rr.shift_stride : nullptr;
+      const float* shift = rr.page_shift(i);
       // The default formats get compile-time plans; the rest the runtime one.
       if (kv.bits == 2 && d == 128 && kv.group_size == 128)
         RowKernel<T, NQ>::template run_fixed<128, 128, 2>(run, n, key_base, qs, shift);

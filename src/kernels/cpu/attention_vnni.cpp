@@ -526,7 +526,7 @@ OSCAR_TGT void region_quant(const RegionRows& rr, QuerySet& qs) {
       prefetch_bytes(kv.quant.v_params + row * ng * 2, int64_t(nn) * ng * 4);
     }
     const int64_t row = kv.quant_row_index(page, rr.h, slot);
-    const float* shift = rr.shift ? rr.shift + int64_t(i / ps - rr.i0 / ps) * rr.shift_stride : nullptr;
+    const float* shift = rr.page_shift(i);  // page centering: this page's shifts, or nullptr
     for (int t0 = 0; t0 < n; t0 += 16) {
       const int64_t r = row + t0;
       bl.shift[nblk] = shift;

@@ -314,15 +314,15 @@ __device__ __forceinline__ void quant_pv(WarpState<D, D / G>& st, const QuantTil
   }
 }
 
-// N INT2 tiles with one softmax step. kBias (page centering): pb[u] are tile u's logit
+// N INT2 tiles with one softmax step. kShift (page centering): pb[u] are tile u's logit
 // shifts (log2 domain) of the lane's head columns 2r, 2r+1, added before the softmax.
-template <bool kBias, int D, int G, int N>
+template <bool kShift, int D, int G, int N>
 __device__ __forceinline__ void compute_quant_tiles_impl(WarpState<D, D / G>& st, const QuantTile<D, G> (&T)[N],
                                                          const QuantQuery<D, G>& Q, int g, const float (&pb)[N][2]) {
   float s[N][4], vs[N][2][D / G], vm[N][2][D / G];
 #pragma unroll
   for (int u = 0; u < N; ++u) quant_logits(T[u], Q, g, s[u], vs[u], vm[u]);
-  if constexpr (kBias) {
+  if constexpr (kShift) {
 #pragma unroll
     for (int u = 0; u < N; ++u) {
       s[u][0] += pb[u][0];
