@@ -105,8 +105,14 @@ model::ModelConfig preset(const std::string& name) {
     c.n_layers = 32, c.n_heads = 32, c.n_kv_heads = 8, c.head_dim = 128;
     c.hidden = 4096, c.intermediate = 14336, c.vocab_size = 128256;
     c.rope_theta = 5e5f;
+  } else if (name == "qwen25-1.5b") {  // Qwen2.5(-Coder)-1.5B: the shapes --calib files of that model need
+    c.arch = model::Arch::kQwen2;
+    c.n_layers = 28, c.n_heads = 12, c.n_kv_heads = 2, c.head_dim = 128;
+    c.hidden = 1536, c.intermediate = 8960, c.vocab_size = 151936;
+    c.rope_theta = 1e6f;
+    c.qkv_bias = true;
   } else {
-    throw Error("bench_gpu_engine: unknown preset '" + name + "' (qwen3-8b, llama3-8b)");
+    throw Error("bench_gpu_engine: unknown preset '" + name + "' (qwen3-8b, llama3-8b, qwen25-1.5b)");
   }
   return c;
 }
@@ -277,7 +283,7 @@ int main(int argc, char** argv) {
     const int64_t H = cfg.hidden, Dq = int64_t(cfg.n_heads) * cfg.head_dim,
                   Dkv = int64_t(cfg.n_kv_heads) * cfg.head_dim, I = cfg.intermediate;
     std::unique_ptr<model::Model> mp;
-    ModelFingerprint fp{cfg.arch == model::Arch::kQwen3 ? "qwen3" : "llama", cfg.n_layers,
+    ModelFingerprint fp{model::arch_name(cfg.arch), cfg.n_layers,
                         cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, ""};
     if (!a.model.empty()) {
       fp = model::model_fingerprint(loaded);
@@ -302,6 +308,11 @@ int main(int argc, char** argv) {
                        fill(lw.w_gate, {I, H}, 1.0 / H, s + 4);
                        fill(lw.w_up, {I, H}, 1.0 / H, s + 5);
                        fill(lw.w_down, {H, I}, 1.0 / I, s + 6);
+                       if (cfg.qkv_bias) {
+                         fill(lw.bq, {Dq}, 1.0, s + 7);
+                         fill(lw.bk, {Dkv}, 1.0, s + 8);
+                         fill(lw.bv, {Dkv}, 1.0, s + 9);
+                       }
                        if (cfg.qk_norm) {
                          ones(lw.q_norm, cfg.head_dim);
                          ones(lw.k_norm, cfg.head_dim);

@@ -43,13 +43,17 @@
 // sequence b was quantized around the vector δ_h(t) of its centre position
 // t = mid_page_center(sink.len[b], i, page_size), so the key of a middle row is
 //   x̂ + δ_h(t),   δ_h(t) = Σ_s cos_s·u[h][s] + sin_s·w[h][s] − mu[h]
-// with (cos_s, sin_s) = center.angles[(mid.indptr[b] + i)*S + s] (center_angles). The
+// with (cos_s, sin_s) = center.angles[angle_row(b, i)*S + s] (center_angles): row
+// center.angle_start[b] + i, or mid.indptr[b] + i (a row per page-table slot) without
+// angle_start. (A cache whose sequences share their middle pages' centre positions passes one
+// table and a start of 0 for every sequence, so the table does not change from step to step.) The
 // reference adds δ to the dequantized row; the fast kernels add the equal q·δ to the page's
 // logits. pairs == 0: no centering.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 namespace oscar::kv {
@@ -84,11 +88,18 @@ struct MidCenter {
   const float* u = nullptr;       // [num_kv_heads][S][head_dim]
   const float* w = nullptr;       // [num_kv_heads][S][head_dim]
   const float* mu = nullptr;      // [num_kv_heads][head_dim]
-  const float* angles = nullptr;  // [mid.indptr[batch]][S][2] (cos, sin) per middle page
+  const float* angles = nullptr;  // [rows][S][2] (cos, sin): the rows of the middle pages
   // Host memory, optional: [num_kv_heads] 0 where a head's centre is 0 (u = w = mu = 0), so a
   // kernel may skip it; nullptr = every head. (CPU kernels only.)
   const uint8_t* active = nullptr;
+  // [batch]: the angles row of sequence b's middle page 0 (page i: row angle_start[b] + i);
+  // nullptr: mid.indptr[b] (rows = mid.indptr[batch], one per page-table slot).
+  const int32_t* angle_start = nullptr;
   bool head_active(int h) const { return pairs > 0 && (!active || active[h]); }
+  // The angles row of middle page i of sequence b (mid: the view's middle region table).
+  int64_t angle_row(const int32_t* mid_indptr, int b, int64_t i) const {
+    return (angle_start ? int64_t(angle_start[b]) : int64_t(mid_indptr[b])) + i;
+  }
 };
 
 // Centre position of middle page i of a sequence whose sink holds sink_len tokens.
@@ -108,7 +119,7 @@ inline void center_angles(const float* freq, int S, double pos, float* cs) {
 inline void center_offset(const MidCenter& c, int head_dim, int h, const float* cs, float* out);
 inline void mid_page_offset(const MidCenter& c, const RegionTable& mid, int head_dim, int b, int h, int i,
                             float* out) {
-  center_offset(c, head_dim, h, c.angles + (int64_t(mid.indptr[b]) + i) * c.pairs * 2, out);
+  center_offset(c, head_dim, h, c.angles + c.angle_row(mid.indptr, b, i) * c.pairs * 2, out);
 }
 // δ_h for angles cs [S][2]: out [head_dim] (fp64 accumulation).
 inline void center_offset(const MidCenter& c, int head_dim, int h, const float* cs, float* out) {
@@ -181,7 +192,8 @@ class KvBatch {
     v.recent = {recent_indptr.data(), recent_indices.data(), recent_len.data()};
     if (centers && !centers->empty() && centers->at(l).pairs > 0) {
       v.center = centers->at(l);
-      v.center.angles = mid_angles.data();
+      v.center.angles = mid_angles ? mid_angles->data() : nullptr;
+      v.center.angle_start = mid_angle_start.data();
     }
     return v;
   }
@@ -193,9 +205,14 @@ class KvBatch {
   std::vector<int32_t> recent_indptr, recent_indices, recent_len;
   const std::vector<Bf16PagePool>* bf16_pools = nullptr;   // [n_layers]
   const std::vector<QuantPagePool>* quant_pools = nullptr; // [n_layers] or null
-  // Page centering: per layer u / w / mu (angles unset) or null, and the batch's angle table.
+  // Page centering: per layer u / w / mu (angles unset) or null; the cache's angle table
+  // [rows][S][2] (middle page i of sequence b: row mid_angle_start[b] + i), shared with the
+  // cache and never changed once made (a longer one is a new table, with a new version, so a
+  // device copy is refreshed only when the version changes); mid_angle_start [batch].
   const std::vector<MidCenter>* centers = nullptr;
-  std::vector<float> mid_angles;  // [mid_indices.size()][S][2]
+  std::shared_ptr<const std::vector<float>> mid_angles;
+  uint64_t mid_angles_version = 0;
+  std::vector<int32_t> mid_angle_start;
 };
 
 }  // namespace oscar::kv

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 
 #include "core/error.h"
@@ -490,22 +491,32 @@ void OscarKvCache::make_batch(std::span<const SeqId> seqs, std::span<const int> 
     out.mid_len.push_back(mid);
     out.recent_len.push_back(recent);
   }
-  // Page centering: middle page i of every sequence has the same centre position.
+  // Page centering: middle page i of every sequence has the same centre position, so every
+  // sequence reads one table from row 0. The table only grows (to twice its rows, a new table
+  // with a new version), so a device copy of it is refreshed a few times per run, not per step.
   out.centers = centers_.empty() ? nullptr : &centers_;
-  out.mid_angles.clear();
+  out.mid_angles.reset();
+  out.mid_angles_version = 0;
+  out.mid_angle_start.clear();
   if (!centers_.empty()) {
     const int S = int(center_freq_.size());
     int most = 0;
     for (int b = 0; b < B; ++b) most = std::max(most, out.mid_indptr[b + 1] - out.mid_indptr[b]);
-    for (int i = int(center_angles_.size() / (2 * size_t(S))); i < most; ++i) {
-      center_angles_.resize(center_angles_.size() + 2 * size_t(S));
-      center_angles(center_freq_.data(), S, mid_page_center(opts_.sink, i, ps),
-                    center_angles_.data() + size_t(i) * 2 * S);
+    const size_t have = center_angles_ ? center_angles_->size() / (2 * size_t(S)) : 0;
+    if (!center_angles_ || size_t(most) > have) {
+      static std::atomic<uint64_t> versions{0};
+      const size_t rows = std::max<size_t>({size_t(most), 2 * have, 16});
+      auto t = std::make_shared<std::vector<float>>(rows * 2 * size_t(S));
+      if (center_angles_) std::copy(center_angles_->begin(), center_angles_->end(), t->begin());
+      for (size_t i = have; i < rows; ++i)
+        center_angles(center_freq_.data(), S, mid_page_center(opts_.sink, int64_t(i), ps),
+                      t->data() + i * 2 * S);
+      center_angles_ = std::move(t);
+      center_angles_version_ = ++versions;
     }
-    out.mid_angles.reserve(out.mid_indices.size() * 2 * S + 1);
-    for (int b = 0; b < B; ++b)
-      out.mid_angles.insert(out.mid_angles.end(), center_angles_.begin(),
-                            center_angles_.begin() + size_t(out.mid_indptr[b + 1] - out.mid_indptr[b]) * 2 * S);
+    out.mid_angles = center_angles_;
+    out.mid_angles_version = center_angles_version_;
+    out.mid_angle_start.assign(size_t(B), 0);
   }
   // Tables must never be null pointers, even when empty.
   for (auto* v : {&out.sink_indices, &out.mid_indices, &out.recent_indices})

@@ -143,10 +143,12 @@ class OscarKvCache : public KvCache {
   std::vector<QuantPagePool> quant_pools_;
   // Page centering (core/key_transform.h): per layer the store's u / w / mu, the pairs'
   // frequencies, and the (cos, sin) of middle page i (positions sink + i·page + (page−1)/2,
-  // the same for every sequence), grown on demand by make_batch.
+  // the same for every sequence): a table that make_batch replaces by a longer one when a
+  // sequence outgrows it (batches keep theirs alive), with a process-wide version.
   std::vector<MidCenter> centers_;
   std::vector<float> center_freq_;
-  mutable std::vector<float> center_angles_;
+  mutable std::shared_ptr<const std::vector<float>> center_angles_;
+  mutable uint64_t center_angles_version_ = 0;
   std::unordered_map<SeqId, Seq> seqs_;
   int64_t quant_promised_ = 0;  // sum of Seq::promised: quantized pages kept for commits
   SeqId next_id_ = 0;

@@ -172,10 +172,14 @@ struct HostCache {
   }
 
   // Page centering (kernels/paged_kv.h MidCenter) on both views: S random pairs, centre
-  // vectors of scale `mag`, the angle table of every middle page.
+  // vectors of scale `mag`, the angle table of every middle page. start_rows: the rows through
+  // MidCenter::angle_start, the sequences in reverse order with two NaN rows before each (else a
+  // row per page-table slot).
   std::vector<float> cu, cw, cmu, cfreq, cangles;
+  std::vector<int32_t> cstart;
   DeviceBuffer<float> d_cu, d_cw, d_cmu, d_cangles;
-  void add_center(int S, uint32_t seed, float mag = 1.0f) {
+  DeviceBuffer<int32_t> d_cstart;
+  void add_center(int S, uint32_t seed, float mag = 1.0f, bool start_rows = false) {
     std::mt19937 rng(seed);
     std::normal_distribution<float> nd(0.0f, mag);
     std::uniform_real_distribution<float> fr(0.0f, 0.05f);
@@ -186,17 +190,34 @@ struct HostCache {
       for (float& x : *v) x = nd(rng);
     cfreq.resize(S);
     for (float& f : cfreq) f = fr(rng);
-    cangles.assign(std::max<size_t>(1, size_t(indptr[1][batch]) * 2 * S), 0.0f);
+    std::vector<int32_t> first(static_cast<size_t>(batch));
+    int32_t rows = indptr[1][batch];
+    if (start_rows) {
+      rows = 0;
+      for (int b = batch - 1; b >= 0; --b) {
+        first[size_t(b)] = rows + 2;
+        rows += 2 + indptr[1][b + 1] - indptr[1][b];
+      }
+    } else {
+      for (int b = 0; b < batch; ++b) first[size_t(b)] = indptr[1][b];
+    }
+    cangles.assign(std::max<size_t>(1, size_t(rows) * 2 * S), start_rows ? NAN : 0.0f);
     for (int b = 0; b < batch; ++b)
       for (int i = 0; i < indptr[1][b + 1] - indptr[1][b]; ++i)
         kv::center_angles(cfreq.data(), S, kv::mid_page_center(len[0][b], i, page),
-                          cangles.data() + size_t(indptr[1][b] + i) * 2 * S);
+                          cangles.data() + size_t(first[size_t(b)] + i) * 2 * S);
     d_cu = DeviceBuffer<float>(cu);
     d_cw = DeviceBuffer<float>(cw);
     d_cmu = DeviceBuffer<float>(cmu);
     d_cangles = DeviceBuffer<float>(cangles);
     host_view.center = {S, cu.data(), cw.data(), cmu.data(), cangles.data()};
     dev_view.center = {S, d_cu.ptr, d_cw.ptr, d_cmu.ptr, d_cangles.ptr};
+    if (start_rows) {
+      cstart = first;
+      d_cstart = DeviceBuffer<int32_t>(cstart);
+      host_view.center.angle_start = cstart.data();
+      dev_view.center.angle_start = d_cstart.ptr;
+    }
   }
 
   kv::PagedKvView make_view(uint16_t* bk, uint16_t* bv, uint8_t* kc, uint8_t* vc, uint16_t* kp,

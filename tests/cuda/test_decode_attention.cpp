@@ -36,6 +36,7 @@ struct Case {
   int fuse = -1;        // plan_decode's fuse_windows (1: the fused window + merge kernel wherever it can run)
   bool host_pages = true;  // the plan gets the host page table (DecodePlan::first_pages, v44)
   int center_pairs = 0;    // page centering (HostCache::add_center)
+  bool center_start = false;  // its angle rows through MidCenter::angle_start
 };
 
 int num_sms() {
@@ -109,7 +110,7 @@ Result run_case(const Case& c, uint32_t seed, bool bf16_kernel = false, int vari
                 int calls = 1) {
   const float k_scale = 1.5f;  // peaky softmax: logits with std ~1.5*|q|
   HostCache cache(c.seqs, c.hkv, c.d, c.page, c.group, seed, k_scale);
-  if (c.center_pairs > 0) cache.add_center(c.center_pairs, seed + 17);
+  if (c.center_pairs > 0) cache.add_center(c.center_pairs, seed + 17, 1.0f, c.center_start);
   const int hq = c.hkv * c.gqa, batch = cache.batch;
   std::mt19937 rng(seed ^ 0x9e3779b9u);
   std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -210,24 +211,28 @@ TEST(CudaDecode, MixedRegionsDefaultShape) {
 // fail). Every loop the centred dispatch takes (the int8 ring with group copies, the fp16 ring,
 // the register-prefetch loop), the planner's chunks and forced ones (steps and chunks that
 // cross pages: pages of 16 and 32 tokens), fused windows, GQA 1 to 6. A workspace without
-// room for the shifts, or a view without its angle table, is refused.
+// room for the shifts, or a view without its angle table, is refused. The angle rows either one
+// per page-table slot or through MidCenter::angle_start (rows out of order, NaN rows between).
 TEST(CudaDecode, PageCenteredMiddle) {
   if (!test::have_gpu()) GTEST_SKIP() << "no GPU";
   for (int d : {64, 128})
     for (int gqa : {1, 4, 6}) {
       Case c{d, d == 64 ? 64 : 128, gqa, 2, 64, mixed_seqs(64), 0, "page centering"};
       c.center_pairs = 3 + gqa;
+      c.center_start = gqa != 4;
       for (int variant : {0, 1}) expect_ok(c, 71 + gqa, false, variant);
     }
   for (int page : {16, 32, 128})
     for (int tiles : {0, 4, 12}) {
       Case c{128, 128, 4, 2, page, mixed_seqs(page), tiles, "page centering, pages / chunks"};
       c.center_pairs = 7;
+      c.center_start = tiles == 4;
       for (int variant : {0, 1}) expect_ok(c, 300 + page + tiles, false, variant);
     }
   {
     Case c{128, 128, 4, 8, 64, mixed_seqs(64), 0, "page centering, fused windows"};
     c.center_pairs = 11;
+    c.center_start = true;
     c.fuse = 1;
     expect_ok(c, 77);
     c.gqa = 6;

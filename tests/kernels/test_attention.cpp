@@ -298,6 +298,7 @@ TEST(DecodeAttentionRef, PageCenteredMiddleMatchesDense) {
   std::mt19937 rng(31);
   for (int d : {64, 128}) {
     CacheSpec s;
+    s.center_start = d == 128;  // the angle rows through MidCenter::angle_start
     s.d = d;
     s.group = d == 64 ? 32 : 128;
     s.page = 16;
@@ -343,6 +344,7 @@ TEST(DecodeAttention, PageCenteredMatchesReference) {
           s.page = page;
           s.hkv = gqa >= 8 || d == 256 ? 1 : 2;
           s.center_pairs = 1 + cases % 6;
+          s.center_start = cases % 2 == 1;
           set_two_sequences(s, patterns[cases % patterns.size()], patterns[(cases * 5 + 3) % patterns.size()]);
           check_decode_case(s, s.hkv * gqa, rng);
           if (HasFatalFailure()) return;
@@ -353,6 +355,7 @@ TEST(DecodeAttention, PageCenteredMatchesReference) {
   CacheSpec s;
   s.page = 64;
   s.center_pairs = 8;
+  s.center_start = true;
   s.sink = {64, 3};
   s.mid = {2880, 64};
   s.recent = {300, 0};

@@ -31,6 +31,9 @@ struct CacheSpec {
   // more than one KV head, head 1's centre is 0 and marked inactive (a head without ν: the
 // kernels' plain path).
   int center_pairs = 0;
+  // Page centering with MidCenter::angle_start: the sequences' angle rows in reverse order, two
+  // unused NaN rows apart (a kernel that indexes by page-table slot reads the wrong rows or NaN).
+  bool center_start = false;
   std::vector<int> sink, mid, recent;  // per sequence (sizes define the batch)
 };
 
@@ -45,6 +48,7 @@ struct TestCache {
   std::vector<int32_t> indptr[3], idx[3], len[3];  // sink, mid, recent
   std::vector<float> cu, cw, cmu, cfreq, cangles;  // page centering (spec.center_pairs > 0)
   std::vector<uint8_t> cactive;
+  std::vector<int32_t> cstart;  // spec.center_start: the angle_start rows
   kv::PagedKvView view;
   // Dense copy as the kernels must see it: [b] -> [T_b][hkv][d].
   std::vector<std::vector<float>> K, V;
@@ -191,17 +195,32 @@ inline TestCache make_cache(const CacheSpec& spec, std::mt19937& rng) {
       std::fill(tc.cmu.begin() + d, tc.cmu.begin() + 2 * d, 0.0f);
       tc.cactive[1] = 0;
     }
-    tc.cangles.assign(size_t(std::max<int32_t>(1, tc.indptr[1][B])) * S * 2, 0.0f);
+    // Row of sequence b's middle page 0: its page-table slot, or (center_start) the sequences
+    // in reverse order with two NaN rows before each.
+    std::vector<int32_t> first(size_t(B) + 1, 0);
+    int32_t rows = tc.indptr[1][B];
+    if (spec.center_start) {
+      rows = 0;
+      for (int b = B - 1; b >= 0; --b) {
+        first[size_t(b)] = rows + 2;
+        rows += 2 + tc.indptr[1][b + 1] - tc.indptr[1][b];
+      }
+      tc.cstart.assign(first.begin(), first.begin() + B);
+    } else {
+      for (int b = 0; b < B; ++b) first[size_t(b)] = tc.indptr[1][b];
+    }
+    tc.cangles.assign(size_t(std::max<int32_t>(1, rows)) * S * 2, spec.center_start ? NAN : 0.0f);
     v.center.pairs = S;
     v.center.u = tc.cu.data();
     v.center.w = tc.cw.data();
     v.center.mu = tc.cmu.data();
     v.center.angles = tc.cangles.data();
     v.center.active = tc.cactive.data();
+    v.center.angle_start = spec.center_start ? tc.cstart.data() : nullptr;
     std::vector<float> delta(d);
     for (int b = 0; b < B; ++b)
       for (int pi = 0; pi < tc.indptr[1][b + 1] - tc.indptr[1][b]; ++pi) {
-        float* cs = tc.cangles.data() + size_t(tc.indptr[1][b] + pi) * S * 2;
+        float* cs = tc.cangles.data() + size_t(first[size_t(b)] + pi) * S * 2;
         kv::center_angles(tc.cfreq.data(), S, kv::mid_page_center(spec.sink[b], pi, P), cs);
         for (int h = 0; h < H; ++h) {
           kv::center_offset(v.center, d, h, cs, delta.data());

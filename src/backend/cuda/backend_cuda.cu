@@ -344,38 +344,52 @@ struct DeviceTables {
   DevMem mem, angles_mem;
   kv::RegionTable sink, mid, recent;
   std::vector<int32_t> host;
-  const float* angles = nullptr;  // page centering: the batch's middle-page angles (device)
+  // Page centering: the cache's middle-page angle table (device), copied again only when
+  // its version changes (it grows a few times per run), and the batch's start rows.
+  const float* angles = nullptr;
+  const int32_t* angle_start = nullptr;
+  uint64_t angles_version = 0;
   int batch = 0;
 
   void upload(const kv::KvBatch& b, cudaStream_t st) {
     batch = b.batch();
-    const std::vector<int32_t>* parts[9] = {&b.sink_indptr, &b.sink_indices, &b.sink_len,
-                                            &b.mid_indptr,  &b.mid_indices,  &b.mid_len,
-                                            &b.recent_indptr, &b.recent_indices, &b.recent_len};
-    size_t off[10] = {0};
-    for (int i = 0; i < 9; ++i) off[i + 1] = off[i] + parts[i]->size() + 1;  // +1: never empty
-    host.assign(off[9], 0);
-    for (int i = 0; i < 9; ++i) std::copy(parts[i]->begin(), parts[i]->end(), host.begin() + off[i]);
-    mem.ensure(off[9] * 4);
-    check(cudaMemcpyAsync(mem.p, host.data(), off[9] * 4, cudaMemcpyHostToDevice, st),
+    const std::vector<int32_t>* parts[10] = {&b.sink_indptr, &b.sink_indices, &b.sink_len,
+                                             &b.mid_indptr,  &b.mid_indices,  &b.mid_len,
+                                             &b.recent_indptr, &b.recent_indices, &b.recent_len,
+                                             &b.mid_angle_start};
+    size_t off[11] = {0};
+    for (int i = 0; i < 10; ++i) off[i + 1] = off[i] + parts[i]->size() + 1;  // +1: never empty
+    host.assign(off[10], 0);
+    for (int i = 0; i < 10; ++i) std::copy(parts[i]->begin(), parts[i]->end(), host.begin() + off[i]);
+    mem.ensure(off[10] * 4);
+    check(cudaMemcpyAsync(mem.p, host.data(), off[10] * 4, cudaMemcpyHostToDevice, st),
           "table upload");
     const int32_t* d = mem.as<int32_t>();
     sink = {d + off[0], d + off[1], d + off[2]};
     mid = {d + off[3], d + off[4], d + off[5]};
     recent = {d + off[6], d + off[7], d + off[8]};
     angles = nullptr;
-    if (!b.mid_angles.empty()) {
-      angles_mem.ensure(b.mid_angles.size() * 4);
-      check(cudaMemcpyAsync(angles_mem.p, b.mid_angles.data(), b.mid_angles.size() * 4, cudaMemcpyHostToDevice, st),
-            "angle table upload");
+    angle_start = nullptr;
+    if (b.mid_angles && !b.mid_angles->empty()) {
+      if (b.mid_angles_version == 0 || b.mid_angles_version != angles_version) {
+        angles_mem.ensure(b.mid_angles->size() * 4);
+        check(cudaMemcpyAsync(angles_mem.p, b.mid_angles->data(), b.mid_angles->size() * 4,
+                              cudaMemcpyHostToDevice, st),
+              "angle table upload");
+        angles_version = b.mid_angles_version;
+      }
       angles = angles_mem.as<float>();
+      if (!b.mid_angle_start.empty()) angle_start = d + off[9];
     }
   }
   kv::PagedKvView apply(kv::PagedKvView v) const {
     v.sink = sink;
     v.mid = mid;
     v.recent = recent;
-    if (v.center.pairs > 0) v.center.angles = angles;
+    if (v.center.pairs > 0) {
+      v.center.angles = angles;
+      v.center.angle_start = angle_start;
+    }
     return v;
   }
 };
@@ -766,7 +780,7 @@ class CudaBackend final : public Backend {
       hr.indptr[1] = dec.mid_indptr.data();
       hr.indptr[2] = dec.recent_indptr.data();
       // Page centering needs nothing of the plan: the middle loop adds each page's shift.
-      plan_centered_ = dec.centers && !dec.mid_angles.empty();
+      plan_centered_ = dec.centers && dec.mid_angles && !dec.mid_angles->empty();
       plan_ = kernels::cuda::plan_decode(dec.batch(), hr, dec.base.num_kv_heads, num_sms_);
       have_plan_ = true;
       plan_uploaded_ = false;

@@ -482,7 +482,8 @@ __global__ void gather_kv_k(kv::PagedKvView kv, int b, int L, const float* k_new
       if (kv.center.pairs > 0) {
         // Page centering (kernels/paged_kv.h): the key is x̂ + δ_h(t) of its page.
         const int S = kv.center.pairs;
-        const float* cs = kv.center.angles + (int64_t(kv.mid.indptr[b]) + r / ps) * 2 * S;
+        const int64_t row = (kv.center.angle_start ? kv.center.angle_start[b] : kv.mid.indptr[b]) + r / ps;
+        const float* cs = kv.center.angles + row * 2 * S;
         float dl = kv.center.mu ? -kv.center.mu[int64_t(h) * d + c] : 0.0f;
         for (int s = 0; s < S; ++s)
           dl += cs[2 * s] * kv.center.u[(int64_t(h) * S + s) * d + c] +

@@ -251,7 +251,7 @@ void page_shifts(const kv::PagedKvView& kv, int b, int i0, int i1, int group, co
   const int S = kv.center.pairs, ps = kv.page_size, p0 = i0 / ps, np = (i1 - 1) / ps - p0 + 1;
   shift.resize(size_t(np) * group);
   for (int pi = 0; pi < np; ++pi) {
-    const float* cs = kv.center.angles + (int64_t(kv.mid.indptr[b]) + p0 + pi) * S * 2;
+    const float* cs = kv.center.angles + kv.center.angle_row(kv.mid.indptr, b, p0 + pi) * S * 2;
     for (int g = 0; g < group; ++g) {
       const float* cf = coef + size_t(g) * (2 * S + 1);
       double off = -double(cf[2 * S]);

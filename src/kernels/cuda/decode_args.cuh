@@ -56,7 +56,7 @@ struct KernelArgs {
   uint32_t write_epoch;
   int write_flags;
   // Page centering (kCenter middle instances): the log2-domain shift of every middle page's
-  // logits, [mid page][Hq], indexed like kv.center.angles (page-table offset c2.x + page of
+  // logits, [mid page][Hq], indexed by page-table slot (offset c2.x + page of
   // the chunk's tile); written by page_bias_kernel (decode_center.cu) before the launch.
   // (Last: the other fields keep their parameter offsets, so the other instances' code is
   // unchanged by it.)

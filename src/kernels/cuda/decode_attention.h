@@ -96,8 +96,8 @@ struct DecodeWorkspace {
   float* partial_o = nullptr;        // [capacity][max_q_heads][head_dim]
   float* partial_lse = nullptr;      // [capacity][max_q_heads] (log2 domain)
   int32_t* first_pages = nullptr;    // [capacity][4]: DecodePlan::first_pages in launch order
-  float* center_coef = nullptr;      // [max_batch][max_q_heads][head_dim + 1]: page centering's
-                                     // per-query coefficients (A_s, B_s, C)
+  float* center_coef = nullptr;      // [max_batch][max_q_heads][head_dim + 8]: page centering's
+                                     // per-query coefficients (A_s, B_s, C, zero padding)
   int max_mid_pages = 0;             // middle pages page_bias holds (0: no page centering)
   float* page_bias = nullptr;        // [max_mid_pages][max_q_heads]: each middle page's log2 shift
                                      // (page centering; DecodePlan::num_mid_pages of them per step)

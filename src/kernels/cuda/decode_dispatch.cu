@@ -101,9 +101,10 @@ cudaError_t launch_quant(dim3 grid, const KernelArgs& a, int variant, bool group
 // with whole-group copies where the default would take it, the fp16 ring for head_dim 128 /
 // group 128 otherwise (variant 1: the register-prefetch loop), the register-prefetch loop for
 // the other shapes. (The benchmark-only variants 3 and 4 map to these.)
+// pdl: a programmatic dependent of page_bias_kernel (the kCenter instances wait first).
 template <int D, int G>
-cudaError_t launch_quant_centered(dim3 grid, const KernelArgs& a, int variant, bool groups, cudaStream_t stream) {
-  constexpr bool pdl = false;
+cudaError_t launch_quant_centered(dim3 grid, const KernelArgs& a, int variant, bool groups, bool pdl,
+                                  cudaStream_t stream) {
   if constexpr (D == 128 && G == 128) {
     if (variant == 0 && groups && a.gqa <= 4) return launch_split<D, G, true, 3, false, true, true>(grid, pdl, stream, a);
     if (variant != 1) return launch_split<D, G, true, 0, false, false, true>(grid, pdl, stream, a);
@@ -179,7 +180,8 @@ cudaError_t launch(const DecodeParams& p, const DecodePlan& plan, const DecodeWo
       // Page centering: every middle page's shift, before the middle launch (plain launches,
       // in stream order), which adds them in its loop.
       OSCAR_CUDA_RETURN_IF_ERROR(launch_page_centering<D>(p.kv, p.q, p.num_q_heads, a.gqa, plan.num_mid_pages,
-                                                          a.sm_scale_log2, ws.center_coef, ws.page_bias, stream));
+                                                          plan.max_seq_mid_pages, a.sm_scale_log2, ws.center_coef,
+                                                          ws.page_bias, pdl, stream));
     }
     if (nq > 0) {
       OSCAR_DISPATCH_GROUP(p.kv.group_size, D, G, {
@@ -187,7 +189,7 @@ cudaError_t launch(const DecodeParams& p, const DecodePlan& plan, const DecodeWo
         const bool groups = OSCAR_GROUP_COPIES != 0 && plan.mid_groups_aligned &&
                             p.kv.page_size % (kRingTiles * kTileTokens) == 0;
         const dim3 grid(p.kv.num_kv_heads, nq);
-        OSCAR_CUDA_RETURN_IF_ERROR((centered ? launch_quant_centered<D, G>(grid, a, p.variant, groups, stream)
+        OSCAR_CUDA_RETURN_IF_ERROR((centered ? launch_quant_centered<D, G>(grid, a, p.variant, groups, pdl, stream)
                                              : launch_quant<D, G>(grid, a, p.variant, groups, stream)));
         launched = true;
       });

@@ -29,12 +29,14 @@ cudaError_t launch_merge(dim3 grid, bool pdl, cudaStream_t stream, const int32_t
                          float* o, float* lse);
 
 // decode_center.cu: page centering's per-query coefficients, then the log2 shift of every
-// middle page's logits (page_bias [mid page][Hq], indexed like kv.center.angles), before the
-// middle launch, whose kCenter instances add them; num_mid_pages = kv.mid.indptr[batch].
+// middle page's logits (page_bias [mid page][Hq], indexed by page-table slot), before the
+// middle launch, whose kCenter instances add them; num_mid_pages = kv.mid.indptr[batch],
+// max_seq_mid_pages: the most of one sequence (DecodePlan). pdl: both launch as programmatic
+// dependents (the first waits for the query before reading it).
 template <int D>
 cudaError_t launch_page_centering(const kv::PagedKvView& kv, const float* q, int num_q_heads,
-                                  int gqa, int num_mid_pages, float sm_scale_log2,
-                                  float* center_coef, float* page_bias, cudaStream_t stream);
+                                  int gqa, int num_mid_pages, int max_seq_mid_pages, float sm_scale_log2,
+                                  float* center_coef, float* page_bias, bool pdl, cudaStream_t stream);
 
 #if defined(OSCAR_DECODE_TRACE)
 // Each .cu with traced kernels is a device module with its own copy of the

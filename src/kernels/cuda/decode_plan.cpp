@@ -28,6 +28,8 @@ DecodePlan plan_decode(int batch, const HostRegions& regions, int num_kv_heads, 
   DecodePlan plan;
   plan.batch = batch;
   plan.num_mid_pages = regions.indptr[1][batch];
+  for (int b = 0; b < batch; ++b)
+    plan.max_seq_mid_pages = std::max(plan.max_seq_mid_pages, regions.indptr[1][b + 1] - regions.indptr[1][b]);
   plan.regions.resize(size_t(batch) * 6);
   for (int b = 0; b < batch; ++b)
     for (int k = 0; k < 3; ++k) {

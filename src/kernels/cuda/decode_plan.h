@@ -80,6 +80,7 @@ struct DecodePlan {
   int num_quant_chunks = 0;            // order[0 .. num_quant_chunks) are middle chunks
   int num_mid_pages = 0;               // the middle's page-table length, indptr[1][batch]
                                        // (page centering's shifts: one per page and q head)
+  int max_seq_mid_pages = 0;           // the most middle pages of one sequence
   int tiles_per_chunk_bf16 = 0;
   int tiles_per_chunk_quant = 0;
   std::vector<int32_t> chunks;         // [num_chunks][4]

@@ -148,6 +148,10 @@ __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? O
   __shared__ float s_l[kWarps][kMaxGqa];
 
   OSCAR_TRACE_BEGIN;
+  // Page centering: launched as a programmatic dependent of page_bias_kernel (PDL: the CTAs are
+  // resident when the shifts are ready, no launch gap); nothing is read, and no dependent is
+  // released, before every earlier launch is complete.
+  if constexpr (kCenter) pdl_wait();
   // The next launch of the step (window chunks, then the merge) may start as
   // soon as every CTA of this one is running; it waits for us where it must.
   pdl_launch_dependents();

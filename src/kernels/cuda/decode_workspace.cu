@@ -30,7 +30,7 @@ DecodeWorkspace alloc_decode_workspace(int capacity, int max_batch, int max_q_he
         cudaMalloc(&ws.partial_o, sizeof(float) * size_t(capacity) * max_q_heads * head_dim));
     OSCAR_CUDA_CHECK(cudaMalloc(&ws.partial_lse, sizeof(float) * size_t(capacity) * max_q_heads));
     OSCAR_CUDA_CHECK(
-        cudaMalloc(&ws.center_coef, sizeof(float) * size_t(max_batch) * max_q_heads * (head_dim + 1)));
+        cudaMalloc(&ws.center_coef, sizeof(float) * size_t(max_batch) * max_q_heads * (head_dim + 8)));
     if (max_mid_pages > 0)
       OSCAR_CUDA_CHECK(cudaMalloc(&ws.page_bias, sizeof(float) * size_t(max_mid_pages) * max_q_heads));
     // The write's flags (one per block: KV head, K/V, 32 channels); the heads
