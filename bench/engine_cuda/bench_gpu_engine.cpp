@@ -3,7 +3,7 @@
 // same run, on a model of a real shape with random BF16 weights (made on the
 // host one layer at a time, DESIGN §7).
 //
-//   bench_gpu_engine [--preset qwen3-8b|llama3-8b] [--kv-gib 100] [--ctx 32768,65536]
+//   bench_gpu_engine [--preset qwen3-8b|llama3-8b|qwen25-1.5b] [--kv-gib 100] [--ctx 32768,65536]
 //                    [--batch 1,8,32] [--steps 8] [--graphs both|on|off] [--json FILE]
 //
 // Decode steps replay their layers from CUDA graphs (Model::set_graphs); with
@@ -257,7 +257,7 @@ int main(int argc, char** argv) {
     else if (s == "--prefill") a.prefill = ints(next());
     else if (s == "--prefill-chunk") a.prefill_chunk = std::stoi(next());
     else {
-      std::fprintf(stderr, "usage: bench_gpu_engine [--preset qwen3-8b|llama3-8b | --model PATH] [--kv-gib G] "
+      std::fprintf(stderr, "usage: bench_gpu_engine [--preset qwen3-8b|llama3-8b|qwen25-1.5b | --model PATH] [--kv-gib G] "
                            "[--ctx a,b] [--batch a,b] [--batch-ctx c] [--long-ctx n] [--steps n] "
                            "[--methods bf16,int2,int2-nocenter] [--calib FILE] [--graphs both|on|off] [--prefill 8192,32768] [--prefill-chunk n] "
                            "[--json FILE]\n");
