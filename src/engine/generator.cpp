@@ -123,6 +123,24 @@ std::vector<Result> Generator::run(std::span<const Request> reqs, const OnText& 
         if (!live[i].sampler.plain_greedy()) return false;
       return true;
     };
+    // The tokens of the step's rows `rows` (positions in `who`): the argmax ids, or draws of
+    // the rows' samplers in parallel (sample_rows); a row that cannot be sampled throws.
+    std::vector<SampleJob> jobs;
+    auto draw = [&](const std::vector<int>& who, const std::vector<size_t>& rows, bool am) {
+      jobs.assign(rows.size(), {});
+      for (size_t k = 0; k < rows.size(); ++k) {
+        Live& L = live[who[rows[k]]];
+        jobs[k].sampler = &L.sampler;
+        jobs[k].history = L.history;
+        if (am)
+          jobs[k].token = ids[rows[k]];
+        else
+          jobs[k].logits = {logits.data() + rows[k] * V, size_t(V)};
+      }
+      if (!am) sample_rows(jobs);
+      for (const SampleJob& j : jobs)
+        if (j.token < 0) throw Error("generate: sampling failed: " + j.error);
+    };
     std::vector<std::vector<int32_t>> chunk(N);
     for (;;) {
       std::vector<model::SeqStep> steps;
@@ -142,6 +160,7 @@ std::vector<Result> Generator::run(std::span<const Request> reqs, const OnText& 
       if (steps.empty()) break;
       const bool am = all_plain(who);
       am ? m_.forward_argmax(steps, cache_, ids) : m_.forward(steps, cache_, logits);
+      std::vector<size_t> rows;
       for (size_t s = 0; s < who.size(); ++s) {
         const int i = who[s];
         if (live[i].fed < int(reqs[i].prompt.size())) continue;
@@ -151,9 +170,10 @@ std::vector<Result> Generator::run(std::span<const Request> reqs, const OnText& 
           cache_.release(live[i].seq);
           continue;
         }
-        const int tok = am ? ids[s] : live[i].sampler.sample({logits.data() + s * V, size_t(V)}, live[i].history);
-        accept(i, tok);
+        rows.push_back(s);
       }
+      draw(who, rows, am);
+      for (size_t k = 0; k < rows.size(); ++k) accept(who[rows[k]], jobs[k].token);
     }
     const auto t1 = Clock::now();
     for (const auto& r : reqs) stats_.prompt_tokens += int(r.prompt.size());
@@ -173,11 +193,12 @@ std::vector<Result> Generator::run(std::span<const Request> reqs, const OnText& 
       if (steps.empty()) break;
       const bool am = all_plain(who);
       am ? m_.forward_argmax(steps, cache_, ids) : m_.forward(steps, cache_, logits);
+      std::vector<size_t> rows(who.size());
+      for (size_t s = 0; s < who.size(); ++s) rows[s] = s;
+      draw(who, rows, am);
       for (size_t s = 0; s < who.size(); ++s) {
-        const int i = who[s];
-        const int tok = am ? ids[s] : live[i].sampler.sample({logits.data() + s * V, size_t(V)}, live[i].history);
         ++stats_.decode_tokens;
-        accept(i, tok);
+        accept(who[s], jobs[s].token);
       }
     }
     stats_.decode_s = secs(t1, Clock::now());

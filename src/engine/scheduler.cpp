@@ -331,8 +331,11 @@ bool Scheduler::step() {
   metrics_.busy_s += std::chrono::duration<double>(now - t0).count();
   ++metrics_.steps;
 
-  // 4. Sampling for sequences whose every token is now in the cache.
+  // 4. Sampling for sequences whose every token is now in the cache (the rows in parallel
+  // when the model returned logits), then each token accepted in plan order. A row whose
+  // logits cannot be sampled (NaN) fails its own request only.
   const int V = m_.config().vocab_size;
+  std::vector<size_t> rows;
   for (size_t r = 0; r < plan.size(); ++r) {
     Seq& s = *plan[r].seq;
     const bool decode = plan[r].n == 1 && s.generated > 0 && s.pending() == 1;
@@ -344,8 +347,24 @@ bool Scheduler::step() {
       finish(s, "length");
       continue;
     }
-    const int tok = argmax ? argmax_[r] : s.sampler.sample({logits_.data() + r * size_t(V), size_t(V)}, s.history);
-    accept(s, tok, now);
+    rows.push_back(r);
+  }
+  jobs_.resize(rows.size());
+  for (size_t k = 0; k < rows.size(); ++k) {
+    Seq& s = *plan[rows[k]].seq;
+    jobs_[k] = {&s.sampler, {}, s.history, -1, {}};
+    if (argmax)
+      jobs_[k].token = argmax_[rows[k]];
+    else
+      jobs_[k].logits = {logits_.data() + rows[k] * size_t(V), size_t(V)};
+  }
+  if (!argmax) sample_rows(jobs_);
+  for (size_t k = 0; k < rows.size(); ++k) {
+    Seq& s = *plan[rows[k]].seq;
+    if (jobs_[k].token < 0)
+      finish(s, "error", "sampling failed: " + jobs_[k].error);
+    else
+      accept(s, jobs_[k].token, now);
   }
   std::erase_if(running_, [](const auto& s) { return s->finished; });
   return true;

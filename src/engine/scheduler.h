@@ -133,6 +133,7 @@ class Scheduler {
   SchedulerMetrics metrics_;
   std::vector<float> logits_;
   std::vector<int32_t> argmax_;  // the step's chosen ids when every sequence is plain greedy
+  std::vector<SampleJob> jobs_;  // the step's draws (sample_rows)
 };
 
 // Length of the longest prefix of `s` that does not end inside a UTF-8 sequence.
