@@ -470,5 +470,54 @@ TEST(PrefixCache, OscarSameTokensWithAndWithoutAndMiddlePagesShared) {
   EXPECT_EQ(on->usage().used.bf16 + on->usage().used.quant, 0);
 }
 
+// A request whose logits turn NaN (its prompt holds a token whose embedding is NaN) fails alone,
+// with "error" and a message naming NaN, while the sampled requests stepped beside it finish
+// normally and every page comes back.
+TEST(Scheduler, NaNLogitsFailOnlyTheirRequest) {
+  model::ModelWeights w = model::random_weights(model::tiny_config(model::Arch::kLlama), 3);
+  const int bad = 5, H = w.cfg.hidden;
+  for (int c = 0; c < H; ++c) w.tok_embd.data[size_t(bad) * size_t(H) + size_t(c)] = NAN;
+  auto be = backend::make_cpu_backend({backend::WeightDtype::kF32, 0});
+  model::Model m(w, *be);
+  kv::Bf16KvCache cache(m.cache_shape(16), 64);
+  Scheduler s(m, cache, nullptr, SchedulerConfig{});
+  std::map<RequestId, Collected> got;
+  auto on = [&got](const RequestEvent& e) {
+    auto& c = got[e.id];
+    c.tokens.insert(c.tokens.end(), e.tokens.begin(), e.tokens.end());
+    if (e.finished) {
+      ++c.finished;
+      c.reason = e.finish_reason + (e.error.empty() ? "" : ": " + e.error);
+    }
+  };
+  std::vector<RequestId> ids;
+  for (int i = 0; i < 3; ++i) {
+    Request q;
+    q.prompt = {1, 2, i == 1 ? bad : 3, 4};
+    q.max_new_tokens = 6;
+    q.sampling.temperature = 0.8f;
+    q.sampling.top_p = 0.9f;
+    q.sampling.seed = uint64_t(i);
+    ids.push_back(s.add(q, on));
+  }
+  for (int steps = 0; !s.idle(); ++steps) {
+    s.step();
+    ASSERT_LT(steps, 100);
+  }
+  for (int i = 0; i < 3; ++i) {
+    const auto& c = got[ids[size_t(i)]];
+    EXPECT_EQ(c.finished, 1) << i;
+    if (i == 1) {
+      EXPECT_TRUE(c.tokens.empty());
+      EXPECT_EQ(c.reason.rfind("error: ", 0), 0u) << c.reason;
+      EXPECT_NE(c.reason.find("NaN"), std::string::npos) << c.reason;
+    } else {
+      EXPECT_EQ(c.reason, "length") << i;
+      EXPECT_EQ(c.tokens.size(), 6u) << i;
+    }
+  }
+  EXPECT_EQ(cache.pool().num_used(), 0);
+}
+
 }  // namespace
 }  // namespace oscar::engine
