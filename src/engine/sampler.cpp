@@ -142,7 +142,7 @@ int Sampler::sample(std::span<const float> logits, std::span<const int> history)
     n = sorted_prefix(double(p_.top_p) * total, false, keep);
     mass = cum_[size_t(n) - 1];
   }
-  if (n == 1) return idx_[0];
+  if (n == 1) return sorted_ > 0 ? idx_[0] : argmax_;  // (unsorted: a one-token vocabulary)
   const double u = std::uniform_real_distribution<double>(0.0, 1.0)(rng_);
   // The first candidate whose running weight exceeds u · mass.
   const int i = sorted_prefix(u * mass, true, n);

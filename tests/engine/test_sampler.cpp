@@ -233,6 +233,18 @@ TEST(Sampler, SampleRowsEqualsSerialAndIsolatesABadRow) {
   }
 }
 
+// A one-token vocabulary: every setting returns id 0 and draws nothing.
+TEST(Sampler, OneTokenVocabulary) {
+  const std::vector<float> one = {2.5f};
+  for (float T : {0.0f, 1.0f})
+    for (int k : {0, 1, 3})
+      for (float top_p : {1.0f, 0.5f}) {
+        Sampler s({T, k, top_p, 1.0f, 3});
+        EXPECT_EQ(s.sample(one, {}), 0);
+        EXPECT_EQ(s.probabilities(one, {}), std::vector<double>{1.0});
+      }
+}
+
 TEST(Sampler, BadParamsAndNaNThrow) {
   SamplingParams p;
   p.temperature = -1;
