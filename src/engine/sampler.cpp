@@ -23,6 +23,40 @@ void SamplingParams::validate() const {
 
 Sampler::Sampler(const SamplingParams& p) : p_(p), rng_(p.seed) { p_.validate(); }
 
+// The passes over the whole vocabulary run in fixed chunks of kChunk ids on the CPU pool
+// (backend::cpu::parallel_for; serial inside sample_rows' workers, where the rows are the
+// parallel work), each chunk's result combined in chunk order: the same numbers on any number
+// of threads.
+constexpr int kChunk = 8192;
+
+namespace {
+
+// Max and NaN of w[b, e): eight independent chains (in one chain each max waits for the
+// previous one: four cycles an id).
+void chunk_max(const float* w, int b, int e, float& max_out, bool& nan_out) {
+  constexpr int L = 8;
+  float mx[L];
+  int nan = 0;
+  for (int j = 0; j < L; ++j) mx[j] = w[b];
+  int i = b;
+  for (; i + L <= e; i += L)
+    for (int j = 0; j < L; ++j) {
+      const float x = w[i + j];
+      nan |= x != x;
+      mx[j] = x > mx[j] ? x : mx[j];
+    }
+  for (; i < e; ++i) {
+    nan |= w[i] != w[i];
+    mx[0] = w[i] > mx[0] ? w[i] : mx[0];
+  }
+  float m = mx[0];
+  for (int j = 1; j < L; ++j) m = mx[j] > m ? mx[j] : m;
+  max_out = m;
+  nan_out = nan != 0;
+}
+
+}  // namespace
+
 void Sampler::prepare(std::span<const float> logits, std::span<const int> history, bool want_max) {
   const int V = static_cast<int>(logits.size());
   if (V == 0) throw Error("sampler: empty logits");
@@ -37,38 +71,84 @@ void Sampler::prepare(std::span<const float> logits, std::span<const int> histor
       w[t] = w[t] > 0 ? w[t] / p_.repetition_penalty : w[t] * p_.repetition_penalty;
     }
   }
-  // NaN check and max in one pass, eight independent chains (in one chain each max waits for
-  // the previous one: four cycles an id); then the max's first id (ties: the lowest). Without
-  // want_max the max is left to sorted_prefix (its first candidate).
   sorted_ = 0;
   inv_t_ = p_.temperature > 0.0f ? 1.0 / p_.temperature : 1.0;
-  have_max_ = want_max;
-  constexpr int L = 8;
-  if (!want_max) {
-    int nan = 0;
-    for (int i = 0; i < V; ++i) nan |= w[i] != w[i];
-    if (nan) throw Error("sampler: NaN in logits");
-    return;
-  }
-  float mx[L];
-  int nan = 0;
-  for (int j = 0; j < L; ++j) mx[j] = w[0];
-  int i = 0;
-  for (; i + L <= V; i += L)
-    for (int j = 0; j < L; ++j) {
-      const float x = w[i + j];
-      nan |= x != x;
-      mx[j] = x > mx[j] ? x : mx[j];
+  // NaN check and the max per chunk, then the max's first id (ties: the lowest). Without
+  // want_max the max is left to sorted_prefix (its first candidate).
+  const int nc = (V + kChunk - 1) / kChunk;
+  chunk_max_.resize(size_t(nc));
+  chunk_nan_.resize(size_t(nc));
+  backend::cpu::parallel_for(nc, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      bool nan = false;
+      chunk_max(w, int(c) * kChunk, std::min(V, int(c + 1) * kChunk), chunk_max_[size_t(c)], nan);
+      chunk_nan_[size_t(c)] = nan;
     }
-  for (; i < V; ++i) {
-    nan |= w[i] != w[i];
-    mx[0] = w[i] > mx[0] ? w[i] : mx[0];
-  }
-  if (nan) throw Error("sampler: NaN in logits");
-  float m = mx[0];
-  for (int j = 1; j < L; ++j) m = mx[j] > m ? mx[j] : m;
+  });
+  for (char nan : chunk_nan_)
+    if (nan) throw Error("sampler: NaN in logits");
+  have_max_ = want_max;
+  if (!want_max) return;
+  float m = chunk_max_[0];
+  for (float x : chunk_max_) m = x > m ? x : m;
   argmax_ = int(std::find(w, w + V, m) - w);
   max_ = m;
+}
+
+double Sampler::total_weight() {
+  const int V = static_cast<int>(work_.size()), nc = (V + kChunk - 1) / kChunk;
+  chunk_sum_.resize(size_t(nc));
+  backend::cpu::parallel_for(nc, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      double s = 0;
+      for (int i = int(c) * kChunk, e = std::min(V, int(c + 1) * kChunk); i < e; ++i) s += weight(i);
+      chunk_sum_[size_t(c)] = s;
+    }
+  });
+  double total = 0;
+  for (double s : chunk_sum_) total += s;
+  return total;
+}
+
+void Sampler::select_best(int M) {
+  // The best M by one scan per chunk: a heap of (logit, id) whose top is the worst kept; a
+  // later id enters only with a larger logit (on a tie its higher id loses), one compare for
+  // most ids. Then the best M of the chunks' candidates, sorted.
+  // One chunk per thread, each at least 64 M ids (a heap's replacements grow with the chunks
+  // per heap: M ln(chunk / M) each); the result does not depend on the chunking.
+  const float* w = work_.data();
+  const int V = static_cast<int>(work_.size());
+  const int nc = std::max(1, std::min(backend::cpu::op_threads(), V / (64 * M)));
+  const int len = (V + nc - 1) / nc;
+  auto better = [](const std::pair<float, int>& a, const std::pair<float, int>& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  };
+  heap_.resize(size_t(nc) * size_t(M));
+  chunk_kept_.resize(size_t(nc));
+  backend::cpu::parallel_for(nc, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      const int b = int(c) * len, e = std::min(V, b + len), k = std::max(0, std::min(M, e - b));
+      auto* h = heap_.data() + size_t(c) * size_t(M);
+      chunk_kept_[size_t(c)] = k;
+      if (k == 0) continue;
+      for (int i = 0; i < k; ++i) h[i] = {w[b + i], b + i};
+      std::make_heap(h, h + k, better);
+      float worst = h[0].first;
+      for (int i = b + k; i < e; ++i) {
+        if (!(w[i] > worst)) continue;
+        std::pop_heap(h, h + k, better);
+        h[k - 1] = {w[i], i};
+        std::push_heap(h, h + k, better);
+        worst = h[0].first;
+      }
+    }
+  });
+  // Compact the chunks' candidates, then the best M of them.
+  size_t n = 0;
+  for (int c = 0; c < nc; ++c)
+    for (int i = 0; i < chunk_kept_[size_t(c)]; ++i) heap_[n++] = heap_[size_t(c) * size_t(M) + size_t(i)];
+  std::partial_sort(heap_.begin(), heap_.begin() + M, heap_.begin() + std::ptrdiff_t(n), better);
+  for (int i = 0; i < M; ++i) idx_[size_t(i)] = heap_[size_t(i)].second;
 }
 
 int Sampler::sorted_prefix(double need, bool strict, int limit) {
@@ -84,24 +164,7 @@ int Sampler::sorted_prefix(double need, bool strict, int limit) {
   for (int M = std::min(limit, std::max(256, 4 * sorted_));; M = std::min(limit, 4 * M)) {
     idx_.resize(size_t(V));
     if (M <= V / 16) {
-      // The best M by one scan: a heap of (logit, id) whose top is the worst kept; a later id
-      // enters only with a larger logit (on a tie its higher id loses), one compare for most.
-      auto better = [](const std::pair<float, int>& a, const std::pair<float, int>& b) {
-        return a.first > b.first || (a.first == b.first && a.second < b.second);
-      };
-      heap_.resize(size_t(M));
-      for (int i = 0; i < M; ++i) heap_[size_t(i)] = {w[i], i};
-      std::make_heap(heap_.begin(), heap_.end(), better);
-      float worst = heap_.front().first;
-      for (int i = M; i < V; ++i) {
-        if (!(w[i] > worst)) continue;
-        std::pop_heap(heap_.begin(), heap_.end(), better);
-        heap_.back() = {w[i], i};
-        std::push_heap(heap_.begin(), heap_.end(), better);
-        worst = heap_.front().first;
-      }
-      std::sort_heap(heap_.begin(), heap_.end(), better);
-      for (int i = 0; i < M; ++i) idx_[size_t(i)] = heap_[size_t(i)].second;
+      select_best(M);
     } else {
       std::iota(idx_.begin(), idx_.end(), 0);
       if (M < V) std::nth_element(idx_.begin(), idx_.begin() + M, idx_.end(), by_logit);
@@ -133,7 +196,7 @@ int Sampler::sample(std::span<const float> logits, std::span<const int> history)
     sorted_prefix(INFINITY, false, keep);
     total = cum_[size_t(keep) - 1];
   } else {
-    for (int i = 0; i < V; ++i) total += weight(i);
+    total = total_weight();
   }
   // top_p: the smallest prefix holding that share of the candidates' probability.
   int n = keep;

@@ -53,6 +53,10 @@ class Sampler {
   // reaches `need` (strict: exceeds it), or n = limit. Selects the best M (O(vocab)) and sorts
   // those, M growing 4× until enough, so a peaked row sorts a few hundred ids, not the vocabulary.
   int sorted_prefix(double need, bool strict, int limit);
+  // idx_[0, M): the best M ids, sorted (M <= vocab / 16).
+  void select_best(int M);
+  // Σ weight(i) over the vocabulary.
+  double total_weight();
 
   SamplingParams p_;
   std::mt19937_64 rng_;
@@ -60,7 +64,11 @@ class Sampler {
   std::vector<char> seen_;             // [vocab] repetition penalty: ids already penalized
   std::vector<int> idx_;               // candidate ids by descending logit (a sorted prefix)
   std::vector<double> cum_;            // running sums of their weights
-  std::vector<std::pair<float, int>> heap_;  // sorted_prefix's selection of a few best
+  std::vector<std::pair<float, int>> heap_;  // select_best: [chunk][M] heaps, then the candidates
+  std::vector<int> chunk_kept_;        // select_best: candidates per chunk
+  std::vector<float> chunk_max_;       // prepare: per chunk of the vocabulary
+  std::vector<char> chunk_nan_;
+  std::vector<double> chunk_sum_;      // total_weight
   double max_ = 0, inv_t_ = 1;
   int argmax_ = 0;
   int sorted_ = 0;                     // idx_ / cum_ entries valid for this row (0 after prepare)
