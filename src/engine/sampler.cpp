@@ -111,42 +111,37 @@ double Sampler::total_weight() {
 }
 
 void Sampler::select_best(int M) {
-  // The best M by one scan per chunk: a heap of (logit, id) whose top is the worst kept; a
-  // later id enters only with a larger logit (on a tie its higher id loses), one compare for
-  // most ids. Then the best M of the chunks' candidates, sorted.
-  // One chunk per thread, each at least 64 M ids (a heap's replacements grow with the chunks
-  // per heap: M ln(chunk / M) each); the result does not depend on the chunking.
+  // The best M by one scan per piece of the vocabulary: a heap of (logit, id) whose top is the
+  // worst kept; a later id enters only with a larger logit (on a tie its higher id loses), one
+  // compare for most ids. Then the best M of the pieces' candidates, sorted. parallel_for
+  // gives each thread one piece (units of 64 M ids: a heap's replacements grow as M ln(piece /
+  // M) per piece), or the whole vocabulary when nested; the result does not depend on it.
   const float* w = work_.data();
-  const int V = static_cast<int>(work_.size());
-  const int nc = std::max(1, std::min(backend::cpu::op_threads(), V / (64 * M)));
-  const int len = (V + nc - 1) / nc;
+  const int V = static_cast<int>(work_.size()), unit = 64 * M, units = (V + unit - 1) / unit;
   auto better = [](const std::pair<float, int>& a, const std::pair<float, int>& b) {
     return a.first > b.first || (a.first == b.first && a.second < b.second);
   };
-  heap_.resize(size_t(nc) * size_t(M));
-  chunk_kept_.resize(size_t(nc));
-  backend::cpu::parallel_for(nc, 1, [&](int64_t c0, int64_t c1) {
-    for (int64_t c = c0; c < c1; ++c) {
-      const int b = int(c) * len, e = std::min(V, b + len), k = std::max(0, std::min(M, e - b));
-      auto* h = heap_.data() + size_t(c) * size_t(M);
-      chunk_kept_[size_t(c)] = k;
-      if (k == 0) continue;
-      for (int i = 0; i < k; ++i) h[i] = {w[b + i], b + i};
-      std::make_heap(h, h + k, better);
-      float worst = h[0].first;
-      for (int i = b + k; i < e; ++i) {
-        if (!(w[i] > worst)) continue;
-        std::pop_heap(h, h + k, better);
-        h[k - 1] = {w[i], i};
-        std::push_heap(h, h + k, better);
-        worst = h[0].first;
-      }
+  heap_.resize(size_t(units) * size_t(M));
+  chunk_kept_.assign(size_t(units), 0);
+  backend::cpu::parallel_for(V, unit, [&](int64_t b64, int64_t e64) {
+    const int b = int(b64), e = int(e64), k = std::min(M, e - b), u = b / unit;
+    auto* h = heap_.data() + size_t(u) * size_t(M);
+    for (int i = 0; i < k; ++i) h[i] = {w[b + i], b + i};
+    std::make_heap(h, h + k, better);
+    float worst = h[0].first;
+    for (int i = b + k; i < e; ++i) {
+      if (!(w[i] > worst)) continue;
+      std::pop_heap(h, h + k, better);
+      h[k - 1] = {w[i], i};
+      std::push_heap(h, h + k, better);
+      worst = h[0].first;
     }
+    chunk_kept_[size_t(u)] = k;
   });
-  // Compact the chunks' candidates, then the best M of them.
+  // Compact the pieces' candidates, then the best M of them.
   size_t n = 0;
-  for (int c = 0; c < nc; ++c)
-    for (int i = 0; i < chunk_kept_[size_t(c)]; ++i) heap_[n++] = heap_[size_t(c) * size_t(M) + size_t(i)];
+  for (int u = 0; u < units; ++u)
+    for (int i = 0; i < chunk_kept_[size_t(u)]; ++i) heap_[n++] = heap_[size_t(u) * size_t(M) + size_t(i)];
   std::partial_sort(heap_.begin(), heap_.begin() + M, heap_.begin() + std::ptrdiff_t(n), better);
   for (int i = 0; i < M; ++i) idx_[size_t(i)] = heap_[size_t(i)].second;
 }
