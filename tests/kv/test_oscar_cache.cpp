@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "core/half.h"
+#include "core/key_transform.h"
 #include "core/quantizer.h"
 #include "kv/oscar_cache.h"
 #include "kv/quant_methods.h"
@@ -81,6 +82,71 @@ TEST(OscarCache, WindowStaysInRangeAndRegionsAddUp) {
     ASSERT_NEAR(c->bits_per_element(s), want, 1e-12);
   }
   EXPECT_GT(c->regions(s).mid, 0);
+}
+
+// Page centering's angles (kernels/paged_kv.h MidCenter): one table for every sequence of a
+// batch (start row 0), row i the (cos, sin) of middle page i's centre position; a batch that
+// needs no more rows gets the same table and version (a device copy stays valid), a longer
+// middle a new, longer table with a new version, while an older batch keeps its own.
+TEST(OscarCache, PageCentreAnglesAreOneTableThatOnlyGrows) {
+  auto cal = std::make_shared<Calibration>(data_free_calibration(Composition::kHadamard, fp(), 0.96f, 0.92f, 2, 64));
+  cal->rope_freq.resize(kD / 2);
+  for (int j = 0; j < kD / 2; ++j) cal->rope_freq[size_t(j)] = float(std::pow(10000.0, -2.0 * j / kD));
+  cal->layers[0].k_rope_mean.assign(size_t(kH) * kD, 0.0f);
+  for (int j : {0, 1, 5}) {  // head 0 only, three pairs (channels j and j + d/2)
+    cal->layers[0].k_rope_mean[size_t(j)] = 3.0f + float(j);
+    cal->layers[0].k_rope_mean[size_t(j + kD / 2)] = -2.0f;
+  }
+  OscarCacheOptions o;
+  o.sink = kSink;
+  o.recent = kRecent;
+  o.group_size = 64;
+  o.max_tokens = 2048;
+  OscarKvCache c(KvCacheShape{kL, kH, kD, kPage}, cal, o);
+  std::mt19937 rng(3);
+  const SeqId a = c.create(), b = c.create();
+  for (int i = 0; i < 10; ++i) append(c, a, 40, rng);  // 400 tokens: 22 middle pages
+  append(c, b, 100, rng);
+  const std::vector<int> pairs = page_center_pairs(*cal);
+  ASSERT_EQ(pairs, (std::vector<int>{0, 1, 5}));
+  const int S = int(pairs.size());
+  auto check_rows = [&](const KvBatch& kb, int most) {
+    ASSERT_TRUE(kb.mid_angles);
+    EXPECT_GT(kb.mid_angles_version, 0u);
+    EXPECT_EQ(kb.mid_angle_start, std::vector<int32_t>(size_t(kb.batch()), 0));
+    const int rows = int(kb.mid_angles->size() / (2 * size_t(S)));
+    EXPECT_GE(rows, most);
+    std::vector<float> freq, cs(2 * size_t(S));
+    for (int j : pairs) freq.push_back(cal->rope_freq[size_t(j)]);
+    for (int i = 0; i < rows; ++i) {
+      center_angles(freq.data(), S, mid_page_center(kSink, i, kPage), cs.data());
+      for (int k = 0; k < 2 * S; ++k) ASSERT_EQ((*kb.mid_angles)[size_t(i) * 2 * S + k], cs[size_t(k)]) << "row " << i;
+    }
+    const PagedKvView v0 = kb.layer(0), v1 = kb.layer(1);
+    EXPECT_EQ(v0.center.pairs, S);
+    EXPECT_EQ(v0.center.angles, kb.mid_angles->data());
+    EXPECT_EQ(v0.center.angle_start, kb.mid_angle_start.data());
+    EXPECT_EQ(v1.center.pairs, 0);  // layer 1 has no ν
+  };
+  const std::vector<SeqId> seqs = {a, b};
+  std::vector<int> lens = {c.length(a), c.length(b)};
+  KvBatch b1, b2, b3;
+  c.make_batch(seqs, lens, b1);
+  const int most = b1.mid_indptr[1] - b1.mid_indptr[0];
+  ASSERT_GT(most, b1.mid_indptr[2] - b1.mid_indptr[1]);
+  check_rows(b1, most);
+  c.make_batch(seqs, lens, b2);
+  EXPECT_EQ(b2.mid_angles_version, b1.mid_angles_version);
+  EXPECT_EQ(b2.mid_angles.get(), b1.mid_angles.get());
+  const std::vector<float> old = *b1.mid_angles;
+  const int rows1 = int(old.size() / (2 * size_t(S)));
+  while (c.regions(a).mid / kPage <= rows1) append(c, a, 64, rng);
+  lens[0] = c.length(a);
+  c.make_batch(seqs, lens, b3);
+  EXPECT_GT(b3.mid_angles_version, b1.mid_angles_version);
+  check_rows(b3, c.regions(a).mid / kPage);
+  EXPECT_EQ(*b1.mid_angles, old);  // the older batch's table is intact
+  for (size_t i = 0; i < old.size(); ++i) ASSERT_EQ((*b3.mid_angles)[i], old[i]);
 }
 
 TEST(OscarCache, MiddleRowsAreTheReferenceQuantizerOnRotatedBf16Rows) {
