@@ -1,6 +1,6 @@
 // Host sampling cost per token (engine/sampler.h) at a real vocabulary, against the previous
-// sampler's draw (every id sorted by logit, or the top_k by a partial sort, and the softmax over
-// all of them) in the same run,
+// sampler's draw (engine::reference_sample: every id sorted by logit, or the top_k by a partial
+// sort, and the softmax over all of them) in the same run,
 // and a batch of rows through sample_rows (the CPU thread pool) against the same rows drawn
 // one after the other.
 //
@@ -10,11 +10,8 @@
 // what a trained model mostly gives). Same tokens from both draws (checked).
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
-#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -26,41 +23,6 @@ using namespace oscar;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-// The previous sampler's draw (before the sorted prefix): same transforms, same engine use.
-int full_sort_draw(const engine::SamplingParams& p, std::mt19937_64& rng, const std::vector<float>& l) {
-  const int V = int(l.size());
-  std::vector<int> idx(static_cast<size_t>(V));
-  std::iota(idx.begin(), idx.end(), 0);
-  auto by_logit = [&](int a, int b) { return l[size_t(a)] > l[size_t(b)] || (l[size_t(a)] == l[size_t(b)] && a < b); };
-  if (p.temperature == 0.0f) return *std::min_element(idx.begin(), idx.end(), by_logit);
-  const int keep = p.top_k > 0 && p.top_k < V ? p.top_k : V;
-  if (keep < V)
-    std::partial_sort(idx.begin(), idx.begin() + keep, idx.end(), by_logit);
-  else
-    std::sort(idx.begin(), idx.end(), by_logit);
-  std::vector<double> pr(static_cast<size_t>(keep));
-  double sum = 0;
-  for (int i = 0; i < keep; ++i)
-    sum += (pr[size_t(i)] = std::exp((double(l[size_t(idx[size_t(i)])]) - l[size_t(idx[0])]) / double(p.temperature)));
-  for (double& x : pr) x /= sum;
-  int n = keep;
-  if (p.top_p < 1.0f) {
-    double cum = 0;
-    n = 0;
-    while (n < keep) {
-      cum += pr[size_t(n++)];
-      if (cum >= p.top_p) break;
-    }
-    for (int i = 0; i < n; ++i) pr[size_t(i)] /= cum;
-  }
-  if (n == 1) return idx[0];
-  const double u = std::uniform_real_distribution<double>(0.0, 1.0)(rng);
-  double cum = 0;
-  for (int i = 0; i < n; ++i)
-    if (u < (cum += pr[size_t(i)])) return idx[size_t(i)];
-  return idx[size_t(n) - 1];
-}
 
 double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
 
@@ -107,7 +69,7 @@ int main(int argc, char** argv) {
       std::mt19937_64 rng(c.p.seed);
       std::vector<int> ref(static_cast<size_t>(reps)), got(static_cast<size_t>(reps));
       auto t0 = Clock::now();
-      for (int r = 0; r < reps; ++r) ref[size_t(r)] = full_sort_draw(c.p, rng, l);
+      for (int r = 0; r < reps; ++r) ref[size_t(r)] = engine::reference_sample(c.p, rng, l, {});
       const double t_ref = ms_since(t0) / reps;
       engine::Sampler s(c.p);
       t0 = Clock::now();

@@ -225,6 +225,53 @@ std::vector<double> Sampler::probabilities(std::span<const float> logits,
   return p;
 }
 
+int reference_sample(const SamplingParams& p, std::mt19937_64& rng, std::span<const float> logits,
+                     std::span<const int> history) {
+  std::vector<float> w(logits.begin(), logits.end());
+  const int V = int(w.size());
+  if (V == 0) throw Error("sampler: empty logits");
+  for (float x : w)
+    if (std::isnan(x)) throw Error("sampler: NaN in logits");
+  if (p.repetition_penalty != 1.0f) {
+    std::vector<char> done(size_t(V), 0);
+    for (int t : history) {
+      if (t < 0 || t >= V || done[size_t(t)]) continue;
+      done[size_t(t)] = 1;
+      w[size_t(t)] = w[size_t(t)] > 0 ? w[size_t(t)] / p.repetition_penalty : w[size_t(t)] * p.repetition_penalty;
+    }
+  }
+  std::vector<int> idx(static_cast<size_t>(V));
+  std::iota(idx.begin(), idx.end(), 0);
+  auto by_logit = [&](int a, int b) { return w[size_t(a)] > w[size_t(b)] || (w[size_t(a)] == w[size_t(b)] && a < b); };
+  if (p.temperature == 0.0f) return *std::min_element(idx.begin(), idx.end(), by_logit);
+  const int keep = p.top_k > 0 && p.top_k < V ? p.top_k : V;
+  if (keep < V)
+    std::partial_sort(idx.begin(), idx.begin() + keep, idx.end(), by_logit);
+  else
+    std::sort(idx.begin(), idx.end(), by_logit);
+  std::vector<double> pr(static_cast<size_t>(keep));
+  double sum = 0;
+  for (int i = 0; i < keep; ++i)
+    sum += (pr[size_t(i)] = std::exp((double(w[size_t(idx[size_t(i)])]) - w[size_t(idx[0])]) / double(p.temperature)));
+  for (double& x : pr) x /= sum;
+  int n = keep;
+  if (p.top_p < 1.0f) {
+    double cum = 0;
+    n = 0;
+    while (n < keep) {
+      cum += pr[size_t(n++)];
+      if (cum >= p.top_p) break;
+    }
+    for (int i = 0; i < n; ++i) pr[size_t(i)] /= cum;
+  }
+  if (n == 1) return idx[0];
+  const double u = std::uniform_real_distribution<double>(0.0, 1.0)(rng);
+  double cum = 0;
+  for (int i = 0; i < n; ++i)
+    if (u < (cum += pr[size_t(i)])) return idx[size_t(i)];
+  return idx[size_t(n) - 1];
+}
+
 void sample_rows(std::span<SampleJob> jobs) {
   backend::cpu::parallel_for(int64_t(jobs.size()), 1, [&](int64_t b, int64_t e) {
     for (int64_t r = b; r < e; ++r) {

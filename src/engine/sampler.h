@@ -75,6 +75,15 @@ class Sampler {
   bool have_max_ = false;              // max_ / argmax_ known for this row
 };
 
+// The specification of one draw, written the plain way (the sampler before the sorted prefix;
+// tests compare Sampler with it token for token, bench_sampler times it as the baseline):
+// the repetition penalty, every id sorted by (logit desc, id asc) (the top_k by a partial
+// sort), the softmax at the temperature in double, top-p (the smallest prefix reaching it,
+// renormalized), one u from rng unless one candidate is left, the first candidate whose running
+// probability exceeds u.
+int reference_sample(const SamplingParams& p, std::mt19937_64& rng, std::span<const float> logits,
+                     std::span<const int> history);
+
 // One draw per row, the rows spread over the CPU thread pool (backend::cpu::parallel_for):
 // each row's sampler draws from its own engine, so the tokens are those of a serial loop.
 // A row whose sampler throws (NaN logits) gets token -1 and its message in `error`; the

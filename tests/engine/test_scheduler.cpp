@@ -67,9 +67,25 @@ std::vector<std::vector<int>> alone(Rig& r, const std::vector<Request>& reqs, kv
 struct Collected {
   std::vector<int> tokens;
   std::string reason;
+  std::string error;
   int finished = 0;
   int completion_tokens = -1;
 };
+
+// A request's events into got[id]: its tokens, and at the finish the reason, the error, the
+// completion tokens and how many finish events came.
+EventFn collect_into(std::map<RequestId, Collected>& got) {
+  return [&got](const RequestEvent& e) {
+    auto& c = got[e.id];
+    c.tokens.insert(c.tokens.end(), e.tokens.begin(), e.tokens.end());
+    if (e.finished) {
+      ++c.finished;
+      c.reason = e.finish_reason;
+      c.error = e.error;
+      c.completion_tokens = e.completion_tokens;
+    }
+  };
+}
 
 TEST(Scheduler, GreedyTokensEqualEachRequestAloneWhileRequestsArriveAndLeave) {
   Rig r;
@@ -84,17 +100,7 @@ TEST(Scheduler, GreedyTokensEqualEachRequestAloneWhileRequestsArriveAndLeave) {
   Scheduler s(r.m, cache, nullptr, cfg);
   std::map<RequestId, Collected> got;
   std::vector<RequestId> ids;
-  auto add = [&](int i) {
-    ids.push_back(s.add(reqs[i], [&got](const RequestEvent& e) {
-      auto& c = got[e.id];
-      c.tokens.insert(c.tokens.end(), e.tokens.begin(), e.tokens.end());
-      if (e.finished) {
-        ++c.finished;
-        c.reason = e.finish_reason;
-        c.completion_tokens = e.completion_tokens;
-      }
-    }));
-  };
+  auto add = [&](int i) { ids.push_back(s.add(reqs[i], collect_into(got))); };
   for (int i = 0; i < 3; ++i) add(i);
   int steps = 0, next = 3;
   while (!s.idle() || next < int(reqs.size())) {
@@ -133,15 +139,7 @@ TEST(Scheduler, PreemptsWhenPagesRunOutAndEveryRequestStillFinishesWithTheSameTo
   Scheduler s(r.m, cache, nullptr, cfg);
   std::map<RequestId, Collected> got;
   std::vector<RequestId> ids;
-  for (const auto& q : reqs)
-    ids.push_back(s.add(q, [&got](const RequestEvent& e) {
-      auto& c = got[e.id];
-      c.tokens.insert(c.tokens.end(), e.tokens.begin(), e.tokens.end());
-      if (e.finished) {
-        ++c.finished;
-        c.reason = e.finish_reason;
-      }
-    }));
+  for (const auto& q : reqs) ids.push_back(s.add(q, collect_into(got)));
   for (int steps = 0; !s.idle(); ++steps) {
     s.step();
     ASSERT_LT(steps, 5000);
@@ -211,14 +209,7 @@ TEST(Scheduler, AbortFinishesOnceAndFreesPages) {
   kv::Bf16KvCache cache(r.m.cache_shape(16), 64);
   Scheduler s(r.m, cache, nullptr);
   std::map<RequestId, Collected> got;
-  auto on = [&got](const RequestEvent& e) {
-    auto& c = got[e.id];
-    c.tokens.insert(c.tokens.end(), e.tokens.begin(), e.tokens.end());
-    if (e.finished) {
-      ++c.finished;
-      c.reason = e.finish_reason;
-    }
-  };
+  const EventFn on = collect_into(got);
   Request q;
   q.prompt = {4, 5, 6, 7};
   q.max_new_tokens = 50;
@@ -253,11 +244,7 @@ TEST(Scheduler, StopTokensAndMaxTokensZero) {
   ASSERT_GE(ref.size(), 4u);
   Scheduler s(r.m, cache, nullptr);
   std::map<RequestId, Collected> got;
-  auto on = [&got](const RequestEvent& e) {
-    auto& c = got[e.id];
-    c.tokens.insert(c.tokens.end(), e.tokens.begin(), e.tokens.end());
-    if (e.finished) c.reason = e.finish_reason;
-  };
+  const EventFn on = collect_into(got);
   Request stop = q;
   stop.stop_tokens = {ref[2]};
   Request zero = q;
@@ -482,14 +469,7 @@ TEST(Scheduler, NaNLogitsFailOnlyTheirRequest) {
   kv::Bf16KvCache cache(m.cache_shape(16), 64);
   Scheduler s(m, cache, nullptr, SchedulerConfig{});
   std::map<RequestId, Collected> got;
-  auto on = [&got](const RequestEvent& e) {
-    auto& c = got[e.id];
-    c.tokens.insert(c.tokens.end(), e.tokens.begin(), e.tokens.end());
-    if (e.finished) {
-      ++c.finished;
-      c.reason = e.finish_reason + (e.error.empty() ? "" : ": " + e.error);
-    }
-  };
+  const EventFn on = collect_into(got);
   std::vector<RequestId> ids;
   for (int i = 0; i < 3; ++i) {
     Request q;
@@ -509,8 +489,8 @@ TEST(Scheduler, NaNLogitsFailOnlyTheirRequest) {
     EXPECT_EQ(c.finished, 1) << i;
     if (i == 1) {
       EXPECT_TRUE(c.tokens.empty());
-      EXPECT_EQ(c.reason.rfind("error: ", 0), 0u) << c.reason;
-      EXPECT_NE(c.reason.find("NaN"), std::string::npos) << c.reason;
+      EXPECT_EQ(c.reason, "error");
+      EXPECT_NE(c.error.find("NaN"), std::string::npos) << c.error;
     } else {
       EXPECT_EQ(c.reason, "length") << i;
       EXPECT_EQ(c.tokens.size(), 6u) << i;
