@@ -67,4 +67,17 @@ void Backend::argmax_rows(const float* x, int rows, int cols, int32_t* out) {
   }
 }
 
+void Backend::sample_rows(const float* x, int rows, int cols, const RowDraw* draws, int32_t* out) {
+  std::vector<int> am;  // the argmax rows, in order
+  for (int r = 0; r < rows; ++r) {
+    out[r] = draws[r].mode == RowDraw::kSkip ? kDrawSkipped : kDrawHost;
+    if (draws[r].mode == RowDraw::kArgmax) am.push_back(r);
+  }
+  if (am.empty()) return;
+  if (int(am.size()) == rows) return argmax_rows(x, rows, cols, out);
+  std::vector<int32_t> ids(am.size());
+  for (size_t i = 0; i < am.size(); ++i) argmax_rows(x + size_t(am[i]) * size_t(cols), 1, cols, &ids[i]);
+  for (size_t i = 0; i < am.size(); ++i) out[am[i]] = ids[i];
+}
+
 }  // namespace oscar::backend

@@ -19,6 +19,7 @@
 #include <string>
 
 #include "backend/page_store.h"
+#include "backend/sample.h"
 #include "core/tensor.h"
 #include "kernels/paged_kv.h"
 
@@ -115,6 +116,12 @@ class Backend {
   // host_out[r] = argmax of row r of x [rows][cols] (ties: the lowest index; NaN never
   // wins; a row of NaN gives 0): greedy decoding without reading the logits back.
   virtual void argmax_rows(const float* x, int rows, int cols, int32_t* host_out);
+  // host_out[r] = the token row r of x [rows][cols] yields under draws[r] (backend/sample.h),
+  // or kDrawHost / kDrawNaN / kDrawSkipped. The default (the CPU backend's) takes the argmax
+  // rows by argmax_rows and answers kDrawHost for every kSample row: the engine's host sampler
+  // draws those (it is the faster one on a CPU). A device backend draws them where the logits
+  // are; it may still answer kDrawHost for a row it cannot draw, never a different token.
+  virtual void sample_rows(const float* x, int rows, int cols, const RowDraw* draws, int32_t* host_out);
 
   // --- KV pages
   // The page memory of the caches this backend runs with; empty = host memory

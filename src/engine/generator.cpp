@@ -6,6 +6,7 @@
 #include <chrono>
 
 #include "core/error.h"
+#include "engine/step_draw.h"
 
 namespace oscar::engine {
 
@@ -116,28 +117,20 @@ std::vector<Result> Generator::run(std::span<const Request> reqs, const OnText& 
   try {
     // Prefill: every prompt, chunked, several sequences per call.
     const auto t0 = Clock::now();
-    std::vector<float> logits;
-    std::vector<int32_t> ids;  // the step's argmax ids when every stepping sequence is plain greedy
-    auto all_plain = [&](const std::vector<int>& who) {
-      for (int i : who)
-        if (!live[i].sampler.plain_greedy()) return false;
-      return true;
-    };
-    // The tokens of the step's rows `rows` (positions in `who`): the argmax ids, or draws of
-    // the rows' samplers in parallel (sample_rows); a row that cannot be sampled throws.
+    // The step's tokens (StepDrawer): one job per row `rows` (positions in `who`); a row
+    // that cannot be drawn throws.
+    StepDrawer drawer;
     std::vector<SampleJob> jobs;
-    auto draw = [&](const std::vector<int>& who, const std::vector<size_t>& rows, bool am) {
+    auto step = [&](const std::vector<model::SeqStep>& steps, const std::vector<int>& who,
+                    const std::vector<size_t>& rows) {
       jobs.assign(rows.size(), {});
       for (size_t k = 0; k < rows.size(); ++k) {
         Live& L = live[who[rows[k]]];
         jobs[k].sampler = &L.sampler;
         jobs[k].history = L.history;
-        if (am)
-          jobs[k].token = ids[rows[k]];
-        else
-          jobs[k].logits = {logits.data() + rows[k] * V, size_t(V)};
+        jobs[k].row = static_cast<int>(rows[k]);
       }
-      if (!am) sample_rows(jobs);
+      drawer.run(m_, steps, cache_, jobs);
       for (const SampleJob& j : jobs)
         if (j.token < 0) throw Error("generate: sampling failed: " + j.error);
     };
@@ -158,21 +151,20 @@ std::vector<Result> Generator::run(std::span<const Request> reqs, const OnText& 
         budget -= n;
       }
       if (steps.empty()) break;
-      const bool am = all_plain(who);
-      am ? m_.forward_argmax(steps, cache_, ids) : m_.forward(steps, cache_, logits);
-      std::vector<size_t> rows;
+      std::vector<size_t> rows;  // the sequences whose prompt this step ends
       for (size_t s = 0; s < who.size(); ++s) {
         const int i = who[s];
-        if (live[i].fed < int(reqs[i].prompt.size())) continue;
-        if (reqs[i].max_new_tokens == 0) {
+        if (live[i].fed == int(reqs[i].prompt.size()) && reqs[i].max_new_tokens != 0) rows.push_back(s);
+      }
+      step(steps, who, rows);
+      for (size_t s = 0; s < who.size(); ++s) {
+        const int i = who[s];
+        if (live[i].fed == int(reqs[i].prompt.size()) && reqs[i].max_new_tokens == 0) {
           out[i].finish_reason = "length";
           live[i].done = true;
           cache_.release(live[i].seq);
-          continue;
         }
-        rows.push_back(s);
       }
-      draw(who, rows, am);
       for (size_t k = 0; k < rows.size(); ++k) accept(who[rows[k]], jobs[k].token);
     }
     const auto t1 = Clock::now();
@@ -191,11 +183,9 @@ std::vector<Result> Generator::run(std::span<const Request> reqs, const OnText& 
         who.push_back(i);
       }
       if (steps.empty()) break;
-      const bool am = all_plain(who);
-      am ? m_.forward_argmax(steps, cache_, ids) : m_.forward(steps, cache_, logits);
       std::vector<size_t> rows(who.size());
       for (size_t s = 0; s < who.size(); ++s) rows[s] = s;
-      draw(who, rows, am);
+      step(steps, who, rows);
       for (size_t s = 0; s < who.size(); ++s) {
         ++stats_.decode_tokens;
         accept(who[s], jobs[s].token);

@@ -180,7 +180,31 @@ int Sampler::sorted_prefix(double need, bool strict, int limit) {
   }
 }
 
+double Sampler::next_u() {
+  return p_.temperature == 0.0f ? 0.0 : std::uniform_real_distribution<double>(0.0, 1.0)(rng_);
+}
+
 int Sampler::sample(std::span<const float> logits, std::span<const int> history) {
+  return sample_u(logits, history, next_u());
+}
+
+backend::RowDraw Sampler::device_draw(double u) const {
+  backend::RowDraw d;
+  if (p_.repetition_penalty != 1.0f) {
+    d.mode = backend::RowDraw::kHost;
+  } else if (p_.temperature == 0.0f) {
+    d.mode = backend::RowDraw::kArgmax;
+  } else {
+    d.mode = backend::RowDraw::kSample;
+    d.temperature = p_.temperature;
+    d.top_k = p_.top_k;
+    d.top_p = p_.top_p;
+    d.u = u;
+  }
+  return d;
+}
+
+int Sampler::sample_u(std::span<const float> logits, std::span<const int> history, double u) {
   const int V = static_cast<int>(logits.size());
   // The candidates: the top_k best, or every id; their total weight.
   const int keep = p_.top_k > 0 && p_.top_k < V ? p_.top_k : V;
@@ -201,7 +225,6 @@ int Sampler::sample(std::span<const float> logits, std::span<const int> history)
     mass = cum_[size_t(n) - 1];
   }
   if (n == 1) return sorted_ > 0 ? idx_[0] : argmax_;  // (unsorted: a one-token vocabulary)
-  const double u = std::uniform_real_distribution<double>(0.0, 1.0)(rng_);
   // The first candidate whose running weight exceeds u · mass.
   const int i = sorted_prefix(u * mass, true, n);
   return idx_[size_t(i) - 1];
@@ -240,36 +263,14 @@ int reference_sample(const SamplingParams& p, std::mt19937_64& rng, std::span<co
       w[size_t(t)] = w[size_t(t)] > 0 ? w[size_t(t)] / p.repetition_penalty : w[size_t(t)] * p.repetition_penalty;
     }
   }
-  std::vector<int> idx(static_cast<size_t>(V));
-  std::iota(idx.begin(), idx.end(), 0);
-  auto by_logit = [&](int a, int b) { return w[size_t(a)] > w[size_t(b)] || (w[size_t(a)] == w[size_t(b)] && a < b); };
-  if (p.temperature == 0.0f) return *std::min_element(idx.begin(), idx.end(), by_logit);
-  const int keep = p.top_k > 0 && p.top_k < V ? p.top_k : V;
-  if (keep < V)
-    std::partial_sort(idx.begin(), idx.begin() + keep, idx.end(), by_logit);
-  else
-    std::sort(idx.begin(), idx.end(), by_logit);
-  std::vector<double> pr(static_cast<size_t>(keep));
-  double sum = 0;
-  for (int i = 0; i < keep; ++i)
-    sum += (pr[size_t(i)] = std::exp((double(w[size_t(idx[size_t(i)])]) - w[size_t(idx[0])]) / double(p.temperature)));
-  for (double& x : pr) x /= sum;
-  int n = keep;
-  if (p.top_p < 1.0f) {
-    double cum = 0;
-    n = 0;
-    while (n < keep) {
-      cum += pr[size_t(n++)];
-      if (cum >= p.top_p) break;
-    }
-    for (int i = 0; i < n; ++i) pr[size_t(i)] /= cum;
+  if (p.temperature == 0.0f) {
+    int best = 0;
+    for (int i = 1; i < V; ++i)
+      if (w[size_t(i)] > w[size_t(best)]) best = i;
+    return best;
   }
-  if (n == 1) return idx[0];
   const double u = std::uniform_real_distribution<double>(0.0, 1.0)(rng);
-  double cum = 0;
-  for (int i = 0; i < n; ++i)
-    if (u < (cum += pr[size_t(i)])) return idx[size_t(i)];
-  return idx[size_t(n) - 1];
+  return backend::reference_draw(w.data(), V, p.temperature, p.top_k, p.top_p, u);
 }
 
 void sample_rows(std::span<SampleJob> jobs) {
@@ -277,7 +278,7 @@ void sample_rows(std::span<SampleJob> jobs) {
     for (int64_t r = b; r < e; ++r) {
       SampleJob& j = jobs[size_t(r)];
       try {
-        j.token = j.sampler->sample(j.logits, j.history);
+        j.token = j.u >= 0 ? j.sampler->sample_u(j.logits, j.history, j.u) : j.sampler->sample(j.logits, j.history);
       } catch (const std::exception& ex) {
         j.token = -1;
         j.error = ex.what();

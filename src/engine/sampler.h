@@ -6,9 +6,11 @@
 // the lowest id). All randomness comes from the sampler's own seeded engine, so
 // a (seed, logits sequence) pair always gives the same tokens. The draw is the
 // inverse CDF in descending-logit order: u in [0, 1) picks the first candidate
-// whose running probability exceeds u (one u per draw, none when one candidate
-// is left), computed over a sorted prefix of the vocabulary only as long as the
-// draw needs (a full sort of a 152K vocabulary took ~20 ms per token).
+// whose running probability exceeds u (one u per token at temperature > 0, none
+// when greedy), computed over a sorted prefix of the vocabulary only as long as the
+// draw needs (a full sort of a 152K vocabulary took ~20 ms per token). The u is
+// taken before the logits exist (next_u), so a backend can draw the token where the
+// logits are (backend/sample.h) with the same result.
 #pragma once
 
 #include <cmath>
@@ -18,6 +20,8 @@
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "backend/sample.h"
 
 namespace oscar::engine {
 
@@ -37,6 +41,13 @@ class Sampler {
   // logits [vocab]; history: tokens seen so far (prompt + generated) for the
   // repetition penalty.
   int sample(std::span<const float> logits, std::span<const int> history);
+  // The same in two halves: the next u from the engine (a greedy sampler draws none and
+  // returns 0; sample_u ignores it), then the draw with it.
+  double next_u();
+  int sample_u(std::span<const float> logits, std::span<const int> history, double u);
+  // The draw as a backend can run it (Backend::sample_rows): kArgmax for plain greedy,
+  // kSample with u without a repetition penalty, else kHost (the penalty needs the history).
+  backend::RowDraw device_draw(double u) const;
   // Greedy with no repetition penalty: the token is the argmax of the logits alone, so
   // the model can pick it where the logits are (Model::forward_argmax).
   bool plain_greedy() const { return p_.temperature == 0.0f && p_.repetition_penalty == 1.0f; }
@@ -77,10 +88,9 @@ class Sampler {
 
 // The specification of one draw, written the plain way (the sampler before the sorted prefix;
 // tests compare Sampler with it token for token, bench_sampler times it as the baseline):
-// the repetition penalty, every id sorted by (logit desc, id asc) (the top_k by a partial
-// sort), the softmax at the temperature in double, top-p (the smallest prefix reaching it,
-// renormalized), one u from rng unless one candidate is left, the first candidate whose running
-// probability exceeds u.
+// the repetition penalty; greedy: the argmax; else one u from rng and backend::reference_draw
+// (every id sorted by (logit desc, id asc), the top_k by a partial sort, the softmax at the
+// temperature in double, top-p, the first candidate whose running probability exceeds u).
 int reference_sample(const SamplingParams& p, std::mt19937_64& rng, std::span<const float> logits,
                      std::span<const int> history);
 
@@ -94,6 +104,8 @@ struct SampleJob {
   std::span<const int> history;
   int token = -1;
   std::string error;
+  int row = 0;      // StepDrawer: the step's output row
+  double u = -1.0;  // >= 0: the draw's u, taken before (Sampler::sample_u); else sample() takes one
 };
 void sample_rows(std::span<SampleJob> jobs);
 

@@ -312,15 +312,17 @@ bool Scheduler::step() {
     steps.push_back({p.seq->cache_seq,
                      std::span<const int32_t>(p.seq->history.data() + p.seq->fed, size_t(p.n)),
                      false});
-  // Plain greedy sequences only: the model returns the chosen ids, not the logits.
-  bool argmax = true;
-  for (const Planned& p : plan) argmax = argmax && p.seq->sampler.plain_greedy();
+  // The rows that yield a token: sequences whose every token is in the cache after this step
+  // (a last prefill chunk, or a decode token), unless no new token is wanted.
+  jobs_.clear();
+  for (size_t r = 0; r < plan.size(); ++r) {
+    Seq& s = *plan[r].seq;
+    if (s.pending() == plan[r].n && s.req.max_new_tokens != 0)
+      jobs_.push_back({&s.sampler, {}, s.history, -1, {}, static_cast<int>(r)});
+  }
   const auto t0 = Clock::now();
   try {
-    if (argmax)
-      m_.forward_argmax(steps, cache_, argmax_);
-    else
-      m_.forward(steps, cache_, logits_);
+    drawer_.run(m_, steps, cache_, jobs_);
   } catch (const std::exception& e) {
     // Not expected (pages were checked): fail the step's requests, keep serving.
     for (const Planned& p : plan) finish(*p.seq, "error", std::string("forward failed: ") + e.what());
@@ -331,11 +333,9 @@ bool Scheduler::step() {
   metrics_.busy_s += std::chrono::duration<double>(now - t0).count();
   ++metrics_.steps;
 
-  // 4. Sampling for sequences whose every token is now in the cache (the rows in parallel
-  // when the model returned logits), then each token accepted in plan order. A row whose
-  // logits cannot be sampled (NaN) fails its own request only.
-  const int V = m_.config().vocab_size;
-  std::vector<size_t> rows;
+  // 4. Each row's token accepted in plan order. A row whose logits could not be drawn from
+  // (NaN) fails its own request only.
+  size_t k = 0;
   for (size_t r = 0; r < plan.size(); ++r) {
     Seq& s = *plan[r].seq;
     const bool decode = plan[r].n == 1 && s.generated > 0 && s.pending() == 1;
@@ -347,24 +347,11 @@ bool Scheduler::step() {
       finish(s, "length");
       continue;
     }
-    rows.push_back(r);
-  }
-  jobs_.resize(rows.size());
-  for (size_t k = 0; k < rows.size(); ++k) {
-    Seq& s = *plan[rows[k]].seq;
-    jobs_[k] = {&s.sampler, {}, s.history, -1, {}};
-    if (argmax)
-      jobs_[k].token = argmax_[rows[k]];
+    const SampleJob& j = jobs_[k++];
+    if (j.token < 0)
+      finish(s, "error", "sampling failed: " + j.error);
     else
-      jobs_[k].logits = {logits_.data() + rows[k] * size_t(V), size_t(V)};
-  }
-  if (!argmax) sample_rows(jobs_);
-  for (size_t k = 0; k < rows.size(); ++k) {
-    Seq& s = *plan[rows[k]].seq;
-    if (jobs_[k].token < 0)
-      finish(s, "error", "sampling failed: " + jobs_[k].error);
-    else
-      accept(s, jobs_[k].token, now);
+      accept(s, j.token, now);
   }
   std::erase_if(running_, [](const auto& s) { return s->finished; });
   return true;

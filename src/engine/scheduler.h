@@ -33,6 +33,7 @@
 #include "core/error.h"
 #include "engine/generator.h"
 #include "engine/metrics.h"
+#include "engine/step_draw.h"
 #include "kv/kv_cache.h"
 #include "model/forward.h"
 
@@ -131,9 +132,8 @@ class Scheduler {
   RequestId next_id_ = 1;
   kv::PageCounts cache_total_;
   SchedulerMetrics metrics_;
-  std::vector<float> logits_;
-  std::vector<int32_t> argmax_;  // the step's chosen ids when every sequence is plain greedy
-  std::vector<SampleJob> jobs_;  // the step's draws (sample_rows)
+  StepDrawer drawer_;             // the step and its tokens
+  std::vector<SampleJob> jobs_;   // the step's draws, in plan order
 };
 
 // Length of the longest prefix of `s` that does not end inside a UTF-8 sequence.

@@ -110,7 +110,7 @@ void Model::ensure_workspace(int T, int R) {
 }
 
 void Model::forward(std::span<const SeqStep> steps, kv::KvCache& cache, std::vector<float>& logits) {
-  const int R = run(steps, cache);
+  const int R = out_rows_ = run(steps, cache);
   if (R == 0 || !logits_to_host_) {
     logits.clear();
     return;
@@ -120,12 +120,32 @@ void Model::forward(std::span<const SeqStep> steps, kv::KvCache& cache, std::vec
 }
 
 void Model::forward_argmax(std::span<const SeqStep> steps, kv::KvCache& cache, std::vector<int32_t>& tokens) {
-  const int R = run(steps, cache);
+  const int R = out_rows_ = run(steps, cache);
   tokens.resize(size_t(R));
   if (R > 0) be_.argmax_rows(logits_->data(), R, cfg_.vocab_size, tokens.data());
 }
 
+void Model::forward_sample(std::span<const SeqStep> steps, kv::KvCache& cache,
+                           std::span<const backend::RowDraw> draws, std::vector<int32_t>& tokens) {
+  int R = 0;
+  for (const SeqStep& s : steps) R += s.all_logits ? static_cast<int>(s.tokens.size()) : 1;
+  if (static_cast<int>(draws.size()) != R)
+    throw Error(fmt::format("forward_sample: {} draws for {} output rows", draws.size(), R));
+  R = run(steps, cache);
+  out_rows_ = R;
+  tokens.resize(size_t(R));
+  if (R > 0) be_.sample_rows(logits_->data(), R, cfg_.vocab_size, draws.data(), tokens.data());
+}
+
+void Model::output_logits(int r, std::span<float> out) const {
+  if (r < 0 || r >= out_rows_ || static_cast<int>(out.size()) != cfg_.vocab_size)
+    throw Error(fmt::format("output_logits: row {} of {} with {} columns (vocab {})", r, out_rows_, out.size(),
+                            cfg_.vocab_size));
+  be_.to_host(logits_->data() + size_t(r) * size_t(cfg_.vocab_size), out.data(), out.size());
+}
+
 int Model::run(std::span<const SeqStep> steps, kv::KvCache& cache) {
+  out_rows_ = 0;  // (a step that throws leaves no rows to read)
   const ModelConfig& c = cfg_;
   const int S = static_cast<int>(steps.size());
   const int Hq = c.n_heads, Hkv = c.n_kv_heads, d = c.head_dim;

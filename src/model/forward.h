@@ -65,6 +65,14 @@ class Model {
   // lowest id) instead of its logits: computed on the backend, so a GPU returns R
   // ids, not R x vocab floats.
   void forward_argmax(std::span<const SeqStep> steps, kv::KvCache& cache, std::vector<int32_t>& tokens);
+  // The same step, each output row's token drawn by the backend as draws[r] asks
+  // (backend/sample.h; one entry per output row, in step order): tokens[r] is the token or
+  // kDrawHost / kDrawNaN / kDrawSkipped. A kDrawHost row's logits stay readable through
+  // output_logits until the next step.
+  void forward_sample(std::span<const SeqStep> steps, kv::KvCache& cache, std::span<const backend::RowDraw> draws,
+                      std::vector<int32_t>& tokens);
+  // Output row r's logits [vocab] of the last step (forward, forward_argmax, forward_sample).
+  void output_logits(int r, std::span<float> out) const;
   // Benchmarks: compute the logits but leave them on the backend (forward then
   // returns `logits` empty). Default on.
   void set_logits_to_host(bool on) { logits_to_host_ = on; }
@@ -94,6 +102,7 @@ class Model {
 
   // Workspace, grown on demand.
   int ws_rows_ = 0;
+  int out_rows_ = 0;            // output rows of the last step (output_logits)
   backend::RowPlacement rows_;  // the step's row placement
   ActivationBuffers acts_;                // the step's activations (model/llama_layer.h)
   backend::BufferPtr sel_, logits_;       // rows whose logits are wanted; their logits

@@ -2,6 +2,7 @@
 // seeding; stop strings; the generation loop on a random model.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 
@@ -9,6 +10,7 @@
 #include "core/error.h"
 #include "engine/generator.h"
 #include "engine/sampler.h"
+#include "engine/step_draw.h"
 #include "kv/bf16_cache.h"
 #include "model/forward_random.h"
 
@@ -149,6 +151,55 @@ TEST(Sampler, DrawsEqualTheFullSortReference) {
   EXPECT_EQ(draws, configs * 12);
 }
 
+// The draw a backend runs (backend::reference_draw, the specification of Backend::sample_rows)
+// is the Sampler's: sample_u with a given u equals it token for token, sample() is next_u then
+// sample_u (one u per token at temperature > 0, none when greedy), and device_draw says which
+// rows a backend may draw.
+TEST(Sampler, SampleWithUEqualsTheBackendsReferenceDraw) {
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<double> uni(0.0, 1.0);
+  int checked = 0;
+  for (int V : {1, 7, 1000, 20000})
+    for (int shape = 0; shape < 3; ++shape) {
+      std::vector<float> l(static_cast<size_t>(V));
+      std::normal_distribution<float> nd(0.0f, shape == 1 ? 1.0f : 4.0f);
+      for (float& x : l) x = nd(rng);
+      if (shape == 1) l[size_t(V / 3)] = 12.0f;
+      if (shape == 2)
+        for (float& x : l) x = std::round(x);
+      for (float T : {0.4f, 1.0f, 1.7f})
+        for (int k : {0, 1, 5, 300})
+          for (float top_p : {1.0f, 0.5f, 0.9f}) {
+            Sampler s({T, k, top_p, 1.0f, 0});
+            for (int d = 0; d < 4; ++d, ++checked) {
+              const double u = uni(rng);
+              const backend::RowDraw rd = s.device_draw(u);
+              ASSERT_EQ(rd.mode, backend::RowDraw::kSample);
+              EXPECT_EQ(rd.u, u);
+              ASSERT_EQ(s.sample_u(l, {}, u), backend::reference_draw(l.data(), V, T, k, top_p, u))
+                  << "V " << V << " shape " << shape << " T " << T << " k " << k << " p " << top_p << " u " << u;
+            }
+          }
+    }
+  EXPECT_EQ(checked, 4 * 3 * 3 * 4 * 3 * 4);
+  EXPECT_EQ(backend::reference_draw(std::vector<float>{1.0f, NAN}.data(), 2, 1.0f, 0, 1.0f, 0.5), backend::kDrawNaN);
+  // sample() = next_u() + sample_u() on a twin with the same seed.
+  const SamplingParams p{0.8f, 0, 0.9f, 1.0f, 77};
+  Sampler a(p), b(p);
+  std::vector<float> l(500);
+  std::normal_distribution<float> nd(0.0f, 2.0f);
+  for (int t = 0; t < 20; ++t) {
+    for (float& x : l) x = nd(rng);
+    EXPECT_EQ(a.sample(l, {}), b.sample_u(l, {}, b.next_u())) << "token " << t;
+  }
+  // Greedy takes no u; a repetition penalty keeps the draw on the host.
+  Sampler g({}), rep({0.8f, 0, 1.0f, 1.2f, 1});
+  EXPECT_EQ(g.next_u(), 0.0);
+  EXPECT_EQ(g.device_draw(0.0).mode, backend::RowDraw::kArgmax);
+  EXPECT_EQ(rep.device_draw(0.5).mode, backend::RowDraw::kHost);
+  EXPECT_EQ(Sampler({0.0f, 0, 1.0f, 1.2f, 1}).device_draw(0.0).mode, backend::RowDraw::kHost);
+}
+
 // sample_rows draws every row with its own sampler, in parallel: the tokens equal serial draws
 // of identical samplers, and a row with NaN logits gets -1 and a message while the others draw.
 TEST(Sampler, SampleRowsEqualsSerialAndIsolatesABadRow) {
@@ -186,7 +237,7 @@ TEST(Sampler, SampleRowsEqualsSerialAndIsolatesABadRow) {
   }
 }
 
-// A one-token vocabulary: every setting returns id 0 and draws nothing.
+// A one-token vocabulary: every setting returns id 0.
 TEST(Sampler, OneTokenVocabulary) {
   const std::vector<float> one = {2.5f};
   for (float T : {0.0f, 1.0f})
@@ -300,6 +351,57 @@ TEST(Generator, BadRequestsThrowAndLeakNothing) {
   q.stop_strings = {"x"};
   EXPECT_THROW(g.run({&q, 1}), Error);  // no tokenizer
   EXPECT_EQ(r.cache.pool().num_used(), 0);
+}
+
+// The engine's step (StepDrawer) on the CPU backend: the argmax rows come from the backend,
+// the sampled and penalized ones from the host; every token equals a plain forward + Sampler
+// run of a twin model with the same seeds, over prefill chunks and decode steps of three
+// sequences, one of which is a prefill chunk that yields no token.
+TEST(StepDrawer, TokensEqualPlainForwardAndSamplerOfATwin) {
+  Rig a, b;
+  const int V = a.w.cfg.vocab_size;
+  const std::vector<SamplingParams> ps = {{}, {0.8f, 0, 0.9f, 1.0f, 5}, {1.2f, 20, 1.0f, 1.3f, 6}};
+  std::vector<Sampler> sa, sb;
+  for (const auto& p : ps) sa.emplace_back(p), sb.emplace_back(p);
+  std::vector<std::vector<int>> hist(3);
+  std::vector<kv::SeqId> seq_a, seq_b;
+  for (int i = 0; i < 3; ++i) seq_a.push_back(a.cache.create()), seq_b.push_back(b.cache.create());
+  hist[0] = {5, 6, 7};
+  hist[1] = {9, 8, 7, 6, 5, 4, 3, 2, 1, 10};
+  hist[2] = {42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53};
+  std::vector<int> fed(3, 0);
+  StepDrawer drawer;
+  std::vector<float> logits;
+  for (int step = 0; step < 14; ++step) {
+    std::vector<model::SeqStep> steps;
+    std::vector<std::vector<int32_t>> toks(3);
+    std::vector<SampleJob> jobs;
+    for (int i = 0; i < 3; ++i) {
+      const int n = std::min<int>(6, int(hist[i].size()) - fed[i]);  // prompts in chunks of 6
+      toks[i].assign(hist[i].begin() + fed[i], hist[i].begin() + fed[i] + n);
+      steps.push_back({seq_a[i], toks[i], false});
+      if (fed[i] + n == int(hist[i].size())) jobs.push_back({&sa[i], {}, hist[i], -1, {}, i});
+    }
+    drawer.run(a.m, steps, a.cache, jobs);
+    for (auto& s : steps) s.seq = seq_b[size_t(&s - steps.data())];
+    b.m.forward(steps, b.cache, logits);
+    ASSERT_EQ(logits.size(), size_t(3) * V);
+    size_t k = 0;
+    for (int i = 0; i < 3; ++i) {
+      fed[i] += int(toks[i].size());
+      if (fed[i] < int(hist[i].size())) continue;
+      const SampleJob& j = jobs[k++];
+      ASSERT_TRUE(j.error.empty()) << j.error;
+      const int want = sb[i].sample({logits.data() + size_t(i) * V, size_t(V)}, hist[i]);
+      ASSERT_EQ(j.token, want) << "sequence " << i << " step " << step;
+      hist[i].push_back(j.token);
+    }
+    ASSERT_EQ(k, jobs.size());
+    EXPECT_EQ(drawer.host_rows(), int(std::count_if(jobs.begin(), jobs.end(), [](const SampleJob& j) {
+                return j.sampler->device_draw(0.5).mode != backend::RowDraw::kArgmax;
+              }))) << "the CPU backend draws only the argmax rows";
+  }
+  for (int i = 0; i < 3; ++i) EXPECT_GT(hist[i].size(), size_t(12)) << "sequence " << i << " generated";
 }
 
 }  // namespace

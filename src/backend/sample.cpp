@@ -1,0 +1,38 @@
+#include "backend/sample.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+namespace oscar::backend {
+
+int32_t reference_draw(const float* w, int V, float temperature, int top_k, float top_p, double u) {
+  for (int i = 0; i < V; ++i)
+    if (std::isnan(w[i])) return kDrawNaN;
+  std::vector<int> idx(static_cast<size_t>(V));
+  std::iota(idx.begin(), idx.end(), 0);
+  auto by_logit = [w](int a, int b) { return w[a] > w[b] || (w[a] == w[b] && a < b); };
+  const int keep = top_k > 0 && top_k < V ? top_k : V;
+  if (keep < V)
+    std::partial_sort(idx.begin(), idx.begin() + keep, idx.end(), by_logit);
+  else
+    std::sort(idx.begin(), idx.end(), by_logit);
+  // Running weights in that order.
+  const double inv_t = 1.0 / double(temperature);
+  std::vector<double> run(static_cast<size_t>(keep));
+  double c = 0;
+  for (int i = 0; i < keep; ++i) run[size_t(i)] = (c += std::exp((double(w[idx[size_t(i)]]) - w[idx[0]]) * inv_t));
+  int n = keep;
+  if (top_p < 1.0f) {
+    n = 0;
+    while (n < keep && !(run[size_t(n)] >= double(top_p) * run[size_t(keep) - 1])) ++n;
+    n = std::min(keep, n + 1);
+  }
+  const double need = u * run[size_t(n) - 1];
+  for (int i = 0; i < n; ++i)
+    if (run[size_t(i)] > need) return idx[size_t(i)];
+  return idx[size_t(n) - 1];
+}
+
+}  // namespace oscar::backend

@@ -1,0 +1,47 @@
+// One draw of a next token from a row of logits, given its uniform number u: the part of
+// sampling a backend can run where the logits are (Backend::sample_rows), and its
+// specification on the host (reference_draw).
+//
+// A draw at temperature T > 0 with top_k k (0: off) and top_p p (1: off), as
+// engine::Sampler and engine::reference_sample define it:
+//   every id ordered by (logit descending, id ascending); the first k kept (all when k is 0
+//   or >= the vocabulary); weights w_i = exp((x_i - x_max) · (1 / T)) in double; top-p keeps
+//   the smallest prefix whose running weight reaches p · (sum of the kept weights); the token
+//   is the first of that prefix whose running weight exceeds u · (the prefix's weight), the
+//   last one when none does (u rounds to 1).
+// Implementations sum the same weights in other orders, so they may differ where u · weight
+// falls within rounding (~1e-16 relative) of a running weight; nowhere else.
+// The repetition penalty is not part of it: it changes the logits before the draw, and rows
+// that have one are drawn on the host by the engine.
+#pragma once
+
+#include <cstdint>
+
+namespace oscar::backend {
+
+struct RowDraw {
+  enum Mode : int32_t {
+    kSkip = 0,    // no token wanted from this row (a prefill chunk that is not the last)
+    kArgmax = 1,  // greedy: the argmax (ties: the lowest id; NaN never wins)
+    kSample = 2,  // the draw above, with temperature / top_k / top_p / u
+    kHost = 3,    // the caller draws it on the host from the row's logits
+  };
+  int32_t mode = kSkip;
+  float temperature = 1.0f;
+  int32_t top_k = 0;
+  float top_p = 1.0f;
+  double u = 0.0;  // in [0, 1)
+};
+static_assert(sizeof(RowDraw) == 24, "RowDraw is copied to devices as it is");
+
+// What sample_rows returns for a row that has no token.
+inline constexpr int32_t kDrawHost = -1;     // kHost, or more candidates than the device keeps
+inline constexpr int32_t kDrawNaN = -2;      // a NaN in a kSample row (argmax skips NaN)
+inline constexpr int32_t kDrawSkipped = -3;  // kSkip
+
+// The specification of a kSample row (logits after any penalty, V >= 1, the fields valid:
+// T > 0, k >= 0, p in (0, 1], u in [0, 1)): every id sorted, the plain way. kDrawNaN when a
+// logit is NaN.
+int32_t reference_draw(const float* logits, int V, float temperature, int top_k, float top_p, double u);
+
+}  // namespace oscar::backend

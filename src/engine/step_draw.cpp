@@ -1,0 +1,53 @@
+#include "engine/step_draw.h"
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+
+namespace oscar::engine {
+
+void StepDrawer::run(model::Model& m, std::span<const model::SeqStep> steps, kv::KvCache& cache,
+                     std::span<SampleJob> jobs) {
+  for (const model::SeqStep& s : steps)
+    if (s.all_logits) throw Error("StepDrawer: steps with every position's logits are not drawn from");
+  draws_.assign(steps.size(), backend::RowDraw{});
+  for (SampleJob& j : jobs) {
+    if (j.row < 0 || j.row >= static_cast<int>(steps.size()) || draws_[size_t(j.row)].mode != backend::RowDraw::kSkip)
+      throw Error(fmt::format("StepDrawer: job row {} of {} (or twice)", j.row, steps.size()));
+    j.u = j.sampler->next_u();
+    draws_[size_t(j.row)] = j.sampler->device_draw(j.u);
+    j.token = -1;
+    j.error.clear();
+  }
+  m.forward_sample(steps, cache, draws_, tokens_);
+
+  const int V = m.config().vocab_size;
+  host_.clear();
+  host_of_.clear();
+  for (size_t k = 0; k < jobs.size(); ++k) {
+    const int32_t t = tokens_[size_t(jobs[k].row)];
+    if (t >= 0) {
+      jobs[k].token = t;
+    } else if (t == backend::kDrawNaN) {
+      jobs[k].error = "sampler: NaN in logits";
+    } else {
+      host_.push_back(jobs[k]);
+      host_of_.push_back(k);
+    }
+  }
+  host_rows_ = static_cast<int>(host_.size());
+  if (host_.empty()) return;
+  logits_.resize(host_.size() * size_t(V));
+  for (size_t i = 0; i < host_.size(); ++i) {
+    std::span<float> row(logits_.data() + i * size_t(V), size_t(V));
+    m.output_logits(host_[i].row, row);
+    host_[i].logits = row;
+  }
+  sample_rows(host_);
+  for (size_t i = 0; i < host_.size(); ++i) {
+    jobs[host_of_[i]].token = host_[i].token;
+    jobs[host_of_[i]].error = host_[i].error;
+  }
+}
+
+}  // namespace oscar::engine
