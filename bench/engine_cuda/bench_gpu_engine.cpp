@@ -47,6 +47,8 @@
 #include "model/fold_rotation.h"
 #include "model/forward.h"
 #include "model/loader.h"
+#include "engine/sampler.h"
+#include "engine/step_draw.h"
 
 using namespace oscar;
 
@@ -67,6 +69,11 @@ struct Args {
   std::string graphs = "both";
   std::vector<int> prefill = {8192, 32768};  // prompt lengths timed (0: none)
   int prefill_chunk = 8192;
+  // Sampled decode steps (the engine's StepDrawer: draws on the device) against greedy ones and
+  // against drawing on the host, at these batches (none: skipped), BF16 cache of sample_ctx tokens.
+  std::vector<int> sample_batch;
+  int sample_ctx = 1024;
+  float sample_temp = 0.25f, sample_top_p = 0.95f;
 };
 
 // The non-empty items of a comma-separated list.
@@ -256,11 +263,15 @@ int main(int argc, char** argv) {
     else if (s == "--graphs") a.graphs = next();
     else if (s == "--prefill") a.prefill = ints(next());
     else if (s == "--prefill-chunk") a.prefill_chunk = std::stoi(next());
+    else if (s == "--sample-batch") a.sample_batch = ints(next());
+    else if (s == "--sample-ctx") a.sample_ctx = std::stoi(next());
+    else if (s == "--sample-temp") a.sample_temp = std::stof(next());
+    else if (s == "--sample-top-p") a.sample_top_p = std::stof(next());
     else {
       std::fprintf(stderr, "usage: bench_gpu_engine [--preset qwen3-8b|llama3-8b|qwen25-1.5b | --model PATH] [--kv-gib G] "
                            "[--ctx a,b] [--batch a,b] [--batch-ctx c] [--long-ctx n] [--steps n] "
                            "[--methods bf16,int2,int2-nocenter] [--calib FILE] [--graphs both|on|off] [--prefill 8192,32768] [--prefill-chunk n] "
-                           "[--json FILE]\n");
+                           "[--sample-batch 1,8,32] [--sample-ctx n] [--sample-temp t] [--sample-top-p p] [--json FILE]\n");
       return 2;
     }
   }
@@ -611,6 +622,70 @@ int main(int argc, char** argv) {
         rows_b.push_back(r);
       }
     }
+    // ---- sampled decode steps: the engine's step (StepDrawer: draws on the device, kDrawHost rows
+    // on the host) against greedy steps (forward_argmax) and against every row drawn on the host
+    // (logits copied, the host sampler over its threads), same batch and cache.
+    struct Samp {
+      int batch = 0;
+      double greedy_ms = 0, device_ms = 0, host_ms = 0;
+      int64_t rows = 0, host_rows = 0;
+    };
+    std::vector<Samp> samp;
+    for (int B : a.sample_batch) {
+      if (B <= 0) continue;
+      Samp sr;
+      sr.batch = B;
+      const int C = a.sample_ctx, steps = a.steps;
+      auto cache = kv::make_method_cache(kv::KvMethod{}, shape, int64_t(B) * (C + 3 * steps + 200), false,
+                                         be->page_store_factory());
+      std::vector<kv::SeqId> seqs;
+      for (int i = 0; i < B; ++i) {
+        seqs.push_back(cache->create());
+        fill_context(*cache, *be, seqs.back(), C, *kbuf, *vbuf, chunk);
+      }
+      std::vector<int32_t> tok(size_t(B), 11);
+      std::vector<model::SeqStep> st;
+      for (int i = 0; i < B; ++i) st.push_back({seqs[size_t(i)], {&tok[size_t(i)], 1}, false});
+      std::vector<engine::Sampler> samplers;
+      for (int i = 0; i < B; ++i)
+        samplers.emplace_back(engine::SamplingParams{a.sample_temp, 0, a.sample_top_p, 1.0f, uint64_t(i)});
+      const std::vector<int> no_history;
+      std::vector<engine::SampleJob> jobs(static_cast<size_t>(B));
+      engine::StepDrawer drawer;
+      auto time_ms = [&](auto&& one_step) {
+        one_step();
+        one_step();
+        cudaDeviceSynchronize();
+        const auto s0 = std::chrono::steady_clock::now();
+        for (int i = 0; i < steps; ++i) one_step();
+        cudaDeviceSynchronize();
+        return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s0).count() / steps;
+      };
+      std::vector<int32_t> ids;
+      sr.greedy_ms = time_ms([&] { m.forward_argmax(st, *cache, ids); });
+      sr.device_ms = time_ms([&] {
+        for (int i = 0; i < B; ++i) jobs[size_t(i)] = {&samplers[size_t(i)], {}, no_history, -1, {}, i};
+        drawer.run(m, st, *cache, jobs);
+        sr.rows += B;
+        sr.host_rows += drawer.host_rows();
+      });
+      m.set_logits_to_host(true);
+      std::vector<float> lg;
+      sr.host_ms = time_ms([&] {
+        m.forward(st, *cache, lg);
+        for (int i = 0; i < B; ++i)
+          jobs[size_t(i)] = {&samplers[size_t(i)], {lg.data() + size_t(i) * cfg.vocab_size, size_t(cfg.vocab_size)},
+                             no_history, -1, {}, i};
+        engine::sample_rows(jobs);
+      });
+      m.set_logits_to_host(false);
+      std::printf("sampled step, batch %3d x ctx %d (T %.2f, top_p %.2f) | greedy %7.2f ms | drawn on the device "
+                  "%7.2f ms (+%.2f; %lld of %lld rows left to the host) | drawn on the host %7.2f ms (+%.2f)\n",
+                  B, C, a.sample_temp, a.sample_top_p, sr.greedy_ms, sr.device_ms, sr.device_ms - sr.greedy_ms,
+                  (long long)sr.host_rows, (long long)sr.rows, sr.host_ms, sr.host_ms - sr.greedy_ms);
+      std::fflush(stdout);
+      samp.push_back(sr);
+    }
     // ---- prefill: one prompt in chunks, against the bf16 GEMM peak of this run.
     struct Pre {
       std::string method;
@@ -682,6 +757,12 @@ int main(int argc, char** argv) {
       for (size_t i = 0; i < pre.size(); ++i)
         f << (i ? ", " : "") << "{\"method\": \"" << pre[i].method << "\", \"tokens\": " << pre[i].tokens
           << ", \"ms\": " << pre[i].ms << ", \"tflops\": " << pre[i].flops / (pre[i].ms * 1e-3) / 1e12 << "}";
+      f << "], \"sample_temp\": " << a.sample_temp << ", \"sample_top_p\": " << a.sample_top_p
+        << ", \"sample_ctx\": " << a.sample_ctx << ", \"sampled_steps\": [";
+      for (size_t i = 0; i < samp.size(); ++i)
+        f << (i ? ", " : "") << "{\"batch\": " << samp[i].batch << ", \"greedy_ms\": " << samp[i].greedy_ms
+          << ", \"device_draw_ms\": " << samp[i].device_ms << ", \"host_draw_ms\": " << samp[i].host_ms
+          << ", \"rows\": " << samp[i].rows << ", \"rows_left_to_host\": " << samp[i].host_rows << "}";
       f << "]}\n";
     }
   } catch (const std::exception& e) {

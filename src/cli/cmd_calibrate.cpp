@@ -129,9 +129,10 @@ const oscar::cli::Registrar reg({"calibrate", "Calibrate OSCAR rotations and cli
   app.add_option("--scale-dtype", o->scale_dtype, "f16 | f32 (scale/min storage)")->capture_default_str();
   o->o_key_transform = app.add_option(
       "--key-transform", o->key_transform,
-      "off | center | center+scale | auto (center+scale the KV heads whose key mean holds >= "
-      "--key-offset-share of their key energy) (preset: recommended auto, paper off)");
-  app.add_option("--key-offset-share", o->key_offset_share, "Threshold of --key-transform auto")
+      "off | center | center+scale (every KV head) | auto (center+scale every head when some KV head's "
+      "key mean holds >= --key-offset-share of its key energy, as a k_proj bias does; else off) | "
+      "offset-heads (center+scale only those heads) (preset: recommended auto, paper off)");
+  app.add_option("--key-offset-share", o->key_offset_share, "Threshold of --key-transform auto / offset-heads")
       ->capture_default_str();
   app.add_option("--page-center", o->page_center,
                  "on | off | offset: with -m, the heads the key transform centres get per-page centres "

@@ -113,6 +113,8 @@ const char* key_transform_name(KeyTransformMode m) {
       return "center+scale";
     case KeyTransformMode::kAuto:
       return "auto";
+    case KeyTransformMode::kOffsetHeads:
+      return "offset-heads";
   }
   return "?";
 }
@@ -122,7 +124,8 @@ KeyTransformMode parse_key_transform(const std::string& s) {
   if (k == "center") return KeyTransformMode::kCenter;
   if (k == "centerscale") return KeyTransformMode::kCenterScale;
   if (k == "auto") return KeyTransformMode::kAuto;
-  throw Error(fmt::format("unknown key transform '{}' (off, center, center+scale, auto)", s));
+  if (k == "offsetheads") return KeyTransformMode::kOffsetHeads;
+  throw Error(fmt::format("unknown key transform '{}' (off, center, center+scale, auto, offset-heads)", s));
 }
 
 void write_calibration(const Calibration& c, const std::string& path) {

@@ -16,7 +16,7 @@
 //   group_size, scale_dtype, sink, recent, clip_search,
 //   model.architecture, model.n_layers, model.n_q_heads, model.n_kv_heads,
 //   model.head_dim, model.weights_hash, calib.tokens, calib.text_hash, calib.source,
-//   key_transform (version 2: "off", "center", "center+scale" or "auto").
+//   key_transform (version 2: "off", "center", "center+scale", "auto" or "offset-heads").
 //
 // The key transform (docs/core.md "Key transform") is exact: with μ_h = k_mean[h] and s_h = k_scale[h]
 // (absent: μ = 0, s = 1), the stored key of KV head h is k̃ = (k − μ_h)·diag(1/s_h)·R_h and
@@ -45,10 +45,12 @@ namespace oscar {
 enum class KeyTarget { kQuery, kRaw };
 enum class ValueTarget { kAttnOutput, kKeyWeighted, kRaw };
 enum class Granularity { kLayer, kHead };
-// Key transform at calibration (docs/core.md "Key transform"): none, centering, centering + channel
-// smoothing, or auto = per rotation (layer or KV head) whichever of the three gives the
-// smallest attention-aware key error on the calibration sample.
-enum class KeyTransformMode { kOff, kCenter, kCenterScale, kAuto };
+// Key transform at calibration (docs/core.md "Key transform"): none, centering, or centering +
+// channel smoothing on every KV head; auto = centering + smoothing on every head of a model in
+// which some KV head's mean holds at least CalibConfig::key_offset_share of its key energy (a
+// k_proj bias, as in Qwen2 / Qwen2.5), none otherwise; offset-heads = centering + smoothing on
+// exactly those heads.
+enum class KeyTransformMode { kOff, kCenter, kCenterScale, kAuto, kOffsetHeads };
 
 const char* key_target_name(KeyTarget);      // "query", "raw"
 const char* value_target_name(ValueTarget);  // "attn-output", "key-weighted", "raw"
@@ -56,7 +58,7 @@ const char* granularity_name(Granularity);   // "layer", "head"
 KeyTarget parse_key_target(const std::string&);
 ValueTarget parse_value_target(const std::string&);
 Granularity parse_granularity(const std::string&);
-const char* key_transform_name(KeyTransformMode);  // "off", "center", "center+scale", "auto"
+const char* key_transform_name(KeyTransformMode);  // "off", "center", "center+scale", "auto", "offset-heads"
 KeyTransformMode parse_key_transform(const std::string&);
 
 // What a calibration belongs to. Empty strings / zeros mean "unknown".

@@ -127,6 +127,33 @@ struct Calibrator::Impl {
     }
   }
 
+  // Σμ² / Σ E[k²] of KV head h in layer a (0 without key sums or tokens).
+  double offset_share(const LayerAcc& a, int h) const {
+    if (a.sum_k.empty() || a.tokens <= 0) return 0.0;
+    const double n_tok = static_cast<double>(a.tokens);
+    double m2 = 0, e2 = 0;
+    for (int c = 0; c < d; ++c) {
+      const size_t i = static_cast<size_t>(h) * d + c;
+      const double mu = a.sum_k[i] / n_tok;
+      m2 += mu * mu;
+      e2 += std::max(0.0, a.sum_k2[i] / n_tok - mu * mu) + mu * mu;
+    }
+    return e2 > 0 ? m2 / e2 : 0.0;
+  }
+  // kAuto: whether some KV head of some layer carries at least key_offset_share of its key
+  // energy in its mean (then every head is transformed). Decided once, at the first
+  // finish_layer, from every layer's sums (finish() comes after all of them are fed).
+  int model_offset = -1;
+  bool model_has_offset() {
+    if (model_offset < 0) {
+      model_offset = 0;
+      for (const LayerAcc& a : layers)
+        for (int h = 0; h < H; ++h)
+          if (offset_share(a, h) >= cfg.key_offset_share) model_offset = 1;
+    }
+    return model_offset == 1;
+  }
+
   bool center_on() const {
     return cfg.page_center && !cfg.rope_freq.empty() && cfg.key_transform != KeyTransformMode::kOff;
   }
@@ -428,18 +455,13 @@ struct Calibrator::Impl {
     // cfg.key_offset_share of the key energy, Σμ² / Σ E[k²] (an offset dominates the rows).
     std::vector<char> centered(static_cast<size_t>(H), 0), scaled(static_cast<size_t>(H), 0);
     out.key_offset_share.assign(static_cast<size_t>(H), 0.0f);
+    const bool auto_on = cfg.key_transform == KeyTransformMode::kAuto && model_has_offset();
     for (int h = 0; h < H && !a.sum_k.empty(); ++h) {
-      double m2 = 0, e2 = 0;
-      for (int c = 0; c < d; ++c) {
-        const size_t i = static_cast<size_t>(h) * d + c;
-        m2 += mu[i] * mu[i];
-        e2 += var[i] + mu[i] * mu[i];
-      }
-      const double rho = e2 > 0 ? m2 / e2 : 0.0;
+      const double rho = offset_share(a, h);
       out.key_offset_share[static_cast<size_t>(h)] = static_cast<float>(rho);
       const KeyTransformMode m = cfg.key_transform;
-      const bool on = m == KeyTransformMode::kCenter || m == KeyTransformMode::kCenterScale ||
-                      (m == KeyTransformMode::kAuto && rho >= cfg.key_offset_share);
+      const bool on = m == KeyTransformMode::kCenter || m == KeyTransformMode::kCenterScale || auto_on ||
+                      (m == KeyTransformMode::kOffsetHeads && rho >= cfg.key_offset_share);
       centered[static_cast<size_t>(h)] = on;
       scaled[static_cast<size_t>(h)] = on && m != KeyTransformMode::kCenter;
     }

@@ -24,8 +24,9 @@
 // post-RoPE key mean μ and the key variance / query second moment per channel are
 // accumulated too; a transformed head's keys are (k − μ)·diag(1/s), whose query target is
 // diag(s)·C_Q·diag(s) (raw: diag(1/s)·(E[k kᵀ] − μ μᵀ)·diag(1/s)), and the rotation
-// diagonalizes that. kAuto transforms (center + scale) the heads whose mean carries at least
-// cfg.key_offset_share of their key energy Σμ² / Σ E[k²], and leaves the others alone.
+// diagonalizes that. kAuto transforms (center + scale) every head of every layer when some head
+// of some layer has a mean carrying at least cfg.key_offset_share of its key energy Σμ² / Σ E[k²]
+// (a model with key offsets), and none otherwise; kOffsetHeads transforms exactly those heads.
 //
 // Clip ratios are cfg.k_clip / cfg.v_clip unless cfg.clip_search: then, per
 // rotation, the ratio in cfg.clip_grid minimizing the attention-aware error
@@ -59,8 +60,8 @@ struct CalibConfig {
   float k_clip = 0.96f, v_clip = 0.92f;
   bool clip_search = false;
   KeyTransformMode key_transform = KeyTransformMode::kAuto;
-  // kAuto's threshold on Σμ² / Σ E[k²] (docs/accuracy.md: Qwen2.5's bias heads 0.94-1.00,
-  // every other head of Qwen2.5-Coder-1.5B and SmolLM2-135M 0.24-0.72).
+  // kAuto's / kOffsetHeads' threshold on Σμ² / Σ E[k²] (docs/accuracy.md: Qwen2.5's bias heads
+  // 0.94-1.00, every other head of Qwen2.5-Coder-1.5B and SmolLM2-135M 0.24-0.72).
   float key_offset_share = 0.85f;
   std::vector<float> clip_grid = {0.80f, 0.84f, 0.88f, 0.90f, 0.92f, 0.94f, 0.96f, 0.98f, 1.0f};
   // Page centering (core/calibration.h, docs/core.md "Page centering"): every head the key
@@ -81,8 +82,9 @@ struct CalibConfig {
 
 // The named settings of `oscar calibrate --preset` (docs/accuracy.md, "Defaults"):
 //   "recommended" (the default): U·H·P per KV head, raw targets E[k kᵀ] / E[v vᵀ], clips
-//       0.88 / 0.84, key transform auto: the best setting measured on both models
-//       (SmolLM2-135M and Qwen2.5-Coder-1.5B, at 2K-8K).
+//       0.88 / 0.84, key transform auto (every head on a model with key offsets, none on the
+//       others): the best setting measured on both models (SmolLM2-135M and Qwen2.5-Coder-1.5B;
+//       on the latter the best from 8K to 32K, docs/accuracy.md).
 //   "paper": the paper's and its reference implementation's setting: U·H·P per layer, C_Q /
 //       key-weighted targets, clips 0.96 / 0.92, no key transform.
 // Throws on any other name.

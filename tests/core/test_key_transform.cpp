@@ -137,8 +137,8 @@ TEST(KeyTransform, SmoothingScalesTiedOverRopePairs) {
   for (float x : s2) EXPECT_TRUE(x <= 64.0f * 1.0001f && x >= 1.0f / 64 / 1.0001f) << x;
 }
 
-// A planted key offset (Qwen2's k_proj bias) in one KV head: auto centers it,
-// recovers the mean, and its sample error is below the untransformed one.
+// A planted key offset (Qwen2's k_proj bias) in one KV head: offset-heads centers it (and
+// only it), recovers the mean, and its sample error is below the untransformed one.
 TEST(KeyTransform, CalibratorFindsAPlantedOffset) {
   SyntheticSpec s;
   s.n_layers = 1;
@@ -165,15 +165,15 @@ TEST(KeyTransform, CalibratorFindsAPlantedOffset) {
   };
   // Named, not structured bindings: lambdas below capture them (clang 14, used by
   // scripts/sanitize.sh, cannot capture a structured binding).
-  const auto r_off = run(KeyTransformMode::kOff), r_aut = run(KeyTransformMode::kAuto);
+  const auto r_off = run(KeyTransformMode::kOff), r_aut = run(KeyTransformMode::kOffsetHeads);
   const Calibration& off = r_off.first;
   const Calibration& aut = r_aut.first;
   const auto& t_off = r_off.second;
   EXPECT_FALSE(off.layers[0].has_key_transform());
   ASSERT_FALSE(aut.layers[0].k_mean.empty());
   ASSERT_FALSE(aut.layers[0].k_scale.empty());
-  EXPECT_EQ(aut.key_transform, "auto");
-  // auto's rule: a head is transformed iff its mean holds >= 0.85 of its key energy.
+  EXPECT_EQ(aut.key_transform, "offset-heads");
+  // offset-heads' rule: a head is transformed iff its mean holds >= 0.85 of its key energy.
   ASSERT_EQ(aut.layers[0].key_offset_share.size(), 2u);
   for (int h = 0; h < H; ++h) {
     double m2 = 0, e2 = 0;
@@ -222,6 +222,66 @@ TEST(KeyTransform, CalibratorFindsAPlantedOffset) {
   const double e_off = err(off), e_auto = err(aut);
   std::printf("planted offset: key logit error off %.4g, auto %.4g\n", e_off, e_auto);
   EXPECT_LT(e_auto, 0.5 * e_off);
+}
+
+// auto decides per model: a planted offset in one head of the last layer transforms every head
+// of every layer (the first layer is finished before the offset's layer); without it, auto is
+// bit-identical to off.
+TEST(KeyTransform, AutoTransformsEveryHeadOfAModelWithAnOffset) {
+  SyntheticSpec s;
+  s.n_layers = 2;
+  s.n_q_heads = 4;
+  s.n_kv_heads = 2;
+  s.head_dim = 32;
+  s.tokens = 300;
+  s.seed = 8;
+  const int H = 2, d = 32;
+  std::vector<SyntheticLayer> clean = {synthetic_layer(s, 0), synthetic_layer(s, 1)};
+  for (SyntheticLayer& L : clean)  // keys without a mean of their own
+    for (int i = 0; i < H * d; ++i) {
+      double m = 0;
+      for (int t = 0; t < s.tokens; ++t) m += L.k[size_t(t) * H * d + i];
+      for (int t = 0; t < s.tokens; ++t) L.k[size_t(t) * H * d + i] -= float(m / s.tokens);
+    }
+  std::vector<SyntheticLayer> biased = clean;
+  for (int t = 0; t < s.tokens; ++t)
+    for (int c = 0; c < 4; ++c) biased[1].k[(size_t(t) * H + 1) * d + c] += 40.0f * (c + 1);
+  auto run = [&](const std::vector<SyntheticLayer>& ls, KeyTransformMode m) {
+    CalibConfig cfg;
+    cfg.key_transform = m;
+    Calibrator cal(cfg, 2, 4, H, d);
+    for (int l = 0; l < 2; ++l) cal.add(l, ls[l].q.data(), ls[l].k.data(), ls[l].v.data(), nullptr, s.tokens);
+    return cal.finish();
+  };
+  const Calibration a = run(biased, KeyTransformMode::kAuto);
+  EXPECT_EQ(a.key_transform, "auto");
+  EXPECT_GT(a.layers[1].key_offset_share[1], 0.85f);
+  EXPECT_LT(a.layers[0].key_offset_share[0], 0.85f);
+  for (int l = 0; l < 2; ++l) {
+    ASSERT_EQ(a.layers[l].k_mean.size(), size_t(H) * d) << "layer " << l;
+    ASSERT_EQ(a.layers[l].k_scale.size(), size_t(H) * d) << "layer " << l;
+    for (int h = 0; h < H; ++h) {
+      bool centred = false, scaled = false;
+      for (int c = 0; c < d; ++c) {
+        centred = centred || a.layers[l].k_mean[size_t(h) * d + c] != 0.0f;
+        scaled = scaled || a.layers[l].k_scale[size_t(h) * d + c] != 1.0f;
+      }
+      EXPECT_TRUE(centred && scaled) << "layer " << l << " head " << h;
+    }
+  }
+  // The same as center+scale forced on every head.
+  const Calibration cs = run(biased, KeyTransformMode::kCenterScale);
+  for (int l = 0; l < 2; ++l) {
+    EXPECT_EQ(a.layers[l].k_mean, cs.layers[l].k_mean);
+    EXPECT_EQ(a.layers[l].k_rotation, cs.layers[l].k_rotation);
+  }
+  // No offset: nothing transformed, the rotations those of off.
+  const Calibration n = run(clean, KeyTransformMode::kAuto), off = run(clean, KeyTransformMode::kOff);
+  for (int l = 0; l < 2; ++l) {
+    EXPECT_FALSE(n.layers[l].has_key_transform()) << "layer " << l;
+    EXPECT_EQ(n.layers[l].k_rotation, off.layers[l].k_rotation);
+    EXPECT_EQ(n.layers[l].v_rotation, off.layers[l].v_rotation);
+  }
 }
 
 TEST(KeyTransform, CalibrationFileRoundTripAndValidation) {

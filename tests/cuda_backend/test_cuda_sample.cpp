@@ -1,0 +1,204 @@
+// Token draws on the device (Backend::sample_rows, backend/cuda/sample.cu) against their
+// specification, backend::reference_draw, on fresh random logits; and the engine's step
+// (StepDrawer) on the CUDA backend against host draws of the same logits.
+//
+// Exactness: the device sums the same double weights as the reference in another order, so a
+// token could differ only where u · mass falls within ~1e-16 (relative) of a running weight;
+// with random u no row comes near that, and the tests ask for equality. kDrawHost (the row is
+// left to the host) is allowed only where the device's shared memory cannot hold the prefix
+// the draw needs (more than 8192 ids): never for a vocabulary of at most 8192, and counted
+// (printed) for the others.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "backend/cpu/backend_cpu.h"
+#include "backend/cuda/backend_cuda.h"
+#include "backend/sample.h"
+#include "engine/sampler.h"
+#include "engine/step_draw.h"
+#include "kv/bf16_cache.h"
+#include "kv/quant_methods.h"
+#include "model/forward.h"
+#include "model/forward_random.h"
+
+namespace oscar {
+namespace {
+
+using backend::RowDraw;
+
+#define SKIP_WITHOUT_GPU() \
+  if (!backend::cuda_device_available()) GTEST_SKIP() << "no CUDA device"
+
+// Rows of every kind a model gives and some it should not: LLM-like (a few ids carry most
+// of the mass), flat, ties, -inf ids, very peaked.
+std::vector<float> logits_rows(int rows, int V, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> l(size_t(rows) * V);
+  for (int r = 0; r < rows; ++r) {
+    float* x = l.data() + size_t(r) * V;
+    const int kind = r % 6;
+    const float scale = kind == 0 ? 4.0f : kind == 1 ? 1.5f : kind == 2 ? 0.05f : kind == 3 ? 3.0f : kind == 4 ? 8.0f : 2.0f;
+    for (int i = 0; i < V; ++i) x[i] = nd(rng) * scale;
+    if (kind == 1)
+      for (int i = 0; i < V; ++i) x[i] = std::round(x[i] * 8.0f) / 8.0f;  // ties
+    if (kind == 3)
+      for (int i = 0; i < V; i += 10) x[i] = -INFINITY;
+    if (kind == 5 && V > 3) x[V / 2] = x[V / 3] = 30.0f;  // two equal leaders
+  }
+  return l;
+}
+
+// Every row mode, on vocabularies from 1 to the Qwen size, over many (T, top_k, top_p, u).
+TEST(CudaSample, RowsEqualTheReferenceDraw) {
+  SKIP_WITHOUT_GPU();
+  auto gpu = backend::make_cuda_backend({backend::WeightDtype::kF32, 0});
+  auto cpu = backend::make_cpu_backend({backend::WeightDtype::kF32, 1});
+  const std::vector<float> temps = {0.3f, 0.7f, 1.0f, 1.5f};
+  const std::vector<int> ks = {0, 1, 5, 50, 1000};
+  const std::vector<float> ps = {1.0f, 0.95f, 0.9f, 0.5f};
+  std::mt19937_64 rng(3);
+  std::uniform_real_distribution<double> uni(0.0, 1.0);
+  for (int V : {1, 7, 1000, 8192, 32000, 151936}) {
+    SCOPED_TRACE("V " + std::to_string(V));
+    const int rows = 48;
+    const auto l = logits_rows(rows, V, 100 + V);
+    auto dl = gpu->alloc(l.size());
+    gpu->from_host(l.data(), dl->data(), l.size());
+    int sampled = 0, host = 0, host_llm = 0, llm = 0;
+    for (int round = 0; round < 8; ++round) {
+      std::vector<RowDraw> d(rows);
+      for (int r = 0; r < rows; ++r) {
+        const int c = (r + round * 7) % 37;
+        d[size_t(r)].mode = c == 0 ? RowDraw::kArgmax : c == 1 ? RowDraw::kSkip : c == 2 ? RowDraw::kHost : RowDraw::kSample;
+        d[size_t(r)].temperature = temps[size_t(c) % temps.size()];
+        d[size_t(r)].top_k = ks[size_t(c / 4) % ks.size()];
+        d[size_t(r)].top_p = ps[size_t(c / 3 + round) % ps.size()];
+        d[size_t(r)].u = uni(rng);
+      }
+      std::vector<int32_t> got(rows, 12345);
+      gpu->sample_rows(dl->data(), rows, V, d.data(), got.data());
+      for (int r = 0; r < rows; ++r) {
+        const RowDraw& q = d[size_t(r)];
+        const float* x = l.data() + size_t(r) * V;
+        SCOPED_TRACE("row " + std::to_string(r) + " kind " + std::to_string(r % 6) + " T " +
+                     std::to_string(q.temperature) + " k " + std::to_string(q.top_k) + " p " +
+                     std::to_string(q.top_p) + " u " + std::to_string(q.u));
+        if (q.mode == RowDraw::kSkip) {
+          EXPECT_EQ(got[size_t(r)], backend::kDrawSkipped);
+        } else if (q.mode == RowDraw::kHost) {
+          EXPECT_EQ(got[size_t(r)], backend::kDrawHost);
+        } else if (q.mode == RowDraw::kArgmax) {
+          int32_t want = 0;
+          cpu->argmax_rows(x, 1, V, &want);
+          EXPECT_EQ(got[size_t(r)], want);
+        } else {
+          ++sampled;
+          const bool llm_like = r % 6 == 0 || r % 6 == 4;
+          llm += llm_like;
+          if (got[size_t(r)] == backend::kDrawHost) {
+            ++host;
+            host_llm += llm_like;
+            EXPECT_GT(V, 8192) << "a vocabulary that fits in shared memory is drawn on the device";
+            continue;
+          }
+          ASSERT_EQ(got[size_t(r)], backend::reference_draw(x, V, q.temperature, q.top_k, q.top_p, q.u));
+        }
+      }
+    }
+    std::printf("V %6d: %d sampled rows, %d left to the host (%d of %d LLM-like rows)\n", V, sampled, host, host_llm,
+                llm);
+    // LLM-like rows need a short prefix (a few ids carry most of the mass).
+    EXPECT_LE(host_llm * 20, llm) << "more than 5 % of the peaked rows left to the host";
+  }
+}
+
+// A NaN fails a sampled row (kDrawNaN) and only that row; argmax skips NaN as argmax_rows does.
+TEST(CudaSample, NaNFailsOnlyItsRow) {
+  SKIP_WITHOUT_GPU();
+  auto gpu = backend::make_cuda_backend({backend::WeightDtype::kF32, 0});
+  const int V = 5000, rows = 4;
+  auto l = logits_rows(rows, V, 9);
+  l[size_t(1) * V + 77] = NAN;
+  l[size_t(2) * V + 3] = NAN;
+  l[size_t(2) * V + 4] = 1e6f;  // the argmax
+  auto dl = gpu->alloc(l.size());
+  gpu->from_host(l.data(), dl->data(), l.size());
+  std::vector<RowDraw> d(rows);
+  for (auto& q : d) q.mode = RowDraw::kSample, q.temperature = 0.8f, q.top_p = 0.9f, q.u = 0.3;
+  d[2].mode = RowDraw::kArgmax;
+  std::vector<int32_t> got(rows);
+  gpu->sample_rows(dl->data(), rows, V, d.data(), got.data());
+  EXPECT_EQ(got[1], backend::kDrawNaN);
+  EXPECT_EQ(got[2], 4);
+  for (int r : {0, 3}) EXPECT_EQ(got[size_t(r)], backend::reference_draw(l.data() + size_t(r) * V, V, 0.8f, 0, 0.9f, 0.3));
+}
+
+// The engine's step on the CUDA backend: greedy, sampled and penalized sequences over prefill
+// chunks and decode steps; each token equals the host's draw from the same step's logits
+// (Model::output_logits) with the same u, and only the penalized rows went to the host.
+TEST(CudaSample, EngineStepDrawsOnTheDevice) {
+  SKIP_WITHOUT_GPU();
+  model::ModelConfig c = model::tiny_config(model::Arch::kQwen3);
+  c.vocab_size = 8000;  // fits one CTA's shared memory: every row without a penalty is drawn there
+  const auto w = model::random_weights(c, 17);
+  auto be = backend::make_cuda_backend({backend::WeightDtype::kF32, 0});
+  model::Model m(w, *be);
+  auto cache = kv::make_method_cache({}, m.cache_shape(16), 4096, false, be->page_store_factory());
+  const std::vector<engine::SamplingParams> ps = {
+      {}, {0.8f, 0, 0.9f, 1.0f, 5}, {1.0f, 40, 1.0f, 1.0f, 6}, {0.7f, 0, 0.95f, 1.2f, 7}, {1.0f, 0, 1.0f, 1.0f, 8}};
+  const int S = int(ps.size()), V = c.vocab_size;
+  std::vector<engine::Sampler> samplers(ps.begin(), ps.end());
+  std::vector<std::vector<int>> hist(static_cast<size_t>(S));
+  std::vector<kv::SeqId> seqs;
+  std::vector<int> fed(static_cast<size_t>(S), 0);
+  std::mt19937 rng(4);
+  for (int i = 0; i < S; ++i) {
+    seqs.push_back(cache->create());
+    for (int t = 0; t < 5 + 9 * i; ++t) hist[size_t(i)].push_back(int(rng() % V));
+  }
+  engine::StepDrawer drawer;
+  std::vector<float> row(static_cast<size_t>(V));
+  int device_rows = 0;
+  for (int step = 0; step < 30; ++step) {
+    std::vector<model::SeqStep> steps;
+    std::vector<std::vector<int32_t>> toks(static_cast<size_t>(S));
+    std::vector<engine::SampleJob> jobs;
+    for (int i = 0; i < S; ++i) {
+      const int n = std::min<int>(16, int(hist[size_t(i)].size()) - fed[size_t(i)]);
+      toks[size_t(i)].assign(hist[size_t(i)].begin() + fed[size_t(i)], hist[size_t(i)].begin() + fed[size_t(i)] + n);
+      steps.push_back({seqs[size_t(i)], toks[size_t(i)], false});
+      if (fed[size_t(i)] + n == int(hist[size_t(i)].size()))
+        jobs.push_back({&samplers[size_t(i)], {}, hist[size_t(i)], -1, {}, i});
+    }
+    drawer.run(m, steps, *cache, jobs);
+    int penalized = 0;
+    for (const auto& j : jobs) {
+      ASSERT_TRUE(j.error.empty()) << j.error;
+      m.output_logits(j.row, row);
+      const engine::SamplingParams& p = ps[size_t(j.row)];
+      int want;
+      if (p.repetition_penalty != 1.0f) {
+        ++penalized;
+        engine::Sampler twin(p);
+        want = twin.sample_u(row, j.history, j.u);
+      } else if (p.temperature == 0.0f) {
+        want = int(std::max_element(row.begin(), row.end()) - row.begin());
+      } else {
+        want = backend::reference_draw(row.data(), V, p.temperature, p.top_k, p.top_p, j.u);
+      }
+      ASSERT_EQ(j.token, want) << "sequence " << j.row << " step " << step;
+    }
+    EXPECT_EQ(drawer.host_rows(), penalized) << "step " << step;
+    device_rows += int(jobs.size()) - penalized;
+    for (int i = 0; i < S; ++i) fed[size_t(i)] += int(toks[size_t(i)].size());
+    for (const auto& j : jobs) hist[size_t(j.row)].push_back(j.token);
+  }
+  EXPECT_GT(device_rows, 80);
+}
+
+}  // namespace
+}  // namespace oscar
