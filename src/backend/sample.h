@@ -35,7 +35,7 @@ struct RowDraw {
 static_assert(sizeof(RowDraw) == 24, "RowDraw is copied to devices as it is");
 
 // What sample_rows returns for a row that has no token.
-inline constexpr int32_t kDrawHost = -1;     // kHost, or more candidates than the device keeps
+inline constexpr int32_t kDrawHost = -1;     // kHost, no finite logit, or a row too flat for the device
 inline constexpr int32_t kDrawNaN = -2;      // a NaN in a kSample row (argmax skips NaN)
 inline constexpr int32_t kDrawSkipped = -3;  // kSkip
 

@@ -2,12 +2,12 @@
 // specification, backend::reference_draw, on fresh random logits; and the engine's step
 // (StepDrawer) on the CUDA backend against host draws of the same logits.
 //
-// Exactness: the device sums the same double weights as the reference in another order, so a
+// Exactness: the device sums the same double weights as the reference in other orders, so a
 // token could differ only where u · mass falls within ~1e-16 (relative) of a running weight;
 // with random u no row comes near that, and the tests ask for equality. kDrawHost (the row is
-// left to the host) is allowed only where the device's shared memory cannot hold the prefix
-// the draw needs (more than 8192 ids): never for a vocabulary of at most 8192, and counted
-// (printed) for the others.
+// left to the host) is allowed only for a row without a finite logit, and for a row so flat
+// that more than 8192 ids share the 1/16 nat of the order the draw has to resolve: never for a
+// vocabulary of at most 8192 nor for a peaked (LLM-like) row; counted and printed for the others.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -102,7 +102,9 @@ TEST(CudaSample, RowsEqualTheReferenceDraw) {
           if (got[size_t(r)] == backend::kDrawHost) {
             ++host;
             host_llm += llm_like;
-            EXPECT_GT(V, 8192) << "a vocabulary that fits in shared memory is drawn on the device";
+            // Every id -inf (kind 3 at V 1) has no distribution: the host decides such rows.
+            const bool degenerate = std::all_of(x, x + V, [](float v) { return std::isinf(v); });
+            EXPECT_TRUE(V > 8192 || degenerate) << "a vocabulary that fits in shared memory is drawn on the device";
             continue;
           }
           ASSERT_EQ(got[size_t(r)], backend::reference_draw(x, V, q.temperature, q.top_k, q.top_p, q.u));
@@ -111,8 +113,7 @@ TEST(CudaSample, RowsEqualTheReferenceDraw) {
     }
     std::printf("V %6d: %d sampled rows, %d left to the host (%d of %d LLM-like rows)\n", V, sampled, host, host_llm,
                 llm);
-    // LLM-like rows need a short prefix (a few ids carry most of the mass).
-    EXPECT_LE(host_llm * 20, llm) << "more than 5 % of the peaked rows left to the host";
+    EXPECT_EQ(host_llm, 0) << "peaked rows left to the host";
   }
 }
 

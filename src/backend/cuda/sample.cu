@@ -1,20 +1,22 @@
-// Token draws on the device (backend/sample.h): one CTA per row of logits.
+// Token draws on the device (backend/sample.h): one CTA of 1024 threads per row of logits.
 //
-// A kSample row in four steps, every pass over the row by the whole CTA:
+// A draw needs the (logit desc, id asc) order only around two points: where the running
+// weight reaches top_p · (kept total), and where it exceeds u · (the top-p prefix's weight);
+// top_k needs the id of rank k - 1. So the vocabulary is never sorted:
 //   1. the max (and NaN; argmax rows stop here with the lowest id of the max);
-//   2. each id's weight w = exp((x - max) / T) in double: their total (a fixed reduction
-//      order, so the same on every run), and a histogram of z = (max - x) / T in buckets
-//      of 1/16 nat (count, float mass), 2048 of them, the last one open-ended;
-//   3. from the histogram, the last bucket the draw can need: the one where the count
-//      reaches top_k, else where the mass reaches top_p · total (top_p < 1), else where it
-//      reaches u · total, plus one bucket of margin for the float masses; the ids of every
-//      bucket up to it are a prefix of the (logit desc, id asc) order, gathered into shared
-//      memory (at most kCand) and sorted there (bitonic, 64-bit keys);
-//   4. the running weights of that sorted prefix (double), and the draw on it exactly as
-//      reference_draw defines it.
-// Where the prefix is too long for shared memory or does not reach the draw's point (the
-// margin was not enough), the row answers kDrawHost and the engine draws it on the host
-// from the same logits and u: slower, never different.
+//   2. each id's weight w = exp((x - max) · (1 / T)) in double: their total (a fixed reduction
+//      order, so the same on every run), and a histogram of z = (max - x) / T in buckets of
+//      1/16 nat (exact counts, float masses), 2048 buckets, the last one open-ended. Every
+//      bucket holds a contiguous range of ranks, bucket 0 the best;
+//   3. for each point: the bucket the float masses put it in (a guess); a window of buckets
+//      around it is resolved exactly: its ids gathered into shared memory and sorted there
+//      (bitonic on 64-bit (logit, id) keys), their running weights (double) started from the
+//      exact weight of every bucket before the window (summed in a fixed order). If the point
+//      is not inside the window, the next window (twice as wide) lies towards it.
+// A window of more than kCand ids (a row so flat that thousands of ids share 1/16 nat) or a
+// row without a finite logit answers kDrawHost: the engine draws it on the host from the same
+// logits and u. Sums taken in other orders than the reference's may move a point only where
+// u · weight is within rounding (~1e-16 relative) of a running weight.
 #include <cuda_runtime.h>
 
 #include <cfloat>
@@ -30,20 +32,20 @@ namespace {
 constexpr int kSampleThreads = 1024;
 constexpr int kBuckets = 2048;
 constexpr double kBucketsPerNat = 16.0;
-constexpr int kCand = 8192;  // candidates sorted in shared memory
+constexpr int kCand = 8192;  // ids of a resolved window
 constexpr int kWarps = kSampleThreads / 32;
+constexpr int kPer = kBuckets / kSampleThreads;
 
-// Shared memory of one CTA (dynamic: 104 KB).
+// Shared memory of one CTA (dynamic, ~145 KB).
 struct SampleSmem {
-  unsigned long long keys[kCand];
-  int cnt[kBuckets];
-  float mass[kBuckets];
+  unsigned long long keys[kCand];  // the window's ids, sorted
+  double run[kCand];               // their running weights (from rank 0)
+  int cum_cnt[kBuckets];           // ids in buckets [0, b]
+  float cum_mass[kBuckets];        // weight of buckets [0, b] (float: guesses only)
   double red_d[kWarps];
   float red_f[kWarps];
   int red_i[kWarps];
-  int n_cand, cut, flag;
-  int i_topp, i_draw;
-  double total, kept_total, mass_n;
+  int n_w, hit;
 };
 
 // Key of (x, id) so that ascending keys are (x descending, id ascending); -0 is +0.
@@ -65,19 +67,23 @@ __device__ __forceinline__ int bucket_of(float x, float m, double inv_t) {
   const double z = (double(m) - double(x)) * inv_t;
   return z < double(kBuckets - 1) / kBucketsPerNat ? int(z * kBucketsPerNat) : kBuckets - 1;
 }
+__device__ __forceinline__ double weight_of(float x, float m, double inv_t) {
+  return exp((double(x) - double(m)) * inv_t);
+}
 
-__device__ __forceinline__ double block_sum(double v, SampleSmem& s) {
+// Sum over the block, the same order in every thread and every run.
+__device__ double block_sum(double v, SampleSmem& s) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   __syncthreads();
   if (threadIdx.x % 32 == 0) s.red_d[threadIdx.x / 32] = v;
   __syncthreads();
   double t = 0;
-  for (int w = 0; w < kWarps; ++w) t += s.red_d[w];  // the same order in every thread
+  for (int w = 0; w < kWarps; ++w) t += s.red_d[w];
   return t;
 }
 
 // Inclusive block scan of one double per thread (thread order).
-__device__ __forceinline__ double block_scan(double v, SampleSmem& s) {
+__device__ double block_scan(double v, SampleSmem& s) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   for (int o = 1; o < 32; o <<= 1) {
     const double n = __shfl_up_sync(0xffffffffu, v, o);
@@ -92,7 +98,7 @@ __device__ __forceinline__ double block_scan(double v, SampleSmem& s) {
 }
 
 // Inclusive block scan of (count, mass) pairs.
-__device__ __forceinline__ void block_scan2(int& c, float& m, SampleSmem& s) {
+__device__ void block_scan2(int& c, float& m, SampleSmem& s) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   for (int o = 1; o < 32; o <<= 1) {
     const int nc = __shfl_up_sync(0xffffffffu, c, o);
@@ -109,27 +115,47 @@ __device__ __forceinline__ void block_scan2(int& c, float& m, SampleSmem& s) {
   m += bm;
 }
 
-constexpr int kWiden = INT_MIN;  // draw_prefix: the prefix ends before the draw's point
+// The row after steps 1-2: what every query reads.
+struct Row {
+  const float* x;
+  int V;
+  float m;
+  double inv_t;
+};
 
-// Steps 3-4 for the ids of buckets [0, cut]: gathers and sorts them, then draws. Returns the
-// token, kDrawHost (more than kCand of them), or kWiden (the draw needs ids beyond them).
-// The result is the same in every thread.
-__device__ int draw_prefix(const float* __restrict__ x, int V, float m, double inv_t, int cut, int keep,
-                           double total, const RowDraw& d, SampleSmem& s) {
+// A resolved window of buckets [lo, hi]: s.keys / s.run hold its n ids, ranks
+// [base_count, base_count + n), s.run already including `base` (the weight of every id before).
+struct Window {
+  int lo = 0, hi = -1, n = 0, base_count = 0;
+  double base = 0;
+  bool overflow = false;
+};
+
+__device__ Window resolve(const Row& r, int lo, int hi, SampleSmem& s) {
   const int tid = threadIdx.x;
-  __syncthreads();  // (s is reused from the previous attempt)
-  if (tid == 0) s.n_cand = 0, s.i_topp = INT_MAX, s.i_draw = INT_MAX, s.mass_n = 0, s.kept_total = 0;
-  __syncthreads();
-  for (int i = tid; i < V; i += kSampleThreads) {
-    const float v = x[i];
-    if (bucket_of(v, m, inv_t) > cut) continue;
-    const int p = atomicAdd(&s.n_cand, 1);
-    if (p < kCand) s.keys[p] = order_key(v, i);
+  Window w;
+  w.lo = lo, w.hi = hi;
+  w.base_count = lo > 0 ? s.cum_cnt[lo - 1] : 0;
+  w.n = s.cum_cnt[hi] - w.base_count;
+  if (w.n > kCand) {
+    w.overflow = true;
+    return w;
   }
+  __syncthreads();  // (s.keys / s.run / s.n_w of the previous window are read no more)
+  if (tid == 0) s.n_w = 0;
   __syncthreads();
-  const int n = s.n_cand;
-  if (n > kCand) return kDrawHost;
-  if (n < keep && keep < V) return kWiden;  // (top_k: the count reached keep at cut)
+  double before_lo = 0;  // this thread's ids of the buckets before the window, in id order
+  for (int i = tid; i < r.V; i += kSampleThreads) {
+    const float v = r.x[i];
+    const int b = bucket_of(v, r.m, r.inv_t);
+    if (b < lo) {
+      before_lo += weight_of(v, r.m, r.inv_t);
+    } else if (b <= hi) {
+      s.keys[atomicAdd(&s.n_w, 1)] = order_key(v, i);
+    }
+  }
+  w.base = block_sum(before_lo, s);  // (its barriers also publish the keys)
+  const int n = w.n;
   int P = 1;
   while (P < n) P <<= 1;
   for (int i = n + tid; i < P; i += kSampleThreads) s.keys[i] = ~0ull;
@@ -145,66 +171,99 @@ __device__ int draw_prefix(const float* __restrict__ x, int V, float m, double i
       }
       __syncthreads();
     }
-
-  // Running weights: thread t owns [t E, t E + E) of the sorted ids.
-  auto weight = [&](int i) { return exp((double(key_value(s.keys[i])) - double(m)) * inv_t); };
+  // Running weights: thread t sums [t E, t E + E), then the block scan places the segments.
   const int E = (n + kSampleThreads - 1) / kSampleThreads, i0 = min(n, tid * E), i1 = min(n, i0 + E);
   double seg = 0;
-  for (int i = i0; i < i1; ++i) seg += weight(i);
-  const double before = block_scan(seg, s) - seg;
-  // The running weight through id `last` (its owner writes it).
-  auto running_to = [&](int last, double& dst) {
-    if (last >= i0 && last < i1) {
-      double r = before;
-      for (int i = i0; i <= last; ++i) r += weight(i);
-      dst = r;
-    }
-  };
-  // The kept total: the running weight through keep - 1 (top_k), else every id's.
-  if (keep < V) running_to(keep - 1, s.kept_total);
+  for (int i = i0; i < i1; ++i) seg += weight_of(key_value(s.keys[i]), r.m, r.inv_t);
+  double run = w.base + (block_scan(seg, s) - seg);
+  for (int i = i0; i < i1; ++i) s.run[i] = (run += weight_of(key_value(s.keys[i]), r.m, r.inv_t));
   __syncthreads();
-  const double kept_total = keep < V ? s.kept_total : total;
-  const int limit = min(n, keep);  // kept candidates
-  // top_p: the smallest prefix whose running weight reaches top_p · kept_total.
-  int n_p = keep;
-  if (d.top_p < 1.0f) {
-    const double need = double(d.top_p) * kept_total;
-    double r = before;
-    for (int i = i0; i < min(i1, limit); ++i) {
-      r += weight(i);
-      if (r >= need) {
-        atomicMin(&s.i_topp, i);
-        break;
+  return w;
+}
+
+// The first local index of w whose running weight reaches t (strict: exceeds it), or -1.
+__device__ int first_reaching(const Window& w, double t, bool strict, SampleSmem& s) {
+  __syncthreads();
+  if (threadIdx.x == 0) s.hit = INT_MAX;
+  __syncthreads();
+  for (int i = threadIdx.x; i < w.n; i += kSampleThreads) {
+    const bool reached = strict ? s.run[i] > t : s.run[i] >= t;
+    if (reached && (i == 0 || !(strict ? s.run[i - 1] > t : s.run[i - 1] >= t))) atomicMin(&s.hit, i);
+  }
+  __syncthreads();
+  return s.hit == INT_MAX ? -1 : s.hit;
+}
+
+// A point of the order: its rank (V when no id reaches t), its running weight and id.
+struct Point {
+  int rank = 0, id = -1;
+  double run = 0;
+  bool host = false;  // a window overflowed
+};
+
+// The first rank whose running weight reaches t (strict: exceeds it).
+__device__ Point find(const Row& r, double t, bool strict, SampleSmem& s) {
+  const int tid = threadIdx.x;
+  // Guess: the first bucket whose float running mass reaches t (a little below, for rounding).
+  __syncthreads();
+  if (tid == 0) s.hit = kBuckets - 1;
+  __syncthreads();
+  const float tf = float(t * (1.0 - 1e-4));
+  for (int j = 0; j < kPer; ++j) {
+    const int b = tid * kPer + j;
+    if (s.cum_mass[b] >= tf && (b == 0 || s.cum_mass[b - 1] < tf)) atomicMin(&s.hit, b);
+  }
+  __syncthreads();
+  int lo = s.hit, hi = s.hit, grow = 1;
+  Point p;
+  for (;;) {
+    const Window w = resolve(r, lo, hi, s);
+    if (w.overflow) {
+      p.host = true;
+      return p;
+    }
+    const bool before = lo > 0 && (strict ? w.base > t : w.base >= t);
+    if (!before) {
+      const int i = first_reaching(w, t, strict, s);
+      if (i >= 0) {
+        p.rank = w.base_count + i;
+        p.run = s.run[i];
+        p.id = key_id(s.keys[i]);
+        return p;
       }
+      if (hi == kBuckets - 1) {  // no id reaches t
+        p.rank = r.V;
+        return p;
+      }
+      lo = hi + 1, hi = min(kBuckets - 1, hi + grow);  // the point is after the window
+    } else {
+      hi = lo - 1, lo = max(0, lo - grow);  // ... before it
     }
-    __syncthreads();
-    if (s.i_topp != INT_MAX)
-      n_p = s.i_topp + 1;
-    else if (keep == V)
-      return kWiden;
-    // (top_k: every kept id is a candidate, so not reaching it means all of them, as the
-    // reference's loop ends)
+    grow *= 2;
   }
-  double mass_n = total;
-  if (n_p < V) {
-    running_to(n_p - 1, s.mass_n);
-    __syncthreads();
-    mass_n = s.mass_n;
-  }
-  // The draw: the first id of the prefix whose running weight exceeds u · mass_n.
-  const double need = d.u * mass_n;
-  double r = before;
-  for (int i = i0; i < min(i1, n_p); ++i) {
-    r += weight(i);
-    if (r > need) {
-      atomicMin(&s.i_draw, i);
-      break;
-    }
+}
+
+// The id of rank k and the running weight through it.
+__device__ Point at_rank(const Row& r, int k, SampleSmem& s) {
+  const int tid = threadIdx.x;
+  __syncthreads();
+  if (tid == 0) s.hit = kBuckets - 1;
+  __syncthreads();
+  for (int j = 0; j < kPer; ++j) {
+    const int b = tid * kPer + j;
+    if (s.cum_cnt[b] > k && (b == 0 || s.cum_cnt[b - 1] <= k)) atomicMin(&s.hit, b);
   }
   __syncthreads();
-  if (s.i_draw != INT_MAX) return key_id(s.keys[s.i_draw]);
-  if (n_p <= n) return key_id(s.keys[n_p - 1]);  // u rounds to 1: the prefix's last id
-  return kWiden;
+  Point p;
+  const Window w = resolve(r, s.hit, s.hit, s);
+  if (w.overflow) {
+    p.host = true;
+    return p;
+  }
+  p.rank = k;
+  p.run = s.run[k - w.base_count];
+  p.id = key_id(s.keys[k - w.base_count]);
+  return p;
 }
 
 __global__ void __launch_bounds__(kSampleThreads) sample_rows_k(const float* __restrict__ logits, int V,
@@ -238,7 +297,7 @@ __global__ void __launch_bounds__(kSampleThreads) sample_rows_k(const float* __r
     if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) bv = ov, bi = oi;
   }
   nan = __any_sync(0xffffffffu, nan);
-  if (tid % 32 == 0) s.red_f[tid / 32] = bv, s.red_i[tid / 32] = bi, s.keys[tid / 32] = nan;
+  if (tid % 32 == 0) s.red_f[tid / 32] = bv, s.red_i[tid / 32] = bi, s.cum_cnt[tid / 32] = nan;
   __syncthreads();
   float m = -INFINITY;
   int mi = -1;
@@ -246,7 +305,7 @@ __global__ void __launch_bounds__(kSampleThreads) sample_rows_k(const float* __r
   for (int w = 0; w < kWarps; ++w) {
     const float ov = s.red_f[w];
     const int oi = s.red_i[w];
-    any_nan = any_nan || s.keys[w] != 0;
+    any_nan = any_nan || s.cum_cnt[w] != 0;
     if (oi >= 0 && (mi < 0 || ov > m || (ov == m && oi < mi))) m = ov, mi = oi;
   }
   if (d.mode == RowDraw::kArgmax) {
@@ -257,73 +316,69 @@ __global__ void __launch_bounds__(kSampleThreads) sample_rows_k(const float* __r
     if (tid == 0) out[row] = kDrawNaN;
     return;
   }
-  if (!(m < INFINITY)) {  // +inf logits: the host's arithmetic decides
+  if (!(m > -INFINITY && m < INFINITY)) {  // +inf logits, or every id -inf: the host's arithmetic decides
     if (tid == 0) out[row] = kDrawHost;
     return;
   }
-  const double inv_t = 1.0 / double(d.temperature);
+  const Row r{x, V, m, 1.0 / double(d.temperature)};
 
   // 2. Weights: the total and the histogram.
-  for (int b = tid; b < kBuckets; b += kSampleThreads) s.cnt[b] = 0, s.mass[b] = 0.0f;
-  if (tid == 0) s.cut = kBuckets;
+  __syncthreads();
+  for (int b = tid; b < kBuckets; b += kSampleThreads) s.cum_cnt[b] = 0, s.cum_mass[b] = 0.0f;
   __syncthreads();
   double local = 0;
   for (int i = tid; i < V; i += kSampleThreads) {
     const float v = x[i];
-    const double w = exp((double(v) - double(m)) * inv_t);
+    const double w = weight_of(v, m, r.inv_t);
     local += w;
-    const int b = bucket_of(v, m, inv_t);
-    atomicAdd(&s.cnt[b], 1);
-    if (b < kBuckets - 1) atomicAdd(&s.mass[b], float(w));
+    const int b = bucket_of(v, m, r.inv_t);
+    atomicAdd(&s.cum_cnt[b], 1);
+    if (b < kBuckets - 1) atomicAdd(&s.cum_mass[b], float(w));
   }
   const double total = block_sum(local, s);
+  {  // counts and masses -> running counts and masses
+    int c[kPer], c_sum = 0;
+    float ms[kPer], m_sum = 0;
+    for (int j = 0; j < kPer; ++j) {
+      c[j] = s.cum_cnt[tid * kPer + j], ms[j] = s.cum_mass[tid * kPer + j];
+      c_sum += c[j], m_sum += ms[j];
+    }
+    int cc = c_sum;
+    float mm = m_sum;
+    block_scan2(cc, mm, s);
+    cc -= c_sum, mm -= m_sum;
+    __syncthreads();
+    for (int j = 0; j < kPer; ++j) s.cum_cnt[tid * kPer + j] = (cc += c[j]), s.cum_mass[tid * kPer + j] = (mm += ms[j]);
+    __syncthreads();
+  }
 
-  // 3. The last bucket the draw can need.
+  // 3. The points of the draw.
   const int keep = d.top_k > 0 && d.top_k < V ? d.top_k : V;
-  constexpr int per = kBuckets / kSampleThreads;
-  int c[per], c_sum = 0;
-  float ms[per], m_sum = 0;
-  for (int j = 0; j < per; ++j) {
-    c[j] = s.cnt[tid * per + j], ms[j] = s.mass[tid * per + j];
-    c_sum += c[j], m_sum += ms[j];
-  }
-  int c_inc = c_sum;
-  float m_inc = m_sum;
-  block_scan2(c_inc, m_inc, s);
-  {
-    int cc = c_inc - c_sum;
-    float mm = m_inc - m_sum;
-    const double target = keep < V ? 0.0 : (d.top_p < 1.0f ? double(d.top_p) : d.u) * total * (1.0 - 1e-3);
-    for (int j = 0; j < per; ++j) {
-      cc += c[j], mm += ms[j];
-      const bool reached = keep < V ? cc >= keep : double(mm) >= target;
-      if (reached) {
-        atomicMin(&s.cut, tid * per + j);
-        break;
-      }
-    }
-  }
-  __syncthreads();
-  int cut = s.cut;
-  if (cut >= kBuckets) cut = kBuckets - 1;     // the float masses never reached it: everything
-  if (keep == V && cut < kBuckets - 1) ++cut;  // margin for the float masses
-  for (int widen = 4;; widen *= 2) {
-    const int token = draw_prefix(x, V, m, inv_t, cut, keep, total, d, s);
-    if (token != kWiden) {
-      if (tid == 0) out[row] = token;
-      return;
-    }
-    if (cut == kBuckets - 1) {  // (every id was a candidate: only rounding gets here)
+  double kept_total = total;
+  if (keep < V) {  // the weight through rank keep - 1
+    const Point k = at_rank(r, keep - 1, s);
+    if (k.host) {
       if (tid == 0) out[row] = kDrawHost;
       return;
     }
-    cut = min(kBuckets - 1, cut + widen);
+    kept_total = k.run;
   }
+  int n_p = keep;  // the top-p prefix: ranks [0, n_p), weight mass_n
+  double mass_n = kept_total;
+  if (d.top_p < 1.0f) {
+    const Point p = find(r, double(d.top_p) * kept_total, false, s);
+    if (p.host) {
+      if (tid == 0) out[row] = kDrawHost;
+      return;
+    }
+    if (p.rank < keep) n_p = p.rank + 1, mass_n = p.run;  // (else all kept ids, as the reference's loop ends)
+  }
+  Point q = find(r, d.u * mass_n, true, s);
+  if (!q.host && q.rank >= n_p) q = at_rank(r, n_p - 1, s);  // u rounds to 1: the prefix's last id
+  if (tid == 0) out[row] = q.host ? kDrawHost : q.id;
 }
 
 }  // namespace
-
-size_t sample_smem_bytes() { return sizeof(SampleSmem); }
 
 void sample_rows(const float* logits, int rows, int V, const RowDraw* draws, int32_t* out, cudaStream_t st) {
   if (rows <= 0) return;
