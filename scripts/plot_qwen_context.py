@@ -23,9 +23,11 @@ SERIES = [
     ("kivi2 (3.0 b/e in the middle)", [("qwen-2k-all", "kivi2"), ("qwen-4k-a", "kivi2"), ("qwen-8k-kivi2", "kivi2")]),
     ("oscar, paper's setting + key transform auto",
      [("qwen-2k-all", "oscar@qwen-paper-auto"), ("qwen-4k-b", "oscar@paper-share"), ("qwen-8k", "oscar@paper-share")]),
-    ("oscar default (simulation)",
+    ("oscar offset-heads, the default before 2026-12-04 (simulation)",
      [("qwen-2k-all", "oscar@qwen-rec"), ("qwen-4k-b", "oscar@rec-share"), ("qwen-8k", "oscar@rec-share")]),
-    ("oscar default (engine on the H200, chunks of 256)", [("qwen-8k-cuda", "oscar@rec"), ("qwen-32k-cuda", "oscar@rec")]),
+    ("oscar offset-heads (engine on the H200, chunks of 256)", [("qwen-8k-cuda", "oscar@rec"), ("qwen-32k-cuda", "oscar@rec")]),
+    ("oscar default: auto = every head here (2K simulation; 8K, 32K engine on the H200)",
+     [("qwen-2k-transform", "oscar@qwen-rec-cs"), ("qwen-8k-transform", "oscar@rec-cs"), ("qwen-32k-auto", "oscar@rec-auto")]),
 ]
 
 
