@@ -67,11 +67,12 @@ void Backend::argmax_rows(const float* x, int rows, int cols, int32_t* out) {
   }
 }
 
-void Backend::sample_rows(const float* x, int rows, int cols, const RowDraw* draws, int32_t* out) {
-  std::vector<int> am;  // the argmax rows, in order
+void Backend::sample_rows(const float* x, int rows, int cols, const RowDraw* draws, const int32_t*, int64_t,
+                          int32_t* out) {
+  std::vector<int> am;  // the argmax rows without a penalty, in order
   for (int r = 0; r < rows; ++r) {
     out[r] = draws[r].mode == RowDraw::kSkip ? kDrawSkipped : kDrawHost;
-    if (draws[r].mode == RowDraw::kArgmax) am.push_back(r);
+    if (draws[r].mode == RowDraw::kArgmax && draws[r].penalty == 1.0f) am.push_back(r);
   }
   if (am.empty()) return;
   if (int(am.size()) == rows) return argmax_rows(x, rows, cols, out);

@@ -117,11 +117,13 @@ class Backend {
   // wins; a row of NaN gives 0): greedy decoding without reading the logits back.
   virtual void argmax_rows(const float* x, int rows, int cols, int32_t* host_out);
   // host_out[r] = the token row r of x [rows][cols] yields under draws[r] (backend/sample.h),
-  // or kDrawHost / kDrawNaN / kDrawSkipped. The default (the CPU backend's) takes the argmax
-  // rows by argmax_rows and answers kDrawHost for every kSample row: the engine's host sampler
-  // draws those (it is the faster one on a CPU). A device backend draws them where the logits
-  // are; it may still answer kDrawHost for a row it cannot draw, never a different token.
-  virtual void sample_rows(const float* x, int rows, int cols, const RowDraw* draws, int32_t* host_out);
+  // or kDrawHost / kDrawNaN / kDrawSkipped; hist[0, hist_n) (host) holds the penalized rows'
+  // ids. The default (the CPU backend's) takes the argmax rows without a penalty by argmax_rows
+  // and answers kDrawHost for every other row: the engine's host sampler draws those (it is the
+  // faster one on a CPU). A device backend draws them where the logits are; it may still answer
+  // kDrawHost for a row it cannot draw, never a different token.
+  virtual void sample_rows(const float* x, int rows, int cols, const RowDraw* draws, const int32_t* hist,
+                           int64_t hist_n, int32_t* host_out);
 
   // --- KV pages
   // The page memory of the caches this backend runs with; empty = host memory

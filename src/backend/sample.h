@@ -11,8 +11,9 @@
 //   last one when none does (u rounds to 1).
 // Implementations sum the same weights in other orders, so they may differ where u · weight
 // falls within rounding (~1e-16 relative) of a running weight; nowhere else.
-// The repetition penalty is not part of it: it changes the logits before the draw, and rows
-// that have one are drawn on the host by the engine.
+// A repetition penalty p != 1 comes first: each listed id's logit x becomes x / p when x > 0,
+// else x · p (engine::Sampler's CTRL-style rule), for argmax rows and draws alike; the ids are
+// the row's distinct history tokens, passed beside the draws.
 #pragma once
 
 #include <cstdint>
@@ -31,8 +32,12 @@ struct RowDraw {
   int32_t top_k = 0;
   float top_p = 1.0f;
   double u = 0.0;  // in [0, 1)
+  float penalty = 1.0f;  // repetition penalty (1: none)
+  int32_t hist_off = 0;  // its ids: [hist_off, hist_off + hist_len) of the step's id list
+  int32_t hist_len = 0;
+  int32_t pad_ = 0;
 };
-static_assert(sizeof(RowDraw) == 24, "RowDraw is copied to devices as it is");
+static_assert(sizeof(RowDraw) == 40, "RowDraw is copied to devices as it is");
 
 // What sample_rows returns for a row that has no token.
 inline constexpr int32_t kDrawHost = -1;     // kHost, no finite logit, or a row too flat for the device

@@ -190,9 +190,8 @@ int Sampler::sample(std::span<const float> logits, std::span<const int> history)
 
 backend::RowDraw Sampler::device_draw(double u) const {
   backend::RowDraw d;
-  if (p_.repetition_penalty != 1.0f) {
-    d.mode = backend::RowDraw::kHost;
-  } else if (p_.temperature == 0.0f) {
+  d.penalty = p_.repetition_penalty;
+  if (p_.temperature == 0.0f) {
     d.mode = backend::RowDraw::kArgmax;
   } else {
     d.mode = backend::RowDraw::kSample;

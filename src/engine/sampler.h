@@ -45,8 +45,8 @@ class Sampler {
   // returns 0; sample_u ignores it), then the draw with it.
   double next_u();
   int sample_u(std::span<const float> logits, std::span<const int> history, double u);
-  // The draw as a backend can run it (Backend::sample_rows): kArgmax for plain greedy,
-  // kSample with u without a repetition penalty, else kHost (the penalty needs the history).
+  // The draw as a backend can run it (Backend::sample_rows): kArgmax when greedy, else kSample
+  // with u; the repetition penalty in RowDraw::penalty (the caller lists the history's ids).
   backend::RowDraw device_draw(double u) const;
   // Greedy with no repetition penalty: the token is the argmax of the logits alone, so
   // the model can pick it where the logits are (Model::forward_argmax).

@@ -3,9 +3,10 @@
 // Each job names an output row of the step (SampleJob::row) whose token is wanted. Before the
 // forward, every sampled row takes its u from its own sampler (Sampler::next_u), so the token
 // does not depend on where it is drawn. The backend draws what it can where the logits are
-// (Backend::sample_rows: the argmax rows everywhere, the sampled rows on a device); the other
-// rows (repetition penalty, the CPU backend, a device row it could not draw) copy their logits
-// to the host and are drawn there with the same u, the rows in parallel (sample_rows). A row
+// (Backend::sample_rows: the plain argmax rows everywhere; on a device every row, a repetition
+// penalty applied there from the distinct ids of the row's history); the other rows (the CPU
+// backend's draws, a device row it could not draw) copy their logits to the host and are drawn
+// there with the same u, the rows in parallel (sample_rows). A row
 // that cannot be drawn (NaN logits) gets token -1 and its message in SampleJob::error; the
 // other rows are drawn.
 #pragma once
@@ -31,6 +32,8 @@ class StepDrawer {
 
  private:
   std::vector<backend::RowDraw> draws_;
+  std::vector<int32_t> hist_;       // the penalized rows' distinct history ids
+  std::vector<char> seen_;          // [vocab] for the distinct ids
   std::vector<int32_t> tokens_;
   std::vector<float> logits_;       // the host rows' logits
   std::vector<SampleJob> host_;     // their draws

@@ -126,15 +126,22 @@ void Model::forward_argmax(std::span<const SeqStep> steps, kv::KvCache& cache, s
 }
 
 void Model::forward_sample(std::span<const SeqStep> steps, kv::KvCache& cache,
-                           std::span<const backend::RowDraw> draws, std::vector<int32_t>& tokens) {
+                           std::span<const backend::RowDraw> draws, std::span<const int32_t> hist,
+                           std::vector<int32_t>& tokens) {
   int R = 0;
   for (const SeqStep& s : steps) R += s.all_logits ? static_cast<int>(s.tokens.size()) : 1;
   if (static_cast<int>(draws.size()) != R)
     throw Error(fmt::format("forward_sample: {} draws for {} output rows", draws.size(), R));
+  for (const backend::RowDraw& d : draws)
+    if (d.hist_off < 0 || d.hist_len < 0 || int64_t(d.hist_off) + d.hist_len > int64_t(hist.size()))
+      throw Error(fmt::format("forward_sample: penalty ids [{}, +{}) outside the {} given", d.hist_off, d.hist_len,
+                              hist.size()));
   R = run(steps, cache);
   out_rows_ = R;
   tokens.resize(size_t(R));
-  if (R > 0) be_.sample_rows(logits_->data(), R, cfg_.vocab_size, draws.data(), tokens.data());
+  if (R > 0)
+    be_.sample_rows(logits_->data(), R, cfg_.vocab_size, draws.data(), hist.data(), int64_t(hist.size()),
+                    tokens.data());
 }
 
 void Model::output_logits(int r, std::span<float> out) const {

@@ -69,8 +69,9 @@ class Model {
   // (backend/sample.h; one entry per output row, in step order): tokens[r] is the token or
   // kDrawHost / kDrawNaN / kDrawSkipped. A kDrawHost row's logits stay readable through
   // output_logits until the next step.
+  // `hist`: the penalized rows' ids (RowDraw::hist_off / hist_len index it).
   void forward_sample(std::span<const SeqStep> steps, kv::KvCache& cache, std::span<const backend::RowDraw> draws,
-                      std::vector<int32_t>& tokens);
+                      std::span<const int32_t> hist, std::vector<int32_t>& tokens);
   // Output row r's logits [vocab] of the last step (forward, forward_argmax, forward_sample).
   void output_logits(int r, std::span<float> out) const;
   // Benchmarks: compute the logits but leave them on the backend (forward then

@@ -192,12 +192,14 @@ TEST(Sampler, SampleWithUEqualsTheBackendsReferenceDraw) {
     for (float& x : l) x = nd(rng);
     EXPECT_EQ(a.sample(l, {}), b.sample_u(l, {}, b.next_u())) << "token " << t;
   }
-  // Greedy takes no u; a repetition penalty keeps the draw on the host.
+  // Greedy takes no u; a repetition penalty travels with the draw.
   Sampler g({}), rep({0.8f, 0, 1.0f, 1.2f, 1});
   EXPECT_EQ(g.next_u(), 0.0);
   EXPECT_EQ(g.device_draw(0.0).mode, backend::RowDraw::kArgmax);
-  EXPECT_EQ(rep.device_draw(0.5).mode, backend::RowDraw::kHost);
-  EXPECT_EQ(Sampler({0.0f, 0, 1.0f, 1.2f, 1}).device_draw(0.0).mode, backend::RowDraw::kHost);
+  EXPECT_EQ(g.device_draw(0.0).penalty, 1.0f);
+  EXPECT_EQ(rep.device_draw(0.5).mode, backend::RowDraw::kSample);
+  EXPECT_EQ(rep.device_draw(0.5).penalty, 1.2f);
+  EXPECT_EQ(Sampler({0.0f, 0, 1.0f, 1.2f, 1}).device_draw(0.0).mode, backend::RowDraw::kArgmax);
 }
 
 // sample_rows draws every row with its own sampler, in parallel: the tokens equal serial draws
@@ -353,8 +355,8 @@ TEST(Generator, BadRequestsThrowAndLeakNothing) {
   EXPECT_EQ(r.cache.pool().num_used(), 0);
 }
 
-// The engine's step (StepDrawer) on the CPU backend: the argmax rows come from the backend,
-// the sampled and penalized ones from the host; every token equals a plain forward + Sampler
+// The engine's step (StepDrawer) on the CPU backend: the plain argmax rows come from the
+// backend, the sampled and penalized ones from the host; every token equals a plain forward + Sampler
 // run of a twin model with the same seeds, over prefill chunks and decode steps of three
 // sequences, one of which is a prefill chunk that yields no token.
 TEST(StepDrawer, TokensEqualPlainForwardAndSamplerOfATwin) {
@@ -398,8 +400,9 @@ TEST(StepDrawer, TokensEqualPlainForwardAndSamplerOfATwin) {
     }
     ASSERT_EQ(k, jobs.size());
     EXPECT_EQ(drawer.host_rows(), int(std::count_if(jobs.begin(), jobs.end(), [](const SampleJob& j) {
-                return j.sampler->device_draw(0.5).mode != backend::RowDraw::kArgmax;
-              }))) << "the CPU backend draws only the argmax rows";
+                const backend::RowDraw d = j.sampler->device_draw(0.5);
+                return d.mode != backend::RowDraw::kArgmax || d.penalty != 1.0f;
+              }))) << "the CPU backend draws only the plain argmax rows";
   }
   for (int i = 0; i < 3; ++i) EXPECT_GT(hist[i].size(), size_t(12)) << "sequence " << i << " generated";
 }

@@ -648,15 +648,20 @@ class CudaBackend final : public Backend {
     check(cudaStreamSynchronize(st_), "argmax_rows");
   }
 
-  // Every row in one launch (cuda_ops::sample_rows): the draws go up, the ids come back.
-  void sample_rows(const float* x, int rows, int cols, const RowDraw* draws, int32_t* out) override {
+  // Every row in one launch (cuda_ops::sample_rows): the draws and the penalty ids go up, the
+  // ids come back.
+  void sample_rows(const float* x, int rows, int cols, const RowDraw* draws, const int32_t* hist, int64_t hist_n,
+                   int32_t* out) override {
     no_capture(st_, "sample_rows");
     if (rows <= 0) return;
-    const size_t ids = (size_t(rows) * 4 + 15) / 16 * 16, bytes = ids + size_t(rows) * sizeof(RowDraw);
-    sample_.ensure(bytes);
+    const size_t ids = (size_t(rows) * 4 + 15) / 16 * 16, dr = (size_t(rows) * sizeof(RowDraw) + 15) / 16 * 16;
+    sample_.ensure(ids + dr + size_t(hist_n) * 4);
     auto* dd = reinterpret_cast<RowDraw*>(static_cast<char*>(sample_.p) + ids);
+    auto* dh = reinterpret_cast<int32_t*>(static_cast<char*>(sample_.p) + ids + dr);
     check(cudaMemcpyAsync(dd, draws, size_t(rows) * sizeof(RowDraw), cudaMemcpyHostToDevice, st_), "sample_rows");
-    cuda_ops::sample_rows(x, rows, cols, dd, sample_.as<int32_t>(), st_);
+    if (hist_n > 0)
+      check(cudaMemcpyAsync(dh, hist, size_t(hist_n) * 4, cudaMemcpyHostToDevice, st_), "sample_rows");
+    cuda_ops::sample_rows(x, rows, cols, dd, dh, sample_.as<int32_t>(), st_);
     check_launch("sample_rows");
     check(cudaMemcpyAsync(out, sample_.p, size_t(rows) * 4, cudaMemcpyDeviceToHost, st_), "sample_rows");
     check(cudaStreamSynchronize(st_), "sample_rows");
@@ -939,7 +944,7 @@ class CudaBackend final : public Backend {
   bool fused_prefill_ = true;  // BF16 prefill through the fused kernel (else the GEMM path)
   int prefill_warps_ = 4;      // its CTA: 4 or 8 warps of 16 query rows
   DevMem argmax_;
-  DevMem sample_;  // sample_rows: ids, then the draws
+  DevMem sample_;  // sample_rows: ids, the draws, the penalty ids
   DevMem tokens_, xb_, rope_tab_, kv_, qp_, s_, p_, op_;
   const float* rope_cos_ = nullptr;
   int rope_n_ = 0, rope_d_ = 0;

@@ -13,8 +13,10 @@
 //      (bitonic on 64-bit (logit, id) keys), their running weights (double) started from the
 //      exact weight of every bucket before the window (summed in a fixed order). If the point
 //      is not inside the window, the next window (twice as wide) lies towards it.
-// A window of more than kCand ids (a row so flat that thousands of ids share 1/16 nat) or a
-// row without a finite logit answers kDrawHost: the engine draws it on the host from the same
+// A repetition penalty (backend/sample.h) is applied as each logit is read: the row's distinct
+// history ids are a bitmap in shared memory. A window of more than kCand ids (a row so flat that
+// thousands of ids share 1/16 nat), a row without a finite logit, or a penalized row of more
+// than kPenIds ids answers kDrawHost: the engine draws it on the host from the same
 // logits and u. Sums taken in other orders than the reference's may move a point only where
 // u · weight is within rounding (~1e-16 relative) of a running weight.
 #include <cuda_runtime.h>
@@ -35,9 +37,11 @@ constexpr double kBucketsPerNat = 16.0;
 constexpr int kCand = 8192;  // ids of a resolved window
 constexpr int kWarps = kSampleThreads / 32;
 constexpr int kPer = kBuckets / kSampleThreads;
+constexpr int kPenIds = 1 << 18;  // vocabulary a penalty bitmap covers
 
-// Shared memory of one CTA (dynamic, ~145 KB).
+// Shared memory of one CTA (dynamic, ~177 KB).
 struct SampleSmem {
+  uint32_t pen_bits[kPenIds / 32];  // ids the repetition penalty acts on
   unsigned long long keys[kCand];  // the window's ids, sorted
   double run[kCand];               // their running weights (from rank 0)
   int cum_cnt[kBuckets];           // ids in buckets [0, b]
@@ -121,7 +125,17 @@ struct Row {
   int V;
   float m;
   double inv_t;
+  float pen;              // repetition penalty (1: none)
+  const uint32_t* bits;   // its ids (null without a penalty)
 };
+
+// Logit i of the row, penalized as engine::Sampler does it.
+__device__ __forceinline__ float load(const float* __restrict__ x, int i, float pen, const uint32_t* bits) {
+  float v = x[i];
+  if (bits && ((bits[i >> 5] >> (i & 31)) & 1u)) v = v > 0 ? v / pen : v * pen;
+  return v;
+}
+__device__ __forceinline__ float load(const Row& r, int i) { return load(r.x, i, r.pen, r.bits); }
 
 // A resolved window of buckets [lo, hi]: s.keys / s.run hold its n ids, ranks
 // [base_count, base_count + n), s.run already including `base` (the weight of every id before).
@@ -146,7 +160,7 @@ __device__ Window resolve(const Row& r, int lo, int hi, SampleSmem& s) {
   __syncthreads();
   double before_lo = 0;  // this thread's ids of the buckets before the window, in id order
   for (int i = tid; i < r.V; i += kSampleThreads) {
-    const float v = r.x[i];
+    const float v = load(r, i);
     const int b = bucket_of(v, r.m, r.inv_t);
     if (b < lo) {
       before_lo += weight_of(v, r.m, r.inv_t);
@@ -268,6 +282,7 @@ __device__ Point at_rank(const Row& r, int k, SampleSmem& s) {
 
 __global__ void __launch_bounds__(kSampleThreads) sample_rows_k(const float* __restrict__ logits, int V,
                                                                const RowDraw* __restrict__ draws,
+                                                               const int32_t* __restrict__ hist,
                                                                int32_t* __restrict__ out) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   SampleSmem& s = *reinterpret_cast<SampleSmem*>(smem_raw);
@@ -278,13 +293,29 @@ __global__ void __launch_bounds__(kSampleThreads) sample_rows_k(const float* __r
     return;
   }
   const float* x = logits + int64_t(row) * V;
+  const float pen = d.penalty;
+  const uint32_t* bits = nullptr;
+  if (pen != 1.0f) {  // the penalty's ids as a bitmap
+    if (V > kPenIds) {
+      if (tid == 0) out[row] = kDrawHost;
+      return;
+    }
+    for (int w = tid; w < (V + 31) / 32; w += kSampleThreads) s.pen_bits[w] = 0;
+    __syncthreads();
+    for (int j = tid; j < d.hist_len; j += kSampleThreads) {
+      const int t = hist[d.hist_off + j];
+      if (t >= 0 && t < V) atomicOr(&s.pen_bits[t >> 5], 1u << (t & 31));
+    }
+    __syncthreads();
+    bits = s.pen_bits;
+  }
 
   // 1. Max (lowest id on ties, NaN skipped) and NaN.
   float bv = -INFINITY;
   int bi = -1, nan = 0;
 #pragma unroll 4
   for (int i = tid; i < V; i += kSampleThreads) {
-    const float v = x[i];
+    const float v = load(x, i, pen, bits);
     if (v != v) {
       nan = 1;
       continue;
@@ -320,7 +351,7 @@ __global__ void __launch_bounds__(kSampleThreads) sample_rows_k(const float* __r
     if (tid == 0) out[row] = kDrawHost;
     return;
   }
-  const Row r{x, V, m, 1.0 / double(d.temperature)};
+  const Row r{x, V, m, 1.0 / double(d.temperature), pen, bits};
 
   // 2. Weights: the total and the histogram.
   __syncthreads();
@@ -328,7 +359,7 @@ __global__ void __launch_bounds__(kSampleThreads) sample_rows_k(const float* __r
   __syncthreads();
   double local = 0;
   for (int i = tid; i < V; i += kSampleThreads) {
-    const float v = x[i];
+    const float v = load(r, i);
     const double w = weight_of(v, m, r.inv_t);
     local += w;
     const int b = bucket_of(v, m, r.inv_t);
@@ -380,14 +411,15 @@ __global__ void __launch_bounds__(kSampleThreads) sample_rows_k(const float* __r
 
 }  // namespace
 
-void sample_rows(const float* logits, int rows, int V, const RowDraw* draws, int32_t* out, cudaStream_t st) {
+void sample_rows(const float* logits, int rows, int V, const RowDraw* draws, const int32_t* hist, int32_t* out,
+                 cudaStream_t st) {
   if (rows <= 0) return;
   static bool attr = false;
   if (!attr) {
     cudaFuncSetAttribute(sample_rows_k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(sizeof(SampleSmem)));
     attr = true;
   }
-  sample_rows_k<<<rows, kSampleThreads, sizeof(SampleSmem), st>>>(logits, V, draws, out);
+  sample_rows_k<<<rows, kSampleThreads, sizeof(SampleSmem), st>>>(logits, V, draws, hist, out);
 }
 
 }  // namespace oscar::backend::cuda_ops
