@@ -48,9 +48,6 @@ class Sampler {
   // The draw as a backend can run it (Backend::sample_rows): kArgmax when greedy, else kSample
   // with u; the repetition penalty in RowDraw::penalty (the caller lists the history's ids).
   backend::RowDraw device_draw(double u) const;
-  // Greedy with no repetition penalty: the token is the argmax of the logits alone, so
-  // the model can pick it where the logits are (Model::forward_argmax).
-  bool plain_greedy() const { return p_.temperature == 0.0f && p_.repetition_penalty == 1.0f; }
   // The probabilities sample() draws from (after all transforms), for tests.
   std::vector<double> probabilities(std::span<const float> logits, std::span<const int> history);
 
