@@ -332,6 +332,7 @@ bool Scheduler::step() {
   const auto now = Clock::now();
   metrics_.busy_s += std::chrono::duration<double>(now - t0).count();
   ++metrics_.steps;
+  metrics_.host_draws += drawer_.host_rows();
 
   // 4. Each row's token accepted in plan order. A row whose logits could not be drawn from
   // (NaN) fails its own request only.

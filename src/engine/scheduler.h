@@ -77,6 +77,7 @@ struct SchedulerMetrics {
   int64_t prompt_tokens = 0;      // prompt tokens of finished requests
   int64_t generation_tokens = 0;  // tokens sampled
   int64_t prefill_tokens = 0;     // tokens run as prefill (recomputation included)
+  int64_t host_draws = 0;         // tokens whose logits were copied and drawn on the host
   int64_t preemptions = 0;
   int64_t prefix_queries = 0, prefix_hits = 0;  // prompt tokens looked up / found in the prefix cache
   int64_t requests_added = 0, requests_rejected = 0;

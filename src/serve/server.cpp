@@ -270,6 +270,10 @@ struct Server::Impl {
     line("oscar_generation_tokens_total", double(m.generation_tokens));
     metric("oscar_prefill_tokens_total", "counter", "Tokens run as prefill (recomputation after preemption included).");
     line("oscar_prefill_tokens_total", double(m.prefill_tokens));
+    metric("oscar_host_draws_total", "counter",
+           "Tokens drawn on the host from copied logits (the CPU backend's sampled rows; on a GPU only rows "
+           "too flat for the device).");
+    line("oscar_host_draws_total", double(m.host_draws));
     metric("oscar_preemptions_total", "counter", "Sequences preempted for lack of KV pages.");
     line("oscar_preemptions_total", double(m.preemptions));
     metric("oscar_engine_steps_total", "counter", "Forward steps.");

@@ -497,6 +497,8 @@ TEST(Scheduler, NaNLogitsFailOnlyTheirRequest) {
     }
   }
   EXPECT_EQ(cache.pool().num_used(), 0);
+  // The CPU backend leaves every sampled row to the host sampler: 6 + 6 tokens and the NaN row's one try.
+  EXPECT_EQ(s.metrics().host_draws, 13);
 }
 
 }  // namespace

@@ -414,11 +414,9 @@ __global__ void __launch_bounds__(kSampleThreads) sample_rows_k(const float* __r
 void sample_rows(const float* logits, int rows, int V, const RowDraw* draws, const int32_t* hist, int32_t* out,
                  cudaStream_t st) {
   if (rows <= 0) return;
-  static bool attr = false;
-  if (!attr) {
-    cudaFuncSetAttribute(sample_rows_k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(sizeof(SampleSmem)));
-    attr = true;
-  }
+  // Per call, not once per process: the attribute belongs to the current device (a failure
+  // shows as the launch's error, which the caller checks).
+  cudaFuncSetAttribute(sample_rows_k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(sizeof(SampleSmem)));
   sample_rows_k<<<rows, kSampleThreads, sizeof(SampleSmem), st>>>(logits, V, draws, hist, out);
 }
 
