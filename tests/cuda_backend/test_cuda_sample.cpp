@@ -3,8 +3,9 @@
 // (StepDrawer) on the CUDA backend against host draws of the same logits.
 //
 // Exactness: the device sums the same double weights as the reference in other orders, so a
-// token could differ only where u · mass falls within ~1e-16 (relative) of a running weight;
-// with random u no row comes near that, and the tests ask for equality. kDrawHost (the row is
+// token could differ only where u · mass or top_p · total falls within ~1e-16 (relative) of a
+// running weight; with random u, and rows built without such exact ties (see kind 5), no row
+// comes near that, and the tests ask for equality. kDrawHost (the row is
 // left to the host) is allowed only for a row without a finite logit, and for a row so flat
 // that more than 8192 ids share the 1/16 nat of the order the draw has to resolve: never for a
 // vocabulary of at most 8192 nor for a peaked (LLM-like) row; counted and printed for the others.
