@@ -315,10 +315,13 @@ bool Scheduler::step() {
   // The rows that yield a token: sequences whose every token is in the cache after this step
   // (a last prefill chunk, or a decode token), unless no new token is wanted.
   jobs_.clear();
+  job_of_.assign(plan.size(), -1);
   for (size_t r = 0; r < plan.size(); ++r) {
     Seq& s = *plan[r].seq;
-    if (s.pending() == plan[r].n && s.req.max_new_tokens != 0)
+    if (s.pending() == plan[r].n && s.req.max_new_tokens != 0) {
+      job_of_[r] = static_cast<int>(jobs_.size());
       jobs_.push_back({&s.sampler, {}, s.history, -1, {}, static_cast<int>(r)});
+    }
   }
   const auto t0 = Clock::now();
   try {
@@ -336,7 +339,6 @@ bool Scheduler::step() {
 
   // 4. Each row's token accepted in plan order. A row whose logits could not be drawn from
   // (NaN) fails its own request only.
-  size_t k = 0;
   for (size_t r = 0; r < plan.size(); ++r) {
     Seq& s = *plan[r].seq;
     const bool decode = plan[r].n == 1 && s.generated > 0 && s.pending() == 1;
@@ -348,7 +350,7 @@ bool Scheduler::step() {
       finish(s, "length");
       continue;
     }
-    const SampleJob& j = jobs_[k++];
+    const SampleJob& j = jobs_[size_t(job_of_[r])];
     if (j.token < 0)
       finish(s, "error", "sampling failed: " + j.error);
     else

@@ -135,6 +135,7 @@ class Scheduler {
   SchedulerMetrics metrics_;
   StepDrawer drawer_;             // the step and its tokens
   std::vector<SampleJob> jobs_;   // the step's draws, in plan order
+  std::vector<int> job_of_;       // per planned row: its index in jobs_, or -1 (no token)
 };
 
 // Length of the longest prefix of `s` that does not end inside a UTF-8 sequence.

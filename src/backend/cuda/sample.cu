@@ -140,7 +140,7 @@ __device__ __forceinline__ float load(const Row& r, int i) { return load(r.x, i,
 // A resolved window of buckets [lo, hi]: s.keys / s.run hold its n ids, ranks
 // [base_count, base_count + n), s.run already including `base` (the weight of every id before).
 struct Window {
-  int lo = 0, hi = -1, n = 0, base_count = 0;
+  int n = 0, base_count = 0;
   double base = 0;
   bool overflow = false;
 };
@@ -148,7 +148,6 @@ struct Window {
 __device__ Window resolve(const Row& r, int lo, int hi, SampleSmem& s) {
   const int tid = threadIdx.x;
   Window w;
-  w.lo = lo, w.hi = hi;
   w.base_count = lo > 0 ? s.cum_cnt[lo - 1] : 0;
   w.n = s.cum_cnt[hi] - w.base_count;
   if (w.n > kCand) {
