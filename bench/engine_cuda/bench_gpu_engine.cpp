@@ -25,6 +25,9 @@
 // (the same write and demotion path as a forward, without prefill compute).
 // The 2-bit cache uses the OSCAR layout with a Hadamard rotation (data-free:
 // the decode cost of a calibrated OSCAR rotation is the same d x d product).
+// --methods bf16-flashinfer / bf16-flashinfer-tc add the BF16 cache decoded by
+// FlashInfer's CUDA-core / tensor-core kernel (builds with scripts/fetch_flashinfer.sh's
+// headers): the check that the BF16 baseline is not handicapped by our kernel.
 #include <cublas_v2.h>
 #include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
@@ -53,6 +56,11 @@
 using namespace oscar;
 
 namespace {
+
+// The BF16 cache decoded by FlashInfer's CUDA-core or tensor-core kernel instead of ours
+// (--methods bf16-flashinfer, bf16-flashinfer-tc).
+const char* const kFiLabel = "bf16 (flashinfer)";
+const char* const kFiTcLabel = "bf16 (flashinfer-tc)";
 
 struct Args {
   std::string preset = "qwen3-8b";
@@ -270,7 +278,7 @@ int main(int argc, char** argv) {
     else {
       std::fprintf(stderr, "usage: bench_gpu_engine [--preset qwen3-8b|llama3-8b|qwen25-1.5b | --model PATH] [--kv-gib G] "
                            "[--ctx a,b] [--batch a,b] [--batch-ctx c] [--long-ctx n] [--steps n] "
-                           "[--methods bf16,int2,int2-nocenter] [--calib FILE] [--graphs both|on|off] [--prefill 8192,32768] [--prefill-chunk n] "
+                           "[--methods bf16,bf16-flashinfer,bf16-flashinfer-tc,int2,int2-nocenter] [--calib FILE] [--graphs both|on|off] [--prefill 8192,32768] [--prefill-chunk n] "
                            "[--sample-batch 1,8,32] [--sample-ctx n] [--sample-temp t] [--sample-top-p p] [--json FILE]\n");
       return 2;
     }
@@ -375,13 +383,30 @@ int main(int argc, char** argv) {
             km.calib = std::make_shared<Calibration>(
                 data_free_calibration(Composition::kHadamard, fp, 0.96f, 0.92f, 2, 128));
           }
+        } else if (name == "bf16-flashinfer" || name == "bf16-flashinfer-tc") {
+          if (!backend::cuda_has_flashinfer())
+            throw Error("bench_gpu_engine: " + name + ": this build has no FlashInfer "
+                        "(bash scripts/fetch_flashinfer.sh, then build again)");
+          km.label = name == "bf16-flashinfer" ? kFiLabel : kFiTcLabel;
         } else if (name != "bf16") {
-          throw Error("bench_gpu_engine: --methods: unknown '" + name + "' (bf16, int2, int2-nocenter)");
+          throw Error("bench_gpu_engine: --methods: unknown '" + name +
+                      "' (bf16, bf16-flashinfer, bf16-flashinfer-tc, int2, int2-nocenter)");
         }
         methods.push_back(km);
       }
       if (methods.empty()) throw Error("bench_gpu_engine: --methods lists nothing");
     }
+    // A method's name in the tables; select() puts the BF16 decode on the kernel it names.
+    auto name_of = [](const kv::KvMethod& km) -> std::string {
+      if (km.kind != kv::KvMethod::Kind::kBf16) return km.label;
+      return km.label.empty() ? std::string("bf16") : km.label;
+    };
+    auto select = [&](const kv::KvMethod& km) {
+      const bool bf = km.kind == kv::KvMethod::Kind::kBf16;
+      backend::set_cuda_bf16_decode(*be, bf && km.label == kFiLabel     ? "flashinfer"
+                                         : bf && km.label == kFiTcLabel ? "flashinfer-tc"
+                                                                        : "ours");
+    };
     const auto shape = m.cache_shape(64);
     const int chunk = 2048;
     auto kbuf = be->alloc(size_t(chunk) * Dkv), vbuf = be->alloc(size_t(chunk) * Dkv);
@@ -496,6 +521,7 @@ int main(int argc, char** argv) {
     auto weights_ms = [&](int B) {
       for (auto& [b, ms] : wonly)
         if (b == B) return ms;
+      select(methods[0]);
       auto cache = kv::make_method_cache(methods[0], shape, int64_t(B) * 256, false,
                                          be->page_store_factory());
       std::vector<kv::SeqId> seqs;
@@ -512,6 +538,7 @@ int main(int argc, char** argv) {
     // ---- equal memory
     for (int C : a.ctx) {
       for (const kv::KvMethod& km : methods) {
+        select(km);
         // The most sequences of C tokens (+ the decode steps) the budget holds.
         int lo = 0, hi = 4096;
         // Pool sizes without allocating: the same arithmetic as make_method_cache_for_bytes.
@@ -531,7 +558,7 @@ int main(int argc, char** argv) {
           if (holds(mid)) lo = mid; else hi = mid - 1;
         }
         Row r;
-        r.method = km.kind == kv::KvMethod::Kind::kBf16 ? "bf16" : km.label;
+        r.method = name_of(km);
         r.ctx = C;
         r.fit = lo;
         r.batch = lo;
@@ -563,8 +590,9 @@ int main(int argc, char** argv) {
     for (auto [B, C] : shapes) {
       const double wms = weights_ms(B);
       for (const kv::KvMethod& km : methods) {
+        select(km);
         Row r;
-        r.method = km.kind == kv::KvMethod::Kind::kBf16 ? "bf16" : km.label;
+        r.method = name_of(km);
         r.batch = B;
         r.ctx = C;
         std::unique_ptr<kv::KvCache> cache;
@@ -697,8 +725,9 @@ int main(int argc, char** argv) {
     for (int P : a.prefill) {
       if (P <= 0) continue;
       for (const kv::KvMethod& km : methods) {
+        select(km);
         Pre p;
-        p.method = km.kind == kv::KvMethod::Kind::kBf16 ? "bf16" : km.label;
+        p.method = name_of(km);
         p.tokens = P;
         auto cache = kv::make_method_cache(km, shape, int64_t(P) + 2 * a.prefill_chunk + 1024, false,
                                            be->page_store_factory());
@@ -733,6 +762,9 @@ int main(int argc, char** argv) {
         pre.push_back(p);
       }
     }
+    if (backend::cuda_has_flashinfer())
+      std::printf("FlashInfer decoded %lld layer-steps in this run\n",
+                  static_cast<long long>(backend::cuda_flashinfer_calls(*be)));
     if (!a.json.empty()) {
       std::ofstream f(a.json);
       f << "{\"preset\": \"" << (a.model.empty() ? a.preset : a.model) << "\", \"device\": \"" << be->name()

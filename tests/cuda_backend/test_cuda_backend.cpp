@@ -645,6 +645,66 @@ TEST(CudaGraphs, DecodeStepsEqualEagerSteps) {
   }
 }
 
+// The BF16 baseline on FlashInfer's decode kernels (builds with scripts/fetch_flashinfer.sh's
+// headers), CUDA-core and tensor-core: whole decode steps of a head_dim-128 model with GQA group 4
+// (Qwen3-8B's), batch 1 and 3 over odd lengths and page boundaries, against the same engine on
+// our BF16 kernel. Tolerance 1e-2 of the largest logit: FlashInfer rounds its output to BF16
+// (ours keeps fp32), the tensor-core one its queries too.
+TEST(CudaFlashInfer, Bf16DecodeMatchesOurKernel) {
+  SKIP_WITHOUT_GPU();
+  if (!backend::cuda_has_flashinfer()) GTEST_SKIP() << "built without FlashInfer";
+  const model::ModelWeights w = tiny(model::Arch::kQwen3, 128, 8, 2);
+  const int V = w.cfg.vocab_size;
+  for (const char* which : {"flashinfer", "flashinfer-tc"}) {
+    SCOPED_TRACE(which);
+    Runner ours(w, backend::make_cuda_backend({WeightDtype::kBf16, 0}), bf16_method(), 16, 4096);
+    Runner fi(w, backend::make_cuda_backend({WeightDtype::kBf16, 0}), bf16_method(), 16, 4096);
+    backend::set_cuda_bf16_decode(*fi.be, which);
+    ASSERT_EQ(backend::cuda_bf16_decode(*fi.be), which);
+    ASSERT_EQ(backend::cuda_bf16_decode(*ours.be), "ours");
+    const auto toks = random_tokens(400, V, 77);
+    std::vector<kv::SeqId> seqs;
+    const int prompt[3] = {37, 16, 129};
+    int used = 0;
+    for (int i = 0; i < 3; ++i) {
+      const kv::SeqId a = ours.cache->create();
+      ASSERT_EQ(a, fi.cache->create());
+      const std::vector<int32_t> p(toks.begin() + used, toks.begin() + used + prompt[i]);
+      used += prompt[i];
+      const auto lo = ours.step({a}, {p}), lf = fi.step({a}, {p});
+      EXPECT_LE(rel_err(lf, lo), 1e-2) << "prefill " << i;  // (no decode kernel in a prefill)
+      seqs.push_back(a);
+    }
+    int64_t decoded = 0;
+    for (int t = 0; t < 40; ++t) {
+      const int B = t < 10 ? 1 : 3;  // batch 1, then all three
+      std::vector<kv::SeqId> s(seqs.begin(), seqs.begin() + B);
+      std::vector<std::vector<int32_t>> tk;
+      for (int b = 0; b < B; ++b) tk.push_back({toks[size_t(used + t * 3 + b)]});
+      const auto lo = ours.step(s, tk), lf = fi.step(s, tk);
+      ASSERT_EQ(lo.size(), size_t(B) * V);
+      EXPECT_LE(rel_err(lf, lo), 1e-2) << "decode step " << t << ", batch " << B;
+      decoded += w.cfg.n_layers;
+    }
+    // Every decode layer went through FlashInfer there, none on our side.
+    EXPECT_EQ(backend::cuda_flashinfer_calls(*fi.be), decoded);
+    EXPECT_EQ(backend::cuda_flashinfer_calls(*ours.be), 0);
+  }
+  // A group FlashInfer's CUDA-core decode has no instance for (6) is refused with the reason.
+  const model::ModelWeights w6 = tiny(model::Arch::kLlama, 128, 12, 2);
+  Runner r6(w6, backend::make_cuda_backend({WeightDtype::kBf16, 0}), bf16_method(), 16, 1024);
+  backend::set_cuda_bf16_decode(*r6.be, "flashinfer");
+  const kv::SeqId z = r6.cache->create();
+  r6.step({z}, {{1, 2, 3}});
+  try {
+    r6.step({z}, {{4}});
+    FAIL() << "GQA group 6 on FlashInfer's CUDA-core decode must be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("group 6"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(backend::set_cuda_bf16_decode(*r6.be, "flashattention"), Error);
+}
+
 TEST(CudaBackend, UnsupportedCachesAreRefusedClearly) {
   SKIP_WITHOUT_GPU();
   auto w = tiny(model::Arch::kLlama, 64, 4, 2);

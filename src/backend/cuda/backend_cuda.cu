@@ -1,4 +1,7 @@
 #include "backend/cuda/backend_cuda.h"
+#ifdef OSCAR_WITH_FLASHINFER
+#include "backend/cuda/flashinfer/fi_decode.h"
+#endif
 
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -419,6 +422,7 @@ class CudaBackend final : public Backend {
     if (const char* g = std::getenv("OSCAR_CUDA_BLAS_BETA")) blas_beta_ = std::string(g) != "0";
     if (const char* g = std::getenv("OSCAR_CUDA_FUSED_PREFILL")) fused_prefill_ = std::string(g) != "0";
     if (const char* g = std::getenv("OSCAR_CUDA_PREFILL_WARPS")) prefill_warps_ = std::atoi(g) == 8 ? 8 : 4;
+    if (const char* g = std::getenv("OSCAR_CUDA_BF16_DECODE")) set_bf16_decode(g);
     // Programmatic dependent launch of the step's small kernels and GEMVs (Hopper on);
     // OSCAR_CUDA_PDL=0 turns it off (A/B).
     int major = 0;
@@ -803,6 +807,8 @@ class CudaBackend final : public Backend {
       plan_ = kernels::cuda::plan_decode(dec.batch(), hr, dec.base.num_kv_heads, num_sms_);
       have_plan_ = true;
       plan_uploaded_ = false;
+      fi_planned_ = false;
+      if (bf16_flashinfer_) plan_flashinfer(dec);
     }
   }
 
@@ -825,10 +831,35 @@ class CudaBackend final : public Backend {
     const bool any_mid = view.quant.k_codes != nullptr;
     const std::string why = kernels::cuda::check_decode(p, plan_, ws_);
     if (!why.empty()) throw Error("cuda backend: decode attention: " + why);
+    if (!any_mid && bf16_flashinfer_) return flashinfer_decode(p.kv, q, num_q_heads, sm_scale, o);
     check(any_mid ? kernels::cuda::decode_attention(p, plan_, ws_, st_)
                   : kernels::cuda::decode_attention_bf16(p, plan_, ws_, st_),
           "decode_attention");
   }
+
+  // The BF16 decode on one of FlashInfer's kernels instead of ours (a comparison baseline;
+  // builds with OSCAR_FLASHINFER_INCLUDE): "flashinfer" its CUDA-core decode, "flashinfer-tc"
+  // its tensor-core one. Env OSCAR_CUDA_BF16_DECODE=ours|flashinfer|flashinfer-tc.
+  void set_bf16_decode(const std::string& which) {
+    if (which == "ours") {
+      bf16_flashinfer_ = false;
+      return;
+    }
+    if (which != "flashinfer" && which != "flashinfer-tc")
+      throw Error("cuda backend: BF16 decode '" + which + "' is not one of ours, flashinfer, flashinfer-tc");
+#ifdef OSCAR_WITH_FLASHINFER
+    bf16_flashinfer_ = true;
+    fi_tc_ = which == "flashinfer-tc";
+    fi_hq_ = 0;  // plan again
+#else
+    throw Error("cuda backend: this build has no FlashInfer (configure with OSCAR_FLASHINFER_INCLUDE; "
+                "scripts/fetch_flashinfer.sh)");
+#endif
+  }
+  std::string bf16_decode() const {
+    return bf16_flashinfer_ ? (fi_tc_ ? "flashinfer-tc" : "flashinfer") : "ours";
+  }
+  int64_t flashinfer_calls() const { return fi_calls_; }
 
   void prefill_attention(const kv::PagedKvView& view, int b, int L, const float* q,
                          const float* k_new, const float* v_new, int n, int Hq, float sm_scale,
@@ -841,6 +872,52 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  // FlashInfer takes one page list per sequence with full pages but the last: the BF16
+  // cache's (every page in the recent region, in order). Planned once per step.
+  void plan_flashinfer(const kv::KvBatch& dec) {
+#ifdef OSCAR_WITH_FLASHINFER
+    const int B = dec.batch(), ps = dec.base.page_size;
+    if (!dec.sink_indices.empty() || !dec.mid_indices.empty()) return;  // a 2-bit cache: ours runs
+    for (int b = 0; b < B; ++b)
+      if (dec.sink_len[b] != 0 || dec.mid_len[b] != 0) return;
+    fi_last_.resize(B);
+    fi_indptr_.assign(dec.recent_indptr.begin(), dec.recent_indptr.end());
+    for (int b = 0; b < B; ++b) {
+      const int np = dec.recent_indptr[b + 1] - dec.recent_indptr[b], len = dec.recent_len[b];
+      if (np != (len + ps - 1) / ps || len <= 0)
+        throw Error("cuda backend: flashinfer decode: sequence " + std::to_string(b) + " has " +
+                    std::to_string(np) + " pages for " + std::to_string(len) + " tokens");
+      fi_last_[b] = len - (np - 1) * ps;
+    }
+    fi_last_dev_.ensure(size_t(B) * 4);
+    check(cudaMemcpyAsync(fi_last_dev_.p, fi_last_.data(), size_t(B) * 4, cudaMemcpyHostToDevice, st_),
+          "flashinfer last pages");
+    fi_hq_ = 0;  // planned at the first layer (the query heads come with it)
+    fi_planned_ = true;
+#else
+    (void)dec;
+#endif
+  }
+
+  void flashinfer_decode(const kv::PagedKvView& kv, const float* q, int num_q_heads, float sm_scale, float* o) {
+#ifdef OSCAR_WITH_FLASHINFER
+    if (!fi_planned_) throw Error("cuda backend: flashinfer decode: the step's cache is not all BF16");
+    if (fi_hq_ != num_q_heads) {
+      const std::string why = fi_.plan(fi_tc_, fi_indptr_.data(), kv.batch, num_q_heads,
+                                       kv.num_kv_heads, kv.page_size, kv.head_dim, st_);
+      if (!why.empty()) throw Error("cuda backend: " + why);
+      fi_hq_ = num_q_heads;
+    }
+    const std::string why = fi_.run(q, kv.bf16.k, kv.bf16.v, kv.recent.indptr, kv.recent.indices,
+                                    fi_last_dev_.as<int32_t>(), sm_scale, o, cuda_ops::pdl(), st_);
+    if (!why.empty()) throw Error("cuda backend: " + why);
+    ++fi_calls_;
+#else
+    (void)kv, (void)q, (void)num_q_heads, (void)sm_scale, (void)o;
+    throw Error("cuda backend: this build has no FlashInfer");
+#endif
+  }
+
   // Prefill attention of one chunk (T: the GEMM input type, dt its cuBLAS name):
   // gather K, V [Hkv][L+n][d]; per query sub-chunk, S = Q K^T (queries of a GQA
   // group stacked, one batched GEMM over KV heads), causal softmax, O = P V.
@@ -955,6 +1032,16 @@ class CudaBackend final : public Backend {
   int ws_cap_hint_ = 0;
   int ws_pages_hint_ = 0;    // the most middle pages a page-centred step has had
   bool plan_centered_ = false;  // this step's view has page centres (begin_step)
+  bool bf16_flashinfer_ = false;  // BF16 decode on FlashInfer's kernel (set_bf16_decode)
+  bool fi_tc_ = false;            // its tensor-core decode
+  bool fi_planned_ = false;
+  int fi_hq_ = 0;
+  int64_t fi_calls_ = 0;
+  std::vector<int32_t> fi_last_, fi_indptr_;  // this step's last-page rows and page counts (host)
+  DevMem fi_last_dev_;
+#ifdef OSCAR_WITH_FLASHINFER
+  fi::BatchDecode fi_;
+#endif
 };
 
 }  // namespace
@@ -966,7 +1053,7 @@ std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions& opts) {
 namespace {
 CudaBackend& as_cuda(Backend& be) {
   auto* c = dynamic_cast<CudaBackend*>(&be);
-  if (!c) throw Error("cuda_gemv_rows: not a CUDA backend");
+  if (!c) throw Error("not a CUDA backend");
   return *c;
 }
 }  // namespace
@@ -975,6 +1062,16 @@ void set_cuda_gemv_rows(Backend& be, int rows) { as_cuda(be).set_gemv_rows(rows)
 int cuda_gemv_rows(Backend& be) { return as_cuda(be).gemv_rows(); }
 void set_cuda_gemv_mma_min_rows(Backend& be, int rows) { as_cuda(be).set_gemv_mma_rows(rows); }
 int cuda_gemv_mma_min_rows(Backend& be) { return as_cuda(be).gemv_mma_rows(); }
+void set_cuda_bf16_decode(Backend& be, const std::string& which) { as_cuda(be).set_bf16_decode(which); }
+std::string cuda_bf16_decode(Backend& be) { return as_cuda(be).bf16_decode(); }
+int64_t cuda_flashinfer_calls(Backend& be) { return as_cuda(be).flashinfer_calls(); }
+bool cuda_has_flashinfer() {
+#ifdef OSCAR_WITH_FLASHINFER
+  return true;
+#else
+  return false;
+#endif
+}
 
 bool cuda_device_available() {
   int n = 0;

@@ -24,7 +24,9 @@
 // nvcc; make_cuda_backend throws when the build has no CUDA.
 #pragma once
 
+#include <cstdint>
 #include <memory>
+#include <string>
 
 #include "backend/backend.h"
 
@@ -47,6 +49,16 @@ int cuda_gemv_rows(Backend& be);
 inline constexpr int kCudaGemvNever = 9;  // a min_rows the tensor-core GEMV never reaches
 void set_cuda_gemv_mma_min_rows(Backend& be, int rows);
 int cuda_gemv_mma_min_rows(Backend& be);
+
+// The BF16 cache's decode attention on our kernel ("ours", the default) or on FlashInfer's
+// CUDA-core ("flashinfer") or tensor-core ("flashinfer-tc") decode: the comparison baseline of
+// docs/gpu-engine.md, in builds configured with OSCAR_FLASHINFER_INCLUDE (else this throws);
+// env OSCAR_CUDA_BF16_DECODE. 2-bit caches always run ours. cuda_flashinfer_calls counts the
+// layers FlashInfer has decoded.
+void set_cuda_bf16_decode(Backend& be, const std::string& which);
+std::string cuda_bf16_decode(Backend& be);
+int64_t cuda_flashinfer_calls(Backend& be);
+bool cuda_has_flashinfer();
 
 // True when the build has CUDA and a device is visible.
 bool cuda_device_available();
