@@ -120,6 +120,11 @@ class PageStore {
   // k [n][num_kv_heads][head_dim]; q [n][n_q_heads][head_dim].
   virtual void transform_keys(int layer, float* k, int n) = 0;
   virtual void transform_queries(int layer, float* q, int n, int n_q_heads) = 0;
+  // Both of one step (a device store does them in one launch).
+  virtual void transform_queries_keys(int layer, float* q, int n_q_heads, float* k, int n) {
+    transform_keys(layer, k, n);
+    transform_queries(layer, q, n, n_q_heads);
+  }
   // Waits until queued work is done (host reads of device pages, tests).
   virtual void sync() {}
   // Does now the host side of this step's writes: uploads the placement and runs

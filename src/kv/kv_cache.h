@@ -104,6 +104,10 @@ class KvCache {
   void rotate_queries(int layer, float* q, int n, int n_q_heads) const {
     store().transform_queries(layer, q, n, n_q_heads);
   }
+  // Both of one step's rows (what the forward calls: one launch on a device store).
+  void rotate_queries_keys(int layer, float* q, int n_q_heads, float* k, int n) const {
+    store().transform_queries_keys(layer, q, n_q_heads, k, n);
+  }
   // The page memory and the operations on it (backend/page_store.h).
   virtual backend::PageStore& store() const = 0;
 

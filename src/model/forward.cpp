@@ -249,8 +249,7 @@ int Model::run(std::span<const SeqStep> steps, kv::KvCache& cache) {
     be_.embed(*embd_, tokens.data(), T, x);
     auto inputs = [&](int l) {
       layer_attention_inputs(be_, c, layers_[l], T, a, cos.data(), sin.data());
-      cache.rotate_keys(l, a.k, T);
-      cache.rotate_queries(l, a.q, T, Hq);
+      cache.rotate_queries_keys(l, a.q, Hq, a.k, T);
       cache.write_rows(l, rows_, a.k, a.v);
     };
     graph_runs_ += be_.run_graph(key(0), [&] { inputs(0); });
@@ -273,8 +272,7 @@ int Model::run(std::span<const SeqStep> steps, kv::KvCache& cache) {
   be_.embed(*embd_, tokens.data(), T, x);
   for (int l = 0; l < c.n_layers; ++l) {
     run_layer(be_, c, layers_[l], T, a, cos.data(), sin.data(), [&](float* q, float* k, float* v, float* attn) {
-      cache.rotate_keys(l, k, T);
-      cache.rotate_queries(l, q, T, Hq);
+      cache.rotate_queries_keys(l, q, Hq, k, T);
       cache.write_rows(l, rows_, k, v);
       if (Bd > 0) be_.decode_attention(dec_batch.layer(l), q, Hq, sm_scale, attn);
       if (!pre_seqs.empty()) {

@@ -984,5 +984,43 @@ TEST(CudaDecode, RotateQueriesMatchesReference) {
   }
 }
 
+// The step's queries and keys in one launch (in place), the keys centred first: against the
+// reference rotation of q and of (k - mean), and against two rotate_queries calls.
+TEST(CudaDecode, RotateQueriesKeysMatchesReference) {
+  if (!test::have_gpu()) GTEST_SKIP() << "no GPU";
+  const int n = 3, hq = 8, hkv = 2;
+  std::mt19937 rng(43);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (int d : {64, 128, 256})
+  for (int r_heads : {1, hkv})
+  for (bool centred : {false, true}) {
+    SCOPED_TRACE("d " + std::to_string(d) + ", r_heads " + std::to_string(r_heads) + (centred ? ", mean" : ""));
+    std::vector<float> q(size_t(n) * hq * d), k(size_t(n) * hkv * d), Rq(size_t(r_heads) * d * d),
+        Rk(Rq.size()), mean(size_t(hkv) * d, 0.0f);
+    for (auto& x : q) x = nd(rng);
+    for (auto& x : k) x = 10.0f + nd(rng);  // an offset the mean takes out
+    for (auto& x : Rq) x = nd(rng) / std::sqrt(float(d));
+    for (auto& x : Rk) x = nd(rng) / std::sqrt(float(d));
+    if (centred)
+      for (auto& x : mean) x = 10.0f + 0.1f * nd(rng);
+    std::vector<float> kc = k, qref(q.size()), kref(k.size());
+    for (int i = 0; i < n; ++i)
+      for (int h = 0; h < hkv; ++h)
+        for (int c = 0; c < d; ++c) kc[(size_t(i) * hkv + h) * d + c] -= mean[size_t(h) * d + c];
+    cpu::rotate_heads_ref(q.data(), n, hq, d, Rq.data(), r_heads, qref.data());
+    cpu::rotate_heads_ref(kc.data(), n, hkv, d, Rk.data(), r_heads, kref.data());
+    DeviceBuffer<float> dq(q), dk(k), dRq(Rq), dRk(Rk), dm(mean);
+    OSCAR_CUDA_CHECK(rotate_queries_keys(dq.ptr, hq, dRq.ptr, dk.ptr, hkv, dRk.ptr, centred ? dm.ptr : nullptr, n, d,
+                                         r_heads, nullptr));
+    OSCAR_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_LE(test::rel_l2(dq.download(), qref), 1e-6) << "queries";
+    EXPECT_LE(test::rel_l2(dk.download(), kref), 1e-6) << "keys";
+  }
+  // Bad arguments are refused, not launched.
+  DeviceBuffer<float> b(std::vector<float>(64 * 64, 0.0f));
+  EXPECT_EQ(rotate_queries_keys(b.ptr, 3, b.ptr, b.ptr, 2, b.ptr, nullptr, 1, 64, 2, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(rotate_queries_keys(b.ptr, 4, b.ptr, b.ptr, 2, b.ptr, nullptr, 1, 96, 1, nullptr), cudaErrorInvalidValue);
+}
+
 }  // namespace
 }  // namespace oscar::kernels::cuda

@@ -148,6 +148,12 @@ cudaError_t decode_attention_bf16(const DecodeParams& p, const DecodePlan& plan,
 // kernel waits for it before reading q).
 cudaError_t rotate_queries(const float* q, int n, int num_q_heads, int d, const float* R,
                            int r_heads, float* q_rot, cudaStream_t stream, bool programmatic = false);
+// A step's queries and keys in one launch, in place: q[i][g] = q[i][g] Rq[g / (Hq / r_heads)],
+// k[i][h] = (k[i][h] - k_mean[h]) Rk[h / (Hkv / r_heads)] (k_mean [Hkv][d] or null: the key
+// transform's centering). r_heads is 1 or Hkv for both.
+cudaError_t rotate_queries_keys(float* q, int num_q_heads, const float* Rq, float* k, int num_kv_heads,
+                                const float* Rk, const float* k_mean, int n, int d, int r_heads, cudaStream_t stream,
+                                bool programmatic = false);
 
 #if defined(OSCAR_DECODE_TRACE)
 // Diagnostic builds only (bench_decode --trace): buf[0] counts CTAs (zero it
