@@ -1007,8 +1007,21 @@ TEST(CudaDecode, RotateQueriesKeysMatchesReference) {
     for (int i = 0; i < n; ++i)
       for (int h = 0; h < hkv; ++h)
         for (int c = 0; c < d; ++c) kc[(size_t(i) * hkv + h) * d + c] -= mean[size_t(h) * d + c];
-    cpu::rotate_heads_ref(q.data(), n, hq, d, Rq.data(), r_heads, qref.data());
-    cpu::rotate_heads_ref(kc.data(), n, hkv, d, Rk.data(), r_heads, kref.data());
+    // out[i][h] = x[i][h] R[h / (heads / r_heads)] (the GQA grouping of the queries).
+    auto rotate = [&](const std::vector<float>& x, int heads, const std::vector<float>& R, std::vector<float>& out) {
+      for (int i = 0; i < n; ++i)
+        for (int h = 0; h < heads; ++h) {
+          const float* Rh = R.data() + size_t(h / (heads / r_heads)) * d * d;
+          const float* xr = x.data() + (size_t(i) * heads + h) * d;
+          for (int c = 0; c < d; ++c) {
+            double acc = 0;
+            for (int j = 0; j < d; ++j) acc += double(xr[j]) * Rh[size_t(j) * d + c];
+            out[(size_t(i) * heads + h) * d + c] = float(acc);
+          }
+        }
+    };
+    rotate(q, hq, Rq, qref);
+    rotate(kc, hkv, Rk, kref);
     DeviceBuffer<float> dq(q), dk(k), dRq(Rq), dRk(Rk), dm(mean);
     OSCAR_CUDA_CHECK(rotate_queries_keys(dq.ptr, hq, dRq.ptr, dk.ptr, hkv, dRk.ptr, centred ? dm.ptr : nullptr, n, d,
                                          r_heads, nullptr));

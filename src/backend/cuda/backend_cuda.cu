@@ -431,7 +431,6 @@ class CudaBackend final : public Backend {
     if (const char* g = std::getenv("OSCAR_CUDA_FUSED_PREFILL")) fused_prefill_ = std::string(g) != "0";
     if (const char* g = std::getenv("OSCAR_CUDA_PREFILL_WARPS")) prefill_warps_ = std::atoi(g) == 8 ? 8 : 4;
     if (const char* g = std::getenv("OSCAR_CUDA_BF16_DECODE")) set_bf16_decode(g);
-    if (const char* g = std::getenv("OSCAR_CUDA_FUSED_NORM")) fused_norm_ = std::string(g) != "0";
     // Programmatic dependent launch of the step's small kernels and GEMVs (Hopper on);
     // OSCAR_CUDA_PDL=0 turns it off (A/B).
     int major = 0;
@@ -588,7 +587,6 @@ class CudaBackend final : public Backend {
   // written in BF16 by the kernel that makes it).
   bool blas_bf16(const CudaWeight& w, const float* x, int n) const { return w.bf16 && !uses_gemv(w, x, n); }
 
-  static bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
   bool uses_gemv(const CudaWeight& w, const float* x, int n) const {
     return w.bf16 && n <= gemv_rows_ && w.cols % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
   }
@@ -615,14 +613,6 @@ class CudaBackend final : public Backend {
                        float* h, float* y) override {
     const CudaWeight& w = cw(pw);
     if (n <= 0) return;
-    // One row through our GEMV: the norm inside it (ops.cuh gemv_bf16_norm).
-    if (n == 1 && fused_norm_ && uses_gemv(w, x, n) && cw(norm).cols == w.cols && aligned16(h) &&
-        aligned16(cw(norm).w.p) && gemv_mma_rows_ > 1) {
-      cuda_ops::gemv_bf16_norm(w.w.as<uint16_t>(), x, cw(norm).w.as<float>(), eps, h, int(w.rows), int(w.cols),
-                               w.bias.as<float>(), 0.0f, y, st_);
-      check_launch("gemv (norm)");
-      return;
-    }
     if (!blas_bf16(w, h, n)) return Backend::rms_norm_linear(x, norm, eps, pw, n, h, y);
     if (cw(norm).cols != w.cols) throw Error("rms_norm: weight does not match the row size");
     grow(xb_, size_t(n) * w.cols * 2);
@@ -1037,7 +1027,6 @@ class CudaBackend final : public Backend {
   std::shared_ptr<std::atomic<uint64_t>> stores_freed_ = std::make_shared<std::atomic<uint64_t>>(0);
   uint64_t stores_freed_seen_ = 0;
   bool fused_prefill_ = true;  // BF16 prefill through the fused kernel (else the GEMM path)
-  bool fused_norm_ = true;     // 1-row norm + product in one GEMV (OSCAR_CUDA_FUSED_NORM=0: two launches)
   int prefill_warps_ = 4;      // its CTA: 4 or 8 warps of 16 query rows
   DevMem argmax_;
   DevMem sample_;  // sample_rows: ids, the draws, the penalty ids

@@ -222,49 +222,16 @@ __global__ void argmax_final_k(const float* pv, const int* pi, int chunks, int32
 // gemv_bf16: each warp takes R consecutive rows of W and all N activation rows; per
 // step a lane loads 8 weights (16 bytes) of each of its R rows and the 8 matching x of
 // each activation row, U steps in flight. Rows of W are split over the grid, not K.
-//
-// NORM (one activation row): x is first RMS-normalized with the weights nw (the layer's
-// norm before this product, as rms_norm_k computes it: the sum of squares in double, then
-// x * inv * nw). Each warp computes inv itself once its weights are in flight (no block
-// barrier, so warps without rows never wait for anyone); warp 0 of block 0 also writes the
-// normalized row to h. This saves the norm's own launch in front of every 1-row product.
-template <int N, int R, bool NORM>
+template <int N, int R>
 __global__ void __launch_bounds__(256) gemv_bf16_k(const uint16_t* __restrict__ W, const float* __restrict__ x,
                                                    int out, int in, const float* __restrict__ bias, float beta,
-                                                   float* __restrict__ y, const float* __restrict__ nw, float eps,
-                                                   float* __restrict__ h) {
-  static_assert(!NORM || N == 1, "the fused norm takes one activation row");
+                                                   float* __restrict__ y) {
   constexpr int U = 4;
   kernels::cuda::detail::pdl_launch_dependents();
   // The weights do not depend on earlier launches: the first loads are issued before
   // the wait, so a step's weight stream starts while the kernels before it finish.
   bool waited = false;
-  float inv = 1.0f;  // NORM: 1 / rms(x)
   const int lane = threadIdx.x % 32;
-  auto wait_inputs = [&] {
-    pdl_wait();
-    waited = true;
-    if constexpr (NORM) {
-      const float4* x4 = reinterpret_cast<const float4*>(x);
-      double ss = 0;
-#pragma unroll 8
-      for (int c = lane; c < in / 4; c += 32) {
-        const float4 v = x4[c];
-        ss += double(v.x) * v.x + double(v.y) * v.y + double(v.z) * v.z + double(v.w) * v.w;
-      }
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-      inv = static_cast<float>(1.0 / sqrt(ss / in + eps));
-      if (h && blockIdx.x == 0 && threadIdx.x < 32) {
-        const float4* w4 = reinterpret_cast<const float4*>(nw);
-        float4* h4 = reinterpret_cast<float4*>(h);
-        for (int c = lane; c < in / 4; c += 32) {
-          const float4 v = x4[c], g = w4[c];
-          h4[c] = make_float4(v.x * inv * g.x, v.y * inv * g.y, v.z * inv * g.z, v.w * inv * g.w);
-        }
-      }
-    }
-  };
   const int warps = int(gridDim.x * blockDim.x / 32);
   for (int o0 = int((blockIdx.x * blockDim.x + threadIdx.x) / 32) * R; o0 < out; o0 += warps * R) {
     float acc[N][R];
@@ -276,31 +243,22 @@ __global__ void __launch_bounds__(256) gemv_bf16_k(const uint16_t* __restrict__ 
 #pragma unroll
     for (int r = 0; r < R; ++r) wr[r] = reinterpret_cast<const uint4*>(W + int64_t(min(o0 + r, out - 1)) * in);
     const int chunks = in / 8;  // 8 weights each
-    // The loop runs the same iterations on every lane (warp-uniform bound), so the fused
-    // norm's shuffles in wait_inputs() see the whole warp.
-    for (int base = 0; base < chunks; base += 32 * U) {
-      const int c0 = base + lane;
+    for (int c0 = lane; c0 < chunks; c0 += 32 * U) {
       uint4 wv[U][R];
 #pragma unroll
       for (int u = 0; u < U; ++u)
 #pragma unroll
         for (int r = 0; r < R; ++r)
           if (c0 + 32 * u < chunks) wv[u][r] = __ldcs(wr[r] + c0 + 32 * u);  // streamed once: no L2 keep
-      if (!waited) wait_inputs();
+      if (!waited) pdl_wait(), waited = true;
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int c = c0 + 32 * u;
         if (c >= chunks) break;
 #pragma unroll
         for (int t = 0; t < N; ++t) {
-          float4 xa = __ldg(reinterpret_cast<const float4*>(x + int64_t(t) * in) + 2 * c);
-          float4 xb = __ldg(reinterpret_cast<const float4*>(x + int64_t(t) * in) + 2 * c + 1);
-          if constexpr (NORM) {
-            const float4 ga = __ldg(reinterpret_cast<const float4*>(nw) + 2 * c);
-            const float4 gb = __ldg(reinterpret_cast<const float4*>(nw) + 2 * c + 1);
-            xa = make_float4(xa.x * inv * ga.x, xa.y * inv * ga.y, xa.z * inv * ga.z, xa.w * inv * ga.w);
-            xb = make_float4(xb.x * inv * gb.x, xb.y * inv * gb.y, xb.z * inv * gb.z, xb.w * inv * gb.w);
-          }
+          const float4 xa = __ldg(reinterpret_cast<const float4*>(x + int64_t(t) * in) + 2 * c);
+          const float4 xb = __ldg(reinterpret_cast<const float4*>(x + int64_t(t) * in) + 2 * c + 1);
 #pragma unroll
           for (int r = 0; r < R; ++r) {
             const uint4 w = wv[u][r];
@@ -318,7 +276,7 @@ __global__ void __launch_bounds__(256) gemv_bf16_k(const uint16_t* __restrict__ 
         }
       }
     }
-    if (!waited) wait_inputs();  // lanes past the last chunk read y below
+    if (!waited) pdl_wait(), waited = true;  // lanes past the last chunk read y below
 #pragma unroll
     for (int t = 0; t < N; ++t)
 #pragma unroll
@@ -339,14 +297,14 @@ __global__ void __launch_bounds__(256) gemv_bf16_k(const uint16_t* __restrict__ 
   }
 }
 
-template <int N, bool NORM = false>
+template <int N>
 void launch_gemv(const uint16_t* W, const float* x, int out, int in, const float* bias, float beta, float* y,
-                 cudaStream_t st, const float* nw = nullptr, float eps = 0.0f, float* h = nullptr) {
+                 cudaStream_t st) {
   constexpr int R = N >= 4 ? 4 : 2;
   const int warps = (out + R - 1) / R;
   // Up to 8 resident blocks of 256 threads per SM on 132 SMs; more warps than rows idle.
   const int blocks = std::min((warps + 7) / 8, 132 * 8);
-  launch(gemv_bf16_k<N, R, NORM>, blocks, 256, st, W, x, out, in, bias, beta, y, nw, eps, h);
+  launch(gemv_bf16_k<N, R>, blocks, 256, st, W, x, out, in, bias, beta, y);
 }
 
 // gemv_mma: the same product for 2-8 activation rows on the tensor cores (mma.sync
@@ -635,10 +593,6 @@ void add(float* x, const float* y, int64_t n, cudaStream_t st) {
   launch(add_k, grid_cap(n), kThreads, st, x, y, n);
 }
 
-void gemv_bf16_norm(const uint16_t* W, const float* x, const float* nw, float eps, float* h, int out, int in,
-                    const float* bias, float beta, float* y, cudaStream_t st) {
-  launch_gemv<1, true>(W, x, out, in, bias, beta, y, st, nw, eps, h);
-}
 void gemv_bf16(const uint16_t* W, const float* x, int n, int out, int in, const float* bias, float beta, float* y,
                int mma_from, cudaStream_t st) {
   if (n >= 1 && n <= kGemvMaxRows && n >= mma_from && in % 32 == 0 && out > 0) {

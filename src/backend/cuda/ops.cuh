@@ -29,11 +29,6 @@ inline constexpr int kGemvMaxRows = 8;
 // (mma.sync; x rounded to BF16 as on the cuBLAS path); below, the fp32 CUDA-core kernel.
 void gemv_bf16(const uint16_t* W, const float* x, int n, int out, int in, const float* bias, float beta, float* y,
                int mma_from, cudaStream_t st);
-// The same for one row of RMSNorm(x) with norm weights nw (as rms_norm below), the norm
-// computed inside the product (no launch of its own); the normalized row also goes to h.
-// in % 8 == 0, x, nw and h 16-byte aligned.
-void gemv_bf16_norm(const uint16_t* W, const float* x, const float* nw, float eps, float* h, int out, int in,
-                    const float* bias, float beta, float* y, cudaStream_t st);
 // y[i] = bf16(x[i])
 void cast_bf16(const float* x, __nv_bfloat16* y, int64_t n, cudaStream_t st);
 // y[r][c] += b[c]
