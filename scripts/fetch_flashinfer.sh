@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Fetches FlashInfer's CUDA headers (flashinfer-python 0.5.3 from PyPI, Apache-2.0; checksum
-# verified) into .deps/flashinfer/include, for the engine's BF16 decode baseline on FlashInfer's
-# kernel (src/backend/cuda/flashinfer, docs/gpu-engine.md). Only the header-only templates are
-# used; nothing is installed. scripts/build.sh picks them up when present. Idempotent.
+# verified) into .deps/flashinfer/include, and the CUTLASS headers the same wheel ships (BSD-3,
+# for FlashInfer's Hopper prefill) into .deps/flashinfer/cutlass: the engine's comparison kernels
+# (src/backend/cuda/flashinfer, docs/gpu-engine.md). Only header-only templates are used; nothing
+# is installed. scripts/build.sh picks them up when present. Idempotent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DIR=.deps/flashinfer
@@ -11,8 +12,9 @@ WHEEL_SHA=b601293b72f9138bad173edc28df84b9f239a013be974e2e79d4ba98aeb38cf5
 
 check() { echo "$2  $1" | sha256sum -c --quiet - 2>/dev/null; }
 
-if [[ -f "$DIR/include/flashinfer/attention/decode.cuh" && -f "$DIR/VERSION" && "$(cat "$DIR/VERSION")" == "$WHEEL_SHA" ]]; then
-  echo "fetch_flashinfer: $DIR/include present"
+if [[ -f "$DIR/include/flashinfer/attention/decode.cuh" && -d "$DIR/cutlass/include/cute" && -f "$DIR/VERSION" &&
+      "$(cat "$DIR/VERSION")" == "$WHEEL_SHA" ]]; then
+  echo "fetch_flashinfer: $DIR present"
   exit 0
 fi
 mkdir -p "$DIR"
@@ -24,24 +26,35 @@ if ! check "$DIR/$WHEEL" "$WHEEL_SHA"; then
   echo "fetch_flashinfer: $DIR/$WHEEL: sha256 mismatch (expected $WHEEL_SHA)" >&2
   exit 1
 fi
-rm -rf "$DIR/include.part"
-python3 - "$DIR/$WHEEL" "$DIR/include.part" <<'PY'
+rm -rf "$DIR/include.part" "$DIR/cutlass.part"
+python3 - "$DIR/$WHEEL" "$DIR" <<'PY'
 import os, sys, zipfile
 whl, out = sys.argv[1:]
-prefix = "flashinfer/data/include/"
+parts = {  # wheel prefix -> destination
+    "flashinfer/data/include/": "include.part",
+    "flashinfer/data/cutlass/include/": "cutlass.part/include",
+    "flashinfer/data/cutlass/tools/util/include/": "cutlass.part/tools/util/include",
+}
+licences = {  # wheel file -> destination
+    "flashinfer_python-0.5.3.dist-info/licenses/LICENSE": "include.part/LICENSE",
+    "flashinfer/data/cutlass/LICENSE.txt": "cutlass.part/LICENSE.txt",
+}
 with zipfile.ZipFile(whl) as z:
     for n in z.namelist():
-        if n.startswith(prefix) and not n.endswith("/"):
-            dst = os.path.join(out, n[len(prefix):])
+        if n.endswith("/"):
+            continue
+        dst = licences.get(n)
+        for pre, d in parts.items():
+            if n.startswith(pre):
+                dst = os.path.join(d, n[len(pre):])
+        if dst:
+            dst = os.path.join(out, dst)
             os.makedirs(os.path.dirname(dst), exist_ok=True)
-            with z.open(n) as s, open(dst, "wb") as d:
-                d.write(s.read())
-        elif n.endswith("dist-info/licenses/LICENSE") or n.endswith("dist-info/LICENSE"):
-            os.makedirs(out, exist_ok=True)
-            with z.open(n) as s, open(os.path.join(out, "LICENSE"), "wb") as d:
-                d.write(s.read())
+            with z.open(n) as s, open(dst, "wb") as f:
+                f.write(s.read())
 PY
-rm -rf "$DIR/include"
+rm -rf "$DIR/include" "$DIR/cutlass"
 mv "$DIR/include.part" "$DIR/include"
+mv "$DIR/cutlass.part" "$DIR/cutlass"
 echo "$WHEEL_SHA" > "$DIR/VERSION"
-echo "fetch_flashinfer: $DIR/include ($(du -sh "$DIR/include" | cut -f1))"
+echo "fetch_flashinfer: $DIR/include ($(du -sh "$DIR/include" | cut -f1)), $DIR/cutlass ($(du -sh "$DIR/cutlass" | cut -f1))"

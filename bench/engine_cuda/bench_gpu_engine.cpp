@@ -28,6 +28,8 @@
 // --methods bf16-flashinfer / bf16-flashinfer-tc add the BF16 cache decoded by
 // FlashInfer's CUDA-core / tensor-core kernel (builds with scripts/fetch_flashinfer.sh's
 // headers): the check that the BF16 baseline is not handicapped by our kernel.
+// --prefill-kernels ours,flashinfer-fa2,flashinfer-fa3 times the prefill rows with each
+// BF16 prefill attention kernel (the same gathered rows).
 #include <cublas_v2.h>
 #include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
@@ -77,6 +79,7 @@ struct Args {
   std::string graphs = "both";
   std::vector<int> prefill = {8192, 32768};  // prompt lengths timed (0: none)
   int prefill_chunk = 8192;
+  std::string prefill_kernels = "default";  // BF16 prefill attention kernels timed (set_cuda_prefill; default: the backend's)
   // Sampled decode steps (the engine's StepDrawer: draws on the device) against greedy ones and
   // against drawing on the host, at these batches (none: skipped), BF16 cache of sample_ctx tokens.
   std::vector<int> sample_batch;
@@ -271,6 +274,7 @@ int main(int argc, char** argv) {
     else if (s == "--graphs") a.graphs = next();
     else if (s == "--prefill") a.prefill = ints(next());
     else if (s == "--prefill-chunk") a.prefill_chunk = std::stoi(next());
+    else if (s == "--prefill-kernels") a.prefill_kernels = next();
     else if (s == "--sample-batch") a.sample_batch = ints(next());
     else if (s == "--sample-ctx") a.sample_ctx = std::stoi(next());
     else if (s == "--sample-temp") a.sample_temp = std::stof(next());
@@ -278,7 +282,7 @@ int main(int argc, char** argv) {
     else {
       std::fprintf(stderr, "usage: bench_gpu_engine [--preset qwen3-8b|llama3-8b|qwen25-1.5b | --model PATH] [--kv-gib G] "
                            "[--ctx a,b] [--batch a,b] [--batch-ctx c] [--long-ctx n] [--steps n] "
-                           "[--methods bf16,bf16-flashinfer,bf16-flashinfer-tc,int2,int2-nocenter] [--calib FILE] [--graphs both|on|off] [--prefill 8192,32768] [--prefill-chunk n] "
+                           "[--methods bf16,bf16-flashinfer,bf16-flashinfer-tc,int2,int2-nocenter] [--calib FILE] [--graphs both|on|off] [--prefill 8192,32768] [--prefill-chunk n] [--prefill-kernels default,ours,gemm,flashinfer-fa2,flashinfer-fa3] "
                            "[--sample-batch 1,8,32] [--sample-ctx n] [--sample-temp t] [--sample-top-p p] [--json FILE]\n");
       return 2;
     }
@@ -722,12 +726,15 @@ int main(int argc, char** argv) {
     };
     std::vector<Pre> pre;
     const double lin_params = double(gemm_bytes) / 2 - double(cfg.vocab_size) * H;  // LM head: last rows only
+    const std::vector<std::string> pkernels = words(a.prefill_kernels);
     for (int P : a.prefill) {
       if (P <= 0) continue;
+      for (const std::string& pk : pkernels)
       for (const kv::KvMethod& km : methods) {
         select(km);
+        if (pk != "default") backend::set_cuda_prefill(*be, pk);
         Pre p;
-        p.method = name_of(km);
+        p.method = name_of(km) + " [" + backend::cuda_prefill(*be) + "]";
         p.tokens = P;
         auto cache = kv::make_method_cache(km, shape, int64_t(P) + 2 * a.prefill_chunk + 1024, false,
                                            be->page_store_factory());

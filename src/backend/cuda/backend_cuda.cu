@@ -1,6 +1,6 @@
 #include "backend/cuda/backend_cuda.h"
 #ifdef OSCAR_WITH_FLASHINFER
-#include "backend/cuda/flashinfer/fi_decode.h"
+#include "backend/cuda/flashinfer/fi_attention.h"
 #endif
 
 #include <cublas_v2.h>
@@ -428,7 +428,6 @@ class CudaBackend final : public Backend {
     if (const char* g = std::getenv("OSCAR_CUDA_GEMV_ROWS")) set_gemv_rows(std::atoi(g));
     if (const char* g = std::getenv("OSCAR_CUDA_GEMV_MMA_ROWS")) gemv_mma_rows_ = std::atoi(g);
     if (const char* g = std::getenv("OSCAR_CUDA_BLAS_BETA")) blas_beta_ = std::string(g) != "0";
-    if (const char* g = std::getenv("OSCAR_CUDA_FUSED_PREFILL")) fused_prefill_ = std::string(g) != "0";
     if (const char* g = std::getenv("OSCAR_CUDA_PREFILL_WARPS")) prefill_warps_ = std::atoi(g) == 8 ? 8 : 4;
     if (const char* g = std::getenv("OSCAR_CUDA_BF16_DECODE")) set_bf16_decode(g);
     // Programmatic dependent launch of the step's small kernels and GEMVs (Hopper on);
@@ -437,6 +436,14 @@ class CudaBackend final : public Backend {
     check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, o.device), "attribute");
     const char* pdl = std::getenv("OSCAR_CUDA_PDL");
     cuda_ops::set_pdl(major >= 9 && !(pdl && std::string(pdl) == "0"));
+#ifdef OSCAR_WITH_FLASHINFER
+    // The BF16 prefill attention defaults to FlashInfer's where the build has it: its Hopper
+    // kernel on sm_90 (H200, Qwen3-8B shapes: 32K prompt 1.53 s against our kernel's 2.47 s),
+    // its FA2 kernel elsewhere (docs/gpu-engine.md). OSCAR_CUDA_PREFILL=ours selects ours.
+    prefill_fi_ = major == 9 && fi::has_fa3() ? 3 : 2;
+#endif
+    if (const char* g = std::getenv("OSCAR_CUDA_FUSED_PREFILL"); g && std::string(g) == "0") set_prefill("gemm");
+    if (const char* g = std::getenv("OSCAR_CUDA_PREFILL")) set_prefill(g);
   }
   ~CudaBackend() override {
     cudaStreamSynchronize(st_);
@@ -864,6 +871,30 @@ class CudaBackend final : public Backend {
                 "scripts/fetch_flashinfer.sh)");
 #endif
   }
+  // The BF16 prefill attention: "ours" (the fused kernel, default), "gemm" (the GEMM path),
+  // "flashinfer-fa2" / "flashinfer-fa3" (FlashInfer's kernels on the same gathered rows; builds
+  // with OSCAR_FLASHINFER_INCLUDE, FA3 also with its CUTLASS headers). Env OSCAR_CUDA_PREFILL.
+  void set_prefill(const std::string& which) {
+    if (which == "ours" || which == "gemm") {
+      fused_prefill_ = which == "ours";
+      prefill_fi_ = 0;
+      return;
+    }
+    if (which != "flashinfer-fa2" && which != "flashinfer-fa3")
+      throw Error("cuda backend: prefill '" + which + "' is not one of ours, gemm, flashinfer-fa2, flashinfer-fa3");
+#ifdef OSCAR_WITH_FLASHINFER
+    if (which == "flashinfer-fa3" && !fi::has_fa3())
+      throw Error("cuda backend: this build has FlashInfer without its Hopper prefill (CUTLASS headers and "
+                  "sm_90 in OSCAR_CUDA_ARCHS)");
+    prefill_fi_ = which == "flashinfer-fa3" ? 3 : 2;
+#else
+    throw Error("cuda backend: this build has no FlashInfer (configure with OSCAR_FLASHINFER_INCLUDE; "
+                "scripts/fetch_flashinfer.sh)");
+#endif
+  }
+  std::string prefill_kernel() const {
+    return prefill_fi_ == 3 ? "flashinfer-fa3" : prefill_fi_ == 2 ? "flashinfer-fa2" : fused_prefill_ ? "ours" : "gemm";
+  }
   std::string bf16_decode() const {
     return bf16_flashinfer_ ? (fi_tc_ ? "flashinfer-tc" : "flashinfer") : "ours";
   }
@@ -941,6 +972,18 @@ class CudaBackend final : public Backend {
     cuda_ops::gather_kv<T>(kv, b, L, k_new, v_new, Lt, K, V, st_);
     check_launch("gather_kv");
     if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+#ifdef OSCAR_WITH_FLASHINFER
+      // FlashInfer's prefill kernels on the same gathered rows (the default where the build has
+      // them, set_prefill); head dims it has no instance for run ours.
+      if (prefill_fi_ != 0 && (d == 64 || d == 128)) {
+        const std::string why = fi_prefill_.run(prefill_fi_ == 3 ? fi::PrefillKernel::kFa3 : fi::PrefillKernel::kFa2,
+                                                q, reinterpret_cast<const uint16_t*>(K),
+                                                reinterpret_cast<const uint16_t*>(V), n, L, Lt, Hq, Hkv, d, sm_scale,
+                                                o, st_);
+        if (!why.empty()) throw Error("cuda backend: " + why);
+        return;
+      }
+#endif
       // The fused kernel: the scores stay on chip (kernels/cuda/prefill_attention.h).
       if (fused_prefill_ && kernels::cuda::prefill_attention_supported(d)) {
         check(kernels::cuda::prefill_attention_bf16(q, reinterpret_cast<const uint16_t*>(K),
@@ -1047,8 +1090,10 @@ class CudaBackend final : public Backend {
   int64_t fi_calls_ = 0;
   std::vector<int32_t> fi_last_, fi_indptr_;  // this step's last-page rows and page counts (host)
   DevMem fi_last_dev_;
+  int prefill_fi_ = 0;  // 2: FlashInfer FA2, 3: FA3 (set_prefill)
 #ifdef OSCAR_WITH_FLASHINFER
   fi::BatchDecode fi_;
+  fi::Prefill fi_prefill_;
 #endif
 };
 
@@ -1073,6 +1118,8 @@ int cuda_gemv_mma_min_rows(Backend& be) { return as_cuda(be).gemv_mma_rows(); }
 void set_cuda_bf16_decode(Backend& be, const std::string& which) { as_cuda(be).set_bf16_decode(which); }
 std::string cuda_bf16_decode(Backend& be) { return as_cuda(be).bf16_decode(); }
 int64_t cuda_flashinfer_calls(Backend& be) { return as_cuda(be).flashinfer_calls(); }
+void set_cuda_prefill(Backend& be, const std::string& which) { as_cuda(be).set_prefill(which); }
+std::string cuda_prefill(Backend& be) { return as_cuda(be).prefill_kernel(); }
 bool cuda_has_flashinfer() {
 #ifdef OSCAR_WITH_FLASHINFER
   return true;

@@ -59,6 +59,12 @@ void set_cuda_bf16_decode(Backend& be, const std::string& which);
 std::string cuda_bf16_decode(Backend& be);
 int64_t cuda_flashinfer_calls(Backend& be);
 bool cuda_has_flashinfer();
+// The BF16 prefill attention: "ours" (the fused kernel, the default), "gemm" (two cuBLAS GEMMs
+// around a causal softmax), "flashinfer-fa2" / "flashinfer-fa3" (FlashInfer's FlashAttention-2
+// and Hopper kernels on the same gathered rows: the comparison of docs/gpu-engine.md; FlashInfer
+// builds only). Env OSCAR_CUDA_PREFILL (OSCAR_CUDA_FUSED_PREFILL=0 is "gemm").
+void set_cuda_prefill(Backend& be, const std::string& which);
+std::string cuda_prefill(Backend& be);
 
 // True when the build has CUDA and a device is visible.
 bool cuda_device_available();

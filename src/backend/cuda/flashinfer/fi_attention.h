@@ -59,4 +59,32 @@ class BatchDecode {
   bool planned_ = false, tensor_cores_ = false;
 };
 
+// FlashInfer's single-request causal prefill over the rows our prefill gathers (K, V
+// [Hkv][Lt][d] BF16, the first L + n rows of each head seen; query i sees keys 0 .. L + i):
+// kFa2, its FlashAttention-2 kernel (mma.sync, every sm80+ GPU), or kFa3, its Hopper kernel
+// (wgmma and TMA, fi_prefill_sm90.cu, built for sm_90a). Queries fp32 [n][Hq][d] are narrowed to
+// BF16 and the BF16 output widened to fp32 (two small kernels), as for the decode.
+enum class PrefillKernel { kFa2, kFa3 };
+class Prefill {
+ public:
+  Prefill() = default;
+  ~Prefill();
+  Prefill(const Prefill&) = delete;
+  Prefill& operator=(const Prefill&) = delete;
+  std::string run(PrefillKernel kernel, const float* q, const uint16_t* K, const uint16_t* V, int n, int L, int Lt,
+                  int num_q_heads, int num_kv_heads, int head_dim, float sm_scale, float* o, cudaStream_t stream);
+
+ private:
+  void* q_ = nullptr;  // BF16 queries
+  void* o_ = nullptr;  // BF16 output
+  void* tmp_ = nullptr;
+  size_t elems_ = 0;
+};
+
+// Whether this build has the FA3 kernel (fi_prefill_sm90.cu: CUTLASS headers and sm_90a).
+bool has_fa3();
+// fi_prefill_sm90.cu: FA3 over bf16 q [n][Hq][d], K/V [Hkv][Lt][d] (kv_len rows seen), bf16 o.
+cudaError_t prefill_fa3(const void* q, const uint16_t* K, const uint16_t* V, void* o, int n, int kv_len, int Lt,
+                        int num_q_heads, int num_kv_heads, int head_dim, float sm_scale, cudaStream_t stream);
+
 }  // namespace oscar::backend::fi

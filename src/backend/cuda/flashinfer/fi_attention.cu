@@ -1,8 +1,8 @@
-// FlashInfer's CUDA-core batch decode, instantiated for fp32 queries and outputs over our BF16
-// pages (fi_decode.h). The Params struct is what FlashInfer's JIT generates for a batch decode
+// FlashInfer's decode kernels over our BF16 pages and its FA2 single prefill over our gathered rows
+// (fi_attention.h). The Params struct is what FlashInfer's JIT generates for a batch decode
 // module (its batch_decode_customize_config template), written out here for one configuration:
 // no positional encoding in the kernel, no sliding window, no logits cap, no ALiBi.
-#include "backend/cuda/flashinfer/fi_decode.h"
+#include "backend/cuda/flashinfer/fi_attention.h"
 
 #include <flashinfer/attention/decode.cuh>
 #include <flashinfer/attention/prefill.cuh>
@@ -100,6 +100,45 @@ struct PagedParams {
   __host__ __device__ __forceinline__ uint32_t get_kv_len(uint32_t batch_idx) const {
     return paged_kv.get_length(batch_idx);
   }
+};
+
+// FA2 single prefill (FlashInfer's single_prefill_customize_config, default variant).
+struct PrefillParams {
+  using DTypeQ = __nv_bfloat16;
+  using DTypeKV = __nv_bfloat16;
+  using DTypeO = __nv_bfloat16;
+  using IdType = int32_t;
+  DTypeQ* q;
+  DTypeKV* k;
+  DTypeKV* v;
+  DTypeO* o;
+  float* lse;
+  uint_fastdiv group_size;
+
+  uint8_t* maybe_custom_mask;
+  float* maybe_alibi_slopes;
+  double logits_soft_cap;
+  double sm_scale;
+  double rope_rcp_scale;
+  double rope_rcp_theta;
+
+  uint32_t qo_len;
+  uint32_t kv_len;
+  uint32_t num_qo_heads;
+  uint32_t num_kv_heads;
+  uint32_t q_stride_n;
+  uint32_t q_stride_h;
+  uint32_t k_stride_n;
+  uint32_t k_stride_h;
+  uint32_t v_stride_n;
+  uint32_t v_stride_h;
+  uint32_t head_dim;
+  int32_t window_left;
+
+  bool partition_kv;
+
+  __host__ __device__ __forceinline__ uint32_t get_qo_len(uint32_t) const { return qo_len; }
+  __host__ __device__ __forceinline__ uint32_t get_kv_len(uint32_t) const { return kv_len; }
 };
 
 using Variant = DefaultAttention</*custom_mask=*/false, /*sliding_window=*/false, /*soft_cap=*/false,
@@ -337,6 +376,105 @@ std::string BatchDecode::run(const float* q, const uint16_t* k_pages, const uint
   }
   widen<<<blocks, 256, 0, stream>>>(ob, o, int(n));
   return err(cudaGetLastError(), "flashinfer output");
+}
+
+void narrow_rows(const float* x, __nv_bfloat16* y, size_t n, cudaStream_t st) {
+  narrow<<<unsigned((n + 255) / 256), 256, 0, st>>>(x, y, int(n));
+}
+void widen_rows(const __nv_bfloat16* x, float* y, size_t n, cudaStream_t st) {
+  widen<<<unsigned((n + 255) / 256), 256, 0, st>>>(x, y, int(n));
+}
+
+std::string Prefill::run(PrefillKernel kernel, const float* q, const uint16_t* K, const uint16_t* V, int n, int L,
+                         int Lt, int num_q_heads, int num_kv_heads, int head_dim, float sm_scale, float* o,
+                         cudaStream_t stream) {
+  if (n <= 0) return {};
+  if (Lt < L + n || num_kv_heads <= 0 || num_q_heads % num_kv_heads != 0)
+    return "flashinfer prefill: bad shape";
+  if (head_dim != 64 && head_dim != 128)
+    return "flashinfer prefill: head_dim " + std::to_string(head_dim) + " not instantiated (64, 128)";
+  const size_t rows = size_t(n) * num_q_heads * head_dim;
+  if (rows > 0x7fffffff) return "flashinfer prefill: chunk too large";
+  if (rows > elems_) {
+    if (q_) cudaFree(q_);
+    if (o_) cudaFree(o_);
+    q_ = o_ = nullptr;
+    elems_ = 0;
+    if (std::string e = err(cudaMalloc(&q_, rows * 2), "flashinfer prefill"); !e.empty()) return e;
+    if (std::string e = err(cudaMalloc(&o_, rows * 2), "flashinfer prefill"); !e.empty()) return e;
+    elems_ = rows;
+  }
+  if (!tmp_) {  // FA2's split-KV scratch, the size FlashInfer's Python wrapper gives it
+    if (std::string e = err(cudaMalloc(&tmp_, size_t(32) << 20), "flashinfer prefill"); !e.empty()) return e;
+  }
+  auto* qb = static_cast<__nv_bfloat16*>(q_);
+  auto* ob = static_cast<__nv_bfloat16*>(o_);
+  narrow_rows(q, qb, rows, stream);
+  if (std::string e = err(cudaGetLastError(), "flashinfer prefill"); !e.empty()) return e;
+  // K, V [Hkv][Lt][d]: the keys this chunk sees are the first L + n rows of each head; the
+  // causal mask is bottom-right aligned (query i sees keys 0 .. L + i), as ours.
+  const uint32_t kv_len = uint32_t(L + n);
+  try {
+    cudaError_t s = cudaSuccess;
+    if (kernel == PrefillKernel::kFa3) {
+      s = prefill_fa3(qb, K, V, ob, n, int(kv_len), Lt, num_q_heads, num_kv_heads, head_dim, sm_scale, stream);
+    } else {
+      PrefillParams p{};
+      p.q = qb;
+      p.k = reinterpret_cast<__nv_bfloat16*>(const_cast<uint16_t*>(K));
+      p.v = reinterpret_cast<__nv_bfloat16*>(const_cast<uint16_t*>(V));
+      p.o = ob;
+      p.lse = nullptr;
+      p.group_size = uint_fastdiv(uint32_t(num_q_heads / num_kv_heads));
+      p.maybe_custom_mask = nullptr;
+      p.maybe_alibi_slopes = nullptr;
+      p.logits_soft_cap = 0.0;
+      p.sm_scale = sm_scale;
+      p.rope_rcp_scale = 1.0;
+      p.rope_rcp_theta = 1.0 / 1e4;
+      p.qo_len = uint32_t(n);
+      p.kv_len = kv_len;
+      p.num_qo_heads = uint32_t(num_q_heads);
+      p.num_kv_heads = uint32_t(num_kv_heads);
+      p.q_stride_n = uint32_t(num_q_heads * head_dim);
+      p.q_stride_h = uint32_t(head_dim);
+      p.k_stride_n = uint32_t(head_dim);
+      p.k_stride_h = uint32_t(Lt) * uint32_t(head_dim);
+      p.v_stride_n = p.k_stride_n;
+      p.v_stride_h = p.k_stride_h;
+      p.head_dim = uint32_t(head_dim);
+      p.window_left = -1;
+      p.partition_kv = false;
+      auto* tmp = static_cast<__nv_bfloat16*>(tmp_);
+      s = head_dim == 64
+              ? SinglePrefillWithKVCacheDispatched<64, 64, kPos, false, MaskMode::kCausal, Variant, PrefillParams>(
+                    p, tmp, stream)
+              : SinglePrefillWithKVCacheDispatched<128, 128, kPos, false, MaskMode::kCausal, Variant, PrefillParams>(
+                    p, tmp, stream);
+    }
+    if (s != cudaSuccess) return err(s, "flashinfer prefill");
+  } catch (const std::exception& e) {
+    return std::string("flashinfer prefill: ") + e.what();
+  }
+  widen_rows(ob, o, rows, stream);
+  return err(cudaGetLastError(), "flashinfer prefill");
+}
+
+#ifdef OSCAR_WITH_FLASHINFER_SM90
+bool has_fa3() { return true; }
+#else
+// Built without CUTLASS's headers or for another architecture: no FA3.
+bool has_fa3() { return false; }
+cudaError_t prefill_fa3(const void*, const uint16_t*, const uint16_t*, void*, int, int, int, int, int, int, float,
+                        cudaStream_t) {
+  return cudaErrorNotSupported;
+}
+#endif
+
+Prefill::~Prefill() {
+  if (q_) cudaFree(q_);
+  if (o_) cudaFree(o_);
+  if (tmp_) cudaFree(tmp_);
 }
 
 }  // namespace oscar::backend::fi
