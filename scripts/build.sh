@@ -14,8 +14,8 @@ BUILD_DIR=${BUILD_DIR:-build}
 if command -v nvcc >/dev/null && [[ ${OSCAR_FLASHINFER:-1} != 0 ]]; then
   bash scripts/fetch_flashinfer.sh || echo "build.sh: FlashInfer's headers not fetched; building without them"
 fi
-FI=()
-if [[ -f .deps/flashinfer/include/flashinfer/attention/decode.cuh ]]; then
+FI=(-DOSCAR_FLASHINFER_INCLUDE=)
+if [[ ${OSCAR_FLASHINFER:-1} != 0 && -f .deps/flashinfer/include/flashinfer/attention/decode.cuh ]]; then
   FI=(-DOSCAR_FLASHINFER_INCLUDE="$PWD/.deps/flashinfer/include")
 fi
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release "${FI[@]}" "$@"
