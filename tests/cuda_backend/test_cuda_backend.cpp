@@ -708,17 +708,25 @@ TEST(CudaFlashInfer, Bf16DecodeMatchesOurKernel) {
 // FlashInfer's prefill kernels (FA2 and, in builds with its CUTLASS headers, the Hopper FA3) on the
 // rows our prefill gathers, against our fused kernel: a 330-token prompt in chunks of 100 (every
 // chunk after the first attends over cached rows, so the causal alignment with a prefix is
-// exercised), BF16 weights, head_dim 128, GQA 4. Tolerance as the decode comparison's.
+// exercised), BF16 weights, head_dim 128, GQA 4; with the BF16 cache and with the OSCAR cache
+// (sink 16, recent 32, pages of 16: later chunks read dequantized INT2 middle rows, page centres
+// and the key transform on every head). Tolerance as the decode comparison's.
 TEST(CudaFlashInfer, PrefillMatchesOurKernel) {
   SKIP_WITHOUT_GPU();
   if (!backend::cuda_has_flashinfer()) GTEST_SKIP() << "built without FlashInfer";
   const model::ModelWeights w = tiny(model::Arch::kQwen3, 128, 8, 2);
   const int V = w.cfg.vocab_size;
   const auto toks = random_tokens(330, V, 91);
+  const kv::KvMethod oscar = oscar_method(w, recommended_center_scale());
+  model::ModelWeights wo = w;  // the OSCAR cache's value rotation folded into W_v / W_o
+  if (oscar.folds_values()) model::fold_value_rotation(wo, *oscar.calib);
+  for (const bool quant : {false, true})
   for (const char* which : {"flashinfer-fa2", "flashinfer-fa3"}) {
-    SCOPED_TRACE(which);
-    Runner ours(w, backend::make_cuda_backend({WeightDtype::kBf16, 0}), bf16_method(), 16, 4096);
-    Runner fi(w, backend::make_cuda_backend({WeightDtype::kBf16, 0}), bf16_method(), 16, 4096);
+    SCOPED_TRACE(std::string(which) + (quant ? ", oscar cache" : ", bf16 cache"));
+    const model::ModelWeights& wm = quant ? wo : w;
+    const kv::KvMethod km = quant ? oscar : bf16_method();
+    Runner ours(wm, backend::make_cuda_backend({WeightDtype::kBf16, 0}), km, 16, 4096);
+    Runner fi(wm, backend::make_cuda_backend({WeightDtype::kBf16, 0}), km, 16, 4096);
     // A FlashInfer build prefills with FlashInfer by default (FA3 on Hopper when built with it).
     EXPECT_EQ(backend::cuda_prefill(*fi.be).rfind("flashinfer-fa", 0), 0u) << backend::cuda_prefill(*fi.be);
     backend::set_cuda_prefill(*ours.be, "ours");  // (FlashInfer's is the default in such builds)
@@ -729,8 +737,7 @@ TEST(CudaFlashInfer, PrefillMatchesOurKernel) {
     ASSERT_EQ(a, fi.cache->create());
     for (int t = 0; t < 330; t += 100) {
       const std::vector<int32_t> chunk(toks.begin() + t, toks.begin() + std::min(330, t + 100));
-      std::vector<float> lo = ours.step({a}, {chunk}), lf;
-      lf = fi.step({a}, {chunk});
+      const std::vector<float> lo = ours.step({a}, {chunk}), lf = fi.step({a}, {chunk});
       ASSERT_EQ(lo.size(), size_t(V));
       EXPECT_LE(rel_err(lf, lo), 1e-2) << "chunk at " << t;
     }
