@@ -430,6 +430,9 @@ class CudaBackend final : public Backend {
     if (const char* g = std::getenv("OSCAR_CUDA_BLAS_BETA")) blas_beta_ = std::string(g) != "0";
     if (const char* g = std::getenv("OSCAR_CUDA_PREFILL_WARPS")) prefill_warps_ = std::atoi(g) == 8 ? 8 : 4;
     if (const char* g = std::getenv("OSCAR_CUDA_BF16_DECODE")) set_bf16_decode(g);
+    // The decode planner's split (A/B only): tiles per chunk forced, or CTAs per SM aimed at.
+    if (const char* g = std::getenv("OSCAR_CUDA_DECODE_TILES")) decode_tiles_ = std::max(0, std::atoi(g));
+    if (const char* g = std::getenv("OSCAR_CUDA_DECODE_CTAS_PER_SM")) decode_ctas_per_sm_ = std::max(0, std::atoi(g));
     // Programmatic dependent launch of the step's small kernels and GEMVs (Hopper on);
     // OSCAR_CUDA_PDL=0 turns it off (A/B).
     int major = 0;
@@ -819,7 +822,8 @@ class CudaBackend final : public Backend {
       hr.indptr[2] = dec.recent_indptr.data();
       // Page centering needs nothing of the plan: the middle loop adds each page's shift.
       plan_centered_ = dec.centers && dec.mid_angles && !dec.mid_angles->empty();
-      plan_ = kernels::cuda::plan_decode(dec.batch(), hr, dec.base.num_kv_heads, num_sms_);
+      plan_ = kernels::cuda::plan_decode(dec.batch(), hr, dec.base.num_kv_heads, num_sms_, decode_tiles_,
+                                         decode_ctas_per_sm_);
       have_plan_ = true;
       plan_uploaded_ = false;
       fi_planned_ = false;
@@ -1083,6 +1087,7 @@ class CudaBackend final : public Backend {
   int ws_cap_hint_ = 0;
   int ws_pages_hint_ = 0;    // the most middle pages a page-centred step has had
   bool plan_centered_ = false;  // this step's view has page centres (begin_step)
+  int decode_tiles_ = 0, decode_ctas_per_sm_ = 0;  // plan_decode's knobs (0: its defaults)
   bool bf16_flashinfer_ = false;  // BF16 decode on FlashInfer's kernel (set_bf16_decode)
   bool fi_tc_ = false;            // its tensor-core decode
   bool fi_planned_ = false;
