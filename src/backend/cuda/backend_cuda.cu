@@ -978,8 +978,9 @@ class CudaBackend final : public Backend {
     if constexpr (std::is_same_v<T, __nv_bfloat16>) {
 #ifdef OSCAR_WITH_FLASHINFER
       // FlashInfer's prefill kernels on the same gathered rows (the default where the build has
-      // them, set_prefill); head dims it has no instance for run ours.
-      if (prefill_fi_ != 0 && (d == 64 || d == 128)) {
+      // them, set_prefill), at head_dim 128: the dim they were measured and tested at on the
+      // H200 (docs/gpu-engine.md); other head dims run ours.
+      if (prefill_fi_ != 0 && d == 128) {
         const std::string why = fi_prefill_.run(prefill_fi_ == 3 ? fi::PrefillKernel::kFa3 : fi::PrefillKernel::kFa2,
                                                 q, reinterpret_cast<const uint16_t*>(K),
                                                 reinterpret_cast<const uint16_t*>(V), n, L, Lt, Hq, Hkv, d, sm_scale,

@@ -13,8 +13,8 @@
 //                   by every layer; BF16-only instance when no middle)
 //   prefill         the chunk's queries against the sequence's cached rows
 //                   (BF16 and dequantized INT2, gathered) and its own rows:
-//                   FlashInfer's FA3 / FA2 kernel in builds with its headers,
-//                   else our fused kernel (kernels/cuda/prefill_attention);
+//                   FlashInfer's FA3 / FA2 kernel in builds with its headers
+//                   (head_dim 128), else our fused kernel (kernels/cuda/prefill_attention);
 //                   f32 weights: two GEMMs around a causal softmax (exact mode)
 //   KV pages        cudaMalloc'd pools; rows written by write_bf16_tokens,
 //                   pages demoted by demote_pages, keys/queries transformed
