@@ -149,7 +149,9 @@ bool SimHook::attention(int layer, const float* q, const float* k, const float* 
   std::vector<float> khi(k, k + nkv), vhi(v, v + nkv);
   round_bf16(khi.data(), nkv);
   round_bf16(vhi.data(), nkv);
-  if (m_.kind == kv::KvMethod::Kind::kBf16) {
+  // BF16 methods, and the layers a method keeps in BF16 (+bf16L; q and k already carry the
+  // key transform, which leaves the scores' softmax unchanged).
+  if (m_.kind == kv::KvMethod::Kind::kBf16 || m_.bf16_layer(layer)) {
     model::dense_causal_attention(q, khi.data(), vhi.data(), T, Hq, Hkv, d, o);
     return true;
   }

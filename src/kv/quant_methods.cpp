@@ -104,7 +104,16 @@ double KvMethod::bits_per_element(int64_t T, int head_dim, int page_size) const 
   const double v = row_bits_per_element(bits, G, ScaleDtype::kF16);
   // kivi2 keys: 2-bit codes + one fp16 (scale, min) per channel per 32 tokens.
   const double k = kind == Kind::kKivi ? row_bits_per_element(bits, kv::kKeySpan, ScaleDtype::kF16) : v;
-  return (mid * 0.5 * (k + v) + (T - mid) * 16.0) / double(T);
+  const double quant = (mid * 0.5 * (k + v) + (T - mid) * 16.0) / double(T);
+  // Layers kept in BF16 (+bf16L) at 16 bits, the others as above.
+  const int L = calib ? int(calib->layers.size()) : 0;
+  if (bf16_layers.empty() || L <= 0) return quant;
+  const double nb = double(bf16_layers.size());
+  return (quant * (L - nb) + 16.0 * nb) / L;
+}
+
+bool KvMethod::bf16_layer(int layer) const {
+  return std::binary_search(bf16_layers.begin(), bf16_layers.end(), layer);
 }
 
 std::vector<std::string> kv_method_names() {
@@ -144,13 +153,40 @@ KvMethod resolve_kv_method(const std::string& spec, const KvMethodOptions& opts)
         std::fill(L.v_clip.begin(), L.v_clip.end(), vc);
       }
       m.calib = c;
+    } else if (mod.rfind("bf16L", 0) == 0) {
+      // Layer numbers and ranges joined by '.': 0-3.27
+      std::vector<int> layers;
+      size_t p = 5;
+      while (p <= mod.size()) {
+        size_t q = mod.find('.', p);
+        if (q == std::string::npos) q = mod.size();
+        const std::string item = mod.substr(p, q - p);
+        p = q + 1;
+        const size_t dash = item.find('-');
+        char* e1 = nullptr;
+        char* e2 = nullptr;
+        const long a = std::strtol(item.c_str(), &e1, 10);
+        const long z = dash == std::string::npos ? a : std::strtol(item.c_str() + dash + 1, &e2, 10);
+        const bool ok = !item.empty() && e1 != item.c_str() &&
+                        (dash == std::string::npos ? *e1 == '\0'
+                                                   : (e1 == item.c_str() + dash && e2 != item.c_str() + dash + 1 &&
+                                                      *e2 == '\0'));
+        const int n_layers = m.calib ? int(m.calib->layers.size()) : 0;
+        if (!ok || a < 0 || z < a || z >= n_layers)
+          throw Error(fmt::format("kv method '{}': '{}' is not bf16L with layers (ranges a-b, joined by '.') "
+                                  "in [0, {})", spec, mod, n_layers));
+        for (long l = a; l <= z; ++l) layers.push_back(int(l));
+      }
+      std::sort(layers.begin(), layers.end());
+      layers.erase(std::unique(layers.begin(), layers.end()), layers.end());
+      m.bf16_layers = std::move(layers);
     } else if (mod.rfind("g", 0) == 0) {
       const long g = std::strtol(mod.c_str() + 1, &end, 10);
       if (*end != '\0' || (g != 32 && g != 64 && g != 128) || (opts.model.head_dim > 0 && g > opts.model.head_dim))
         throw Error(fmt::format("kv method '{}': group '{}' must be 32, 64 or 128 and <= head_dim", spec, mod));
       m.group_size = int(g);
     } else {
-      throw Error(fmt::format("kv method '{}': unknown modifier '{}' (clipK/V, gN)", spec, mod));
+      throw Error(fmt::format("kv method '{}': unknown modifier '{}' (clipK/V, gN, bf16L)", spec, mod));
     }
   }
   return m;
@@ -248,6 +284,9 @@ static std::unique_ptr<KvCache> make_quant_cache(const KvMethod& m, const KvCach
                             "so the page size must be a multiple of {} (got {})",
                             m.label, kKeySpan, kKeySpan, shape.page_size));
   if (!m.calib) throw Error(fmt::format("kv method {}: no calibration", m.label));
+  if (!m.bf16_layers.empty())
+    throw Error(fmt::format("kv method {}: layers kept in BF16 (+bf16L) exist only in the evaluation's "
+                            "simulation (oscar eval), not in the caches", m.label));
   OscarCacheOptions& o = sizing;
   if (m.kind == KvMethod::Kind::kKivi) o.key_axis = KeyAxis::kChannel;
   o.label = m.label;

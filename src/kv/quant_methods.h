@@ -24,7 +24,11 @@
 //                   (value targets, granularity, clip search are file properties);
 //                   the label becomes NAME@<file stem>.
 //   NAME+clipK/V    modifiers of a row method: every clip ratio set to K (keys)
-//   NAME+gN         and V (values); quantization group N (32, 64, 128).
+//   NAME+gN         and V (values); quantization group N (32, 64, 128);
+//   NAME+bf16LIST   the listed layers' K/V kept in BF16, LIST of layer numbers
+//                   and ranges joined by '.', e.g. +bf16L0-3.27 (the evaluation's
+//                   simulation only, for finding where the error lives: the
+//                   caches refuse it; bits per element count those layers at 16).
 //                   e.g. oscar+clip0.92/0.88, int2-hadamard+g32
 #pragma once
 
@@ -49,6 +53,9 @@ struct KvMethod {
   // Prompts read their own earlier chunks in BF16; demotion waits for the first decode step
   // (OscarCacheOptions::prompt_bf16). The teacher-forced engine evaluation turns it off.
   bool prompt_bf16 = true;
+  // +bf16L: layers whose K/V stay BF16 (sorted; the evaluation's simulation only).
+  std::vector<int> bf16_layers;
+  bool bf16_layer(int layer) const;
   // kRow with a non-identity value rotation: W_v / W_o must be folded.
   bool folds_values() const;
   // DESIGN §5.4 for a sequence of T tokens under page-granular demotion

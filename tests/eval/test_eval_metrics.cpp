@@ -189,6 +189,39 @@ TEST(EvalMetrics, ProjErrZeroForExactCacheAndPositiveWhenQuantized) {
 
 }
 
+// +bf16L (kv/quant_methods.h): a layer kept in BF16 has no cache error, and keeping every layer
+// makes the quantized method's simulation the BF16 one, bit for bit.
+TEST(EvalMetrics, Bf16LayersAreExact) {
+  const auto w = model::random_weights(model::tiny_config(model::Arch::kLlama), 23);
+  const auto tokens = random_tokens(kT, w.cfg.vocab_size, 7);
+  auto be = backend::make_cpu_backend({backend::WeightDtype::kF32, 1});
+  model::DenseForward fwd(w, *be);
+  const int L = w.cfg.n_layers;
+  ASSERT_GE(L, 2);
+  kv::KvMethod bf16;
+  std::vector<float> h_ref, h_q, h_all, h_some;
+  eval::simulate(fwd, bf16, tokens, kPage, kScoreFrom, h_ref, nullptr);
+  kv::KvMethod q = naive_method(w, kSink, kRecent);
+  eval::simulate(fwd, q, tokens, kPage, kScoreFrom, h_q, nullptr);
+  kv::KvMethod all = q;
+  for (int l = 0; l < L; ++l) all.bf16_layers.push_back(l);
+  eval::simulate(fwd, all, tokens, kPage, kScoreFrom, h_all, nullptr);
+  ASSERT_EQ(h_all.size(), h_ref.size());
+  EXPECT_EQ(h_all, h_ref);
+  kv::KvMethod some = q;
+  some.bf16_layers = {0};
+  eval::LocalErrorSums sums;
+  eval::simulate(fwd, some, tokens, kPage, kScoreFrom, h_some, &sums);
+  double d_q = 0, d_some = 0;
+  for (size_t i = 0; i < h_ref.size(); ++i) {
+    d_q += std::fabs(double(h_q[i]) - h_ref[i]);
+    d_some += std::fabs(double(h_some[i]) - h_ref[i]);
+  }
+  EXPECT_GT(d_some, 0.0);        // the other layers are still quantized
+  EXPECT_NE(d_some, d_q);        // and layer 0 no longer is
+  EXPECT_GT(sums.k_den, 0.0);    // the cache error counts the quantized layers only
+}
+
 // --first-position: the BF16 reference is the same at any first RoPE position (attention is
 // relative), while a quantized cache sees other key phases, so its errors change.
 TEST(EvalMetrics, FirstPositionMovesOnlyTheCachedPhases) {

@@ -529,5 +529,33 @@ TEST(QuantMethods, Modifiers) {
   EXPECT_THROW(resolve_kv_method("bf16+g32", o), Error);
 }
 
+// +bf16L: layers kept in BF16, for the evaluation's simulation only (kL = 2 layers here).
+TEST(QuantMethods, Bf16LayersModifier) {
+  KvMethodOptions o;
+  o.model = fp();
+  const KvMethod a = resolve_kv_method("int2-hadamard+bf16L1", o);
+  EXPECT_EQ(a.label, "int2-hadamard+bf16L1");
+  EXPECT_EQ(a.bf16_layers, (std::vector<int>{1}));
+  EXPECT_FALSE(a.bf16_layer(0));
+  EXPECT_TRUE(a.bf16_layer(1));
+  const KvMethod plain = resolve_kv_method("int2-hadamard", o);
+  const int64_t T = 320 + 640;
+  // One of two layers at 16 bits: the mean of the plain method's rate and 16.
+  EXPECT_NEAR(a.bits_per_element(T, 64, 64), (plain.bits_per_element(T, 64, 64) + 16.0) / 2, 1e-12);
+  EXPECT_EQ(resolve_kv_method("int2-hadamard+bf16L0-1", o).bf16_layers, (std::vector<int>{0, 1}));
+  EXPECT_EQ(resolve_kv_method("int2-hadamard+bf16L1.0.1", o).bf16_layers, (std::vector<int>{0, 1}));
+  EXPECT_NEAR(resolve_kv_method("int2-hadamard+bf16L0-1", o).bits_per_element(T, 64, 64), 16.0, 1e-12);
+  for (const char* bad : {"int2-hadamard+bf16L2", "int2-hadamard+bf16L", "int2-hadamard+bf16L1-0",
+                          "int2-hadamard+bf16Lx", "int2-hadamard+bf16L0-", "int2-hadamard+bf16L-1", "bf16+bf16L0"})
+    EXPECT_THROW(resolve_kv_method(bad, o), Error) << bad;
+  // The caches do not have it: a clear error, not a silently quantized layer.
+  try {
+    make_method_cache(a, KvCacheShape{kL, kH, kD, kPage}, 1024);
+    FAIL() << "a cache for +bf16L must be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("simulation"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace oscar::kv
