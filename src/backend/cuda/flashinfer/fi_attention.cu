@@ -193,12 +193,18 @@ std::string BatchDecode::plan(bool tensor_cores, const int32_t* indptr_h, int ba
     return "flashinfer decode: GQA group " + std::to_string(g) + " not supported (1, 2, 3, 4, 8)";
   if (head_dim != 64 && head_dim != 128)
     return "flashinfer decode: head_dim " + std::to_string(head_dim) + " not instantiated (64, 128)";
-  if (!float_ws_) {  // FlashInfer's own defaults are 128 MB and 8 MB
+  if (!float_ws_ || !int_ws_ || !int_host_) {  // FlashInfer's own defaults are 128 MB and 8 MB
     float_bytes_ = size_t(128) << 20;
     int_bytes_ = size_t(8) << 20;
-    if (std::string e = err(cudaMalloc(&float_ws_, float_bytes_), "flashinfer workspace"); !e.empty()) return e;
-    if (std::string e = err(cudaMalloc(&int_ws_, int_bytes_), "flashinfer workspace"); !e.empty()) return e;
-    if (std::string e = err(cudaMallocHost(&int_host_, int_bytes_), "flashinfer workspace"); !e.empty()) return e;
+    // What was allocated is kept; a failed one stays null and the next plan tries again.
+    auto get = [](void*& p, cudaError_t r) {
+      if (r != cudaSuccess) p = nullptr;
+      return err(r, "flashinfer workspace");
+    };
+    std::string e = float_ws_ ? "" : get(float_ws_, cudaMalloc(&float_ws_, float_bytes_));
+    if (e.empty() && !int_ws_) e = get(int_ws_, cudaMalloc(&int_ws_, int_bytes_));
+    if (e.empty() && !int_host_) e = get(int_host_, cudaMallocHost(&int_host_, int_bytes_));
+    if (!e.empty()) return e;
   }
   // The page-locked staging buffer is written by the host and copied asynchronously:
   // the previous step's copy must be done before it is overwritten.
