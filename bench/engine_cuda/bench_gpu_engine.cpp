@@ -28,8 +28,8 @@
 // --methods bf16-flashinfer / bf16-flashinfer-tc add the BF16 cache decoded by
 // FlashInfer's CUDA-core / tensor-core kernel (builds with scripts/fetch_flashinfer.sh's
 // headers): the check that the BF16 baseline is not handicapped by our kernel.
-// --prefill-kernels ours,flashinfer-fa2,flashinfer-fa3 times the prefill rows with each
-// BF16 prefill attention kernel (the same gathered rows).
+// --prefill-kernels default,ours,gemm,flashinfer-fa2,flashinfer-fa3 times the prefill rows
+// with each BF16 prefill attention kernel (the same gathered rows; default: the backend's).
 #include <cublas_v2.h>
 #include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
@@ -727,12 +727,13 @@ int main(int argc, char** argv) {
     std::vector<Pre> pre;
     const double lin_params = double(gemm_bytes) / 2 - double(cfg.vocab_size) * H;  // LM head: last rows only
     const std::vector<std::string> pkernels = words(a.prefill_kernels);
+    const std::string pdefault = backend::cuda_prefill(*be);  // what "default" names
     for (int P : a.prefill) {
       if (P <= 0) continue;
       for (const std::string& pk : pkernels)
       for (const kv::KvMethod& km : methods) {
         select(km);
-        if (pk != "default") backend::set_cuda_prefill(*be, pk);
+        backend::set_cuda_prefill(*be, pk == "default" ? pdefault : pk);
         Pre p;
         p.method = name_of(km) + " [" + backend::cuda_prefill(*be) + "]";
         p.tokens = P;
