@@ -140,13 +140,7 @@ TEST(KeyTransform, SmoothingScalesTiedOverRopePairs) {
 // A planted key offset (Qwen2's k_proj bias) in one KV head: offset-heads centers it (and
 // only it), recovers the mean, and its sample error is below the untransformed one.
 TEST(KeyTransform, CalibratorFindsAPlantedOffset) {
-  SyntheticSpec s;
-  s.n_layers = 1;
-  s.n_q_heads = 4;
-  s.n_kv_heads = 2;
-  s.head_dim = 32;
-  s.tokens = 400;
-  s.seed = 4;
+  const SyntheticSpec s{.n_layers = 1, .head_dim = 32, .tokens = 400, .seed = 4};  // 4 q / 2 KV heads
   SyntheticLayer a = synthetic_layer(s, 0);
   const int H = 2, d = 32;
   std::vector<double> planted(d, 0.0);
@@ -228,13 +222,7 @@ TEST(KeyTransform, CalibratorFindsAPlantedOffset) {
 // of every layer (the first layer is finished before the offset's layer); without it, auto is
 // bit-identical to off.
 TEST(KeyTransform, AutoTransformsEveryHeadOfAModelWithAnOffset) {
-  SyntheticSpec s;
-  s.n_layers = 2;
-  s.n_q_heads = 4;
-  s.n_kv_heads = 2;
-  s.head_dim = 32;
-  s.tokens = 300;
-  s.seed = 8;
+  const SyntheticSpec s{.n_layers = 2, .head_dim = 32, .tokens = 300, .seed = 8};  // 4 q / 2 KV heads
   const int H = 2, d = 32;
   std::vector<SyntheticLayer> clean = {synthetic_layer(s, 0), synthetic_layer(s, 1)};
   for (SyntheticLayer& L : clean)  // keys without a mean of their own

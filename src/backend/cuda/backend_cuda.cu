@@ -1,4 +1,5 @@
 #include "backend/cuda/backend_cuda.h"
+#include "backend/cuda/dev_mem.h"
 #ifdef OSCAR_WITH_FLASHINFER
 #include "backend/cuda/flashinfer/fi_attention.h"
 #endif
@@ -30,10 +31,8 @@ namespace oscar::backend {
 namespace {
 
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess)
-    throw Error(std::string("cuda backend: ") + what + ": " + cudaGetErrorString(e));
-}
+using devmem::check;
+using devmem::DevMem;
 void check_launch(const char* what) { check(cudaGetLastError(), what); }
 void check_blas(cublasStatus_t s, const char* what) {
   if (s != CUBLAS_STATUS_SUCCESS)
@@ -52,35 +51,6 @@ void no_capture(cudaStream_t st, const char* what) {
   if (cs != cudaStreamCaptureStatusNone)
     throw Error(std::string("cuda backend: ") + what + " uploads host data: not recordable in a graph");
 }
-
-// Device memory owned by RAII.
-struct DevMem {
-  void* p = nullptr;
-  size_t bytes = 0;
-  DevMem() = default;
-  explicit DevMem(size_t n) : bytes(n) {
-    if (n) check(cudaMalloc(&p, n), ("cudaMalloc of " + std::to_string(n >> 20) + " MiB").c_str());
-  }
-  DevMem(const DevMem&) = delete;
-  DevMem& operator=(const DevMem&) = delete;
-  DevMem(DevMem&& o) noexcept : p(o.p), bytes(o.bytes) { o.p = nullptr, o.bytes = 0; }
-  DevMem& operator=(DevMem&& o) noexcept {
-    std::swap(p, o.p);
-    std::swap(bytes, o.bytes);
-    return *this;
-  }
-  ~DevMem() {
-    if (p) cudaFree(p);
-  }
-  template <typename T>
-  T* as() const {
-    return static_cast<T*>(p);
-  }
-  // Grows (contents lost) to at least n bytes.
-  void ensure(size_t n) {
-    if (n > bytes) *this = DevMem(std::max(n, bytes + bytes / 2));
-  }
-};
 
 class DeviceBuffer : public Buffer {
  public:
@@ -946,14 +916,11 @@ class CudaBackend final : public Backend {
 #ifdef OSCAR_WITH_FLASHINFER
     if (!fi_planned_) throw Error("cuda backend: flashinfer decode: the step's cache is not all BF16");
     if (fi_hq_ != num_q_heads) {
-      const std::string why = fi_.plan(fi_tc_, fi_indptr_.data(), kv.batch, num_q_heads,
-                                       kv.num_kv_heads, kv.page_size, kv.head_dim, st_);
-      if (!why.empty()) throw Error("cuda backend: " + why);
+      fi_.plan(fi_tc_, fi_indptr_.data(), kv.batch, num_q_heads, kv.num_kv_heads, kv.page_size, kv.head_dim, st_);
       fi_hq_ = num_q_heads;
     }
-    const std::string why = fi_.run(q, kv.bf16.k, kv.bf16.v, kv.recent.indptr, kv.recent.indices,
-                                    fi_last_dev_.as<int32_t>(), sm_scale, o, cuda_ops::pdl(), st_);
-    if (!why.empty()) throw Error("cuda backend: " + why);
+    fi_.run(q, kv.bf16.k, kv.bf16.v, kv.recent.indptr, kv.recent.indices, fi_last_dev_.as<int32_t>(), sm_scale, o,
+            cuda_ops::pdl(), st_);
     ++fi_calls_;
 #else
     (void)kv, (void)q, (void)num_q_heads, (void)sm_scale, (void)o;
@@ -981,11 +948,9 @@ class CudaBackend final : public Backend {
       // them, set_prefill), at head_dim 128: the dim they were measured and tested at on the
       // H200 (docs/gpu-engine.md); other head dims run ours.
       if (prefill_fi_ != 0 && d == 128) {
-        const std::string why = fi_prefill_.run(prefill_fi_ == 3 ? fi::PrefillKernel::kFa3 : fi::PrefillKernel::kFa2,
-                                                q, reinterpret_cast<const uint16_t*>(K),
-                                                reinterpret_cast<const uint16_t*>(V), n, L, Lt, Hq, Hkv, d, sm_scale,
-                                                o, st_);
-        if (!why.empty()) throw Error("cuda backend: " + why);
+        fi_prefill_.run(prefill_fi_ == 3 ? fi::PrefillKernel::kFa3 : fi::PrefillKernel::kFa2, q,
+                        reinterpret_cast<const uint16_t*>(K), reinterpret_cast<const uint16_t*>(V), n, L, Lt, Hq, Hkv,
+                        d, sm_scale, o, st_);
         return;
       }
 #endif

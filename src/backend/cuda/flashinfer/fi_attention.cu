@@ -10,6 +10,7 @@
 #include <flashinfer/attention/variants.cuh>
 
 #include <exception>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -145,19 +146,49 @@ using Variant = DefaultAttention</*custom_mask=*/false, /*sliding_window=*/false
                                  /*alibi=*/false>;
 constexpr PosEncodingMode kPos = PosEncodingMode::kNone;
 
-// FlashInfer writes BF16; the engine's next layer reads fp32.
+using devmem::check;
+
+// The default variant's parameters, the same in every Params struct above (the rest stays as
+// value-initialized: null pointers, no lse, no partition until FlashInfer sets it).
+template <typename P>
+void set_variant(P& p, float sm_scale) {
+  p.sm_scale = sm_scale;
+  p.rope_rcp_scale = 1.0;  // (read only with RoPE in the kernel, which is off)
+  p.rope_rcp_theta = 1.0 / 1e4;
+  p.window_left = -1;
+}
+
+// FlashInfer writes BF16; the engine's next layer reads fp32. The tensor-core kernels read
+// BF16 queries.
 __global__ void widen(const __nv_bfloat16* __restrict__ x, float* __restrict__ y, int n) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) y[i] = __bfloat162float(x[i]);
 }
-
 __global__ void narrow(const float* __restrict__ x, __nv_bfloat16* __restrict__ y, int n) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) y[i] = __float2bfloat16(x[i]);
 }
+void widen_rows(const __nv_bfloat16* x, float* y, size_t n, cudaStream_t st) {
+  widen<<<unsigned((n + 255) / 256), 256, 0, st>>>(x, y, int(n));
+  check(cudaGetLastError(), "flashinfer: widen");
+}
+void narrow_rows(const float* x, __nv_bfloat16* y, size_t n, cudaStream_t st) {
+  narrow<<<unsigned((n + 255) / 256), 256, 0, st>>>(x, y, int(n));
+  check(cudaGetLastError(), "flashinfer: narrow");
+}
 
-std::string err(cudaError_t e, const char* what) {
-  return e == cudaSuccess ? std::string() : std::string(what) + ": " + cudaGetErrorString(e);
+// Runs one FlashInfer call: its status, and its own exceptions (FLASHINFER_ERROR), as oscar::Error.
+template <typename F>
+void guarded(const char* what, F&& f) {
+  cudaError_t s = cudaSuccess;
+  try {
+    s = f();
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw Error(std::string("cuda backend: ") + what + ": " + e.what());
+  }
+  check(s, what);
 }
 
 template <uint32_t D>
@@ -174,81 +205,54 @@ cudaError_t plan_d(void* fws, size_t fbytes, void* iws, void* ih, size_t ibytes,
 
 }  // namespace
 
-BatchDecode::~BatchDecode() {
-  if (float_ws_) cudaFree(float_ws_);
-  if (int_ws_) cudaFree(int_ws_);
-  if (int_host_) cudaFreeHost(int_host_);
-  if (out_) cudaFree(out_);
-  if (q_) cudaFree(q_);
-  if (qo_indptr_) cudaFree(qo_indptr_);
-}
-
-std::string BatchDecode::plan(bool tensor_cores, const int32_t* indptr_h, int batch, int num_q_heads,
-                              int num_kv_heads, int page_size, int head_dim, cudaStream_t stream) {
+void BatchDecode::plan(bool tensor_cores, const int32_t* indptr_h, int batch, int num_q_heads, int num_kv_heads,
+                       int page_size, int head_dim, cudaStream_t stream) {
   planned_ = false;
   if (batch <= 0 || num_kv_heads <= 0 || num_q_heads % num_kv_heads != 0 || page_size <= 0)
-    return "flashinfer decode: bad shape";
+    throw Error("cuda backend: flashinfer decode: bad shape");
   const int g = num_q_heads / num_kv_heads;
   if (!tensor_cores && !(g == 1 || g == 2 || g == 3 || g == 4 || g == 8))
-    return "flashinfer decode: GQA group " + std::to_string(g) + " not supported (1, 2, 3, 4, 8)";
+    throw Error("cuda backend: flashinfer decode: GQA group " + std::to_string(g) + " not supported (1, 2, 3, 4, 8)");
   if (head_dim != 64 && head_dim != 128)
-    return "flashinfer decode: head_dim " + std::to_string(head_dim) + " not instantiated (64, 128)";
-  if (!float_ws_ || !int_ws_ || !int_host_) {  // FlashInfer's own defaults are 128 MB and 8 MB
-    float_bytes_ = size_t(128) << 20;
-    int_bytes_ = size_t(8) << 20;
-    // What was allocated is kept; a failed one stays null and the next plan tries again.
-    auto get = [](void*& p, cudaError_t r) {
-      if (r != cudaSuccess) p = nullptr;
-      return err(r, "flashinfer workspace");
-    };
-    std::string e = float_ws_ ? "" : get(float_ws_, cudaMalloc(&float_ws_, float_bytes_));
-    if (e.empty() && !int_ws_) e = get(int_ws_, cudaMalloc(&int_ws_, int_bytes_));
-    if (e.empty() && !int_host_) e = get(int_host_, cudaMallocHost(&int_host_, int_bytes_));
-    if (!e.empty()) return e;
+    throw Error("cuda backend: flashinfer decode: head_dim " + std::to_string(head_dim) +
+                " not instantiated (64, 128)");
+  float_ws_.ensure(kFloatWs);
+  int_ws_.ensure(kIntWs);
+  if (!int_host_) {
+    void* h = nullptr;
+    check(cudaMallocHost(&h, kIntWs), "flashinfer workspace");
+    int_host_.reset(h);
   }
   // The page-locked staging buffer is written by the host and copied asynchronously:
   // the previous step's copy must be done before it is overwritten.
-  if (std::string e = err(cudaStreamSynchronize(stream), "flashinfer plan"); !e.empty()) return e;
+  check(cudaStreamSynchronize(stream), "flashinfer plan");
   std::vector<int32_t> indptr(indptr_h, indptr_h + batch + 1);
-  try {
-    if (tensor_cores) {
-      std::vector<int32_t> qo(size_t(batch) + 1);
-      for (int i = 0; i <= batch; ++i) qo[size_t(i)] = i;
-      if (batch + 1 > qo_indptr_n_) {
-        if (qo_indptr_) cudaFree(qo_indptr_);
-        qo_indptr_ = nullptr;
-        qo_indptr_n_ = 0;
-        if (std::string e = err(cudaMalloc(&qo_indptr_, size_t(batch + 1) * 4), "flashinfer plan"); !e.empty())
-          return e;
-        qo_indptr_n_ = batch + 1;
-      }
-      if (std::string e = err(cudaMemcpyAsync(qo_indptr_, qo.data(), qo.size() * 4, cudaMemcpyHostToDevice, stream),
-                              "flashinfer plan");
-          !e.empty())
-        return e;
-      PrefillPlanInfo info;
-      const cudaError_t s = PrefillPlan<int32_t>(
-          float_ws_, float_bytes_, int_ws_, int_host_, int_bytes_, info, qo.data(), indptr.data(), uint32_t(batch),
-          uint32_t(batch), uint32_t(num_q_heads), uint32_t(num_kv_heads), uint32_t(head_dim), uint32_t(head_dim),
-          uint32_t(page_size), /*enable_cuda_graph=*/false, /*sizeof_dtype_o=*/2, /*window_left=*/-1,
-          /*fixed_split_size=*/-1, /*disable_split_kv=*/false, /*num_colocated_ctas=*/0, stream);
-      if (s != cudaSuccess) return err(s, "flashinfer plan");
-      info_ = info.ToVector();
-      // The qo_indptr upload above reads the host vector: done before it goes.
-      if (std::string e = err(cudaStreamSynchronize(stream), "flashinfer plan"); !e.empty()) return e;
-    } else {
-      DecodePlanInfo info;
-      const cudaError_t s =
-          head_dim == 64
-              ? plan_d<64>(float_ws_, float_bytes_, int_ws_, int_host_, int_bytes_, info, indptr.data(), batch,
-                           num_q_heads, num_kv_heads, page_size, stream)
-              : plan_d<128>(float_ws_, float_bytes_, int_ws_, int_host_, int_bytes_, info, indptr.data(), batch,
-                            num_q_heads, num_kv_heads, page_size, stream);
-      if (s != cudaSuccess) return err(s, "flashinfer plan");
-      info_ = info.ToVector();
-    }
-  } catch (const std::exception& e) {
-    return std::string("flashinfer plan: ") + e.what();
+  if (tensor_cores) {
+    std::vector<int32_t> qo(size_t(batch) + 1);
+    for (int i = 0; i <= batch; ++i) qo[size_t(i)] = i;
+    qo_indptr_.ensure(qo.size() * 4);
+    check(cudaMemcpyAsync(qo_indptr_.p, qo.data(), qo.size() * 4, cudaMemcpyHostToDevice, stream), "flashinfer plan");
+    PrefillPlanInfo info;
+    guarded("flashinfer plan", [&] {
+      return PrefillPlan<int32_t>(float_ws_.p, kFloatWs, int_ws_.p, int_host_.get(), kIntWs, info, qo.data(),
+                                  indptr.data(), uint32_t(batch), uint32_t(batch), uint32_t(num_q_heads),
+                                  uint32_t(num_kv_heads), uint32_t(head_dim), uint32_t(head_dim), uint32_t(page_size),
+                                  /*enable_cuda_graph=*/false, /*sizeof_dtype_o=*/2, /*window_left=*/-1,
+                                  /*fixed_split_size=*/-1, /*disable_split_kv=*/false, /*num_colocated_ctas=*/0,
+                                  stream);
+    });
+    info_ = info.ToVector();
+    // The qo_indptr upload above reads the host vector: done before it goes.
+    check(cudaStreamSynchronize(stream), "flashinfer plan");
+  } else {
+    DecodePlanInfo info;
+    guarded("flashinfer plan", [&] {
+      return head_dim == 64 ? plan_d<64>(float_ws_.p, kFloatWs, int_ws_.p, int_host_.get(), kIntWs, info,
+                                         indptr.data(), batch, num_q_heads, num_kv_heads, page_size, stream)
+                            : plan_d<128>(float_ws_.p, kFloatWs, int_ws_.p, int_host_.get(), kIntWs, info,
+                                          indptr.data(), batch, num_q_heads, num_kv_heads, page_size, stream);
+    });
+    info_ = info.ToVector();
   }
   batch_ = batch;
   num_q_heads_ = num_q_heads;
@@ -257,213 +261,149 @@ std::string BatchDecode::plan(bool tensor_cores, const int32_t* indptr_h, int ba
   head_dim_ = head_dim;
   tensor_cores_ = tensor_cores;
   planned_ = true;
-  return {};
 }
 
-std::string BatchDecode::run(const float* q, const uint16_t* k_pages, const uint16_t* v_pages,
-                             const int32_t* indptr, const int32_t* indices, const int32_t* last_page_len,
-                             float sm_scale, float* o, bool pdl, cudaStream_t stream) {
-  if (!planned_) return "flashinfer decode: run before plan";
+void BatchDecode::run(const float* q, const uint16_t* k_pages, const uint16_t* v_pages, const int32_t* indptr,
+                      const int32_t* indices, const int32_t* last_page_len, float sm_scale, float* o, bool pdl,
+                      cudaStream_t stream) {
+  if (!planned_) throw Error("cuda backend: flashinfer decode: run before plan");
   const size_t n = size_t(batch_) * num_q_heads_ * head_dim_;
-  const unsigned blocks = unsigned((n + 255) / 256);
-  if (n > out_elems_) {
-    if (out_) cudaFree(out_);
-    if (q_) cudaFree(q_);
-    out_ = q_ = nullptr;
-    out_elems_ = 0;
-    if (std::string e = err(cudaMalloc(&out_, n * 2), "flashinfer output"); !e.empty()) return e;
-    if (std::string e = err(cudaMalloc(&q_, n * 2), "flashinfer queries"); !e.empty()) return e;
-    out_elems_ = n;
-  }
-  auto* ob = static_cast<__nv_bfloat16*>(out_);
+  out_.ensure(n * 2);
+  auto* ob = out_.as<__nv_bfloat16>();
   auto* kd = reinterpret_cast<__nv_bfloat16*>(const_cast<uint16_t*>(k_pages));
   auto* vd = reinterpret_cast<__nv_bfloat16*>(const_cast<uint16_t*>(v_pages));
   const paged_kv_t<__nv_bfloat16, int32_t> kv(
       uint32_t(num_kv_heads_), uint32_t(page_size_), uint32_t(head_dim_), uint32_t(batch_), QKVLayout::kHND, kd, vd,
       const_cast<int32_t*>(indices), const_cast<int32_t*>(indptr), const_cast<int32_t*>(last_page_len));
-  try {
-    cudaError_t s = cudaSuccess;
-    if (tensor_cores_) {
-      PrefillPlanInfo info;
-      info.FromVector(info_);
-      auto* qb = static_cast<__nv_bfloat16*>(q_);
-      narrow<<<blocks, 256, 0, stream>>>(q, qb, int(n));
-      if (std::string e = err(cudaGetLastError(), "flashinfer queries"); !e.empty()) return e;
-      PagedParams p{};
-      p.q = qb;
-      p.paged_kv = kv;
-      p.q_indptr = static_cast<int32_t*>(qo_indptr_);
-      p.o = ob;
-      p.lse = nullptr;
-      p.group_size = uint_fastdiv(uint32_t(num_q_heads_ / num_kv_heads_));
-      p.maybe_custom_mask = nullptr;
-      p.maybe_alibi_slopes = nullptr;
-      p.logits_soft_cap = 0.0;
-      p.sm_scale = sm_scale;
-      p.rope_rcp_scale = 1.0;
-      p.rope_rcp_theta = 1.0 / 1e4;
-      p.num_qo_heads = uint32_t(num_q_heads_);
-      p.q_stride_n = num_q_heads_ * head_dim_;
-      p.q_stride_h = head_dim_;
-      p.window_left = -1;
-      p.request_indices = GetPtrFromBaseOffset<int32_t>(int_ws_, info.request_indices_offset);
-      p.qo_tile_indices = GetPtrFromBaseOffset<int32_t>(int_ws_, info.qo_tile_indices_offset);
-      p.kv_tile_indices = GetPtrFromBaseOffset<int32_t>(int_ws_, info.kv_tile_indices_offset);
-      p.o_indptr = GetPtrFromBaseOffset<int32_t>(int_ws_, info.o_indptr_offset);
-      p.kv_chunk_size_ptr = GetPtrFromBaseOffset<int32_t>(int_ws_, info.kv_chunk_size_ptr_offset);
-      p.merge_indptr = nullptr;
-      p.block_valid_mask = nullptr;
-      p.total_num_rows = nullptr;
-      p.padded_batch_size = uint32_t(info.padded_batch_size);
-      p.max_total_num_rows = uint32_t(info.total_num_rows);
-      p.partition_kv = false;
-      __nv_bfloat16* tmp_v = nullptr;
-      float* tmp_s = nullptr;
-      if (info.split_kv) {
-        p.merge_indptr = GetPtrFromBaseOffset<int32_t>(int_ws_, info.merge_indptr_offset);
-        tmp_v = GetPtrFromBaseOffset<__nv_bfloat16>(float_ws_, info.v_offset);
-        tmp_s = GetPtrFromBaseOffset<float>(float_ws_, info.s_offset);
-      }
-      auto go = [&](auto tile, auto d) {
-        constexpr uint32_t T = decltype(tile)::value, D = decltype(d)::value;
-        return BatchPrefillWithPagedKVCacheDispatched<T, D, D, kPos, /*fp16_qk_reduction=*/false, MaskMode::kNone,
-                                                      Variant, PagedParams>(p, tmp_v, tmp_s, pdl, stream);
-      };
-      using C16 = std::integral_constant<uint32_t, 16>;
-      using C64 = std::integral_constant<uint32_t, 64>;
-      using C128 = std::integral_constant<uint32_t, 128>;
-      using D64 = std::integral_constant<uint32_t, 64>;
-      using D128 = std::integral_constant<uint32_t, 128>;
-      const int64_t tile = info.cta_tile_q;
-      if (tile != 16 && tile != 64 && tile != 128)
-        return "flashinfer decode: query tile " + std::to_string(tile) + " not instantiated";
-      if (head_dim_ == 64)
-        s = tile == 16 ? go(C16{}, D64{}) : tile == 64 ? go(C64{}, D64{}) : go(C128{}, D64{});
-      else
-        s = tile == 16 ? go(C16{}, D128{}) : tile == 64 ? go(C64{}, D128{}) : go(C128{}, D128{});
-    } else {
-      DecodePlanInfo info;
-      info.FromVector(info_);
-      Params p{};
-      p.q = const_cast<float*>(q);
-      p.paged_kv = kv;
-      p.o = ob;
-      p.lse = nullptr;
-      p.maybe_alibi_slopes = nullptr;
-      p.logits_soft_cap = 0.0;
-      p.sm_scale = sm_scale;
-      p.rope_rcp_scale = 1.0;
-      p.rope_rcp_theta = 1.0 / 1e4;
-      p.num_qo_heads = uint32_t(num_q_heads_);
-      p.q_stride_n = num_q_heads_ * head_dim_;
-      p.q_stride_h = head_dim_;
-      p.window_left = -1;
-      p.enable_pdl = pdl;
-      p.request_indices = GetPtrFromBaseOffset<int32_t>(int_ws_, info.request_indices_offset);
-      p.kv_tile_indices = GetPtrFromBaseOffset<int32_t>(int_ws_, info.kv_tile_indices_offset);
-      p.o_indptr = GetPtrFromBaseOffset<int32_t>(int_ws_, info.o_indptr_offset);
-      p.kv_chunk_size_ptr = GetPtrFromBaseOffset<int32_t>(int_ws_, info.kv_chunk_size_ptr_offset);
-      p.block_valid_mask = nullptr;
-      p.partition_kv = false;
-      p.padded_batch_size = uint32_t(info.padded_batch_size);
-      __nv_bfloat16* tmp_v = nullptr;
-      float* tmp_s = nullptr;
-      if (info.split_kv) {
-        tmp_v = GetPtrFromBaseOffset<__nv_bfloat16>(float_ws_, info.v_offset);
-        tmp_s = GetPtrFromBaseOffset<float>(float_ws_, info.s_offset);
-      }
-      s = head_dim_ == 64
-              ? BatchDecodeWithPagedKVCacheDispatched<64, kPos, Variant, Params>(p, tmp_v, tmp_s, pdl, stream)
-              : BatchDecodeWithPagedKVCacheDispatched<128, kPos, Variant, Params>(p, tmp_v, tmp_s, pdl, stream);
+  auto* iw = int_ws_.p;
+  if (tensor_cores_) {
+    PrefillPlanInfo info;
+    info.FromVector(info_);
+    q_.ensure(n * 2);
+    narrow_rows(q, q_.as<__nv_bfloat16>(), n, stream);
+    PagedParams p{};
+    set_variant(p, sm_scale);
+    p.q = q_.as<__nv_bfloat16>();
+    p.paged_kv = kv;
+    p.q_indptr = qo_indptr_.as<int32_t>();
+    p.o = ob;
+    p.group_size = uint_fastdiv(uint32_t(num_q_heads_ / num_kv_heads_));
+    p.num_qo_heads = uint32_t(num_q_heads_);
+    p.q_stride_n = num_q_heads_ * head_dim_;
+    p.q_stride_h = head_dim_;
+    p.request_indices = GetPtrFromBaseOffset<int32_t>(iw, info.request_indices_offset);
+    p.qo_tile_indices = GetPtrFromBaseOffset<int32_t>(iw, info.qo_tile_indices_offset);
+    p.kv_tile_indices = GetPtrFromBaseOffset<int32_t>(iw, info.kv_tile_indices_offset);
+    p.o_indptr = GetPtrFromBaseOffset<int32_t>(iw, info.o_indptr_offset);
+    p.kv_chunk_size_ptr = GetPtrFromBaseOffset<int32_t>(iw, info.kv_chunk_size_ptr_offset);
+    p.padded_batch_size = uint32_t(info.padded_batch_size);
+    p.max_total_num_rows = uint32_t(info.total_num_rows);
+    __nv_bfloat16* tmp_v = nullptr;
+    float* tmp_s = nullptr;
+    if (info.split_kv) {
+      p.merge_indptr = GetPtrFromBaseOffset<int32_t>(iw, info.merge_indptr_offset);
+      tmp_v = GetPtrFromBaseOffset<__nv_bfloat16>(float_ws_.p, info.v_offset);
+      tmp_s = GetPtrFromBaseOffset<float>(float_ws_.p, info.s_offset);
     }
-    if (s != cudaSuccess) return err(s, "flashinfer decode");
-  } catch (const std::exception& e) {
-    return std::string("flashinfer decode: ") + e.what();
+    auto go = [&](auto tile, auto d) {
+      constexpr uint32_t T = decltype(tile)::value, D = decltype(d)::value;
+      return BatchPrefillWithPagedKVCacheDispatched<T, D, D, kPos, /*fp16_qk_reduction=*/false, MaskMode::kNone,
+                                                    Variant, PagedParams>(p, tmp_v, tmp_s, pdl, stream);
+    };
+    using C16 = std::integral_constant<uint32_t, 16>;
+    using C64 = std::integral_constant<uint32_t, 64>;
+    using C128 = std::integral_constant<uint32_t, 128>;
+    const int64_t tile = info.cta_tile_q;
+    if (tile != 16 && tile != 64 && tile != 128)
+      throw Error("cuda backend: flashinfer decode: query tile " + std::to_string(tile) + " not instantiated");
+    guarded("flashinfer decode", [&] {
+      if (head_dim_ == 64) return tile == 16 ? go(C16{}, C64{}) : tile == 64 ? go(C64{}, C64{}) : go(C128{}, C64{});
+      return tile == 16 ? go(C16{}, C128{}) : tile == 64 ? go(C64{}, C128{}) : go(C128{}, C128{});
+    });
+  } else {
+    DecodePlanInfo info;
+    info.FromVector(info_);
+    Params p{};
+    set_variant(p, sm_scale);
+    p.q = const_cast<float*>(q);
+    p.paged_kv = kv;
+    p.o = ob;
+    p.num_qo_heads = uint32_t(num_q_heads_);
+    p.q_stride_n = num_q_heads_ * head_dim_;
+    p.q_stride_h = head_dim_;
+    p.enable_pdl = pdl;
+    p.request_indices = GetPtrFromBaseOffset<int32_t>(iw, info.request_indices_offset);
+    p.kv_tile_indices = GetPtrFromBaseOffset<int32_t>(iw, info.kv_tile_indices_offset);
+    p.o_indptr = GetPtrFromBaseOffset<int32_t>(iw, info.o_indptr_offset);
+    p.kv_chunk_size_ptr = GetPtrFromBaseOffset<int32_t>(iw, info.kv_chunk_size_ptr_offset);
+    p.padded_batch_size = uint32_t(info.padded_batch_size);
+    __nv_bfloat16* tmp_v = nullptr;
+    float* tmp_s = nullptr;
+    if (info.split_kv) {
+      tmp_v = GetPtrFromBaseOffset<__nv_bfloat16>(float_ws_.p, info.v_offset);
+      tmp_s = GetPtrFromBaseOffset<float>(float_ws_.p, info.s_offset);
+    }
+    guarded("flashinfer decode", [&] {
+      return head_dim_ == 64
+                 ? BatchDecodeWithPagedKVCacheDispatched<64, kPos, Variant, Params>(p, tmp_v, tmp_s, pdl, stream)
+                 : BatchDecodeWithPagedKVCacheDispatched<128, kPos, Variant, Params>(p, tmp_v, tmp_s, pdl, stream);
+    });
   }
-  widen<<<blocks, 256, 0, stream>>>(ob, o, int(n));
-  return err(cudaGetLastError(), "flashinfer output");
+  widen_rows(ob, o, n, stream);
 }
 
-void narrow_rows(const float* x, __nv_bfloat16* y, size_t n, cudaStream_t st) {
-  narrow<<<unsigned((n + 255) / 256), 256, 0, st>>>(x, y, int(n));
-}
-void widen_rows(const __nv_bfloat16* x, float* y, size_t n, cudaStream_t st) {
-  widen<<<unsigned((n + 255) / 256), 256, 0, st>>>(x, y, int(n));
-}
-
-std::string Prefill::run(PrefillKernel kernel, const float* q, const uint16_t* K, const uint16_t* V, int n, int L,
-                         int Lt, int num_q_heads, int num_kv_heads, int head_dim, float sm_scale, float* o,
-                         cudaStream_t stream) {
-  if (n <= 0) return {};
+void Prefill::run(PrefillKernel kernel, const float* q, const uint16_t* K, const uint16_t* V, int n, int L, int Lt,
+                  int num_q_heads, int num_kv_heads, int head_dim, float sm_scale, float* o, cudaStream_t stream) {
+  if (n <= 0) return;
   if (Lt < L + n || num_kv_heads <= 0 || num_q_heads % num_kv_heads != 0)
-    return "flashinfer prefill: bad shape";
+    throw Error("cuda backend: flashinfer prefill: bad shape");
   if (head_dim != 64 && head_dim != 128)
-    return "flashinfer prefill: head_dim " + std::to_string(head_dim) + " not instantiated (64, 128)";
+    throw Error("cuda backend: flashinfer prefill: head_dim " + std::to_string(head_dim) +
+                " not instantiated (64, 128)");
   const size_t rows = size_t(n) * num_q_heads * head_dim;
-  if (rows > 0x7fffffff) return "flashinfer prefill: chunk too large";
-  if (rows > elems_) {
-    if (q_) cudaFree(q_);
-    if (o_) cudaFree(o_);
-    q_ = o_ = nullptr;
-    elems_ = 0;
-    if (std::string e = err(cudaMalloc(&q_, rows * 2), "flashinfer prefill"); !e.empty()) return e;
-    if (std::string e = err(cudaMalloc(&o_, rows * 2), "flashinfer prefill"); !e.empty()) return e;
-    elems_ = rows;
-  }
-  if (!tmp_) {  // FA2's split-KV scratch, the size FlashInfer's Python wrapper gives it
-    if (std::string e = err(cudaMalloc(&tmp_, size_t(32) << 20), "flashinfer prefill"); !e.empty()) return e;
-  }
-  auto* qb = static_cast<__nv_bfloat16*>(q_);
-  auto* ob = static_cast<__nv_bfloat16*>(o_);
+  if (rows > 0x7fffffff) throw Error("cuda backend: flashinfer prefill: chunk too large");
+  q_.ensure(rows * 2);
+  o_.ensure(rows * 2);
+  tmp_.ensure(size_t(32) << 20);  // the size FlashInfer's Python wrapper gives it
+  auto* qb = q_.as<__nv_bfloat16>();
+  auto* ob = o_.as<__nv_bfloat16>();
   narrow_rows(q, qb, rows, stream);
-  if (std::string e = err(cudaGetLastError(), "flashinfer prefill"); !e.empty()) return e;
   // K, V [Hkv][Lt][d]: the keys this chunk sees are the first L + n rows of each head; the
   // causal mask is bottom-right aligned (query i sees keys 0 .. L + i), as ours.
   const uint32_t kv_len = uint32_t(L + n);
-  try {
-    cudaError_t s = cudaSuccess;
-    if (kernel == PrefillKernel::kFa3) {
-      s = prefill_fa3(qb, K, V, ob, n, int(kv_len), Lt, num_q_heads, num_kv_heads, head_dim, sm_scale, stream);
-    } else {
-      PrefillParams p{};
-      p.q = qb;
-      p.k = reinterpret_cast<__nv_bfloat16*>(const_cast<uint16_t*>(K));
-      p.v = reinterpret_cast<__nv_bfloat16*>(const_cast<uint16_t*>(V));
-      p.o = ob;
-      p.lse = nullptr;
-      p.group_size = uint_fastdiv(uint32_t(num_q_heads / num_kv_heads));
-      p.maybe_custom_mask = nullptr;
-      p.maybe_alibi_slopes = nullptr;
-      p.logits_soft_cap = 0.0;
-      p.sm_scale = sm_scale;
-      p.rope_rcp_scale = 1.0;
-      p.rope_rcp_theta = 1.0 / 1e4;
-      p.qo_len = uint32_t(n);
-      p.kv_len = kv_len;
-      p.num_qo_heads = uint32_t(num_q_heads);
-      p.num_kv_heads = uint32_t(num_kv_heads);
-      p.q_stride_n = uint32_t(num_q_heads * head_dim);
-      p.q_stride_h = uint32_t(head_dim);
-      p.k_stride_n = uint32_t(head_dim);
-      p.k_stride_h = uint32_t(Lt) * uint32_t(head_dim);
-      p.v_stride_n = p.k_stride_n;
-      p.v_stride_h = p.k_stride_h;
-      p.head_dim = uint32_t(head_dim);
-      p.window_left = -1;
-      p.partition_kv = false;
-      auto* tmp = static_cast<__nv_bfloat16*>(tmp_);
-      s = head_dim == 64
-              ? SinglePrefillWithKVCacheDispatched<64, 64, kPos, false, MaskMode::kCausal, Variant, PrefillParams>(
-                    p, tmp, stream)
-              : SinglePrefillWithKVCacheDispatched<128, 128, kPos, false, MaskMode::kCausal, Variant, PrefillParams>(
-                    p, tmp, stream);
-    }
-    if (s != cudaSuccess) return err(s, "flashinfer prefill");
-  } catch (const std::exception& e) {
-    return std::string("flashinfer prefill: ") + e.what();
+  if (kernel == PrefillKernel::kFa3) {
+    guarded("flashinfer prefill", [&] {
+      return prefill_fa3(qb, K, V, ob, n, int(kv_len), Lt, num_q_heads, num_kv_heads, head_dim, sm_scale, stream);
+    });
+  } else {
+    PrefillParams p{};
+    set_variant(p, sm_scale);
+    p.q = qb;
+    p.k = reinterpret_cast<__nv_bfloat16*>(const_cast<uint16_t*>(K));
+    p.v = reinterpret_cast<__nv_bfloat16*>(const_cast<uint16_t*>(V));
+    p.o = ob;
+    p.group_size = uint_fastdiv(uint32_t(num_q_heads / num_kv_heads));
+    p.qo_len = uint32_t(n);
+    p.kv_len = kv_len;
+    p.num_qo_heads = uint32_t(num_q_heads);
+    p.num_kv_heads = uint32_t(num_kv_heads);
+    p.q_stride_n = uint32_t(num_q_heads * head_dim);
+    p.q_stride_h = uint32_t(head_dim);
+    p.k_stride_n = uint32_t(head_dim);
+    p.k_stride_h = uint32_t(Lt) * uint32_t(head_dim);
+    p.v_stride_n = p.k_stride_n;
+    p.v_stride_h = p.k_stride_h;
+    p.head_dim = uint32_t(head_dim);
+    auto* tmp = tmp_.as<__nv_bfloat16>();
+    guarded("flashinfer prefill", [&] {
+      return head_dim == 64
+                 ? SinglePrefillWithKVCacheDispatched<64, 64, kPos, false, MaskMode::kCausal, Variant, PrefillParams>(
+                       p, tmp, stream)
+                 : SinglePrefillWithKVCacheDispatched<128, 128, kPos, false, MaskMode::kCausal, Variant,
+                                                      PrefillParams>(p, tmp, stream);
+    });
   }
   widen_rows(ob, o, rows, stream);
-  return err(cudaGetLastError(), "flashinfer prefill");
 }
 
 #ifdef OSCAR_WITH_FLASHINFER_SM90
@@ -476,11 +416,5 @@ cudaError_t prefill_fa3(const void*, const uint16_t*, const uint16_t*, void*, in
   return cudaErrorNotSupported;
 }
 #endif
-
-Prefill::~Prefill() {
-  if (q_) cudaFree(q_);
-  if (o_) cudaFree(o_);
-  if (tmp_) cudaFree(tmp_);
-}
 
 }  // namespace oscar::backend::fi

@@ -1,10 +1,11 @@
 // FlashInfer's BF16 paged decode (flashinfer-python 0.5.3, header-only templates) behind a small
 // C++ interface, in both of its forms: the CUDA-core `BatchDecodeWithPagedKVCache` kernel and the
 // tensor-core one (`use_tensor_cores=True`: its FA2 batch prefill kernel, one query row per
-// request), so that the
-// engine's BF16 baseline can run on FlashInfer's kernel instead of ours (docs/gpu-engine.md,
-// "FlashInfer's BF16 decode in the engine"). Built only when CMake is given
-// OSCAR_FLASHINFER_INCLUDE (scripts/fetch_flashinfer.sh); nothing else includes FlashInfer.
+// request), so that the engine's BF16 baseline can run on FlashInfer's kernel instead of ours
+// (docs/gpu-engine.md, "FlashInfer's BF16 decode in the engine"); and its prefill kernels (below).
+// Built only when CMake is given OSCAR_FLASHINFER_INCLUDE (scripts/fetch_flashinfer.sh); nothing
+// else includes FlashInfer. Every failure (an unsupported shape, a CUDA error, FlashInfer's own
+// exceptions) is thrown as oscar::Error.
 //
 // The cache is ours: BF16 pages in the HND layout of kernels/paged_kv.h, which is FlashInfer's
 // HND layout; one sequence's pages are listed by (indptr, indices) and the last page's row
@@ -19,41 +20,32 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <string>
+#include <memory>
 #include <vector>
+
+#include "backend/cuda/dev_mem.h"
 
 namespace oscar::backend::fi {
 
 class BatchDecode {
  public:
-  BatchDecode() = default;
-  ~BatchDecode();
-  BatchDecode(const BatchDecode&) = delete;
-  BatchDecode& operator=(const BatchDecode&) = delete;
-
   // Plans one step (valid for every layer of it): host page counts indptr_h[0..batch].
-  // Returns an empty string, or why the shape is not supported (head_dim 64 / 128, GQA
-  // group 1, 2, 3, 4 or 8) or the CUDA error.
-  std::string plan(bool tensor_cores, const int32_t* indptr_h, int batch, int num_q_heads, int num_kv_heads,
-                   int page_size, int head_dim, cudaStream_t stream);
+  // Unsupported: head_dim other than 64 / 128; on CUDA cores, GQA groups other than 1, 2, 3, 4, 8.
+  void plan(bool tensor_cores, const int32_t* indptr_h, int batch, int num_q_heads, int num_kv_heads,
+            int page_size, int head_dim, cudaStream_t stream);
 
   // o = softmax(sm_scale q K^T) V over each sequence's pages (device pointers; k and v are
   // the layer's page pools). Needs plan() of this step first.
-  std::string run(const float* q, const uint16_t* k_pages, const uint16_t* v_pages, const int32_t* indptr,
-                  const int32_t* indices, const int32_t* last_page_len, float sm_scale, float* o, bool pdl,
-                  cudaStream_t stream);
+  void run(const float* q, const uint16_t* k_pages, const uint16_t* v_pages, const int32_t* indptr,
+           const int32_t* indices, const int32_t* last_page_len, float sm_scale, float* o, bool pdl,
+           cudaStream_t stream);
 
  private:
-  void* float_ws_ = nullptr;
-  void* int_ws_ = nullptr;
-  void* int_host_ = nullptr;  // page-locked staging of the plan
-  void* out_ = nullptr;       // BF16 output before widening
-  size_t out_elems_ = 0;
-  size_t float_bytes_ = 0, int_bytes_ = 0;
-  void* q_ = nullptr;         // BF16 queries (tensor cores)
-  size_t q_elems_ = 0;
-  void* qo_indptr_ = nullptr;  // 0, 1, ..., batch (tensor cores: one query row per request)
-  int qo_indptr_n_ = 0;
+  static constexpr size_t kFloatWs = size_t(128) << 20, kIntWs = size_t(8) << 20;  // FlashInfer's defaults
+  devmem::DevMem float_ws_, int_ws_;
+  std::unique_ptr<void, void (*)(void*)> int_host_{nullptr, [](void* p) { cudaFreeHost(p); }};  // plan staging
+  devmem::DevMem q_, out_;   // BF16 queries (tensor cores), BF16 output before widening
+  devmem::DevMem qo_indptr_;  // 0, 1, ..., batch (tensor cores: one query row per request)
   std::vector<int64_t> info_;  // FlashInfer's plan info, as its ToVector() writes it
   int batch_ = 0, num_q_heads_ = 0, num_kv_heads_ = 0, page_size_ = 0, head_dim_ = 0;
   bool planned_ = false, tensor_cores_ = false;
@@ -67,18 +59,12 @@ class BatchDecode {
 enum class PrefillKernel { kFa2, kFa3 };
 class Prefill {
  public:
-  Prefill() = default;
-  ~Prefill();
-  Prefill(const Prefill&) = delete;
-  Prefill& operator=(const Prefill&) = delete;
-  std::string run(PrefillKernel kernel, const float* q, const uint16_t* K, const uint16_t* V, int n, int L, int Lt,
-                  int num_q_heads, int num_kv_heads, int head_dim, float sm_scale, float* o, cudaStream_t stream);
+  void run(PrefillKernel kernel, const float* q, const uint16_t* K, const uint16_t* V, int n, int L, int Lt,
+           int num_q_heads, int num_kv_heads, int head_dim, float sm_scale, float* o, cudaStream_t stream);
 
  private:
-  void* q_ = nullptr;  // BF16 queries
-  void* o_ = nullptr;  // BF16 output
-  void* tmp_ = nullptr;
-  size_t elems_ = 0;
+  devmem::DevMem q_, o_;  // BF16 queries and output
+  devmem::DevMem tmp_;    // FA2's split-KV scratch
 };
 
 // Whether this build has the FA3 kernel (fi_prefill_sm90.cu: CUTLASS headers and sm_90a).

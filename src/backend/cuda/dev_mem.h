@@ -1,0 +1,48 @@
+// Device memory owned by RAII and the CUDA error check that throws oscar::Error: shared by the
+// CUDA backend's translation units (backend_cuda.cu, flashinfer/).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <string>
+#include <utility>
+
+#include "core/error.h"
+
+namespace oscar::backend::devmem {
+
+inline void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw Error(std::string("cuda backend: ") + what + ": " + cudaGetErrorString(e));
+}
+
+struct DevMem {
+  void* p = nullptr;
+  size_t bytes = 0;
+  DevMem() = default;
+  explicit DevMem(size_t n) : bytes(n) {
+    if (n) check(cudaMalloc(&p, n), ("cudaMalloc of " + std::to_string(n >> 20) + " MiB").c_str());
+  }
+  DevMem(const DevMem&) = delete;
+  DevMem& operator=(const DevMem&) = delete;
+  DevMem(DevMem&& o) noexcept : p(o.p), bytes(o.bytes) { o.p = nullptr, o.bytes = 0; }
+  DevMem& operator=(DevMem&& o) noexcept {
+    std::swap(p, o.p);
+    std::swap(bytes, o.bytes);
+    return *this;
+  }
+  ~DevMem() {
+    if (p) cudaFree(p);
+  }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(p);
+  }
+  // Grows (contents lost) to at least n bytes.
+  void ensure(size_t n) {
+    if (n > bytes) *this = DevMem(std::max(n, bytes + bytes / 2));
+  }
+};
+
+}  // namespace oscar::backend::devmem
