@@ -1028,6 +1028,12 @@ TEST(CudaDecode, RotateQueriesKeysMatchesReference) {
     OSCAR_CUDA_CHECK(cudaDeviceSynchronize());
     EXPECT_LE(test::rel_l2(dq.download(), qref), 1e-6) << "queries";
     EXPECT_LE(test::rel_l2(dk.download(), kref), 1e-6) << "keys";
+    // The keys alone, through rotate_queries with the same centering (the store's transform_keys).
+    DeviceBuffer<float> dk1(k);
+    OSCAR_CUDA_CHECK(rotate_queries(dk1.ptr, n, hkv, d, dRk.ptr, r_heads, dk1.ptr, nullptr, false,
+                                    centred ? dm.ptr : nullptr));
+    OSCAR_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_LE(test::rel_l2(dk1.download(), kref), 1e-6) << "keys alone";
   }
   // Bad arguments are refused, not launched.
   DeviceBuffer<float> b(std::vector<float>(64 * 64, 0.0f));

@@ -199,12 +199,9 @@ class CudaPageStore final : public PageStore {
   void transform_keys(int layer, float* k, int n) override {
     if (q_.empty() || n == 0 || q_.at(layer).identity) return;
     const Layer& L = q_[layer];
-    if (L.mean.p) {
-      cuda_ops::sub_mean(k, L.mean.as<float>(), n, spec_.num_kv_heads, spec_.head_dim, st_);
-      check_launch("key centering");
-    }
     check(kernels::cuda::rotate_queries(k, n, spec_.num_kv_heads, spec_.head_dim, L.key.as<float>(),
-                                        L.n == 1 ? 1 : spec_.num_kv_heads, k, st_, cuda_ops::pdl()),
+                                        L.n == 1 ? 1 : spec_.num_kv_heads, k, st_, cuda_ops::pdl(),
+                                        L.mean.as<float>()),
           "key transform");
   }
   void transform_queries_keys(int layer, float* q, int n_q_heads, float* k, int n) override {

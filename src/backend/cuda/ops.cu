@@ -435,14 +435,6 @@ __global__ void embed_k(const void* emb, bool bf16, const int32_t* tokens, int h
   }
 }
 
-__global__ void sub_mean_k(float* k, const float* mean, int n, int heads, int d) {
-  pdl_enter();
-  const int64_t total = int64_t(n) * heads * d;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
-       i += int64_t(gridDim.x) * blockDim.x)
-    k[i] -= mean[i % (int64_t(heads) * d)];
-}
-
 // One thread per (head, token, channel) of the gathered K and V.
 template <typename T>
 __global__ void gather_kv_k(kv::PagedKvView kv, int b, int L, const float* k_new,
@@ -636,9 +628,6 @@ void qkv_heads(const float* qkv, int n, int Hq, int Hkv, int d, const float* qn,
 void embed(const void* emb, bool bf16, const int32_t* tokens, int n, int hidden, float* x,
            cudaStream_t st) {
   if (n > 0) launch(embed_k, n, kThreads, st, emb, bf16, tokens, hidden, x);
-}
-void sub_mean(float* k, const float* mean, int n, int heads, int d, cudaStream_t st) {
-  launch(sub_mean_k, grid_cap(int64_t(n) * heads * d), kThreads, st, k, mean, n, heads, d);
 }
 
 template <typename T>

@@ -59,8 +59,6 @@ void sample_rows(const float* logits, int rows, int V, const RowDraw* draws, con
 // x[i] = emb[tokens[i]] (emb bf16 when `bf16`, else f32), tokens on the device
 void embed(const void* emb, bool bf16, const int32_t* tokens, int n, int hidden, float* x,
            cudaStream_t st);
-// k[t][h] -= mean[h]  (k [n][heads][d], mean [heads][d])
-void sub_mean(float* k, const float* mean, int n, int heads, int d, cudaStream_t st);
 
 // ---- prefill attention (T = float or __nv_bfloat16)
 // K, V [Hkv][Lt][d] of batch row b of `kv` (device tables): tokens [0, L) from

@@ -141,13 +141,15 @@ cudaError_t decode_attention_bf16(const DecodeParams& p, const DecodePlan& plan,
                                   const DecodeWorkspace& ws, cudaStream_t stream);
 
 // Query rotation on the device (DESIGN §3.5: q~ = q R_K, once per step):
-// q_rot[i][g] = q[i][g] * R[g / (Hq / r_heads)] (row vector times a row-major
+// q_rot[i][g] = (q[i][g] - mean[g]) * R[g / (Hq / r_heads)] (row vector times a row-major
 // [d][d] matrix); r_heads is 1 (one rotation per layer) or Hkv (per KV head).
-//   q, q_rot: [n][Hq][d] f32 device (q == q_rot is allowed); R: [r_heads][d][d].
+//   q, q_rot: [n][Hq][d] f32 device (q == q_rot is allowed); R: [r_heads][d][d];
+//   mean: [Hq][d] or null (the key transform's centering, when these rows are keys).
 // programmatic: launched as a programmatic dependent of the previous launch (PDL; the
 // kernel waits for it before reading q).
 cudaError_t rotate_queries(const float* q, int n, int num_q_heads, int d, const float* R,
-                           int r_heads, float* q_rot, cudaStream_t stream, bool programmatic = false);
+                           int r_heads, float* q_rot, cudaStream_t stream, bool programmatic = false,
+                           const float* mean = nullptr);
 // A step's queries and keys in one launch, in place: q[i][g] = q[i][g] Rq[g / (Hq / r_heads)],
 // k[i][h] = (k[i][h] - k_mean[h]) Rk[h / (Hkv / r_heads)] (k_mean [Hkv][d] or null: the key
 // transform's centering). r_heads is 1 or Hkv for both.

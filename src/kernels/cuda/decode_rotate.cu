@@ -93,9 +93,9 @@ cudaError_t launch_rotate(const RotJob& a, const RotJob& b, int d, cudaStream_t 
 }  // namespace
 
 cudaError_t rotate_queries(const float* q, int n, int num_q_heads, int d, const float* R,
-                           int r_heads, float* q_rot, cudaStream_t stream, bool programmatic) {
+                           int r_heads, float* q_rot, cudaStream_t stream, bool programmatic, const float* mean) {
   if (n < 0 || num_q_heads <= 0 || !q || !R || !q_rot) return cudaErrorInvalidValue;
-  const RotJob a{q, q_rot, R, nullptr, num_q_heads, r_heads, int64_t(n) * num_q_heads};
+  const RotJob a{q, q_rot, R, mean, num_q_heads, r_heads, int64_t(n) * num_q_heads};
   const RotJob none{nullptr, nullptr, nullptr, nullptr, 1, 1, 0};
   return launch_rotate(a, none, d, stream, programmatic);
 }
