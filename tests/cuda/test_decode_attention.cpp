@@ -964,14 +964,24 @@ TEST(CudaDecode, RejectsUnsupportedShapes) {
   free_decode_workspace(ws);
 }
 
+// n = 3 and 64 run the per-row kernel; from 128 on the tiled one at d <= 128
+// (set_rotate_tiled_min_tokens' default) with tiles of 16 (200: a partial last tile), 32 (600) and
+// 64 tokens (2100: 8 heads x 33 tiles fill 132 SMs); 64 and 200 also with the tiled kernel from
+// 16 tokens on, and 200 with it turned off.
 TEST(CudaDecode, RotateQueriesMatchesReference) {
   if (!test::have_gpu()) GTEST_SKIP() << "no GPU";
-  const int n = 3, hq = 8;
+  const int hq = 8;
+  ASSERT_EQ(rotate_tiled_min_tokens(), 128);
   std::mt19937 rng(42);
   std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (int tiled_min : {128, 16, 0})
+  for (int n : {3, 64, 200, 600, 2100})
   for (int d : {64, 128, 256})
   for (int r_heads : {1, hq}) {
-    SCOPED_TRACE("d " + std::to_string(d) + ", r_heads " + std::to_string(r_heads));
+    if ((tiled_min == 16 && n != 64 && n != 200) || (tiled_min == 0 && n != 200)) continue;
+    set_rotate_tiled_min_tokens(tiled_min);
+    SCOPED_TRACE("n " + std::to_string(n) + ", tiled from " + std::to_string(tiled_min) + ", d " +
+                 std::to_string(d) + ", r_heads " + std::to_string(r_heads));
     std::vector<float> q(size_t(n) * hq * d), R(size_t(r_heads) * d * d), ref(q.size());
     for (auto& x : q) x = nd(rng);
     for (auto& x : R) x = nd(rng) / std::sqrt(float(d));
@@ -982,19 +992,23 @@ TEST(CudaDecode, RotateQueriesMatchesReference) {
     OSCAR_CUDA_CHECK(cudaDeviceSynchronize());
     EXPECT_LE(test::rel_l2(dout.download(), ref), 1e-6);
   }
+  set_rotate_tiled_min_tokens(128);
 }
 
 // The step's queries and keys in one launch (in place), the keys centred first: against the
 // reference rotation of q and of (k - mean), and against two rotate_queries calls.
 TEST(CudaDecode, RotateQueriesKeysMatchesReference) {
   if (!test::have_gpu()) GTEST_SKIP() << "no GPU";
-  const int n = 3, hq = 8, hkv = 2;
+  const int hq = 8, hkv = 2;
   std::mt19937 rng(43);
   std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (int n : {3, 130, 1500})  // the per-row kernel; the tiled one (tiles of 16, the last partial; of 64)
+  // (the tiled kernel's default threshold is 128 tokens)
   for (int d : {64, 128, 256})
   for (int r_heads : {1, hkv})
   for (bool centred : {false, true}) {
-    SCOPED_TRACE("d " + std::to_string(d) + ", r_heads " + std::to_string(r_heads) + (centred ? ", mean" : ""));
+    SCOPED_TRACE("n " + std::to_string(n) + ", d " + std::to_string(d) + ", r_heads " + std::to_string(r_heads) +
+                 (centred ? ", mean" : ""));
     std::vector<float> q(size_t(n) * hq * d), k(size_t(n) * hkv * d), Rq(size_t(r_heads) * d * d),
         Rk(Rq.size()), mean(size_t(hkv) * d, 0.0f);
     for (auto& x : q) x = nd(rng);

@@ -397,6 +397,9 @@ class CudaBackend final : public Backend {
     if (const char* g = std::getenv("OSCAR_CUDA_BLAS_BETA")) blas_beta_ = std::string(g) != "0";
     if (const char* g = std::getenv("OSCAR_CUDA_PREFILL_WARPS")) prefill_warps_ = std::atoi(g) == 8 ? 8 : 4;
     if (const char* g = std::getenv("OSCAR_CUDA_BF16_DECODE")) set_bf16_decode(g);
+    // Query/key rotations from this many tokens on in the tiled kernel (0: never; A/B only).
+    if (const char* g = std::getenv("OSCAR_CUDA_ROTATE_TILED"))
+      kernels::cuda::set_rotate_tiled_min_tokens(std::max(0, std::atoi(g)));
     // The decode planner's split (A/B only): tiles per chunk forced, or CTAs per SM aimed at.
     if (const char* g = std::getenv("OSCAR_CUDA_DECODE_TILES")) decode_tiles_ = std::max(0, std::atoi(g));
     if (const char* g = std::getenv("OSCAR_CUDA_DECODE_CTAS_PER_SM")) decode_ctas_per_sm_ = std::max(0, std::atoi(g));

@@ -157,6 +157,13 @@ cudaError_t rotate_queries_keys(float* q, int num_q_heads, const float* Rq, floa
                                 const float* Rk, const float* k_mean, int n, int d, int r_heads, cudaStream_t stream,
                                 bool programmatic = false);
 
+// Both rotations switch to a tiled kernel (the head's matrix staged in shared memory once per
+// block of tokens) from this many tokens on, at d <= 128; below, and at d = 256, one block per
+// row. Default 128; 0 keeps the per-row kernel for every call (A/B: OSCAR_CUDA_ROTATE_TILED).
+// Process-wide.
+void set_rotate_tiled_min_tokens(int tokens);
+int rotate_tiled_min_tokens();
+
 #if defined(OSCAR_DECODE_TRACE)
 // Diagnostic builds only (bench_decode --trace): buf[0] counts CTAs (zero it
 // before a call), then per CTA 10 words {kind << 48 | head << 24 | position

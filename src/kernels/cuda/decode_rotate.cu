@@ -1,6 +1,10 @@
 // Query rotation on the device (rotate_queries, decode_attention.h).
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+
 #include "kernels/cuda/decode_attention.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.cuh"
@@ -36,13 +40,17 @@ __global__ void __launch_bounds__(256) rotate_kernel(const RotJob a, const RotJo
   __shared__ float4 part[kParts][kCols];
   detail::pdl_launch_dependents();  // launched as a programmatic dependent: wait for q
   detail::pdl_wait();
+  // The job's fields one by one (a reference to either parameter would put both in local memory).
   const bool first = int64_t(blockIdx.x) < a.rows;
-  const RotJob& j = first ? a : b;
   const int64_t row = first ? int64_t(blockIdx.x) : int64_t(blockIdx.x) - a.rows;
-  const int head = static_cast<int>(row % j.heads);
-  const float4* R4 = reinterpret_cast<const float4*>(j.R + int64_t(head / (j.heads / j.r_heads)) * D * D);
+  const int heads = first ? a.heads : b.heads, r_heads = first ? a.r_heads : b.r_heads;
+  const float* in = first ? a.in : b.in;
+  float* out = first ? a.out : b.out;
+  const float* mean = first ? a.mean : b.mean;
+  const int head = static_cast<int>(row % heads);
+  const float4* R4 = reinterpret_cast<const float4*>((first ? a.R : b.R) + int64_t(head / (heads / r_heads)) * D * D);
   for (int i = threadIdx.x; i < D; i += blockDim.x)
-    x[i] = j.mean ? j.in[row * D + i] - j.mean[int64_t(head) * D + i] : j.in[row * D + i];
+    x[i] = mean ? in[row * D + i] - mean[int64_t(head) * D + i] : in[row * D + i];
   __syncthreads();  // in == out allowed: every x is read before anyone writes
   const int cg = threadIdx.x % kCols, p = threadIdx.x / kCols;
   float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -63,8 +71,147 @@ __global__ void __launch_bounds__(256) rotate_kernel(const RotJob a, const RotJo
     float sum = 0.0f;
 #pragma unroll
     for (int k = 0; k < kParts; ++k) sum += pf[k * D + c];
-    j.out[row * D + c] = sum;
+    out[row * D + c] = sum;
   }
+}
+
+// Rotation of many rows (a prefill chunk, a large decode batch): one block of 256 threads
+// per head of a job and a slice of the tokens. The head's matrix is staged in shared memory
+// once per block and every tile of kTile tokens is multiplied against it there, so R is read
+// from L2 once per block instead of once per row (the per-row kernel above reads D*D*4 bytes
+// per row: 64 KB at D = 128, 21 GB per layer for an 8192-token chunk of Qwen3-8B's 40 heads).
+// Thread (ty, tx) of a 16 x 16 grid computes tokens kRows ty .. kRows ty + kRows - 1 of the
+// tile and the columns 4 tx + 64 c (c < D / 64), from the tile stored transposed (Xt[k][token],
+// padded rows) and R's row k, both read as float4 where they can. fp32 FMA over k = 0 .. D-1
+// in order. Tiles of 16 kRows tokens: 64 for a prefill chunk, 16 or 32 where fewer tokens
+// would leave SMs without a block.
+template <int kRows>
+__host__ __device__ constexpr int tile_ld() {
+  return 16 * kRows + 4;  // padded row of the transposed tile (16-byte aligned)
+}
+
+template <int D, int kRows>
+constexpr size_t tiled_smem_bytes() {
+  return sizeof(float) * (size_t(D) * D + size_t(D) * tile_ld<kRows>());
+}
+
+template <int D, int kRows>
+__global__ void __launch_bounds__(256) rotate_tiled_kernel(const RotJob a, const RotJob b, int a_blocks) {
+  constexpr int kTile = 16 * kRows, kTileLd = tile_ld<kRows>();
+  constexpr int kCG = D / 64;  // float4 column groups per thread
+  extern __shared__ float4 smem4[];
+  float* Rs = reinterpret_cast<float*>(smem4);
+  float* Xt = Rs + D * D;
+  detail::pdl_launch_dependents();
+  detail::pdl_wait();
+  // The job's fields one by one (a reference to either parameter would put both in local memory).
+  const bool first = int(blockIdx.x) < a_blocks;
+  const int head = first ? int(blockIdx.x) : int(blockIdx.x) - a_blocks;
+  const float* in = first ? a.in : b.in;
+  float* out = first ? a.out : b.out;
+  const int heads = first ? a.heads : b.heads, r_heads = first ? a.r_heads : b.r_heads;
+  const int64_t tokens = (first ? a.rows : b.rows) / heads;
+  const float* mean_j = first ? a.mean : b.mean;
+  const int64_t stride = int64_t(heads) * D;  // floats from one token's row of this head to the next
+  const float4* R4 =
+      reinterpret_cast<const float4*>((first ? a.R : b.R) + int64_t(head / (heads / r_heads)) * D * D);
+  for (int i = threadIdx.x; i < D * D / 4; i += 256) reinterpret_cast<float4*>(Rs)[i] = __ldg(R4 + i);
+  const float* mean = mean_j ? mean_j + int64_t(head) * D : nullptr;
+  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+  const int64_t tiles = (tokens + kTile - 1) / kTile;
+  for (int64_t t = blockIdx.y; t < tiles; t += gridDim.y) {
+    const int64_t t0 = t * kTile;
+    __syncthreads();  // R staged (first tile); the previous tile's Xt read by everyone
+    // Load: a warp reads one token's row (coalesced), stores it as a column of Xt.
+    for (int e = threadIdx.x; e < kTile * D; e += 256) {
+      const int r = e / D, k = e % D;
+      float v = 0.0f;
+      if (t0 + r < tokens) {
+        v = in[(t0 + r) * stride + int64_t(head) * D + k];
+        if (mean) v -= mean[k];
+      }
+      Xt[k * kTileLd + r] = v;
+    }
+    __syncthreads();  // in == out allowed: the tile is in shared memory before anyone writes
+    float4 acc[kRows][kCG];
+#pragma unroll
+    for (int i = 0; i < kRows; ++i)
+#pragma unroll
+      for (int c = 0; c < kCG; ++c) acc[i][c] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 4
+    for (int k = 0; k < D; ++k) {
+      float xs[kRows];
+      if constexpr (kRows == 4) {
+        const float4 x = *reinterpret_cast<const float4*>(Xt + k * kTileLd + ty * 4);
+        xs[0] = x.x, xs[1] = x.y, xs[2] = x.z, xs[3] = x.w;
+      } else if constexpr (kRows == 2) {
+        const float2 x = *reinterpret_cast<const float2*>(Xt + k * kTileLd + ty * 2);
+        xs[0] = x.x, xs[1] = x.y;
+      } else {
+        xs[0] = Xt[k * kTileLd + ty];
+      }
+#pragma unroll
+      for (int c = 0; c < kCG; ++c) {
+        const float4 r = *reinterpret_cast<const float4*>(Rs + k * D + c * 64 + tx * 4);
+#pragma unroll
+        for (int i = 0; i < kRows; ++i) {
+          acc[i][c].x = fmaf(xs[i], r.x, acc[i][c].x);
+          acc[i][c].y = fmaf(xs[i], r.y, acc[i][c].y);
+          acc[i][c].z = fmaf(xs[i], r.z, acc[i][c].z);
+          acc[i][c].w = fmaf(xs[i], r.w, acc[i][c].w);
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) {
+      const int64_t tok = t0 + ty * kRows + i;
+      if (tok >= tokens) break;
+      float4* o = reinterpret_cast<float4*>(out + tok * stride + int64_t(head) * D);
+#pragma unroll
+      for (int c = 0; c < kCG; ++c) o[c * 16 + tx] = acc[i][c];
+    }
+  }
+}
+
+// Tokens from which a job goes to the tiled kernel (set_rotate_tiled_min_tokens). Qwen3-8B
+// shapes on the H200 (2026-12-04, 2-bit decode steps at 32K): per-row / tiled 6.98 / 7.46 ms at
+// batch 8, level at 32 and 64 (within 0.2 ms), 30.4 / 28.7 ms at 128; a prefill chunk of 8192
+// tokens: 32K prompt 1,625 / 1,553 ms.
+std::atomic<int> g_tiled_min_tokens{128};
+
+template <int D, int kRows>
+cudaError_t launch_tiled_rows(const RotJob& a, const RotJob& b, int64_t tokens, int sms, cudaStream_t stream,
+                              bool programmatic) {
+  static const cudaError_t attr = cudaFuncSetAttribute(rotate_tiled_kernel<D, kRows>,
+                                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                       int(tiled_smem_bytes<D, kRows>()));
+  OSCAR_CUDA_RETURN_IF_ERROR(attr);
+  const int a_blocks = a.rows > 0 ? a.heads : 0, b_blocks = b.rows > 0 ? b.heads : 0;
+  const int heads = a_blocks + b_blocks;
+  const int64_t tiles = (tokens + 16 * kRows - 1) / (16 * kRows);
+  // Two blocks per SM (the shared memory allows two at D = 128), each staging its matrix once
+  // and looping over its share of the tiles.
+  const int64_t per_head = std::min<int64_t>(tiles, std::max<int64_t>(1, (2 * int64_t(sms) + heads - 1) / heads));
+  const dim3 grid(static_cast<unsigned>(heads), static_cast<unsigned>(std::min<int64_t>(per_head, 65535)));
+  const RotJob& first = a_blocks ? a : b;
+  const RotJob& second = a_blocks ? b : a;
+  OSCAR_CUDA_RETURN_IF_ERROR(detail::launch_pdl(rotate_tiled_kernel<D, kRows>, grid, dim3(256),
+                                                tiled_smem_bytes<D, kRows>(), programmatic, stream, first, second,
+                                                a_blocks ? a_blocks : b_blocks));
+  return cudaGetLastError();
+}
+
+// The largest tile (64, 32 or 16 tokens) that still gives every SM a block.
+template <int D>
+cudaError_t launch_tiled(const RotJob& a, const RotJob& b, cudaStream_t stream, bool programmatic) {
+  int dev = 0, sms = 132;
+  OSCAR_CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
+  OSCAR_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  const int64_t tokens = std::max(a.rows > 0 ? a.rows / a.heads : 0, b.rows > 0 ? b.rows / b.heads : 0);
+  const int64_t heads = (a.rows > 0 ? a.heads : 0) + (b.rows > 0 ? b.heads : 0);
+  if (heads * ((tokens + 63) / 64) >= sms) return launch_tiled_rows<D, 4>(a, b, tokens, sms, stream, programmatic);
+  if (heads * ((tokens + 31) / 32) >= sms) return launch_tiled_rows<D, 2>(a, b, tokens, sms, stream, programmatic);
+  return launch_tiled_rows<D, 1>(a, b, tokens, sms, stream, programmatic);
 }
 
 bool valid(const RotJob& j) {
@@ -77,6 +224,15 @@ cudaError_t launch_rotate(const RotJob& a, const RotJob& b, int d, cudaStream_t 
   const int64_t rows = a.rows + b.rows;
   if (rows == 0) return cudaSuccess;
   if (rows > 0x7fffffff) return cudaErrorInvalidValue;
+  // Many tokens: the tiled kernel (the matrix staged once per block), at D <= 128 (the
+  // matrix of D = 256 would take 256 KB of shared memory).
+  const int min_tokens = g_tiled_min_tokens.load(std::memory_order_relaxed);
+  const int64_t tokens = std::max(a.rows > 0 ? a.rows / a.heads : 0, b.rows > 0 ? b.rows / b.heads : 0);
+  if (min_tokens > 0 && tokens >= min_tokens && (a.rows == 0 || a.rows % a.heads == 0) &&
+      (b.rows == 0 || b.rows % b.heads == 0)) {
+    if (d == 64) return launch_tiled<64>(a, b, stream, programmatic);
+    if (d == 128) return launch_tiled<128>(a, b, stream, programmatic);
+  }
   const dim3 grid(static_cast<unsigned>(rows));
   if (d == 64) {
     OSCAR_CUDA_RETURN_IF_ERROR(detail::launch_pdl(rotate_kernel<64>, grid, dim3(256), 0, programmatic, stream, a, b));
@@ -91,6 +247,9 @@ cudaError_t launch_rotate(const RotJob& a, const RotJob& b, int d, cudaStream_t 
 }
 
 }  // namespace
+
+void set_rotate_tiled_min_tokens(int tokens) { g_tiled_min_tokens.store(tokens, std::memory_order_relaxed); }
+int rotate_tiled_min_tokens() { return g_tiled_min_tokens.load(std::memory_order_relaxed); }
 
 cudaError_t rotate_queries(const float* q, int n, int num_q_heads, int d, const float* R,
                            int r_heads, float* q_rot, cudaStream_t stream, bool programmatic, const float* mean) {
