@@ -92,7 +92,7 @@ const oscar::cli::Registrar reg({"calibrate", "Calibrate OSCAR rotations and cli
     int64_t max_tokens = 0;
     float k_clip = 0, v_clip = 0, key_offset_share = 0.85f;
     bool clip_search = false, quiet = false;
-    std::string page_center = "on";
+    std::string page_center = "on", sample = "first";
     uint64_t seed = 0;
     // The options a preset sets; one given on the command line overrides it.
     CLI::Option *o_composition, *o_key_target, *o_value_target, *o_granularity, *o_k_clip, *o_v_clip,
@@ -110,6 +110,11 @@ const oscar::cli::Registrar reg({"calibrate", "Calibrate OSCAR rotations and cli
   app.add_option("--positions", mo->positions,
                  "For -m: spread the chunks' RoPE positions over [0, N) so the key statistics cover "
                  "a long context's positions (-1: the model's context length; 0: every chunk at 0)")
+      ->capture_default_str();
+  app.add_option("--sample", o->sample,
+                 "For -m: which tokens of the text: first (the first --tokens) | spread (--tokens / --chunk "
+                 "windows at evenly spaced offsets over the whole text)")
+      ->check(CLI::IsMember({"first", "spread"}))
       ->capture_default_str();
   app.add_option("-o,--output", o->out, "Calibration file to write (safetensors)")->required();
   app.add_option("--preset", o->preset,
@@ -159,6 +164,7 @@ const oscar::cli::Registrar reg({"calibrate", "Calibrate OSCAR rotations and cli
     if (o->dump.empty() == model_path->empty())
       throw Error("calibrate: give either --activations DUMP or -m MODEL --text FILE");
     if (!model_path->empty() && text_path->empty()) throw Error("calibrate: -m MODEL needs --text FILE");
+    mo->spread_text = o->sample == "spread";
     CalibConfig cfg = calib_preset(o->preset);
     if (o->o_composition->count()) cfg.composition = parse_composition(o->composition);
     if (o->o_key_target->count()) cfg.key_target = parse_key_target(o->key_target);

@@ -73,6 +73,25 @@ std::vector<int64_t> chunk_positions(const ModelCalibOptions& opts, int64_t max_
   return starts;
 }
 
+std::vector<int32_t> sample_windows(const std::vector<int32_t>& text, const ModelCalibOptions& opts) {
+  if (opts.tokens <= 0 || opts.chunk <= 0) throw Error("calibrate: tokens and chunk must be positive");
+  const int64_t N = int64_t(text.size());
+  if (N < opts.tokens)
+    throw Error(fmt::format("calibrate: the text has {} tokens, {} requested (--tokens)", N, opts.tokens));
+  if (!opts.spread_text) return std::vector<int32_t>(text.begin(), text.begin() + opts.tokens);
+  const int64_t n = (opts.tokens + opts.chunk - 1) / opts.chunk;
+  std::vector<int32_t> out;
+  out.reserve(size_t(opts.tokens));
+  const int64_t spare = N - opts.tokens;  // text left out, shared evenly between the n - 1 gaps
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t len = std::min<int64_t>(opts.chunk, opts.tokens - i * opts.chunk);
+    // The first window at 0, the last one ending at the text's end, none overlapping.
+    const int64_t start = i * opts.chunk + (n == 1 ? 0 : i * spare / (n - 1));
+    out.insert(out.end(), text.begin() + start, text.begin() + start + len);
+  }
+  return out;
+}
+
 Calibration calibrate_model(const model::ModelWeights& w, const std::vector<int32_t>& tokens,
                             const CalibConfig& cfg_in, const ModelCalibOptions& opts,
                             const CalibProgress& progress) {
@@ -116,15 +135,18 @@ Calibration calibrate_model_file(const std::string& model_path, const std::strin
   model::ModelWeights w = model::load_model(model_path);
   model::Tokenizer tok = model::load_tokenizer(model_path);
   const std::string text = read_text_file(text_path);
-  // Tokenize only as much text as needed (about 3 bytes per token, with slack).
-  const size_t want = std::min(text.size(), size_t(opts.tokens) * 8 + 4096);
+  // Tokenize only as much text as needed (about 3 bytes per token, with slack); all of it when
+  // the windows are spread over the text.
+  const size_t want = opts.spread_text ? text.size() : std::min(text.size(), size_t(opts.tokens) * 8 + 4096);
   std::vector<int> ids = tok.encode(std::string_view(text).substr(0, want));
   if (int64_t(ids.size()) < opts.tokens && want < text.size()) ids = tok.encode(text);
-  std::vector<int32_t> tokens(ids.begin(), ids.end());
+  const std::vector<int32_t> tokens = sample_windows(std::vector<int32_t>(ids.begin(), ids.end()), opts);
   if (!quiet)
-    std::fprintf(stderr, "calibrate: %s (%d layers, %d q / %d kv heads, head_dim %d), %s: %zu tokens (%.1f s)\n",
+    std::fprintf(stderr, "calibrate: %s (%d layers, %d q / %d kv heads, head_dim %d), %s: %zu tokens%s (%.1f s)\n",
                  model_path.c_str(), w.cfg.n_layers, w.cfg.n_heads, w.cfg.n_kv_heads, w.cfg.head_dim,
-                 text_path.c_str(), tokens.size(), secs());
+                 text_path.c_str(), tokens.size(),
+                 opts.spread_text ? fmt::format(" in {} windows spread over its {}", (opts.tokens + opts.chunk - 1) / opts.chunk, ids.size()).c_str() : "",
+                 secs());
   const bool tty = isatty(fileno(stderr));
   Calibration c = calibrate_model(w, tokens, cfg, opts, [&](int64_t done, int64_t total) {
     if (quiet) return;

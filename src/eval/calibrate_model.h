@@ -22,8 +22,19 @@ struct ModelCalibOptions {
   // depends only on relative positions). -1: the model's context length; 0 (the default):
   // every chunk at 0 (docs/accuracy.md: spreading helped Qwen2.5 at 32K, cost SmolLM2 at 4K).
   int64_t positions = 0;
+  // Where in the text the calibration tokens come from: false, the first `tokens` tokens; true,
+  // `tokens / chunk` windows of `chunk` tokens at evenly spaced offsets over the whole text (so a
+  // text of several parts, e.g. prose then code, is sampled in all of them). See sample_windows.
+  bool spread_text = false;
   int threads = 0;
 };
+
+// The calibration tokens taken from a tokenized text: the first opts.tokens, or (spread_text)
+// n = ceil(tokens / chunk) windows, window i (of length min(chunk, tokens - i chunk)) starting at
+// i chunk + i (text - tokens) / (n - 1) (the first at 0, the last ending at the text's end, the
+// text left out split evenly between them), concatenated. Throws when the text is shorter than
+// opts.tokens.
+std::vector<int32_t> sample_windows(const std::vector<int32_t>& text, const ModelCalibOptions& opts);
 
 // progress(tokens done, tokens total)
 using CalibProgress = std::function<void(int64_t done, int64_t total)>;

@@ -4,6 +4,7 @@
 // tolerance (DESIGN §6.2), for OSCAR rotations, no rotation and BF16.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -251,6 +252,47 @@ TEST(OscarSim, QuantizationChangesTheLogits) {
   EXPECT_LT(early, 5e-5 * std::max(scale, 1.0));  // measured 7.5e-6 relative
   EXPECT_GT(late, 1e-4);
   EXPECT_GT(late, 100 * early);
+}
+
+// The calibration's tokens: the first ones of the text, or windows at evenly spaced offsets over
+// all of it (a text of parts, prose then code, is sampled in each), never overlapping.
+TEST(OscarCalib, SampleWindowsSpreadOverTheText) {
+  std::vector<int32_t> text(10000);
+  for (size_t i = 0; i < text.size(); ++i) text[i] = int32_t(i);
+  eval::ModelCalibOptions o;
+  o.tokens = 3000;
+  o.chunk = 1000;
+  auto first = eval::sample_windows(text, o);
+  ASSERT_EQ(first.size(), 3000u);
+  EXPECT_EQ(first.front(), 0);
+  EXPECT_EQ(first.back(), 2999);
+  o.spread_text = true;
+  auto spread = eval::sample_windows(text, o);
+  ASSERT_EQ(spread.size(), 3000u);
+  // Windows at 0, 4500, 9000 (the last one ends at the text's end).
+  EXPECT_EQ(spread[0], 0);
+  EXPECT_EQ(spread[999], 999);
+  EXPECT_EQ(spread[1000], 4500);
+  EXPECT_EQ(spread[2000], 9000);
+  EXPECT_EQ(spread[2999], 9999);
+  o.tokens = 2500;  // a short last window, also ending at the text's end
+  spread = eval::sample_windows(text, o);
+  ASSERT_EQ(spread.size(), 2500u);
+  EXPECT_EQ(spread[1000], 4750);
+  EXPECT_EQ(spread[2000], 9500);
+  EXPECT_EQ(spread[2499], 9999);
+  // Every token used at most once, whatever the sizes.
+  for (int64_t tokens : {1, 999, 1000, 1001, 5000, 9999, 10000})
+    for (int chunk : {1, 7, 1000, 4096}) {
+      o.tokens = tokens;
+      o.chunk = chunk;
+      auto s = eval::sample_windows(text, o);
+      ASSERT_EQ(int64_t(s.size()), tokens);
+      EXPECT_TRUE(std::is_sorted(s.begin(), s.end()));
+      EXPECT_EQ(std::adjacent_find(s.begin(), s.end()), s.end()) << tokens << " / " << chunk;
+    }
+  o.tokens = 10001;  // more than the text has
+  EXPECT_THROW(eval::sample_windows(text, o), Error);
 }
 
 // Calibration chunks spread over the model's positions: RoPE keeps the attention (so the
