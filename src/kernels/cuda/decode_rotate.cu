@@ -182,10 +182,17 @@ std::atomic<int> g_tiled_min_tokens{128};
 template <int D, int kRows>
 cudaError_t launch_tiled_rows(const RotJob& a, const RotJob& b, int64_t tokens, int sms, cudaStream_t stream,
                               bool programmatic) {
-  static const cudaError_t attr = cudaFuncSetAttribute(rotate_tiled_kernel<D, kRows>,
-                                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                       int(tiled_smem_bytes<D, kRows>()));
-  OSCAR_CUDA_RETURN_IF_ERROR(attr);
+  // The shared-memory limit raised once per device (an attribute of the device's context).
+  static std::atomic<uint32_t> raised{0};
+  int dev = 0;
+  OSCAR_CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
+  const uint32_t bit = dev < 32 ? 1u << dev : 0u;
+  if (!bit || !(raised.load(std::memory_order_acquire) & bit)) {
+    OSCAR_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(rotate_tiled_kernel<D, kRows>,
+                                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                    int(tiled_smem_bytes<D, kRows>())));
+    raised.fetch_or(bit, std::memory_order_acq_rel);
+  }
   const int a_blocks = a.rows > 0 ? a.heads : 0, b_blocks = b.rows > 0 ? b.heads : 0;
   const int heads = a_blocks + b_blocks;
   const int64_t tiles = (tokens + 16 * kRows - 1) / (16 * kRows);
@@ -226,10 +233,12 @@ cudaError_t launch_rotate(const RotJob& a, const RotJob& b, int d, cudaStream_t 
   if (rows > 0x7fffffff) return cudaErrorInvalidValue;
   // Many tokens: the tiled kernel (the matrix staged once per block), at D <= 128 (the
   // matrix of D = 256 would take 256 KB of shared memory).
+  // (Its rows are written as float4: 16-byte aligned outputs only.)
   const int min_tokens = g_tiled_min_tokens.load(std::memory_order_relaxed);
   const int64_t tokens = std::max(a.rows > 0 ? a.rows / a.heads : 0, b.rows > 0 ? b.rows / b.heads : 0);
+  auto aligned = [](const RotJob& j) { return j.rows == 0 || reinterpret_cast<uintptr_t>(j.out) % 16 == 0; };
   if (min_tokens > 0 && tokens >= min_tokens && (a.rows == 0 || a.rows % a.heads == 0) &&
-      (b.rows == 0 || b.rows % b.heads == 0)) {
+      (b.rows == 0 || b.rows % b.heads == 0) && aligned(a) && aligned(b)) {
     if (d == 64) return launch_tiled<64>(a, b, stream, programmatic);
     if (d == 128) return launch_tiled<128>(a, b, stream, programmatic);
   }
