@@ -70,8 +70,8 @@ DecodePlan plan_decode(int batch, const HostRegions& regions, int num_kv_heads, 
   // chunks of 908 tiles per sequence = 576 CTAs for 528 slots, a second wave
   // of 48), they are rounded down instead (8 chunks, 512 CTAs).
   // Window regions likewise (the BF16 cache's decode, all of whose pages are window pages:
-  // 8 x 32K on Qwen3-8B shapes made 9 chunks of 252 tiles per sequence and KV head, 576 CTAs
-  // for 528 slots, and took 16.6 ms a step against 14.3 ms with 512 CTAs; H200, 2026-12-04).
+  // 8 x 32K on Qwen3-8B shapes made 9 chunks of 228 tiles per sequence and KV head, 576 CTAs
+  // for 528 slots, and took 16.6 ms a step against 14.4 ms with 512 CTAs; H200, 2026-12-04).
   bool mid_round_down = false, win_round_down = false;
   // Chunk size of a region of n tiles (equal chunks).
   auto chunk_size = [&](int region, int ntiles, int per) {
