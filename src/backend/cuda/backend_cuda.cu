@@ -845,9 +845,10 @@ class CudaBackend final : public Backend {
                 "scripts/fetch_flashinfer.sh)");
 #endif
   }
-  // The BF16 prefill attention: "ours" (the fused kernel, default), "gemm" (the GEMM path),
+  // The BF16 prefill attention: "ours" (the fused kernel), "gemm" (the GEMM path),
   // "flashinfer-fa2" / "flashinfer-fa3" (FlashInfer's kernels on the same gathered rows; builds
-  // with OSCAR_FLASHINFER_INCLUDE, FA3 also with its CUTLASS headers). Env OSCAR_CUDA_PREFILL.
+  // with OSCAR_FLASHINFER_INCLUDE, FA3 also with its CUTLASS headers). The default is FlashInfer's
+  // where the build has it (FA3 on sm_90), else ours (constructor). Env OSCAR_CUDA_PREFILL.
   void set_prefill(const std::string& which) {
     if (which == "ours" || which == "gemm") {
       fused_prefill_ = which == "ours";

@@ -73,17 +73,18 @@ DecodePlan plan_decode(int batch, const HostRegions& regions, int num_kv_heads, 
   // 8 x 32K on Qwen3-8B shapes made 9 chunks of 228 tiles per sequence and KV head, 576 CTAs
   // for 528 slots, and took 16.6 ms a step against 14.4 ms with 512 CTAs; H200, 2026-12-04).
   bool mid_round_down = false, win_round_down = false;
-  // Chunk size of a region of n tiles (equal chunks).
-  auto chunk_size = [&](int region, int ntiles, int per) {
+  // Chunk size of a region of n tiles (equal chunks), the count rounded down or up.
+  auto chunk_size_rounded = [&](int region, int ntiles, int per, bool down) {
     if (ntiles > 0 && tiles_per_chunk <= 0) {
-      const int n = region == 1 && mid_round_down ? std::max<int>(1, static_cast<int>(ntiles / per_cta))
-                    : region != 1 && win_round_down
-                        ? std::max<int>(1, static_cast<int>(int64_t(ntiles) * kBf16TileCost / per_cta))
-                        : ceil_div(ntiles, per);
+      const int64_t cost = region == 1 ? 1 : kBf16TileCost;
+      const int n = down ? std::max<int>(1, static_cast<int>(int64_t(ntiles) * cost / per_cta)) : ceil_div(ntiles, per);
       const int unit = region == 1 ? qmin : kWarps;
       per = ceil_div(ceil_div(ntiles, n), unit) * unit;
     }
     return per;
+  };
+  auto chunk_size = [&](int region, int ntiles, int per) {
+    return chunk_size_rounded(region, ntiles, per, region == 1 ? mid_round_down : win_round_down);
   };
   // Middle chunks are launched chunk index first (every sequence's first
   // chunk, then every sequence's second one, ...). With a rank skew (off by
@@ -110,10 +111,8 @@ DecodePlan plan_decode(int batch, const HostRegions& regions, int num_kv_heads, 
       for (int len : {sink_len[b], recent_len[b]}) {
         const int wt = ceil_div(len, kTileTokens);
         if (wt == 0) continue;
-        win_round_down = false;
-        win_up += ceil_div(wt, chunk_size(0, wt, plan.tiles_per_chunk_bf16));
-        win_round_down = true;
-        win_down += ceil_div(wt, chunk_size(0, wt, plan.tiles_per_chunk_bf16));
+        win_up += ceil_div(wt, chunk_size_rounded(0, wt, plan.tiles_per_chunk_bf16, false));
+        win_down += ceil_div(wt, chunk_size_rounded(0, wt, plan.tiles_per_chunk_bf16, true));
       }
     }
     win_round_down = (mid + win_up) * hkv > target && (mid + win_down) * hkv <= target;

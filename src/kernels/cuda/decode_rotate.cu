@@ -180,12 +180,10 @@ __global__ void __launch_bounds__(256) rotate_tiled_kernel(const RotJob a, const
 std::atomic<int> g_tiled_min_tokens{128};
 
 template <int D, int kRows>
-cudaError_t launch_tiled_rows(const RotJob& a, const RotJob& b, int64_t tokens, int sms, cudaStream_t stream,
-                              bool programmatic) {
+cudaError_t launch_tiled_rows(const RotJob& a, const RotJob& b, int64_t tokens, int dev, int sms,
+                              cudaStream_t stream, bool programmatic) {
   // The shared-memory limit raised once per device (an attribute of the device's context).
   static std::atomic<uint32_t> raised{0};
-  int dev = 0;
-  OSCAR_CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
   const uint32_t bit = dev < 32 ? 1u << dev : 0u;
   if (!bit || !(raised.load(std::memory_order_acquire) & bit)) {
     OSCAR_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(rotate_tiled_kernel<D, kRows>,
@@ -210,15 +208,14 @@ cudaError_t launch_tiled_rows(const RotJob& a, const RotJob& b, int64_t tokens, 
 
 // The largest tile (64, 32 or 16 tokens) that still gives every SM a block.
 template <int D>
-cudaError_t launch_tiled(const RotJob& a, const RotJob& b, cudaStream_t stream, bool programmatic) {
+cudaError_t launch_tiled(const RotJob& a, const RotJob& b, int64_t tokens, cudaStream_t stream, bool programmatic) {
   int dev = 0, sms = 132;
   OSCAR_CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
   OSCAR_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  const int64_t tokens = std::max(a.rows > 0 ? a.rows / a.heads : 0, b.rows > 0 ? b.rows / b.heads : 0);
   const int64_t heads = (a.rows > 0 ? a.heads : 0) + (b.rows > 0 ? b.heads : 0);
-  if (heads * ((tokens + 63) / 64) >= sms) return launch_tiled_rows<D, 4>(a, b, tokens, sms, stream, programmatic);
-  if (heads * ((tokens + 31) / 32) >= sms) return launch_tiled_rows<D, 2>(a, b, tokens, sms, stream, programmatic);
-  return launch_tiled_rows<D, 1>(a, b, tokens, sms, stream, programmatic);
+  if (heads * ((tokens + 63) / 64) >= sms) return launch_tiled_rows<D, 4>(a, b, tokens, dev, sms, stream, programmatic);
+  if (heads * ((tokens + 31) / 32) >= sms) return launch_tiled_rows<D, 2>(a, b, tokens, dev, sms, stream, programmatic);
+  return launch_tiled_rows<D, 1>(a, b, tokens, dev, sms, stream, programmatic);
 }
 
 bool valid(const RotJob& j) {
@@ -239,8 +236,8 @@ cudaError_t launch_rotate(const RotJob& a, const RotJob& b, int d, cudaStream_t 
   auto aligned = [](const RotJob& j) { return j.rows == 0 || reinterpret_cast<uintptr_t>(j.out) % 16 == 0; };
   if (min_tokens > 0 && tokens >= min_tokens && (a.rows == 0 || a.rows % a.heads == 0) &&
       (b.rows == 0 || b.rows % b.heads == 0) && aligned(a) && aligned(b)) {
-    if (d == 64) return launch_tiled<64>(a, b, stream, programmatic);
-    if (d == 128) return launch_tiled<128>(a, b, stream, programmatic);
+    if (d == 64) return launch_tiled<64>(a, b, tokens, stream, programmatic);
+    if (d == 128) return launch_tiled<128>(a, b, tokens, stream, programmatic);
   }
   const dim3 grid(static_cast<unsigned>(rows));
   if (d == 64) {
