@@ -85,6 +85,9 @@ struct Args {
   std::vector<int> sample_batch;
   int sample_ctx = 1024;
   float sample_temp = 0.25f, sample_top_p = 0.95f;
+  // A repetition penalty on every sampled row, over sample_history distinct ids per row (1: none).
+  float sample_penalty = 1.0f;
+  int sample_history = 1024;
 };
 
 // The non-empty items of a comma-separated list.
@@ -279,11 +282,13 @@ int main(int argc, char** argv) {
     else if (s == "--sample-ctx") a.sample_ctx = std::stoi(next());
     else if (s == "--sample-temp") a.sample_temp = std::stof(next());
     else if (s == "--sample-top-p") a.sample_top_p = std::stof(next());
+    else if (s == "--sample-penalty") a.sample_penalty = std::stof(next());
+    else if (s == "--sample-history") a.sample_history = std::stoi(next());
     else {
       std::fprintf(stderr, "usage: bench_gpu_engine [--preset qwen3-8b|llama3-8b|qwen25-1.5b | --model PATH] [--kv-gib G] "
                            "[--ctx a,b] [--batch a,b] [--batch-ctx c] [--long-ctx n] [--steps n] "
                            "[--methods bf16,bf16-flashinfer,bf16-flashinfer-tc,int2,int2-nocenter] [--calib FILE] [--graphs both|on|off] [--prefill 8192,32768] [--prefill-chunk n] [--prefill-kernels default,ours,gemm,flashinfer-fa2,flashinfer-fa3] "
-                           "[--sample-batch 1,8,32] [--sample-ctx n] [--sample-temp t] [--sample-top-p p] [--json FILE]\n");
+                           "[--sample-batch 1,8,32] [--sample-ctx n] [--sample-temp t] [--sample-top-p p] [--sample-penalty r] [--sample-history n] [--json FILE]\n");
       return 2;
     }
   }
@@ -680,8 +685,13 @@ int main(int argc, char** argv) {
       for (int i = 0; i < B; ++i) st.push_back({seqs[size_t(i)], {&tok[size_t(i)], 1}, false});
       std::vector<engine::Sampler> samplers;
       for (int i = 0; i < B; ++i)
-        samplers.emplace_back(engine::SamplingParams{a.sample_temp, 0, a.sample_top_p, 1.0f, uint64_t(i)});
-      const std::vector<int> no_history;
+        samplers.emplace_back(engine::SamplingParams{a.sample_temp, 0, a.sample_top_p, a.sample_penalty, uint64_t(i)});
+      // With a penalty, each row's history: sample_history distinct ids (a request's prompt and output so far).
+      std::vector<std::vector<int>> hist(static_cast<size_t>(B));
+      if (a.sample_penalty != 1.0f)
+        for (int i = 0; i < B; ++i)
+          for (int j = 0; j < std::min(a.sample_history, cfg.vocab_size); ++j)
+            hist[size_t(i)].push_back(int((int64_t(j) * 7919 + i) % cfg.vocab_size));
       std::vector<engine::SampleJob> jobs(static_cast<size_t>(B));
       engine::StepDrawer drawer;
       auto time_ms = [&](auto&& one_step) {
@@ -696,7 +706,7 @@ int main(int argc, char** argv) {
       std::vector<int32_t> ids;
       sr.greedy_ms = time_ms([&] { m.forward_argmax(st, *cache, ids); });
       sr.device_ms = time_ms([&] {
-        for (int i = 0; i < B; ++i) jobs[size_t(i)] = {&samplers[size_t(i)], {}, no_history, -1, {}, i};
+        for (int i = 0; i < B; ++i) jobs[size_t(i)] = {&samplers[size_t(i)], {}, hist[size_t(i)], -1, {}, i};
         drawer.run(m, st, *cache, jobs);
         sr.rows += B;
         sr.host_rows += drawer.host_rows();
@@ -707,13 +717,15 @@ int main(int argc, char** argv) {
         m.forward(st, *cache, lg);
         for (int i = 0; i < B; ++i)
           jobs[size_t(i)] = {&samplers[size_t(i)], {lg.data() + size_t(i) * cfg.vocab_size, size_t(cfg.vocab_size)},
-                             no_history, -1, {}, i};
+                             hist[size_t(i)], -1, {}, i};
         engine::sample_rows(jobs);
       });
       m.set_logits_to_host(false);
-      std::printf("sampled step, batch %3d x ctx %d (T %.2f, top_p %.2f) | greedy %7.2f ms | drawn on the device "
-                  "%7.2f ms (+%.2f; %lld of %lld rows left to the host) | drawn on the host %7.2f ms (+%.2f)\n",
-                  B, C, a.sample_temp, a.sample_top_p, sr.greedy_ms, sr.device_ms, sr.device_ms - sr.greedy_ms,
+      std::printf("sampled step, batch %3d x ctx %d (T %.2f, top_p %.2f, penalty %.2f over %d ids) | greedy %7.2f ms | "
+                  "drawn on the device %7.2f ms (+%.2f; %lld of %lld rows left to the host) | drawn on the host %7.2f ms "
+                  "(+%.2f)\n",
+                  B, C, a.sample_temp, a.sample_top_p, a.sample_penalty,
+                  a.sample_penalty != 1.0f ? std::min(a.sample_history, cfg.vocab_size) : 0, sr.greedy_ms, sr.device_ms, sr.device_ms - sr.greedy_ms,
                   (long long)sr.host_rows, (long long)sr.rows, sr.host_ms, sr.host_ms - sr.greedy_ms);
       std::fflush(stdout);
       samp.push_back(sr);
@@ -756,9 +768,11 @@ int main(int argc, char** argv) {
         }
         cudaDeviceSynchronize();
         const kv::SeqId s = cache->create();
+        if (profile_step) cudaProfilerStart();  // (OSCAR_BENCH_PROFILE: the timed prompt under ncu)
         const auto s0 = std::chrono::steady_clock::now();
         prompt(s, P);
         cudaDeviceSynchronize();
+        if (profile_step) cudaProfilerStop();
         p.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s0).count();
         // Linear layers 2 x params per token; causal attention 2 x 2 x Hq x d x P^2 / 2 per layer.
         p.flops = 2.0 * lin_params * P + 2.0 * double(cfg.n_layers) * cfg.n_heads * cfg.head_dim * double(P) * P;
@@ -797,7 +811,8 @@ int main(int argc, char** argv) {
       for (size_t i = 0; i < pre.size(); ++i)
         f << (i ? ", " : "") << "{\"method\": \"" << pre[i].method << "\", \"tokens\": " << pre[i].tokens
           << ", \"ms\": " << pre[i].ms << ", \"tflops\": " << pre[i].flops / (pre[i].ms * 1e-3) / 1e12 << "}";
-      f << "], \"sample_temp\": " << a.sample_temp << ", \"sample_top_p\": " << a.sample_top_p
+      f << "], \"sample_temp\": " << a.sample_temp << ", \"sample_top_p\": " << a.sample_top_p << ", \"sample_penalty\": " << a.sample_penalty
+        << ", \"sample_history\": " << (a.sample_penalty != 1.0f ? a.sample_history : 0)
         << ", \"sample_ctx\": " << a.sample_ctx << ", \"sampled_steps\": [";
       for (size_t i = 0; i < samp.size(); ++i)
         f << (i ? ", " : "") << "{\"batch\": " << samp[i].batch << ", \"greedy_ms\": " << samp[i].greedy_ms

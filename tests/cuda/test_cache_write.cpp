@@ -219,6 +219,19 @@ TEST(CudaCacheWrite, Bf16TokensExactAndRotated) {
     EXPECT_EQ(count_diff(dev.bk.download(), host.bk), 0u);
     EXPECT_EQ(count_diff(dev.bv.download(), host.bv), 0u);
     EXPECT_EQ(count_diff(dev.kc.download(), host.kc), 0u);  // quant pool untouched
+    {  // Rows that are not 16-byte aligned (the copy kernel's float4 loads cannot take them): the
+       // general kernel, the same bytes.
+      std::vector<float> kpad(k.size() + 1, 0.0f), vpad(v.size() + 1, 0.0f);
+      std::copy(k.begin(), k.end(), kpad.begin() + 1);
+      std::copy(v.begin(), v.end(), vpad.begin() + 1);
+      DeviceBuffer<float> dkp(kpad), dvp(vpad);
+      Pools host4(s.d, s.hkv, s.page, s.group, npages);
+      DevPools dev5(host4);
+      OSCAR_CUDA_CHECK(write_bf16_tokens(dev5.view(host4), n, dp.ptr, ds.ptr, dkp.ptr + 1, dvp.ptr + 1, {}, nullptr));
+      OSCAR_CUDA_CHECK(cudaDeviceSynchronize());
+      EXPECT_EQ(count_diff(dev5.bk.download(), host.bk), 0u) << "unaligned rows, d=" << s.d;
+      EXPECT_EQ(count_diff(dev5.bv.download(), host.bv), 0u) << "unaligned rows, d=" << s.d;
+    }
 
     // Rotated rows: within one bf16 rounding of the reference. The device
     // pools start from the poison bytes (uploaded before the reference

@@ -999,6 +999,14 @@ TEST(CudaDecode, RotateQueriesMatchesReference) {
       OSCAR_CUDA_CHECK(cudaDeviceSynchronize());
       const std::vector<float> all = dodd.download();
       EXPECT_LE(test::rel_l2(std::vector<float>(all.begin() + 1, all.end()), ref), 1e-6) << "unaligned output";
+      // An input off alignment: the per-row kernel too (the tiled one reads float4).
+      std::vector<float> qodd(q.size() + 1, 0.0f);
+      std::copy(q.begin(), q.end(), qodd.begin() + 1);
+      DeviceBuffer<float> dqodd(qodd);
+      dout.poison();
+      OSCAR_CUDA_CHECK(rotate_queries(dqodd.ptr + 1, n, hq, d, dR.ptr, r_heads, dout.ptr, nullptr));
+      OSCAR_CUDA_CHECK(cudaDeviceSynchronize());
+      EXPECT_LE(test::rel_l2(dout.download(), ref), 1e-6) << "unaligned input";
     }
   }
   set_rotate_tiled_min_tokens(128);

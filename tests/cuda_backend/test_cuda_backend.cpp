@@ -239,9 +239,10 @@ TEST(CudaBackendOps, EveryOpMatchesTheCpuBackend) {
             << "silu_mul_linear_add act";
         EXPECT_LE(rel_err(g.get(*yg4, ny), c.get(*yc4, ny)), lin_tol) << "silu_mul_linear_add y";
       }
-      // ... and qkv_heads (split, per-head QK-norm, RoPE in one kernel on the GPU), at a
-      // head_dim of whole warps and one of a partial warp (80: 40 pairs).
-      for (const int hd : {64, 80}) {
+      // ... and qkv_heads (split, per-head QK-norm, RoPE in one kernel on the GPU), at the head
+      // sizes of the warp-per-head kernel (64, 128, 256) and one of the block-per-head kernel
+      // with a partial warp (80: 40 pairs).
+      for (const int hd : {64, 80, 128, 256}) {
         for (const bool norm : {false, true}) {
           SCOPED_TRACE("qkv_heads, head_dim " + std::to_string(hd) + (norm ? ", QK-norm" : ""));
           model::ModelConfig hcfg = mc;
@@ -287,14 +288,15 @@ TEST(CudaBackendOps, EveryOpMatchesTheCpuBackend) {
         EXPECT_EQ(og, oc) << "argmax_rows";
       }
 
-      const int inter = 80;
-      const auto gu = randn(size_t(n) * 2 * inter, 8 + n, 3.0f);
-      auto guc = cf.put(gu), gug = g.put(gu);
-      auto ac = cpu->alloc(size_t(n) * inter), ag = gpu->alloc(size_t(n) * inter);
-      cpu->silu_mul(guc->data(), n, inter, ac->data());
-      gpu->silu_mul(gug->data(), n, inter, ag->data());
-      EXPECT_LE(rel_err(g.get(*ag, size_t(n) * inter), cf.get(*ac, size_t(n) * inter)), 1e-5)
-          << "silu_mul";
+      for (const int inter : {80, 78}) {  // four columns at a time; one at a time
+        const auto gu = randn(size_t(n) * 2 * inter, 8 + n, 3.0f);
+        auto guc = cf.put(gu), gug = g.put(gu);
+        auto ac = cpu->alloc(size_t(n) * inter), ag = gpu->alloc(size_t(n) * inter);
+        cpu->silu_mul(guc->data(), n, inter, ac->data());
+        gpu->silu_mul(gug->data(), n, inter, ag->data());
+        EXPECT_LE(rel_err(g.get(*ag, size_t(n) * inter), cf.get(*ac, size_t(n) * inter)), 1e-5)
+            << "silu_mul, inter " << inter;
+      }
 
       cpu->add(xcf->data(), hc->data(), size_t(n) * in);
       gpu->add(xg->data(), hg->data(), size_t(n) * in);
