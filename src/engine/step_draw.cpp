@@ -2,9 +2,40 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <iterator>
+
 #include "core/error.h"
 
 namespace oscar::engine {
+
+void PenaltyIds::begin_step() {
+  for (auto it = rows_.begin(); it != rows_.end();)
+    it = it->second.step == step_ ? std::next(it) : rows_.erase(it);
+  ++step_;
+}
+
+std::span<const int32_t> PenaltyIds::distinct(const void* key, std::span<const int> history, int vocab) {
+  Row& r = rows_[key];
+  r.step = step_;
+  const bool extends = r.vocab == vocab && r.seen.size() <= history.size() &&
+                       std::equal(r.seen.begin(), r.seen.end(), history.begin());
+  if (!extends) {
+    r.seen.clear();
+    r.distinct.clear();
+    r.bits.assign((size_t(vocab) + 63) / 64, 0);
+    r.vocab = vocab;
+  }
+  for (size_t i = r.seen.size(); i < history.size(); ++i) {
+    const int t = history[i];
+    if (t < 0 || t >= vocab) continue;
+    uint64_t& w = r.bits[size_t(t) / 64];
+    const uint64_t bit = uint64_t(1) << (t % 64);
+    if (!(w & bit)) w |= bit, r.distinct.push_back(t);
+  }
+  r.seen.insert(r.seen.end(), history.begin() + std::ptrdiff_t(r.seen.size()), history.end());
+  return r.distinct;
+}
 
 void StepDrawer::run(model::Model& m, std::span<const model::SeqStep> steps, kv::KvCache& cache,
                      std::span<SampleJob> jobs) {
@@ -13,6 +44,7 @@ void StepDrawer::run(model::Model& m, std::span<const model::SeqStep> steps, kv:
   const int V = m.config().vocab_size;
   draws_.assign(steps.size(), backend::RowDraw{});
   hist_.clear();
+  penalty_ids_.begin_step();
   for (SampleJob& j : jobs) {
     if (j.row < 0 || j.row >= static_cast<int>(steps.size()) || draws_[size_t(j.row)].mode != backend::RowDraw::kSkip)
       throw Error(fmt::format("StepDrawer: job row {} of {} (or twice)", j.row, steps.size()));
@@ -20,12 +52,10 @@ void StepDrawer::run(model::Model& m, std::span<const model::SeqStep> steps, kv:
     backend::RowDraw& d = draws_[size_t(j.row)];
     d = j.sampler->device_draw(j.u);
     if (d.penalty != 1.0f) {  // the history's distinct ids (the penalty acts once per id)
-      seen_.resize(size_t(V), 0);
+      const std::span<const int32_t> ids = penalty_ids_.distinct(j.sampler, j.history, V);
       d.hist_off = static_cast<int32_t>(hist_.size());
-      for (int t : j.history)
-        if (t >= 0 && t < V && !seen_[size_t(t)]) seen_[size_t(t)] = 1, hist_.push_back(t);
-      d.hist_len = static_cast<int32_t>(hist_.size()) - d.hist_off;
-      for (size_t i = size_t(d.hist_off); i < hist_.size(); ++i) seen_[size_t(hist_[i])] = 0;
+      hist_.insert(hist_.end(), ids.begin(), ids.end());
+      d.hist_len = static_cast<int32_t>(ids.size());
     }
     j.token = -1;
     j.error.clear();

@@ -11,7 +11,9 @@
 // other rows are drawn.
 #pragma once
 
+#include <cstdint>
 #include <span>
+#include <unordered_map>
 #include <vector>
 
 #include "backend/sample.h"
@@ -20,6 +22,32 @@
 #include "model/forward.h"
 
 namespace oscar::engine {
+
+// The distinct ids of each penalized row's history, in first-occurrence order (what the penalty
+// acts on: once per id), kept per sampler from step to step. A request's history grows by its new
+// tokens, so a step compares the history with the one seen before (a sequential compare) and adds
+// only the ids past it, instead of deduplicating the whole history again (random accesses: ~2.8 ms
+// a step for 128 rows of 8192 ids on the 2-core CI machine). A history that does not extend the
+// stored one is taken from scratch; the result is the same either way.
+class PenaltyIds {
+ public:
+  // Starts a step: keys not used since the last begin_step are dropped (finished requests).
+  void begin_step();
+  // The distinct ids in [0, vocab) of `history`, for the sampler `key`; valid until the next call.
+  std::span<const int32_t> distinct(const void* key, std::span<const int> history, int vocab);
+  size_t keys() const { return rows_.size(); }
+
+ private:
+  struct Row {
+    std::vector<int> seen;          // the history this row was computed from
+    std::vector<int32_t> distinct;  // its distinct ids in order
+    std::vector<uint64_t> bits;     // [vocab / 64] the ids in `distinct`
+    int vocab = 0;
+    uint64_t step = 0;
+  };
+  std::unordered_map<const void*, Row> rows_;
+  uint64_t step_ = 0;
+};
 
 class StepDrawer {
  public:
@@ -33,7 +61,7 @@ class StepDrawer {
  private:
   std::vector<backend::RowDraw> draws_;
   std::vector<int32_t> hist_;       // the penalized rows' distinct history ids
-  std::vector<char> seen_;          // [vocab] for the distinct ids
+  PenaltyIds penalty_ids_;          // ... kept per sampler across steps
   std::vector<int32_t> tokens_;
   std::vector<float> logits_;       // the host rows' logits
   std::vector<SampleJob> host_;     // their draws

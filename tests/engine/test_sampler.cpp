@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <random>
 
 #include "backend/cpu/backend_cpu.h"
 #include "core/error.h"
@@ -353,6 +354,53 @@ TEST(Generator, BadRequestsThrowAndLeakNothing) {
   q.stop_strings = {"x"};
   EXPECT_THROW(g.run({&q, 1}), Error);  // no tokenizer
   EXPECT_EQ(r.cache.pool().num_used(), 0);
+}
+
+// The penalty's distinct ids kept per sampler across steps (PenaltyIds) against a fresh
+// first-occurrence dedupe of the whole history, over steps whose histories grow (the usual case),
+// are replaced by others (a new request at a reused address), shrink, stay, hold ids outside the
+// vocabulary, or come with another vocabulary size; keys unused in a step are dropped at the next.
+TEST(PenaltyIds, EqualFreshDedupeOfTheWholeHistory) {
+  std::mt19937 rng(5);
+  auto fresh = [](const std::vector<int>& h, int V) {
+    std::vector<int32_t> out;
+    std::vector<char> seen(size_t(V), 0);
+    for (int t : h)
+      if (t >= 0 && t < V && !seen[size_t(t)]) seen[size_t(t)] = 1, out.push_back(t);
+    return out;
+  };
+  PenaltyIds ids;
+  std::vector<std::vector<int>> hist(6);
+  int keys_used = 0, grew = 0, replaced = 0;
+  for (int step = 0; step < 400; ++step) {
+    ids.begin_step();
+    EXPECT_EQ(ids.keys(), size_t(keys_used)) << "step " << step;
+    keys_used = 0;
+    const int V = step % 97 == 96 ? 50 : 300;
+    for (size_t k = 0; k < hist.size(); ++k) {
+      if (rng() % 5 == 0) continue;  // not in this step
+      std::vector<int>& h = hist[k];
+      const unsigned op = rng() % 10;
+      if (op < 6) {  // grows by a few tokens
+        for (unsigned i = rng() % 4; i > 0; --i) h.push_back(int(rng() % 330) - 10);
+        ++grew;
+      } else if (op == 6) {  // another history of any length
+        h.assign(rng() % 60, 0);
+        for (int& t : h) t = int(rng() % 300);
+        ++replaced;
+      } else if (op == 7 && !h.empty()) {  // shorter
+        h.resize(rng() % h.size());
+      } else if (op == 8 && !h.empty()) {  // one earlier token changed, same length
+        h[rng() % h.size()] = int(rng() % 300);
+      }
+      const std::span<const int32_t> got = ids.distinct(&hist[k], h, V);
+      const std::vector<int32_t> want = fresh(h, V);
+      ASSERT_EQ(std::vector<int32_t>(got.begin(), got.end()), want) << "step " << step << ", key " << k;
+      ++keys_used;
+    }
+  }
+  EXPECT_GT(grew, 1000);
+  EXPECT_GT(replaced, 100);
 }
 
 // The engine's step (StepDrawer) on the CPU backend: the plain argmax rows come from the
