@@ -27,7 +27,7 @@ namespace oscar::engine {
 // acts on: once per id), kept per sampler from step to step. A request's history grows by its new
 // tokens, so a step compares the history with the one seen before (a sequential compare) and adds
 // only the ids past it, instead of deduplicating the whole history again (random accesses: ~2.8 ms
-// a step for 128 rows of 8192 ids on the 2-core CI machine). A history that does not extend the
+// a step for 128 rows of 8192 ids on a 2-core machine). A history that does not extend the
 // stored one is taken from scratch; the result is the same either way.
 class PenaltyIds {
  public:

@@ -431,9 +431,6 @@ unsigned blocks_for(int64_t rows) {
   return static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
 }
 
-// BF16 rows: `parts` blocks per (token, KV head) and K/V (1, 2, 4, ... up
-// to d/32), or with `both` per (token, KV head) for K and V together; the
-// instance whose NPB = d/32/parts. (INT2 rows: one block per row, below.)
 // Unrotated rows (write_bf16_tokens without a rotation: a step's rows already transformed by
 // rotate_queries_keys, or a method without one): a copy to BF16, k_mean subtracted from keys.
 // One thread per 8 channels of one (token i, head h, K/V) row, two float4 loads, one 16-byte
@@ -465,6 +462,9 @@ __global__ void __launch_bounds__(256) copy_bf16_rows_kernel(const WriteArgs a) 
   *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
 }
 
+// BF16 rows: `parts` blocks per (token, KV head) and K/V (1, 2, 4, ... up
+// to d/32), or with `both` per (token, KV head) for K and V together; the
+// instance whose NPB = d/32/parts. (INT2 rows: one block per row, below.)
 template <int D, bool kBoth>
 cudaError_t launch_bf16_write(const WriteArgs& a, int parts, dim3 grid, bool programmatic, cudaStream_t stream) {
   const dim3 block(32 * kRowsPerBlock);
