@@ -6,7 +6,10 @@ under `ncu --metrics gpu__time_duration.sum --csv`: one step per timed configura
 kernels serialized. This groups each step's kernels by name (a step starts at the
 embedding kernel) and prints their total, count and mean, largest first.
 
-    python3 scripts/profile_step.py out/profile.csv [--labels "w-only B1,bf16 1x32K,..."]
+    python3 scripts/profile_step.py out/profile.csv [--labels "w-only B1,bf16 1x32K,..."] [--merge N]
+
+--merge N sums every N consecutive steps into one group (a prompt profiled in chunks: each chunk
+starts at the embedding kernel, so a 32K prompt in chunks of 8192 is --merge 4).
 """
 import argparse
 import collections
@@ -25,6 +28,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("csv")
     ap.add_argument("--labels", default="", help="comma-separated names of the profiled steps, in order")
+    ap.add_argument("--merge", type=int, default=1, help="sum every N consecutive steps into one group")
     args = ap.parse_args()
     rows = [r for r in csv.reader(open(args.csv)) if len(r) > 10]
     if not rows:
@@ -34,6 +38,7 @@ def main() -> None:
     scale = {"ns": 1e-3, "us": 1.0, "usecond": 1.0, "nsecond": 1e-3, "ms": 1e3, "msecond": 1e3}
     names = [short(r[ki]) for r in rows]
     starts = [i for i, n in enumerate(names) if "embed" in n] or [0]
+    starts = starts[:: max(1, args.merge)]
     labels = [s for s in args.labels.split(",") if s]
     for k, b in enumerate(starts):
         e = starts[k + 1] if k + 1 < len(starts) else len(rows)
