@@ -130,7 +130,7 @@ const oscar::cli::Registrar reg({"calibrate", "Calibrate OSCAR rotations and cli
       app.add_option("--granularity", o->granularity, "layer (pooled over KV heads) | head (preset)");
   app.add_option("--group-size", o->group, "Quantization group: 32, 64 or 128 (capped at head_dim)")
       ->capture_default_str();
-  app.add_option("--bits", o->bits, "Code bits: 2 or 4")->capture_default_str();
+  app.add_option("--bits", o->bits, "Code bits: 2 or 4 (at 4 the presets' clips are 1.0 / 1.0)")->capture_default_str();
   app.add_option("--scale-dtype", o->scale_dtype, "f16 | f32 (scale/min storage)")->capture_default_str();
   o->o_key_transform = app.add_option(
       "--key-transform", o->key_transform,
@@ -147,8 +147,8 @@ const oscar::cli::Registrar reg({"calibrate", "Calibrate OSCAR rotations and cli
       ->capture_default_str();
   app.add_flag("--clip-search", o->clip_search, "Search clip ratios per layer (attention-aware error)");
   app.add_option("--clip-grid", o->grid, "Comma-separated ratios for --clip-search (default 0.80..1.0)");
-  o->o_k_clip = app.add_option("--k-clip", o->k_clip, "Key clip ratio when not searching (preset: 0.88 / paper 0.96)");
-  o->o_v_clip = app.add_option("--v-clip", o->v_clip, "Value clip ratio when not searching (preset: 0.84 / paper 0.92)");
+  o->o_k_clip = app.add_option("--k-clip", o->k_clip, "Key clip ratio when not searching (preset: 0.88 / paper 0.96; 1.0 at --bits 4)");
+  o->o_v_clip = app.add_option("--v-clip", o->v_clip, "Value clip ratio when not searching (preset: 0.84 / paper 0.92; 1.0 at --bits 4)");
   app.add_option("--sample-tokens", o->sample_tokens, "Tokens sampled per layer for --clip-search")
       ->capture_default_str();
   app.add_option("--max-tokens", o->max_tokens, "Use only the first N tokens of the dump (0 = all)");
@@ -165,7 +165,7 @@ const oscar::cli::Registrar reg({"calibrate", "Calibrate OSCAR rotations and cli
       throw Error("calibrate: give either --activations DUMP or -m MODEL --text FILE");
     if (!model_path->empty() && text_path->empty()) throw Error("calibrate: -m MODEL needs --text FILE");
     mo->spread_text = o->sample == "spread";
-    CalibConfig cfg = calib_preset(o->preset);
+    CalibConfig cfg = calib_preset(o->preset, o->bits);
     if (o->o_composition->count()) cfg.composition = parse_composition(o->composition);
     if (o->o_key_target->count()) cfg.key_target = parse_key_target(o->key_target);
     if (o->o_value_target->count()) cfg.value_target = parse_value_target(o->value_target);

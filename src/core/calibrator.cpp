@@ -676,22 +676,25 @@ Calibration Calibrator::finish(ModelFingerprint model) {
   return c;
 }
 
-CalibConfig calib_preset(const std::string& name) {
+CalibConfig calib_preset(const std::string& name, int bits) {
+  if (bits != 2 && bits != 4)
+    throw Error("calibration preset '" + name + "': " + std::to_string(bits) + " bits (expected 2 or 4)");
   CalibConfig c;
   if (name == "paper") {
     c.key_transform = KeyTransformMode::kOff;
-    return c;
-  }
-  if (name == "recommended") {
+  } else if (name == "recommended") {
     c.granularity = Granularity::kHead;
     c.key_target = KeyTarget::kRaw;
     c.value_target = ValueTarget::kRaw;
     c.k_clip = 0.88f;
     c.v_clip = 0.84f;
     c.key_transform = KeyTransformMode::kAuto;
-    return c;
+  } else {
+    throw Error("calibration preset '" + name + "': expected recommended or paper");
   }
-  throw Error("calibration preset '" + name + "': expected recommended or paper");
+  c.quant.bits = bits;
+  if (bits == 4) c.k_clip = c.v_clip = 1.0f;  // the presets' clips are 2-bit settings
+  return c;
 }
 
 }  // namespace oscar

@@ -87,8 +87,11 @@ struct CalibConfig {
 //       on the latter the best from 8K to 32K, docs/accuracy.md).
 //   "paper": the paper's and its reference implementation's setting: U·H·P per layer, C_Q /
 //       key-weighted targets, clips 0.96 / 0.92, no key transform.
-// Throws on any other name.
-CalibConfig calib_preset(const std::string& name);
+// `bits` (2 or 4) is the code width; both presets' clip ratios are 2-bit settings, so at 4 bits
+// they become 1.0 / 1.0 (no clipping): on Qwen2.5-Coder-1.5B at 2K the recommended setting's
+// 0.88 / 0.84 gave KL 0.034 at 4 bits, no clipping 0.0005 (docs/accuracy.md, "INT4").
+// Throws on any other name or width.
+CalibConfig calib_preset(const std::string& name, int bits = 2);
 
 // Per-head target covariances of one layer (fp64, row-major, symmetric).
 struct LayerTargets {

@@ -198,6 +198,20 @@ TEST(Calibrator, Presets) {
   EXPECT_EQ(rec.quant.group_size, def.quant.group_size);
   EXPECT_THROW(calib_preset("best"), Error);
   EXPECT_THROW(calib_preset(""), Error);
+  // At 4 bits both presets stop clipping (their clips are 2-bit settings); nothing else changes.
+  for (const char* name : {"recommended", "paper"}) {
+    const CalibConfig two = calib_preset(name), four = calib_preset(name, 4);
+    EXPECT_EQ(two.quant.bits, 2) << name;
+    EXPECT_EQ(four.quant.bits, 4) << name;
+    EXPECT_EQ(four.k_clip, 1.0f) << name;
+    EXPECT_EQ(four.v_clip, 1.0f) << name;
+    EXPECT_EQ(four.composition, two.composition) << name;
+    EXPECT_EQ(four.granularity, two.granularity) << name;
+    EXPECT_EQ(four.key_target, two.key_target) << name;
+    EXPECT_EQ(four.value_target, two.value_target) << name;
+    EXPECT_EQ(four.key_transform, two.key_transform) << name;
+    EXPECT_THROW(calib_preset(name, 3), Error) << name;
+  }
 }
 
 TEST(Calibrator, ErrorsAreClear) {
