@@ -668,6 +668,8 @@ int main(int argc, char** argv) {
       int64_t rows = 0, host_rows = 0;
     };
     std::vector<Samp> samp;
+    // Distinct history ids per penalized row (0 without a penalty).
+    const int hist_ids = a.sample_penalty != 1.0f ? std::min(a.sample_history, cfg.vocab_size) : 0;
     for (int B : a.sample_batch) {
       if (B <= 0) continue;
       Samp sr;
@@ -686,12 +688,10 @@ int main(int argc, char** argv) {
       std::vector<engine::Sampler> samplers;
       for (int i = 0; i < B; ++i)
         samplers.emplace_back(engine::SamplingParams{a.sample_temp, 0, a.sample_top_p, a.sample_penalty, uint64_t(i)});
-      // With a penalty, each row's history: sample_history distinct ids (a request's prompt and output so far).
+      // With a penalty, each row's history: hist_ids distinct ids (a request's prompt and output so far).
       std::vector<std::vector<int>> hist(static_cast<size_t>(B));
-      if (a.sample_penalty != 1.0f)
-        for (int i = 0; i < B; ++i)
-          for (int j = 0; j < std::min(a.sample_history, cfg.vocab_size); ++j)
-            hist[size_t(i)].push_back(int((int64_t(j) * 7919 + i) % cfg.vocab_size));
+      for (int i = 0; i < B; ++i)
+        for (int j = 0; j < hist_ids; ++j) hist[size_t(i)].push_back(int((int64_t(j) * 7919 + i) % cfg.vocab_size));
       std::vector<engine::SampleJob> jobs(static_cast<size_t>(B));
       engine::StepDrawer drawer;
       auto time_ms = [&](auto&& one_step) {
@@ -724,8 +724,7 @@ int main(int argc, char** argv) {
       std::printf("sampled step, batch %3d x ctx %d (T %.2f, top_p %.2f, penalty %.2f over %d ids) | greedy %7.2f ms | "
                   "drawn on the device %7.2f ms (+%.2f; %lld of %lld rows left to the host) | drawn on the host %7.2f ms "
                   "(+%.2f)\n",
-                  B, C, a.sample_temp, a.sample_top_p, a.sample_penalty,
-                  a.sample_penalty != 1.0f ? std::min(a.sample_history, cfg.vocab_size) : 0, sr.greedy_ms, sr.device_ms, sr.device_ms - sr.greedy_ms,
+                  B, C, a.sample_temp, a.sample_top_p, a.sample_penalty, hist_ids, sr.greedy_ms, sr.device_ms, sr.device_ms - sr.greedy_ms,
                   (long long)sr.host_rows, (long long)sr.rows, sr.host_ms, sr.host_ms - sr.greedy_ms);
       std::fflush(stdout);
       samp.push_back(sr);
@@ -812,7 +811,7 @@ int main(int argc, char** argv) {
         f << (i ? ", " : "") << "{\"method\": \"" << pre[i].method << "\", \"tokens\": " << pre[i].tokens
           << ", \"ms\": " << pre[i].ms << ", \"tflops\": " << pre[i].flops / (pre[i].ms * 1e-3) / 1e12 << "}";
       f << "], \"sample_temp\": " << a.sample_temp << ", \"sample_top_p\": " << a.sample_top_p << ", \"sample_penalty\": " << a.sample_penalty
-        << ", \"sample_history\": " << (a.sample_penalty != 1.0f ? a.sample_history : 0)
+        << ", \"sample_history\": " << hist_ids
         << ", \"sample_ctx\": " << a.sample_ctx << ", \"sampled_steps\": [";
       for (size_t i = 0; i < samp.size(); ++i)
         f << (i ? ", " : "") << "{\"batch\": " << samp[i].batch << ", \"greedy_ms\": " << samp[i].greedy_ms

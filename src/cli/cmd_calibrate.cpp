@@ -170,7 +170,6 @@ const oscar::cli::Registrar reg({"calibrate", "Calibrate OSCAR rotations and cli
     if (o->o_key_target->count()) cfg.key_target = parse_key_target(o->key_target);
     if (o->o_value_target->count()) cfg.value_target = parse_value_target(o->value_target);
     if (o->o_granularity->count()) cfg.granularity = parse_granularity(o->granularity);
-    cfg.quant.bits = o->bits;
     cfg.quant.group_size = o->group;
     if (o->scale_dtype != "f16" && o->scale_dtype != "f32")
       throw Error(fmt::format("--scale-dtype '{}': expected f16 or f32", o->scale_dtype));

@@ -89,7 +89,8 @@ struct CalibConfig {
 //       key-weighted targets, clips 0.96 / 0.92, no key transform.
 // `bits` (2 or 4) is the code width; both presets' clip ratios are 2-bit settings, so at 4 bits
 // they become 1.0 / 1.0 (no clipping): on Qwen2.5-Coder-1.5B at 2K the recommended setting's
-// 0.88 / 0.84 gave KL 0.034 at 4 bits, no clipping 0.0005 (docs/accuracy.md, "INT4").
+// 0.88 / 0.84 gave KL 0.034 at 4 bits, no clipping 0.0004 (docs/accuracy.md, "INT4 with the key
+// transform").
 // Throws on any other name or width.
 CalibConfig calib_preset(const std::string& name, int bits = 2);
 

@@ -999,7 +999,8 @@ TEST(CudaDecode, RotateQueriesMatchesReference) {
       OSCAR_CUDA_CHECK(cudaDeviceSynchronize());
       const std::vector<float> all = dodd.download();
       EXPECT_LE(test::rel_l2(std::vector<float>(all.begin() + 1, all.end()), ref), 1e-6) << "unaligned output";
-      // An input off alignment: the per-row kernel too (the tiled one reads float4).
+      // An input 4 bytes off 16-byte alignment (the tiled kernel reads its tiles element by
+      // element, so it takes it): the same rows.
       std::vector<float> qodd(q.size() + 1, 0.0f);
       std::copy(q.begin(), q.end(), qodd.begin() + 1);
       DeviceBuffer<float> dqodd(qodd);

@@ -5,6 +5,7 @@
 
 #include "core/half.h"
 #include "core/quant_format.h"
+#include "kernels/cuda/bf16x4.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/mma.cuh"
 
@@ -51,9 +52,7 @@ __global__ void cast_bf16_4_k(const float* x, __nv_bfloat16* y, int64_t n4) {  /
   pdl_enter();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n4;
        i += int64_t(gridDim.x) * blockDim.x) {
-    const float4 v = reinterpret_cast<const float4*>(x)[i];
-    const __nv_bfloat162 p[2] = {__floats2bfloat162_rn(v.x, v.y), __floats2bfloat162_rn(v.z, v.w)};
-    reinterpret_cast<uint2*>(y)[i] = *reinterpret_cast<const uint2*>(p);
+    reinterpret_cast<uint2*>(y)[i] = kernels::cuda::pack_bf16x4(reinterpret_cast<const float4*>(x)[i]);
   }
 }
 
@@ -492,10 +491,7 @@ __global__ void silu_mul4_k(const float* gu, int n, int inter, float* out, __nv_
     o.z = g.z / (1.0f + expf(-g.z)) * u.z;
     o.w = g.w / (1.0f + expf(-g.w)) * u.w;
     *reinterpret_cast<float4*>(out + t * inter + j) = o;
-    if (outb) {
-      __nv_bfloat162 p[2] = {__floats2bfloat162_rn(o.x, o.y), __floats2bfloat162_rn(o.z, o.w)};
-      *reinterpret_cast<uint2*>(outb + t * inter + j) = *reinterpret_cast<const uint2*>(p);
-    }
+    if (outb) *reinterpret_cast<uint2*>(outb + t * inter + j) = kernels::cuda::pack_bf16x4(o);
   }
 }
 

@@ -14,6 +14,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "kernels/cuda/bf16x4.cuh"
+
 namespace oscar::backend::fi {
 namespace {
 
@@ -173,17 +175,12 @@ __global__ void narrow(const float* __restrict__ x, __nv_bfloat16* __restrict__ 
 __global__ void widen4(const __nv_bfloat16* __restrict__ x, float* __restrict__ y, int n4) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n4) return;
-  const uint2 w = reinterpret_cast<const uint2*>(x)[i];
-  const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w.x));
-  const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w.y));
-  reinterpret_cast<float4*>(y)[i] = make_float4(a.x, a.y, b.x, b.y);
+  reinterpret_cast<float4*>(y)[i] = oscar::kernels::cuda::unpack_bf16x4(reinterpret_cast<const uint2*>(x)[i]);
 }
 __global__ void narrow4(const float* __restrict__ x, __nv_bfloat16* __restrict__ y, int n4) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n4) return;
-  const float4 v = reinterpret_cast<const float4*>(x)[i];
-  const __nv_bfloat162 p[2] = {__floats2bfloat162_rn(v.x, v.y), __floats2bfloat162_rn(v.z, v.w)};
-  reinterpret_cast<uint2*>(y)[i] = *reinterpret_cast<const uint2*>(p);
+  reinterpret_cast<uint2*>(y)[i] = oscar::kernels::cuda::pack_bf16x4(reinterpret_cast<const float4*>(x)[i]);
 }
 bool vec4(const void* f32, const void* bf16, size_t n) {
   return n % 4 == 0 && reinterpret_cast<uintptr_t>(f32) % 16 == 0 && reinterpret_cast<uintptr_t>(bf16) % 8 == 0;
