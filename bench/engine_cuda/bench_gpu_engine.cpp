@@ -30,11 +30,14 @@
 // headers): the check that the BF16 baseline is not handicapped by our kernel.
 // --prefill-kernels default,ours,gemm,flashinfer-fa2,flashinfer-fa3 times the prefill rows
 // with each BF16 prefill attention kernel (the same gathered rows; default: the backend's).
+// --mixed B:C:P times serving-like steps: B decode rows at context C with one P-token prefill
+// chunk of a new sequence, against the two alone.
 #include <cublas_v2.h>
 #include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -88,6 +91,10 @@ struct Args {
   // A repetition penalty on every sampled row, over sample_history distinct ids per row (1: none).
   float sample_penalty = 1.0f;
   int sample_history = 1024;
+  // Mixed steps, as a serving step that admits a request: B decode rows at context C plus one
+  // P-token prefill chunk of a new sequence (--mixed B:C:P,...), against the decode rows alone
+  // and the chunk alone in the same run.
+  std::vector<std::array<int, 3>> mixed;
 };
 
 // The non-empty items of a comma-separated list.
@@ -284,11 +291,22 @@ int main(int argc, char** argv) {
     else if (s == "--sample-top-p") a.sample_top_p = std::stof(next());
     else if (s == "--sample-penalty") a.sample_penalty = std::stof(next());
     else if (s == "--sample-history") a.sample_history = std::stoi(next());
-    else {
+    else if (s == "--mixed") {
+      for (const std::string& w : words(next())) {
+        std::array<int, 3> v{};
+        if (std::sscanf(w.c_str(), "%d:%d:%d", &v[0], &v[1], &v[2]) != 3 || v[0] < 1 || v[1] < 1 || v[2] < 2)
+        {
+          std::fprintf(stderr, "bench_gpu_engine: --mixed takes B:C:P (decode rows, their context, prefill tokens >= 2), got '%s'\n",
+                       w.c_str());
+          return 2;
+        }
+        a.mixed.push_back(v);
+      }
+    } else {
       std::fprintf(stderr, "usage: bench_gpu_engine [--preset qwen3-8b|llama3-8b|qwen25-1.5b | --model PATH] [--kv-gib G] "
                            "[--ctx a,b] [--batch a,b] [--batch-ctx c] [--long-ctx n] [--steps n] "
                            "[--methods bf16,bf16-flashinfer,bf16-flashinfer-tc,int2,int2-nocenter] [--calib FILE] [--graphs both|on|off] [--prefill 8192,32768] [--prefill-chunk n] [--prefill-kernels default,ours,gemm,flashinfer-fa2,flashinfer-fa3] "
-                           "[--sample-batch 1,8,32] [--sample-ctx n] [--sample-temp t] [--sample-top-p p] [--sample-penalty r] [--sample-history n] [--json FILE]\n");
+                           "[--sample-batch 1,8,32] [--sample-ctx n] [--sample-temp t] [--sample-top-p p] [--sample-penalty r] [--sample-history n] [--mixed B:C:P,...] [--json FILE]\n");
       return 2;
     }
   }
@@ -659,6 +677,81 @@ int main(int argc, char** argv) {
         rows_b.push_back(r);
       }
     }
+    // ---- mixed steps: B decode rows at context C and one P-token prefill chunk of a new sequence
+    // (what a serving step that admits a request runs; graphs are off for such a step), against
+    // the B rows alone (graphs on, as the engine runs them) and the chunk alone.
+    struct Mix {
+      std::string method;
+      int batch = 0, ctx = 0, prefill = 0;
+      double decode_ms = 0, prefill_ms = 0, mixed_ms = 0;
+    };
+    std::vector<Mix> mix;
+    for (const auto& [B, C, P] : a.mixed) {
+      for (const kv::KvMethod& km : methods) {
+        select(km);
+        Mix r;
+        r.method = name_of(km);
+        r.batch = B, r.ctx = C, r.prefill = P;
+        const int ps = shape.page_size;
+        const int64_t seq_pages = (C + 4 * a.steps + 8 + ps - 1) / ps + 1;
+        std::unique_ptr<kv::KvCache> cache;
+        if (km.kind == kv::KvMethod::Kind::kBf16) {
+          cache = kv::make_method_cache(km, shape, (int64_t(B) * seq_pages + (P + ps - 1) / ps + 1) * ps, false,
+                                        be->page_store_factory());
+        } else {
+          const int64_t bfp = kv::bf16_page_bytes(shape), qp = kv::quant_page_bytes(km, shape);
+          const int64_t per_seq = (km.sink + ps - 1) / ps + (km.recent + ps + ps - 1) / ps + 1;
+          const int64_t need = (int64_t(B + 1) * per_seq + (P + ps - 1) / ps) * bfp + int64_t(B) * seq_pages * qp;
+          cache = kv::make_method_cache_for_bytes(km, shape, need, B + 1, P, false, be->page_store_factory());
+        }
+        std::vector<kv::SeqId> seqs;
+        for (int i = 0; i < B; ++i) {
+          seqs.push_back(cache->create());
+          fill_context(*cache, *be, seqs.back(), C, *kbuf, *vbuf, chunk);
+        }
+        std::vector<int32_t> dtok(static_cast<size_t>(B), 11), ptok(static_cast<size_t>(P));
+        for (int i = 0; i < P; ++i) ptok[size_t(i)] = int32_t((i * 7919) % cfg.vocab_size);
+        std::vector<int32_t> ids;
+        // One step of the B decode rows (with_decode) and / or the chunk of a fresh sequence,
+        // released after the step.
+        auto one = [&](bool with_decode, bool with_prefill) {
+          std::vector<model::SeqStep> st;
+          if (with_decode)
+            for (int i = 0; i < B; ++i) st.push_back({seqs[size_t(i)], {&dtok[size_t(i)], 1}, false});
+          kv::SeqId p = -1;
+          if (with_prefill) {
+            p = cache->create();
+            st.push_back({p, {ptok.data(), size_t(P)}, false});
+          }
+          m.forward_argmax(st, *cache, ids);
+          if (with_prefill) cache->release(p);
+        };
+        auto time_ms = [&](bool d, bool p) {
+          one(d, p);
+          one(d, p);
+          cudaDeviceSynchronize();
+          const auto s0 = std::chrono::steady_clock::now();
+          for (int i = 0; i < a.steps; ++i) one(d, p);
+          cudaDeviceSynchronize();
+          return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s0).count() / a.steps;
+        };
+        r.decode_ms = time_ms(true, false);
+        r.prefill_ms = time_ms(false, true);
+        r.mixed_ms = time_ms(true, true);
+        if (profile_step) {  // (OSCAR_BENCH_PROFILE: one mixed step under ncu)
+          cudaProfilerStart();
+          one(true, true);
+          cudaDeviceSynchronize();
+          cudaProfilerStop();
+        }
+        std::printf("mixed step %3d x ctx %6d + prefill %5d | %-20s | decode alone %7.2f ms | prefill alone %7.2f ms "
+                    "(%7.0f tok/s) | mixed %7.2f ms (+%.2f over the two; prompt %7.0f tok/s beside the decode)\n",
+                    B, C, P, r.method.c_str(), r.decode_ms, r.prefill_ms, P / (r.prefill_ms * 1e-3), r.mixed_ms,
+                    r.mixed_ms - r.decode_ms - r.prefill_ms, P / ((r.mixed_ms - r.decode_ms) * 1e-3));
+        std::fflush(stdout);
+        mix.push_back(r);
+      }
+    }
     // ---- sampled decode steps: the engine's step (StepDrawer: draws on the device, kDrawHost rows
     // on the host) against greedy steps (forward_argmax) and against every row drawn on the host
     // (logits copied, the host sampler over its threads), same batch and cache.
@@ -810,6 +903,11 @@ int main(int argc, char** argv) {
       for (size_t i = 0; i < pre.size(); ++i)
         f << (i ? ", " : "") << "{\"method\": \"" << pre[i].method << "\", \"tokens\": " << pre[i].tokens
           << ", \"ms\": " << pre[i].ms << ", \"tflops\": " << pre[i].flops / (pre[i].ms * 1e-3) / 1e12 << "}";
+      f << "], \"mixed_steps\": [";
+      for (size_t i = 0; i < mix.size(); ++i)
+        f << (i ? ", " : "") << "{\"method\": \"" << mix[i].method << "\", \"batch\": " << mix[i].batch
+          << ", \"ctx\": " << mix[i].ctx << ", \"prefill\": " << mix[i].prefill << ", \"decode_ms\": " << mix[i].decode_ms
+          << ", \"prefill_ms\": " << mix[i].prefill_ms << ", \"mixed_ms\": " << mix[i].mixed_ms << "}";
       f << "], \"sample_temp\": " << a.sample_temp << ", \"sample_top_p\": " << a.sample_top_p << ", \"sample_penalty\": " << a.sample_penalty
         << ", \"sample_history\": " << hist_ids
         << ", \"sample_ctx\": " << a.sample_ctx << ", \"sampled_steps\": [";
