@@ -117,6 +117,7 @@ class ProfilingBackend : public backend::Backend {
   backend::BufferPtr alloc(size_t n) override { return be_->alloc(n); }
   void to_host(const float* s, float* d, size_t n) override { be_->to_host(s, d, n); }
   void from_host(const float* s, float* d, size_t n) override { be_->from_host(s, d, n); }
+  double copy_bandwidth() override { return be_->copy_bandwidth(); }
   backend::WeightPtr prepare_linear(std::initializer_list<const oscar::Tensor*> ws,
                                   std::initializer_list<const oscar::Tensor*> bs) override {
     return be_->prepare_linear(ws, bs);

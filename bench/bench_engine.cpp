@@ -35,23 +35,6 @@ double secs(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
-// Copy bandwidth (read + write bytes / s) over a buffer far larger than the
-// caches, best of several runs, with the op threads.
-double copy_bandwidth() {
-  const size_t n = size_t(1) << 28;  // 256 MiB each way (the L3 here is 260 MB)
-  std::vector<char> a(n, 1), b(n, 2);
-  double best = 0;
-  for (int r = 0; r < 5; ++r) {
-    auto t0 = Clock::now();
-    backend::cpu::parallel_for(int64_t(n), 1 << 20, [&](int64_t s, int64_t e) {
-      std::memcpy(b.data() + s, a.data() + s, size_t(e - s));
-    });
-    best = std::max(best, 2.0 * n / secs(t0, Clock::now()));
-  }
-  if (b[n / 2] != 1) std::abort();
-  return best;
-}
-
 struct Args {
   std::string model = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
   int prompt = 256, gen = 64, threads = 0, batch = 1, reps = 3;
@@ -137,7 +120,8 @@ int main(int argc, char** argv) {
     };
     std::vector<Ratio> ratios;
     const int threads = backend::cpu::op_threads();
-    const double bw = copy_bandwidth();
+    // (the CPU backend's copy over its op threads: 256 MiB each way, best of 5)
+    const double bw = backend::make_cpu_backend({backend::WeightDtype::kBf16, threads})->copy_bandwidth();
 
     auto t0 = Clock::now();
     const model::ModelWeights w = model::load_model(a.model);

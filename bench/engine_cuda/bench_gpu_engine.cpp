@@ -45,7 +45,6 @@
 #include <cstring>
 #include <fstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "backend/cuda/backend_cuda.h"
@@ -54,6 +53,7 @@
 #include "kv/quant_methods.h"
 #include "model/fold_rotation.h"
 #include "model/forward.h"
+#include "model/forward_random.h"
 #include "model/loader.h"
 #include "engine/sampler.h"
 #include "engine/step_draw.h"
@@ -117,59 +117,6 @@ std::vector<int> ints(const std::string& s) {
   return v;
 }
 
-model::ModelConfig preset(const std::string& name) {
-  model::ModelConfig c;
-  c.name = name;
-  c.rms_eps = 1e-6f;
-  c.max_position = 1 << 20;
-  if (name == "qwen3-8b") {
-    c.arch = model::Arch::kQwen3;
-    c.n_layers = 36, c.n_heads = 32, c.n_kv_heads = 8, c.head_dim = 128;
-    c.hidden = 4096, c.intermediate = 12288, c.vocab_size = 151936;
-    c.rope_theta = 1e6f;
-    c.qk_norm = true;
-  } else if (name == "llama3-8b") {
-    c.arch = model::Arch::kLlama;
-    c.n_layers = 32, c.n_heads = 32, c.n_kv_heads = 8, c.head_dim = 128;
-    c.hidden = 4096, c.intermediate = 14336, c.vocab_size = 128256;
-    c.rope_theta = 5e5f;
-  } else if (name == "qwen25-1.5b") {  // Qwen2.5(-Coder)-1.5B: the shapes --calib files of that model need
-    c.arch = model::Arch::kQwen2;
-    c.n_layers = 28, c.n_heads = 12, c.n_kv_heads = 2, c.head_dim = 128;
-    c.hidden = 1536, c.intermediate = 8960, c.vocab_size = 151936;
-    c.rope_theta = 1e6f;
-    c.qkv_bias = true;
-  } else {
-    throw Error("bench_gpu_engine: unknown preset '" + name + "' (qwen3-8b, llama3-8b, qwen25-1.5b)");
-  }
-  return c;
-}
-
-// Uniform(-a, a) with variance `var`, filled by all cores.
-void fill(oscar::Tensor& t, std::vector<int64_t> shape, double var, uint64_t seed) {
-  t.shape = shape;
-  size_t n = 1;
-  for (auto d : shape) n *= size_t(d);
-  t.data.resize(n);
-  const float a = float(std::sqrt(3.0 * var));
-  const unsigned T = std::max(1u, std::thread::hardware_concurrency());
-  std::vector<std::thread> th;
-  for (unsigned k = 0; k < T; ++k)
-    th.emplace_back([&, k] {
-      uint64_t x = seed * 0x9E3779B97F4A7C15ull + k + 1;
-      for (size_t i = n * k / T; i < n * (k + 1) / T; ++i) {
-        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-        t.data[i] = a * (float(x >> 40) * (2.0f / 16777216.0f) - 1.0f);
-      }
-    });
-  for (auto& x : th) x.join();
-}
-
-void ones(oscar::Tensor& t, int64_t n) {
-  t.shape = {n};
-  t.data.assign(size_t(n), 1.0f);
-}
-
 // Milliseconds `reps` calls of fn take on the GPU (CUDA events on the legacy stream, after
 // one untimed call).
 template <class F>
@@ -220,34 +167,6 @@ double gemm_peak_flops() {
   cudaFree(b);
   cudaFree(c);
   return 2.0 * n * double(n) * n * 10 / (ms * 1e-3);
-}
-
-double copy_bandwidth() {
-  const size_t bytes = size_t(4) << 30;
-  void *a = nullptr, *b = nullptr;
-  if (cudaMalloc(&a, bytes) != cudaSuccess || cudaMalloc(&b, bytes) != cudaSuccess)
-    throw Error("bench: cannot allocate the bandwidth buffers");
-  cudaMemset(a, 1, bytes);
-  const float ms = event_ms(5, [&] { cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice); });
-  cudaFree(a);
-  cudaFree(b);
-  return 2.0 * bytes * 5 / (ms * 1e-3);  // read + write bytes per second
-}
-
-// Fills `seq` to `tokens` committed tokens with random rows, `chunk` at a time.
-void fill_context(kv::KvCache& cache, backend::Backend& be, kv::SeqId seq, int tokens,
-                  const backend::Buffer& k, const backend::Buffer& v, int chunk) {
-  const int L = cache.shape().n_layers;
-  backend::RowPlacement rows;
-  while (cache.length(seq) < tokens) {
-    const int n = std::min(chunk, tokens - cache.length(seq));
-    cache.reserve(seq, n);
-    rows.clear();
-    cache.place(seq, cache.length(seq), n, rows);
-    for (int l = 0; l < L; ++l) cache.write_rows(l, rows, k.data(), v.data());
-    cache.commit(seq, n);
-  }
-  cache.store().sync();
 }
 
 struct Row {
@@ -317,10 +236,10 @@ int main(int argc, char** argv) {
   try {
     model::ModelWeights loaded;  // --model: its weights until the model holds them
     if (!a.model.empty()) loaded = model::load_model(a.model);
-    const model::ModelConfig cfg = a.model.empty() ? preset(a.preset) : loaded.cfg;
+    const model::ModelConfig cfg = a.model.empty() ? model::preset_config(a.preset) : loaded.cfg;
     auto be = backend::make_cuda_backend({backend::WeightDtype::kBf16, 0});
     std::printf("device: %s\n", be->name().c_str());
-    const double bw = copy_bandwidth();
+    const double bw = be->copy_bandwidth();
     std::printf("device-to-device copy: %.0f GB/s (read + write)\n", bw / 1e9);
     const double peak = gemm_peak_flops();
     std::printf("bf16 GEMM (8192^3, fp32 out): %.0f TFLOP/s\n", peak / 1e12);
@@ -336,37 +255,7 @@ int main(int argc, char** argv) {
       mp = std::make_unique<model::Model>(loaded, *be);
       loaded = {};
     } else {
-      oscar::Tensor embd, onorm;
-      fill(embd, {cfg.vocab_size, cfg.hidden}, 1.0, 1);
-      ones(onorm, cfg.hidden);
-      oscar::Tensor lm;
-      fill(lm, {cfg.vocab_size, cfg.hidden}, 1.0 / cfg.hidden, 2);
-      model::LayerWeights lw;
-      mp = std::make_unique<model::Model>(cfg, *be, embd, onorm, lm,
-                     [&](int l) -> const model::LayerWeights& {
-                       const uint64_t s = 100 + 10 * uint64_t(l);
-                       ones(lw.attn_norm, H);
-                       ones(lw.ffn_norm, H);
-                       fill(lw.wq, {Dq, H}, 1.0 / H, s);
-                       fill(lw.wk, {Dkv, H}, 1.0 / H, s + 1);
-                       fill(lw.wv, {Dkv, H}, 1.0 / H, s + 2);
-                       fill(lw.wo, {H, Dq}, 1.0 / Dq, s + 3);
-                       fill(lw.w_gate, {I, H}, 1.0 / H, s + 4);
-                       fill(lw.w_up, {I, H}, 1.0 / H, s + 5);
-                       fill(lw.w_down, {H, I}, 1.0 / I, s + 6);
-                       if (cfg.qkv_bias) {
-                         fill(lw.bq, {Dq}, 1.0, s + 7);
-                         fill(lw.bk, {Dkv}, 1.0, s + 8);
-                         fill(lw.bv, {Dkv}, 1.0, s + 9);
-                       }
-                       if (cfg.qk_norm) {
-                         ones(lw.q_norm, cfg.head_dim);
-                         ones(lw.k_norm, cfg.head_dim);
-                       }
-                       std::fprintf(stderr, "\rweights: layer %d/%d", l + 1, cfg.n_layers);
-                       return lw;
-                     },
-                     cfg.n_layers);
+      mp = model::random_model(cfg, *be, [](int l, int n) { std::fprintf(stderr, "\rweights: layer %d/%d", l, n); });
       std::fprintf(stderr, "\n");
     }
     model::Model& m = *mp;
@@ -439,7 +328,7 @@ int main(int argc, char** argv) {
     auto kbuf = be->alloc(size_t(chunk) * Dkv), vbuf = be->alloc(size_t(chunk) * Dkv);
     {
       oscar::Tensor r;
-      fill(r, {chunk, Dkv}, 1.0, 7);
+      model::fill_uniform(r, {chunk, Dkv}, 1.0, 7);
       be->from_host(r.data.data(), kbuf->data(), r.data.size());
       be->from_host(r.data.data(), vbuf->data(), r.data.size());
     }
@@ -478,14 +367,14 @@ int main(int argc, char** argv) {
     backend::WeightPtr gq, go, ggu, gd, glm;
     {
       oscar::Tensor wq, wk, wv, wo, wg, wu, wd, lmh;
-      fill(wq, {Dq, H}, 1.0 / H, 901);
-      fill(wk, {Dkv, H}, 1.0 / H, 902);
-      fill(wv, {Dkv, H}, 1.0 / H, 903);
-      fill(wo, {H, Dq}, 1.0 / Dq, 904);
-      fill(wg, {I, H}, 1.0 / H, 905);
-      fill(wu, {I, H}, 1.0 / H, 906);
-      fill(wd, {H, I}, 1.0 / I, 907);
-      fill(lmh, {cfg.vocab_size, H}, 1.0 / H, 908);
+      model::fill_uniform(wq, {Dq, H}, 1.0 / H, 901);
+      model::fill_uniform(wk, {Dkv, H}, 1.0 / H, 902);
+      model::fill_uniform(wv, {Dkv, H}, 1.0 / H, 903);
+      model::fill_uniform(wo, {H, Dq}, 1.0 / Dq, 904);
+      model::fill_uniform(wg, {I, H}, 1.0 / H, 905);
+      model::fill_uniform(wu, {I, H}, 1.0 / H, 906);
+      model::fill_uniform(wd, {H, I}, 1.0 / I, 907);
+      model::fill_uniform(lmh, {cfg.vocab_size, H}, 1.0 / H, 908);
       gq = be->prepare_linear({&wq, &wk, &wv}, {});
       go = be->prepare_linear({&wo}, {});
       ggu = be->prepare_linear({&wg, &wu}, {});
@@ -554,7 +443,8 @@ int main(int argc, char** argv) {
       std::vector<kv::SeqId> seqs;
       for (int i = 0; i < B; ++i) {
         seqs.push_back(cache->create());
-        fill_context(*cache, *be, seqs.back(), 64, *kbuf, *vbuf, chunk);
+        cache->fill_with_rows(seqs.back(), 64, kbuf->data(), vbuf->data(), chunk);
+        cache->store().sync();
       }
       const double ms = time_steps(*cache, seqs);
       wonly.push_back({B, ms});
@@ -567,23 +457,7 @@ int main(int argc, char** argv) {
       for (const kv::KvMethod& km : methods) {
         select(km);
         // The most sequences of C tokens (+ the decode steps) the budget holds.
-        int lo = 0, hi = 4096;
-        // Pool sizes without allocating: the same arithmetic as make_method_cache_for_bytes.
-        const int ps = shape.page_size;
-        const int64_t bfp = kv::bf16_page_bytes(shape), qp = kv::quant_page_bytes(km, shape);
-        const int Ct = C + a.steps + 2;
-        auto holds = [&](int B) {
-          if (km.kind == kv::KvMethod::Kind::kBf16) return int64_t(B) * ((Ct + ps - 1) / ps) * bfp <= bytes;
-          const int64_t per_seq = (km.sink + ps - 1) / ps + (km.recent + ps + ps - 1) / ps + 1;
-          const int64_t bf_pages = int64_t(B) * per_seq + (chunk + ps - 1) / ps;
-          const int64_t q_pages = (bytes - bf_pages * bfp) / std::max<int64_t>(qp, 1);
-          const int64_t mid = std::max(0, Ct - km.sink - km.recent) / ps + 1;
-          return q_pages >= int64_t(B) * mid;
-        };
-        while (lo < hi) {
-          const int mid = (lo + hi + 1) / 2;
-          if (holds(mid)) lo = mid; else hi = mid - 1;
-        }
+        const int lo = kv::sequences_for_bytes(km, shape, bytes, C + a.steps + 2, chunk);
         Row r;
         r.method = name_of(km);
         r.ctx = C;
@@ -596,7 +470,8 @@ int main(int argc, char** argv) {
           std::vector<kv::SeqId> seqs;
           for (int i = 0; i < lo; ++i) {
             seqs.push_back(cache->create());
-            fill_context(*cache, *be, seqs.back(), C, *kbuf, *vbuf, chunk);
+            cache->fill_with_rows(seqs.back(), C, kbuf->data(), vbuf->data(), chunk);
+            cache->store().sync();
           }
           r.step_ms = time_steps(*cache, seqs);
           r.tok_s = lo / (r.step_ms * 1e-3);
@@ -649,7 +524,8 @@ int main(int argc, char** argv) {
         std::vector<kv::SeqId> seqs;
         for (int i = 0; i < B; ++i) {
           seqs.push_back(cache->create());
-          fill_context(*cache, *be, seqs.back(), C, *kbuf, *vbuf, chunk);
+          cache->fill_with_rows(seqs.back(), C, kbuf->data(), vbuf->data(), chunk);
+          cache->store().sync();
         }
         r.step_ms = time_steps(*cache, seqs);
         if (a.graphs == "both") {
@@ -707,7 +583,8 @@ int main(int argc, char** argv) {
         std::vector<kv::SeqId> seqs;
         for (int i = 0; i < B; ++i) {
           seqs.push_back(cache->create());
-          fill_context(*cache, *be, seqs.back(), C, *kbuf, *vbuf, chunk);
+          cache->fill_with_rows(seqs.back(), C, kbuf->data(), vbuf->data(), chunk);
+          cache->store().sync();
         }
         std::vector<int32_t> dtok(static_cast<size_t>(B), 11), ptok(static_cast<size_t>(P));
         for (int i = 0; i < P; ++i) ptok[size_t(i)] = int32_t((i * 7919) % cfg.vocab_size);
@@ -773,7 +650,8 @@ int main(int argc, char** argv) {
       std::vector<kv::SeqId> seqs;
       for (int i = 0; i < B; ++i) {
         seqs.push_back(cache->create());
-        fill_context(*cache, *be, seqs.back(), C, *kbuf, *vbuf, chunk);
+        cache->fill_with_rows(seqs.back(), C, kbuf->data(), vbuf->data(), chunk);
+        cache->store().sync();
       }
       std::vector<int32_t> tok(size_t(B), 11);
       std::vector<model::SeqStep> st;

@@ -62,6 +62,10 @@ class Backend {
   virtual BufferPtr alloc(size_t n_floats) = 0;
   virtual void to_host(const float* src, float* host_dst, size_t n) = 0;
   virtual void from_host(const float* host_src, float* dst, size_t n) = 0;
+  // Read + write bytes per second of a large copy in this backend's memory, measured now
+  // (best of a few; a copy far larger than the caches): the bandwidth a memory-bound step
+  // is measured against (the roofline of `oscar bench`, DESIGN §7). Takes ~0.1-1 s.
+  virtual double copy_bandwidth() = 0;
 
   // --- weights
   // Linear layer y = x W^T (+ b): w [out][in] (HF layout), bias [out] or nullptr.

@@ -24,6 +24,19 @@ void KvCache::write(int layer, SeqId seq, int pos, const float* k, const float* 
   write_rows(layer, rows, k, v);
 }
 
+void KvCache::fill_with_rows(SeqId seq, int tokens, const float* k, const float* v, int chunk) {
+  if (chunk < 1) throw Error(fmt::format("{} kv cache: fill in chunks of {} tokens", method(), chunk));
+  backend::RowPlacement rows;
+  while (length(seq) < tokens) {
+    const int n = std::min(chunk, tokens - length(seq));
+    reserve(seq, n);
+    rows.clear();
+    place(seq, length(seq), n, rows);
+    for (int l = 0; l < shape().n_layers; ++l) write_rows(l, rows, k, v);
+    commit(seq, n);
+  }
+}
+
 // The one place a cache method name becomes a cache: new methods register here.
 std::unique_ptr<KvCache> make_kv_cache(const KvCacheShape& shape, const KvCacheOptions& opts) {
   KvCacheShape s = shape;

@@ -87,6 +87,10 @@ class KvCache {
   void write_rows(int layer, const backend::RowPlacement& rows, const float* k, const float* v);
   // One sequence's rows of one layer (place + write_rows): tests, simple callers.
   void write(int layer, SeqId seq, int pos, const float* k, const float* v, int n);
+  // Extends `seq` to `tokens` committed tokens with the rows k / v ([chunk][num_kv_heads][head_dim]
+  // each, in the store's memory) in every layer, `chunk` tokens per reserve / write / commit:
+  // contexts for benchmarks, through the forward's write and demotion path.
+  void fill_with_rows(SeqId seq, int tokens, const float* k, const float* v, int chunk);
   // Tokens [length, length + n) are final in every layer.
   virtual void commit(SeqId seq, int n) = 0;
 

@@ -333,6 +333,34 @@ int64_t quant_page_bytes(const KvMethod& m, const KvCacheShape& s) {
   return head * s.num_kv_heads * s.n_layers;
 }
 
+namespace {
+
+// The BF16 pages one running sequence of a quantized method holds: its sink and a window of
+// < recent + page tokens (+ a partial page). (A prefill chunk adds up to `chunk` tokens beyond.)
+int64_t window_pages(const KvMethod& m, int ps) { return (m.sink + ps - 1) / ps + (m.recent + ps + ps - 1) / ps + 1; }
+
+}  // namespace
+
+int sequences_for_bytes(const KvMethod& m, const KvCacheShape& shape, int64_t bytes, int64_t tokens, int chunk) {
+  const int ps = shape.page_size;
+  if (ps <= 0 || tokens < 0) throw Error(fmt::format("sequences_for_bytes: page size {}, {} tokens", ps, tokens));
+  const int64_t bf = bf16_page_bytes(shape), q = quant_page_bytes(m, shape);
+  auto holds = [&](int64_t B) {
+    if (m.kind == KvMethod::Kind::kBf16) return B * ((tokens + ps - 1) / ps) * bf <= bytes;
+    const int64_t bf_pages = B * window_pages(m, ps) + (std::max(1, chunk) + ps - 1) / ps;
+    const int64_t q_pages = (bytes - bf_pages * bf) / std::max<int64_t>(q, 1);
+    const int64_t mid = std::max<int64_t>(0, tokens - m.sink - m.recent) / ps + 1;  // middle pages, rounded up
+    return bytes >= bf_pages * bf && q_pages >= B * mid;
+  };
+  int64_t lo = 0, hi = 1;
+  while (holds(hi) && hi < (int64_t(1) << 30)) hi *= 2;  // holds(lo), !holds(hi) (or the cap)
+  while (hi - lo > 1) {
+    const int64_t mid = (lo + hi) / 2;
+    (holds(mid) ? lo : hi) = mid;
+  }
+  return static_cast<int>(lo);
+}
+
 std::unique_ptr<KvCache> make_method_cache_for_bytes(const KvMethod& m, const KvCacheShape& shape,
                                                      int64_t bytes, int sequences, int chunk,
                                                      bool prefix_caching,
@@ -351,10 +379,7 @@ std::unique_ptr<KvCache> make_method_cache_for_bytes(const KvMethod& m, const Kv
     o.store = store;
     return make_kv_cache(shape, o);
   }
-  // Each running sequence holds its sink and a window of < recent + page tokens
-  // (+ a partial page); a prefill chunk adds up to `chunk` tokens beyond it.
-  const int64_t per_seq = (m.sink + ps - 1) / ps + (m.recent + ps + ps - 1) / ps + 1;
-  const int64_t bf_pages = int64_t(std::max(1, sequences)) * per_seq + (std::max(1, chunk) + ps - 1) / ps;
+  const int64_t bf_pages = int64_t(std::max(1, sequences)) * window_pages(m, ps) + (std::max(1, chunk) + ps - 1) / ps;
   const int64_t q = quant_page_bytes(m, shape);
   const int64_t q_pages = (bytes - bf_pages * bf) / q;
   if (q_pages < 1)

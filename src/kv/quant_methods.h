@@ -101,6 +101,13 @@ std::unique_ptr<KvCache> make_method_cache_for_bytes(const KvMethod& m, const Kv
                                                      bool prefix_caching = false,
                                                      const backend::PageStoreFactory& store = {});
 
+// The most sequences of `tokens` tokens each (their decode steps included) that a cache of
+// `bytes` holds, sized as make_method_cache_for_bytes sizes it for that many sequences and
+// `chunk` prefill tokens: every page BF16 for bf16; for a quantized method each sequence's
+// sink and recent window in BF16 and its middle pages quantized. (The equal-memory
+// comparison of `oscar bench`.)
+int sequences_for_bytes(const KvMethod& m, const KvCacheShape& shape, int64_t bytes, int64_t tokens, int chunk);
+
 // A calibration with the same eigenvectors recomposed as `target` (U, UH or
 // UHP), from one composed as U, UH or UHP with eigenvalues stored.
 Calibration recompose(const Calibration& c, Composition target);

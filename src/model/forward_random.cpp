@@ -1,7 +1,13 @@
 #include "model/forward_random.h"
 
+#include <fmt/format.h>
+
 #include <cmath>
 #include <random>
+
+#include "core/error.h"
+#include "core/parallel.h"
+#include "model/forward.h"
 
 namespace oscar::model {
 
@@ -77,6 +83,99 @@ ModelWeights random_weights(const ModelConfig& c, uint64_t seed) {
   if (!c.tied_embeddings) w.lm_head = mat(c.vocab_size, H);
   w.fingerprint = "random-" + std::to_string(seed);
   return w;
+}
+
+ModelConfig preset_config(const std::string& name) {
+  ModelConfig c;
+  c.name = name;
+  c.rms_eps = 1e-6f;
+  c.max_position = 1 << 20;
+  if (name == "qwen3-8b") {
+    c.arch = Arch::kQwen3;
+    c.n_layers = 36, c.n_heads = 32, c.n_kv_heads = 8, c.head_dim = 128;
+    c.hidden = 4096, c.intermediate = 12288, c.vocab_size = 151936;
+    c.rope_theta = 1e6f;
+    c.qk_norm = true;
+  } else if (name == "llama3-8b") {
+    c.arch = Arch::kLlama;
+    c.n_layers = 32, c.n_heads = 32, c.n_kv_heads = 8, c.head_dim = 128;
+    c.hidden = 4096, c.intermediate = 14336, c.vocab_size = 128256;
+    c.rope_theta = 5e5f;
+  } else if (name == "qwen25-1.5b") {
+    c.arch = Arch::kQwen2;
+    c.n_layers = 28, c.n_heads = 12, c.n_kv_heads = 2, c.head_dim = 128;
+    c.hidden = 1536, c.intermediate = 8960, c.vocab_size = 151936;
+    c.rope_theta = 1e6f;
+    c.qkv_bias = true;
+  } else {
+    throw Error(fmt::format("unknown model shape preset '{}' (qwen3-8b, llama3-8b, qwen25-1.5b)", name));
+  }
+  return c;
+}
+
+std::vector<std::string> preset_names() { return {"qwen3-8b", "llama3-8b", "qwen25-1.5b"}; }
+
+void fill_uniform(Tensor& t, std::vector<int64_t> shape, double var, uint64_t seed) {
+  t.shape = std::move(shape);
+  size_t n = 1;
+  for (auto d : t.shape) n *= size_t(d);
+  t.data.resize(n);
+  const float a = float(std::sqrt(3.0 * var));
+  constexpr size_t kBlock = size_t(1) << 20;
+  const int blocks = static_cast<int>((n + kBlock - 1) / kBlock);
+  parallel_for(blocks, [&](int b, int) {
+    uint64_t x = (seed + 1) * 0x9E3779B97F4A7C15ull + uint64_t(b) * 0xD1B54A32D192ED03ull + 1;
+    for (size_t i = size_t(b) * kBlock, e = std::min(n, i + kBlock); i < e; ++i) {
+      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+      t.data[i] = a * (float(x >> 40) * (2.0f / 16777216.0f) - 1.0f);
+    }
+  });
+}
+
+namespace {
+
+void fill_ones(Tensor& t, int64_t n) {
+  t.shape = {n};
+  t.data.assign(size_t(n), 1.0f);
+}
+
+}  // namespace
+
+std::unique_ptr<Model> random_model(const ModelConfig& c, backend::Backend& be,
+                                    const std::function<void(int, int)>& progress) {
+  const int64_t H = c.hidden, Dq = int64_t(c.n_heads) * c.head_dim, Dkv = int64_t(c.n_kv_heads) * c.head_dim,
+                I = c.intermediate;
+  Tensor embd, onorm, lm;
+  fill_uniform(embd, {c.vocab_size, H}, 1.0, 1);
+  fill_ones(onorm, H);
+  if (!c.tied_embeddings) fill_uniform(lm, {c.vocab_size, H}, 1.0 / double(H), 2);
+  LayerWeights lw;
+  return std::make_unique<Model>(
+      c, be, embd, onorm, lm,
+      [&](int l) -> const LayerWeights& {
+        const uint64_t s = 100 + 10 * uint64_t(l);
+        fill_ones(lw.attn_norm, H);
+        fill_ones(lw.ffn_norm, H);
+        fill_uniform(lw.wq, {Dq, H}, 1.0 / double(H), s);
+        fill_uniform(lw.wk, {Dkv, H}, 1.0 / double(H), s + 1);
+        fill_uniform(lw.wv, {Dkv, H}, 1.0 / double(H), s + 2);
+        fill_uniform(lw.wo, {H, Dq}, 1.0 / double(Dq), s + 3);
+        fill_uniform(lw.w_gate, {I, H}, 1.0 / double(H), s + 4);
+        fill_uniform(lw.w_up, {I, H}, 1.0 / double(H), s + 5);
+        fill_uniform(lw.w_down, {H, I}, 1.0 / double(I), s + 6);
+        if (c.qkv_bias) {
+          fill_uniform(lw.bq, {Dq}, 1.0, s + 7);
+          fill_uniform(lw.bk, {Dkv}, 1.0, s + 8);
+          fill_uniform(lw.bv, {Dkv}, 1.0, s + 9);
+        }
+        if (c.qk_norm) {
+          fill_ones(lw.q_norm, c.head_dim);
+          fill_ones(lw.k_norm, c.head_dim);
+        }
+        if (progress) progress(l + 1, c.n_layers);
+        return lw;
+      },
+      c.n_layers);
 }
 
 }  // namespace oscar::model

@@ -557,5 +557,76 @@ TEST(QuantMethods, Bf16LayersModifier) {
   }
 }
 
+// sequences_for_bytes (the equal-memory count of `oscar bench`): B sequences of T tokens fill a
+// cache sized by make_method_cache_for_bytes for B, prefill chunks of 64 then decode steps, and
+// (where the middle is long enough for the count to be tight) B + 2 do not fit in the same
+// bytes; the 2-bit cache holds more sequences than BF16 in the same bytes.
+TEST(QuantMethods, SequencesForBytesFillTheCache) {
+  const KvCacheShape shape{kL, kH, kD, kPage};
+  KvMethodOptions mo;
+  mo.model = fp();
+  mo.sink = kSink;
+  mo.recent = kRecent;
+  mo.group_size = 64;
+  const int chunk = 64;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd;
+  std::vector<float> k(size_t(chunk) * kH * kD), v(k.size());
+  for (auto& x : k) x = nd(rng);
+  for (auto& x : v) x = nd(rng);
+  // Fills `seqs` sequences to `tokens` committed tokens; false when the cache runs out of pages.
+  auto fill = [&](KvCache& c, int seqs, int tokens) {
+    try {
+      std::vector<SeqId> ids;
+      for (int i = 0; i < seqs; ++i) ids.push_back(c.create());
+      backend::RowPlacement rows;
+      for (SeqId s : ids)
+        while (c.length(s) < tokens) {
+          // Prompt chunks up to the last 4 tokens, which come as decode steps.
+          const int left = tokens - c.length(s);
+          const int n = left > 4 ? std::min(chunk, left - 4) : 1;
+          c.reserve(s, n);
+          rows.clear();
+          c.place(s, c.length(s), n, rows);
+          for (int l = 0; l < kL; ++l) c.write_rows(l, rows, k.data(), v.data());
+          c.commit(s, n);
+        }
+      return true;
+    } catch (const Error&) {
+      return false;
+    }
+  };
+  for (const char* name : {"bf16", "int2-hadamard"}) {
+    const KvMethod m = resolve_kv_method(name, mo);
+    for (int tokens : {40, 200, 777}) {
+      const int64_t bytes = 6 * int64_t(tokens) * bf16_page_bytes(shape) / kPage;  // ~6 BF16 sequences
+      const int B = sequences_for_bytes(m, shape, bytes, tokens, chunk);
+      SCOPED_TRACE(std::string(name) + ", " + std::to_string(tokens) + " tokens: " + std::to_string(B) + " sequences");
+      // (Below sink + recent the 2-bit cache's windows cost more than the BF16 pages of the same
+      // tokens: fewer sequences than BF16 there.)
+      ASSERT_GE(B, tokens > 100 ? 4 : 1);
+      if (m.kind == KvMethod::Kind::kBf16) {
+        EXPECT_LE(B, 6);
+      } else if (tokens > 100) {
+        const int bf16_b = sequences_for_bytes(resolve_kv_method("bf16", mo), shape, bytes, tokens, chunk);
+        EXPECT_GE(B, 2 * bf16_b) << "the 2-bit cache holds at least twice the sequences";
+      }
+      auto c = make_method_cache_for_bytes(m, shape, bytes, B, chunk);
+      EXPECT_TRUE(fill(*c, B, tokens));
+      if (tokens > 100) {
+        bool more_fit = false;
+        try {
+          auto c2 = make_method_cache_for_bytes(m, shape, bytes, B + 2, chunk);
+          more_fit = fill(*c2, B + 2, tokens);
+        } catch (const Error&) {
+        }
+        EXPECT_FALSE(more_fit);
+      }
+    }
+  }
+  EXPECT_THROW(sequences_for_bytes(resolve_kv_method("bf16", mo), KvCacheShape{kL, kH, kD, 0}, 1 << 20, 100, chunk),
+               Error);
+}
+
 }  // namespace
 }  // namespace oscar::kv

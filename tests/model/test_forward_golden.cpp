@@ -254,6 +254,7 @@ class ReleasingBackend final : public backend::Backend {
   backend::BufferPtr alloc(size_t n) override { return in_->alloc(n); }
   void to_host(const float* s, float* d, size_t n) override { in_->to_host(s, d, n); }
   void from_host(const float* s, float* d, size_t n) override { in_->from_host(s, d, n); }
+  double copy_bandwidth() override { return in_->copy_bandwidth(); }
   backend::WeightPtr prepare_linear(std::initializer_list<const Tensor*> ws,
                            std::initializer_list<const Tensor*> biases) override {
     backend::WeightPtr w = in_->prepare_linear(ws, biases);
