@@ -4,8 +4,6 @@
 #include <cstring>
 
 #include "core/error.h"
-#include "core/half.h"
-#include "core/quantizer.h"
 #include "kernels/cpu/cache_write.h"
 #include "backend/page_store.h"
 #include "kernels/cpu/key_transform.h"
@@ -50,17 +48,14 @@ class HostPageStore final : public PageStore {
     if (int(layers.size()) != spec_.n_layers)
       throw Error(fmt::format("{} page store: {} layers of quantization for {} layers", spec_.label,
                               layers.size(), spec_.n_layers));
-    q_ = std::move(layers);
-    uniform_.clear();
-    for (const LayerQuant& lq : q_) {
+    for (const LayerQuant& lq : layers)
       if (int(lq.k_clip.size()) != spec_.num_kv_heads || int(lq.v_clip.size()) != spec_.num_kv_heads)
         throw Error(fmt::format("{} page store: clip ratios for {} / {} heads, cache has {}",
                                 spec_.label, lq.k_clip.size(), lq.v_clip.size(), spec_.num_kv_heads));
-      bool u = true;
-      for (int h = 1; h < spec_.num_kv_heads; ++h)
-        u = u && lq.k_clip[h] == lq.k_clip[0] && lq.v_clip[h] == lq.v_clip[0];
-      uniform_.push_back(u);
-    }
+    q_ = std::move(layers);
+    clips_.assign(q_.size(), {});
+    for (size_t l = 0; l < q_.size(); ++l)
+      for (int h = 0; h < spec_.num_kv_heads; ++h) clips_[l].push_back({q_[l].k_clip[size_t(h)], q_[l].v_clip[size_t(h)]});
   }
 
   void write_bf16(int layer, const RowPlacement& rows, const float* k, const float* v) override {
@@ -72,8 +67,7 @@ class HostPageStore final : public PageStore {
     if (q_.empty())
       throw Error(fmt::format("{} page store: demotion before set_quant", spec_.label));
     const int d = spec_.head_dim, ps = spec_.page_size, Hkv = spec_.num_kv_heads;
-    const QuantSpec spec{spec_.bits, spec_.group_size, ScaleDtype::kF16};
-    std::vector<float> row(d), cs, delta;
+    std::vector<float> cs, delta;
     for (int l = 0; l < spec_.n_layers; ++l) {
       const LayerQuant& lq = q_[l];
       const kv::PagedKvView vw = layer_view(l);
@@ -88,24 +82,7 @@ class HostPageStore final : public PageStore {
         for (int h = 0; h < Hkv; ++h) kv::center_offset(mc, d, h, cs.data(), delta.data() + size_t(h) * d);
         off = delta.data();
       }
-      if (uniform_[l]) {
-        kernels::cpu::demote_page(vw, src, dst, {lq.k_clip[0], lq.v_clip[0]}, -1, off);
-        continue;
-      }
-      // Per-head clip ratios: the same clip -> quantize -> pack, head by head.
-      for (int h = 0; h < Hkv; ++h)
-        for (int slot = 0; slot < ps; ++slot)
-          for (int value = 0; value < 2; ++value) {
-            const uint16_t* in = (value ? vw.bf16.v : vw.bf16.k) + vw.bf16_row_offset(src, h, slot);
-            for (int c = 0; c < d; ++c) row[c] = bf16_to_f32(in[c]);
-            if (!value && off)
-              for (int c = 0; c < d; ++c) row[c] -= off[size_t(h) * d + c];
-            clip_row(row.data(), d, value ? lq.v_clip[h] : lq.k_clip[h]);
-            const int64_t r = vw.quant_row_index(dst, h, slot);
-            quantize_row(row.data(), d, spec,
-                         (value ? vw.quant.v_codes : vw.quant.k_codes) + r * vw.row_code_bytes(),
-                         (value ? vw.quant.v_params : vw.quant.k_params) + r * vw.row_groups() * 2);
-          }
+      kernels::cpu::demote_page(vw, src, dst, clips_[size_t(l)][0], -1, off, clips_[size_t(l)].data());
     }
   }
 
@@ -143,7 +120,7 @@ class HostPageStore final : public PageStore {
   std::vector<std::unique_ptr<uint8_t[]>> kc_, vc_;  // [L][pages * Hkv * ps * row bytes]
   std::vector<std::unique_ptr<uint16_t[]>> kp_, vp_; // [L][pages * Hkv * (ps * groups | ps/32 * d) * 2]
   std::vector<LayerQuant> q_;
-  std::vector<bool> uniform_;  // per layer: every head has the same clips
+  std::vector<std::vector<kernels::cpu::ClipRatios>> clips_;  // [L][Hkv]: each head's clip ratios
 };
 
 }  // namespace

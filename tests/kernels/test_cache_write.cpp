@@ -138,6 +138,83 @@ TEST(WriteQuant, FastBitExactWithReferenceAndCoreQuantizer) {
       }
 }
 
+// Rows whose group minimum is a zero: the reference's sequential min keeps the first zero with
+// its sign, which reaches the fp16 bits of m; the fast kernel's lane-wise min must give the same.
+// Also all-equal groups (zero range) and groups of one repeated zero of either sign.
+TEST(WriteQuant, ZeroMinimumKeepsTheReferenceSign) {
+  const int H = 1, d = 64, group = 32, page = 16;
+  std::mt19937 rng(13);
+  std::uniform_real_distribution<float> ud(0.0f, 2.0f);
+  for (int trial = 0; trial < 24; ++trial) {
+    std::vector<float> k(static_cast<size_t>(d)), v(static_cast<size_t>(d));
+    for (float& x : k) x = ud(rng);
+    for (float& x : v) x = ud(rng);
+    const int a = trial % group, b = (trial * 7 + 3) % group;
+    k[size_t(a)] = trial % 2 ? -0.0f : 0.0f;  // the first zero's sign varies
+    k[size_t(b)] = trial % 2 ? 0.0f : -0.0f;
+    v[size_t(a + group)] = -0.0f;
+    if (trial % 3 == 0) std::fill(v.begin(), v.begin() + group, trial % 2 ? -0.0f : 0.0f);  // zero range
+    if (trial % 4 == 0) std::fill(k.begin() + group, k.end(), 1.25f);                       // equal values
+    Pools x(H, d, page, 2, group, 1, 1), y(H, d, page, 2, group, 1, 1);
+    const int32_t pg = 0, slot = trial % page;
+    write_quant_tokens_ref(x.view, 1, &pg, &slot, k.data(), v.data(), {1.0f, 1.0f});
+    write_quant_tokens(y.view, 1, &pg, &slot, k.data(), v.data(), {1.0f, 1.0f});
+    ASSERT_EQ(x.kp, y.kp) << trial;
+    ASSERT_EQ(x.vp, y.vp) << trial;
+    ASSERT_EQ(x.kc, y.kc) << trial;
+    ASSERT_EQ(x.vc, y.vc) << trial;
+  }
+}
+
+// clip_threshold_select against core's clip_threshold (nth_element over |x|, NaN as +inf): the
+// same float, bit for bit, on rows with ties, zeros of both signs, infinities, NaNs, subnormals
+// and huge values, at every clip index of the row lengths the kernels take.
+TEST(ClipThreshold, SelectionEqualsTheReference) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd;
+  std::uniform_int_distribution<int> pick(0, 9);
+  const float specials[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, -NAN, 1e-40f, -3e-39f, 3e38f, 1.0f};
+  int cases = 0;
+  for (int d : {1, 2, 3, 32, 64, 100, 128, 256})
+    for (int trial = 0; trial < 40; ++trial) {
+      std::vector<float> x(static_cast<size_t>(d));
+      for (float& v : x) {
+        switch (trial % 4) {
+          case 0: v = nd(rng); break;                                              // plain
+          case 1: v = std::round(nd(rng) * 2.0f) / 2.0f; break;                     // many ties
+          case 2: v = pick(rng) < 3 ? specials[pick(rng)] : nd(rng); break;         // specials mixed in
+          default: v = specials[pick(rng)]; break;                                 // specials only
+        }
+      }
+      for (float ratio : {0.0f, 0.5f, 0.84f, 0.88f, 0.92f, 0.96f, 0.999f, 1.0f, 1.5f}) {
+        const float want = clip_threshold(x.data(), d, ratio), got = clip_threshold_select(x.data(), d, ratio);
+        uint32_t a, b;
+        std::memcpy(&a, &want, 4);
+        std::memcpy(&b, &got, 4);
+        ASSERT_EQ(a, b) << "d=" << d << " trial=" << trial << " ratio=" << ratio << ": " << want << " vs " << got;
+        ++cases;
+      }
+    }
+  EXPECT_EQ(cases, 8 * 40 * 9);
+  // Many rows at once (4 at a time, then the rest): 1 to 9 rows with a padded stride, each the
+  // reference's value of its own row.
+  for (int d : {64, 128, 100})
+    for (int n = 1; n <= 9; ++n) {
+      const int ld = d + 3;
+      std::vector<float> rows(static_cast<size_t>(n) * ld, NAN), tau(static_cast<size_t>(n), -1.0f);
+      for (int r = 0; r < n; ++r)
+        for (int i = 0; i < d; ++i) rows[size_t(r) * ld + i] = r % 3 == 2 && i % 5 == 0 ? specials[pick(rng)] : nd(rng);
+      clip_thresholds_select(rows.data(), ld, n, d, 0.88f, tau.data());
+      for (int r = 0; r < n; ++r) {
+        const float want = clip_threshold(rows.data() + size_t(r) * ld, d, 0.88f);
+        ASSERT_EQ(std::memcmp(&want, &tau[size_t(r)], 4), 0) << "d=" << d << " n=" << n << " row " << r;
+      }
+    }
+  float x[2] = {1.0f, 2.0f};
+  EXPECT_THROW(clip_threshold_select(x, 0, 0.9f), Error);
+  EXPECT_THROW(clip_threshold_select(x, 257, 0.9f), Error);
+}
+
 TEST(Demotion, EqualsDirectQuantizationOfTheSameRows) {
   std::mt19937 rng(4);
   for (int bits : {2, 4})
@@ -171,6 +248,48 @@ TEST(Demotion, EqualsDirectQuantizationOfTheSameRows) {
       ASSERT_EQ(ref.vc, direct.vc);
       ASSERT_EQ(ref.vp, direct.vp);
     }
+}
+
+// Per-head clip ratios (head_clips): each head's rows clipped with its own ratios, the kernel
+// bit-exact with the reference, and a head given the layer's ratios equal to the uniform call;
+// with a partial page (num_tokens) and a key offset (page centering) too.
+TEST(Demotion, PerHeadClipsMatchTheReference) {
+  std::mt19937 rng(12);
+  const int H = 3, d = 64, page = 64, group = 64;
+  for (int tokens : {64, 37}) {
+    Pools p(H, d, page, 2, group, 2, 3), ref(H, d, page, 2, group, 2, 3), uni(H, d, page, 2, group, 2, 3);
+    std::vector<float> k(size_t(page) * H * d), v(k.size()), off(size_t(H) * d);
+    for (size_t r = 0; r < size_t(page) * H; ++r) {
+      test::random_row(rng, d, k.data() + r * d);
+      test::random_row(rng, d, v.data() + r * d);
+    }
+    for (float& x : off) x = 0.3f;
+    std::vector<int32_t> pages(page, 1), slots(page);
+    for (int s = 0; s < page; ++s) slots[s] = s;
+    write_bf16_tokens(p.view, page, pages.data(), slots.data(), k.data(), v.data());
+    ref.bk = uni.bk = p.bk;
+    ref.bv = uni.bv = p.bv;
+    const ClipRatios heads[H] = {{0.88f, 0.84f}, {0.96f, 0.92f}, {1.0f, 0.75f}};
+    demote_page(p.view, 1, 2, {0.5f, 0.5f}, tokens, off.data(), heads);
+    demote_page_ref(ref.view, 1, 2, {0.5f, 0.5f}, tokens, off.data(), heads);
+    ASSERT_EQ(p.kc, ref.kc) << tokens;
+    ASSERT_EQ(p.vc, ref.vc);
+    ASSERT_EQ(p.kp, ref.kp);
+    ASSERT_EQ(p.vp, ref.vp);
+    // Head 1 has the uniform call's ratios: its rows equal that call's; head 0's differ.
+    demote_page(uni.view, 1, 2, heads[1], tokens, off.data());
+    auto head_bytes = [&](const std::vector<uint8_t>& c, int h) {
+      std::vector<uint8_t> out;
+      for (int s = 0; s < tokens; ++s) {
+        const int64_t r = p.view.quant_row_index(2, h, s);
+        out.insert(out.end(), c.begin() + r * p.view.row_code_bytes(), c.begin() + (r + 1) * p.view.row_code_bytes());
+      }
+      return out;
+    };
+    EXPECT_EQ(head_bytes(p.vc, 1), head_bytes(uni.vc, 1));
+    EXPECT_EQ(head_bytes(p.kc, 1), head_bytes(uni.kc, 1));
+    EXPECT_NE(head_bytes(p.vc, 0), head_bytes(uni.vc, 0));
+  }
 }
 
 TEST(Demotion, PerChannelKeysEqualQuantizingEachSpanDirectly) {

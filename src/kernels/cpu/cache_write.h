@@ -30,6 +30,12 @@ struct ClipRatios {
   float v = 0.92f;
 };
 
+// clip_threshold (core/quantizer.h, the specification), the same value by another algorithm
+// (a bitwise selection, vectorized): what the quantizing kernels below clip with.   x: [d], d <= 256
+float clip_threshold_select(const float* x, int d, float ratio);
+// The same for n rows at one ratio: rows [n][ld] (row i at rows + i * ld) -> tau [n].
+void clip_thresholds_select(const float* rows, int64_t ld, int n, int d, float ratio, float* tau);
+
 // ---- Rotation ---------------------------------------------------------------
 // out[i] = x[i] * R (row vector times matrix); R row-major [d][d], so
 // out[i][c] = sum_j x[i][j] * R[j][c].   x, out: [n][d]; x == out is allowed.
@@ -69,9 +75,13 @@ void write_quant_tokens(const kv::PagedKvView& kv, int n, const int32_t* pages,
 // num_tokens must then be a multiple of 32.
 // key_offset ([num_kv_heads][head_dim] f32, or nullptr) is subtracted from every key row
 // before the clip: the page's centre δ_h(t) under page centering (paged_kv.h).
+// head_clips ([num_kv_heads], or nullptr: `clip` for every head): per-head clip ratios, as
+// calibrations searched per head have them. The fast version runs the rows on the kernels'
+// thread pool (parallel.h).
 void demote_page_ref(const kv::PagedKvView& kv, int32_t bf16_page, int32_t quant_page,
-                     ClipRatios clip, int num_tokens = -1, const float* key_offset = nullptr);
+                     ClipRatios clip, int num_tokens = -1, const float* key_offset = nullptr,
+                     const ClipRatios* head_clips = nullptr);
 void demote_page(const kv::PagedKvView& kv, int32_t bf16_page, int32_t quant_page, ClipRatios clip,
-                 int num_tokens = -1, const float* key_offset = nullptr);
+                 int num_tokens = -1, const float* key_offset = nullptr, const ClipRatios* head_clips = nullptr);
 
 }  // namespace oscar::kernels::cpu

@@ -126,8 +126,9 @@ void write_quant_tokens_ref(const kv::PagedKvView& kv, int n, const int32_t* pag
 
 void demote_page_ref(const kv::PagedKvView& kv, int32_t bf16_page, int32_t quant_page,
                      ClipRatios clip, int num_tokens,
-                     const float* key_offset) {
-  num_tokens = detail::check_demote(kv, bf16_page, quant_page, clip.k, num_tokens, "demote_page_ref");
+                     const float* key_offset, const ClipRatios* head_clips) {
+  num_tokens = detail::check_demote(kv, bf16_page, quant_page, detail::min_key_clip(kv, clip, head_clips), num_tokens,
+                                    "demote_page_ref");
   const bool kchan = kv.key_axis == kv::KeyAxis::kChannel;
   if (kchan && key_offset) throw Error("demote_page: page centering needs per-token keys");
   const int d = kv.head_dim;
@@ -143,7 +144,8 @@ void demote_page_ref(const kv::PagedKvView& kv, int32_t bf16_page, int32_t quant
         for (int c = 0; c < d; ++c) row[c] = bf16_to_f32(src[c]);
         if (!value && key_offset)
           for (int c = 0; c < d; ++c) row[c] -= key_offset[int64_t(h) * d + c];
-        quantize_into(kv, row.data(), value ? clip.v : clip.k, value, quant_page, h, s);
+        const ClipRatios& c = head_clips ? head_clips[h] : clip;
+        quantize_into(kv, row.data(), value ? c.v : c.k, value, quant_page, h, s);
       }
 }
 

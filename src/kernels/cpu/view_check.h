@@ -4,6 +4,9 @@
 
 #include <cstdint>
 
+#include <algorithm>
+
+#include "kernels/cpu/cache_write.h"
 #include "kernels/paged_kv.h"
 
 namespace oscar::kernels::cpu::detail {
@@ -29,6 +32,15 @@ void check_bf16_pool(const kv::PagedKvView& kv, const char* who);
 // Returns the number of tokens to demote.
 int check_demote(const kv::PagedKvView& kv, int32_t bf16_page, int32_t quant_page, float clip_k,
                  int num_tokens, const char* who);
+
+// The key clip ratio check_demote checks: clip.k, or the smallest of head_clips' k
+// ([num_kv_heads], when given).
+inline float min_key_clip(const kv::PagedKvView& kv, ClipRatios clip, const ClipRatios* head_clips) {
+  if (!head_clips) return clip.k;
+  float k = head_clips[0].k;
+  for (int h = 1; h < kv.num_kv_heads; ++h) k = std::min(k, head_clips[h].k);
+  return k;
+}
 
 // Page ids must be non-negative and slots inside [0, page_size).
 void check_slots(const kv::PagedKvView& kv, int n, const int32_t* pages, const int32_t* slots,
