@@ -13,8 +13,10 @@
 
 namespace oscar::backend::cpu {
 
-// Token rows from which linear_* switch to the blocked GEMM.
-inline constexpr int kGemmMinRows = 16;
+// Token rows from which linear_* switch to the blocked GEMM. Below, the GEMV reads each weight
+// once per call without packing: faster for decode batches up to 128 rows, level at 128
+// (docs/engine.md, "blocked GEMM").
+inline constexpr int kGemmMinRows = 128;
 
 void linear_f32(const float* w, int64_t out, int64_t in, const float* bias, const float* x, int n,
                 float* y);
