@@ -1073,5 +1073,59 @@ TEST(CudaDecode, RotateQueriesKeysMatchesReference) {
   EXPECT_EQ(rotate_queries_keys(b.ptr, 4, b.ptr, b.ptr, 2, b.ptr, nullptr, 1, 96, 1, nullptr), cudaErrorInvalidValue);
 }
 
+// The tiled rotation on the tensor cores (set_rotate_mma: 3xTF32): queries and keys (centred),
+// one matrix per layer or per KV head, tiles of 64 tokens with a partial last one, in place,
+// an unaligned input; every output written (poisoned first), within 4e-6 of the fp64 reference
+// (the fp32 kernels: 1e-6; the split drops the lo x lo term, ~2^-22 of each product). d = 256
+// stays on the per-row kernel.
+TEST(CudaDecode, RotateMmaMatchesReference) {
+  if (!test::have_gpu()) GTEST_SKIP() << "no GPU";
+  const int hq = 8, hkv = 2;
+  ASSERT_FALSE(rotate_mma());
+  set_rotate_mma(true);
+  std::mt19937 rng(44);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (int n : {130, 700, 2100})
+  for (int d : {64, 128, 256})
+  for (int r_heads : {1, hkv}) {
+    SCOPED_TRACE("n " + std::to_string(n) + ", d " + std::to_string(d) + ", r_heads " + std::to_string(r_heads));
+    std::vector<float> q(size_t(n) * hq * d), k(size_t(n) * hkv * d), Rq(size_t(r_heads) * d * d), Rk(Rq.size()),
+        mean(size_t(hkv) * d), qref(q.size()), kref(k.size());
+    for (auto& x : q) x = nd(rng);
+    for (auto& x : k) x = 10.0f + nd(rng);
+    for (auto& x : Rq) x = nd(rng) / std::sqrt(float(d));
+    for (auto& x : Rk) x = nd(rng) / std::sqrt(float(d));
+    for (auto& x : mean) x = 10.0f + 0.1f * nd(rng);
+    std::vector<float> kc = k;
+    for (int i = 0; i < n; ++i)
+      for (int h = 0; h < hkv; ++h)
+        for (int c = 0; c < d; ++c) kc[(size_t(i) * hkv + h) * d + c] -= mean[size_t(h) * d + c];
+    // rotate_heads_ref takes one matrix per head (or one): expand the per-KV-head queries' matrices.
+    std::vector<float> Rq_heads(size_t(r_heads == 1 ? 1 : hq) * d * d);
+    for (int h = 0; h < (r_heads == 1 ? 1 : hq); ++h)
+      std::copy_n(Rq.begin() + size_t(r_heads == 1 ? 0 : h / (hq / hkv)) * d * d, size_t(d) * d,
+                  Rq_heads.begin() + size_t(h) * d * d);
+    cpu::rotate_heads_ref(q.data(), n, hq, d, Rq_heads.data(), r_heads == 1 ? 1 : hq, qref.data());
+    cpu::rotate_heads_ref(kc.data(), n, hkv, d, Rk.data(), r_heads, kref.data());
+    DeviceBuffer<float> dq(q), dk(k), dRq(Rq), dRk(Rk), dm(mean);
+    OSCAR_CUDA_CHECK(rotate_queries_keys(dq.ptr, hq, dRq.ptr, dk.ptr, hkv, dRk.ptr, dm.ptr, n, d, r_heads, nullptr));
+    OSCAR_CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<float> qo = dq.download(), ko = dk.download();
+    EXPECT_LE(test::rel_l2(qo, qref), 4e-6) << "queries, in place";
+    EXPECT_LE(test::rel_l2(ko, kref), 4e-6) << "keys, in place";
+    // Out of place into a poisoned buffer, from an input 4 bytes off 16-byte alignment.
+    std::vector<float> qodd(q.size() + 1, 0.0f);
+    std::copy(q.begin(), q.end(), qodd.begin() + 1);
+    DeviceBuffer<float> dqodd(qodd), dout(q.size());
+    dout.poison();
+    OSCAR_CUDA_CHECK(rotate_queries(dqodd.ptr + 1, n, hq, d, dRq.ptr, r_heads, dout.ptr, nullptr));
+    OSCAR_CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<float> qo2 = dout.download();
+    for (float x : qo2) ASSERT_TRUE(std::isfinite(x)) << "an output left unwritten";
+    EXPECT_LE(test::rel_l2(qo2, qref), 4e-6) << "queries, out of place, unaligned input";
+  }
+  set_rotate_mma(false);
+}
+
 }  // namespace
 }  // namespace oscar::kernels::cuda

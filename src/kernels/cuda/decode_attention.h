@@ -163,6 +163,11 @@ cudaError_t rotate_queries_keys(float* q, int num_q_heads, const float* Rq, floa
 // Process-wide.
 void set_rotate_tiled_min_tokens(int tokens);
 int rotate_tiled_min_tokens();
+// The tiled rotation's products on the tensor cores (3xTF32, fp32 accuracy) instead of fp32 FMAs,
+// at d = 64 and 128 (off by default: built on 2026-12-04 without a GPU to run it; A/B:
+// OSCAR_CUDA_ROTATE_MMA=1). Process-wide.
+void set_rotate_mma(bool on);
+bool rotate_mma();
 
 #if defined(OSCAR_DECODE_TRACE)
 // Diagnostic builds only (bench_decode --trace): buf[0] counts CTAs (zero it

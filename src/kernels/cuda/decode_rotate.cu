@@ -173,6 +173,124 @@ __global__ void __launch_bounds__(256) rotate_tiled_kernel(const RotJob a, const
   }
 }
 
+// The tiled rotation on the tensor cores (set_rotate_mma): the same blocks, tiles of 64 tokens
+// and staged matrix as rotate_tiled_kernel, the products as mma.sync m16n8k8 TF32 in three terms
+// (x = x_hi + x_lo with x_hi the nearest tf32, the same for R; x_lo R_hi + x_hi R_lo + x_hi R_hi,
+// the small terms first) so that the result keeps fp32 accuracy (the dropped x_lo R_lo is
+// ~2^-22 of it). Warp w owns tokens 16 (w % 4) .. +15 of the tile and the column half w / 4
+// (D / 16 tiles of 8 columns). Shared rows are padded (R: D + 8, the tile: D + 4 floats) so
+// that a warp's fragment loads hit 32 different banks. Not yet run on a GPU (2026-12-04):
+// off by default until the tests and the prefill A/B have run on the H200.
+template <int D>
+constexpr size_t mma_smem_bytes() {
+  return sizeof(float) * (size_t(D) * (D + 8) + size_t(64) * (D + 4));
+}
+
+template <int D>
+__global__ void __launch_bounds__(256) rotate_mma_kernel(const RotJob a, const RotJob b, int a_blocks) {
+  constexpr int kTile = 64, kRl = D + 8, kXl = D + 4;
+  constexpr int kNT = D / 16;  // 8-column tiles per warp
+  extern __shared__ float4 smem4[];
+  float* Rs = reinterpret_cast<float*>(smem4);
+  float* Xs = Rs + D * kRl;
+  detail::pdl_launch_dependents();
+  detail::pdl_wait();
+  // The job's fields one by one (a reference to either parameter would put both in local memory).
+  const bool first = int(blockIdx.x) < a_blocks;
+  const int head = first ? int(blockIdx.x) : int(blockIdx.x) - a_blocks;
+  const float* in = first ? a.in : b.in;
+  float* out = first ? a.out : b.out;
+  const int heads = first ? a.heads : b.heads, r_heads = first ? a.r_heads : b.r_heads;
+  const int64_t tokens = (first ? a.rows : b.rows) / heads;
+  const float* mean_j = first ? a.mean : b.mean;
+  const int64_t stride = int64_t(heads) * D;
+  const float4* R4 =
+      reinterpret_cast<const float4*>((first ? a.R : b.R) + int64_t(head / (heads / r_heads)) * D * D);
+  for (int i = threadIdx.x; i < D * D / 4; i += 256) {
+    const int row = (4 * i) / D, col = (4 * i) % D;
+    *reinterpret_cast<float4*>(Rs + row * kRl + col) = __ldg(R4 + i);
+  }
+  const float* mean = mean_j ? mean_j + int64_t(head) * D : nullptr;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, r = lane % 4;
+  const int m0 = (warp % 4) * 16, n_base = (warp / 4) * (D / 2);
+  const int64_t tiles = (tokens + kTile - 1) / kTile;
+  for (int64_t t = blockIdx.y; t < tiles; t += gridDim.y) {
+    const int64_t t0 = t * kTile;
+    __syncthreads();  // R staged (first tile); the previous tile read by every warp
+    for (int e = threadIdx.x; e < kTile * D; e += 256) {
+      const int row = e / D, k = e % D;
+      float v = 0.0f;
+      if (t0 + row < tokens) {
+        v = in[(t0 + row) * stride + int64_t(head) * D + k];
+        if (mean) v -= mean[k];
+      }
+      Xs[row * kXl + k] = v;
+    }
+    __syncthreads();  // in == out allowed: the tile is in shared memory before anyone writes
+    float acc[kNT][4];
+#pragma unroll
+    for (int j = 0; j < kNT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+    const float* xa = Xs + (m0 + g) * kXl + r;
+#pragma unroll 2
+    for (int k0 = 0; k0 < D; k0 += 8) {
+      const float af[4] = {xa[k0], xa[k0 + 8 * kXl], xa[k0 + 4], xa[k0 + 8 * kXl + 4]};
+      uint32_t ah[4], al[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        ah[i] = detail::tf32_rna(af[i]);
+        al[i] = detail::tf32_rna(af[i] - __uint_as_float(ah[i]));
+      }
+      const float* rb = Rs + (k0 + r) * kRl + n_base + g;
+#pragma unroll
+      for (int j = 0; j < kNT; ++j) {
+        const float b0 = rb[8 * j], b1 = rb[8 * j + 4 * kRl];
+        const uint32_t bh0 = detail::tf32_rna(b0), bh1 = detail::tf32_rna(b1);
+        const uint32_t bl0 = detail::tf32_rna(b0 - __uint_as_float(bh0)),
+                       bl1 = detail::tf32_rna(b1 - __uint_as_float(bh1));
+        detail::mma_tf32(acc[j], al[0], al[1], al[2], al[3], bh0, bh1);
+        detail::mma_tf32(acc[j], ah[0], ah[1], ah[2], ah[3], bl0, bl1);
+        detail::mma_tf32(acc[j], ah[0], ah[1], ah[2], ah[3], bh0, bh1);
+      }
+    }
+    const int64_t tok0 = t0 + m0 + g, tok1 = tok0 + 8;
+#pragma unroll
+    for (int j = 0; j < kNT; ++j) {
+      const int c = n_base + 8 * j + 2 * r;
+      if (tok0 < tokens)
+        *reinterpret_cast<float2*>(out + tok0 * stride + int64_t(head) * D + c) = make_float2(acc[j][0], acc[j][1]);
+      if (tok1 < tokens)
+        *reinterpret_cast<float2*>(out + tok1 * stride + int64_t(head) * D + c) = make_float2(acc[j][2], acc[j][3]);
+    }
+  }
+}
+
+std::atomic<bool> g_rotate_mma{false};
+
+template <int D>
+cudaError_t launch_mma_rows(const RotJob& a, const RotJob& b, int64_t tokens, cudaStream_t stream,
+                            bool programmatic) {
+  int dev = 0, sms = 132;
+  OSCAR_CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
+  OSCAR_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  static std::atomic<uint32_t> raised{0};
+  const uint32_t bit = dev < 32 ? 1u << dev : 0u;
+  if (!bit || !(raised.load(std::memory_order_acquire) & bit)) {
+    OSCAR_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(rotate_mma_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                    int(mma_smem_bytes<D>())));
+    raised.fetch_or(bit, std::memory_order_acq_rel);
+  }
+  const int a_blocks = a.rows > 0 ? a.heads : 0, b_blocks = b.rows > 0 ? b.heads : 0;
+  const int heads = a_blocks + b_blocks;
+  const int64_t tiles = (tokens + 63) / 64;
+  const int64_t per_head = std::min<int64_t>(tiles, std::max<int64_t>(1, (2 * int64_t(sms) + heads - 1) / heads));
+  const dim3 grid(static_cast<unsigned>(heads), static_cast<unsigned>(std::min<int64_t>(per_head, 65535)));
+  const RotJob& first = a_blocks ? a : b;
+  const RotJob& second = a_blocks ? b : a;
+  OSCAR_CUDA_RETURN_IF_ERROR(detail::launch_pdl(rotate_mma_kernel<D>, grid, dim3(256), mma_smem_bytes<D>(),
+                                                programmatic, stream, first, second, a_blocks ? a_blocks : b_blocks));
+  return cudaGetLastError();
+}
+
 // Tokens from which a job goes to the tiled kernel (set_rotate_tiled_min_tokens). Qwen3-8B
 // shapes on the H200 (2026-12-04, 2-bit decode steps at 32K): per-row / tiled 6.98 / 7.46 ms at
 // batch 8, level at 32 and 64 (within 0.2 ms), 30.4 / 28.7 ms at 128; a prefill chunk of 8192
@@ -236,6 +354,10 @@ cudaError_t launch_rotate(const RotJob& a, const RotJob& b, int d, cudaStream_t 
   auto aligned = [](const RotJob& j) { return j.rows == 0 || reinterpret_cast<uintptr_t>(j.out) % 16 == 0; };
   if (min_tokens > 0 && tokens >= min_tokens && (a.rows == 0 || a.rows % a.heads == 0) &&
       (b.rows == 0 || b.rows % b.heads == 0) && aligned(a) && aligned(b)) {
+    if (g_rotate_mma.load(std::memory_order_relaxed)) {
+      if (d == 64) return launch_mma_rows<64>(a, b, tokens, stream, programmatic);
+      if (d == 128) return launch_mma_rows<128>(a, b, tokens, stream, programmatic);
+    }
     if (d == 64) return launch_tiled<64>(a, b, tokens, stream, programmatic);
     if (d == 128) return launch_tiled<128>(a, b, tokens, stream, programmatic);
   }
@@ -255,6 +377,8 @@ cudaError_t launch_rotate(const RotJob& a, const RotJob& b, int d, cudaStream_t 
 }  // namespace
 
 void set_rotate_tiled_min_tokens(int tokens) { g_tiled_min_tokens.store(tokens, std::memory_order_relaxed); }
+void set_rotate_mma(bool on) { g_rotate_mma.store(on, std::memory_order_relaxed); }
+bool rotate_mma() { return g_rotate_mma.load(std::memory_order_relaxed); }
 int rotate_tiled_min_tokens() { return g_tiled_min_tokens.load(std::memory_order_relaxed); }
 
 cudaError_t rotate_queries(const float* q, int n, int num_q_heads, int d, const float* R,

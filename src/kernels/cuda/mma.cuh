@@ -31,6 +31,25 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+// TF32 tensor-core product, m16n8k8, fp32 accumulation: one tf32 value (an fp32 bit pattern, the
+// low 13 mantissa bits ignored) per register. Fragment layout (PTX ISA, mma.m16n8k8 .tf32):
+//   A (16x8, row):  a0 = (row g, k r)    a1 = (row g+8, k r)    a2 = (row g, k r+4)   a3 = (row g+8, k r+4)
+//   B (8x8,  col):  b0 = (k r,  col g)   b1 = (k r+4, col g)
+//   C (16x8):       as m16n8k16.
+__device__ __forceinline__ void mma_tf32(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                         uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+// x rounded to tf32 (nearest, ties away): the high part of a 3xTF32 split x = hi + lo.
+__device__ __forceinline__ uint32_t tf32_rna(float x) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+  return r;
+}
+
 // Integer tensor-core product, m16n8k32: A unsigned bytes (row), B signed bytes
 // (col), s32 accumulators. Fragment layout (4 bytes per register, the lowest
 // k in the lowest byte):
