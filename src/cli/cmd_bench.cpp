@@ -62,7 +62,7 @@ const cli::Registrar reg({"bench", "Decode throughput, BF16 cache vs 2-bit cache
   app.add_option("--device", o->device, "cpu, cuda or cuda:N")->capture_default_str();
   app.add_option("--weights", o->weights, "Weight storage: bf16, q8 or f32")->capture_default_str();
   app.add_option("--kv", o->kv, "The caches compared, the first is the baseline (default: bf16,oscar with --calib, "
-                                "else bf16,int2-hadamard: the same decode cost as a calibrated OSCAR rotation)");
+                                "else bf16,int2-hadamard: a calibrated rotation's decode cost without its page centering)");
   app.add_option("--calib", o->calib, "Calibration file for oscar (oscar calibrate)");
   app.add_option("--kv-gib", o->kv_gib, "KV page memory of the equal-memory table, GiB")->capture_default_str();
   app.add_option("--ctx", o->ctx, "Contexts of the equal-memory table (default: half the model's context "
@@ -85,6 +85,7 @@ const cli::Registrar reg({"bench", "Decode throughput, BF16 cache vs 2-bit cache
     if (!o->model.empty() && !std::filesystem::exists(o->model))
       throw Error(o->model + ": no such model (scripts/fetch_model.sh fetches the default)");
     if (o->kv.empty()) o->kv = o->calib.empty() ? "bf16,int2-hadamard" : "bf16,oscar";
+    if (!o->preset.empty()) model::preset_config(o->preset);  // an unknown name fails before any work
 
     auto be = engine::make_backend(o->device, backend::weight_dtype_from_string(o->weights), o->threads);
     std::printf("backend: %s\n", be->name().c_str());

@@ -74,6 +74,11 @@ def main():
         if p.returncode != 1 or words not in last:
             failures.append(f"{args}: exit {p.returncode}, last stderr line {last!r} (expected '{words}')")
 
+    p = subprocess.run([a.oscar, "bench", "--preset", "nope"], capture_output=True, text=True, timeout=60)
+    last = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else ""
+    if p.returncode != 1 or "unknown model shape preset 'nope'" not in last:
+        failures.append(f"--preset nope: exit {p.returncode}, last stderr line {last!r}")
+
     for f in failures:
         print("FAIL:", f)
     print("bench_cli:", "ok" if not failures else f"{len(failures)} failure(s)")
