@@ -1,6 +1,7 @@
 #include "model/forward_random.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <cmath>
 #include <random>
@@ -85,6 +86,8 @@ ModelWeights random_weights(const ModelConfig& c, uint64_t seed) {
   return w;
 }
 
+std::vector<std::string> preset_names() { return {"qwen3-8b", "llama3-8b", "qwen25-1.5b"}; }
+
 ModelConfig preset_config(const std::string& name) {
   ModelConfig c;
   c.name = name;
@@ -108,12 +111,10 @@ ModelConfig preset_config(const std::string& name) {
     c.rope_theta = 1e6f;
     c.qkv_bias = true;
   } else {
-    throw Error(fmt::format("unknown model shape preset '{}' (qwen3-8b, llama3-8b, qwen25-1.5b)", name));
+    throw Error(fmt::format("unknown model shape preset '{}' ({})", name, fmt::join(preset_names(), ", ")));
   }
   return c;
 }
-
-std::vector<std::string> preset_names() { return {"qwen3-8b", "llama3-8b", "qwen25-1.5b"}; }
 
 void fill_uniform(Tensor& t, std::vector<int64_t> shape, double var, uint64_t seed) {
   t.shape = std::move(shape);
