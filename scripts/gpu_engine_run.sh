@@ -3,9 +3,13 @@
 # runs the CUDA kernels' and engine's tests against the CPU references and the end-to-end
 # benchmark, and leaves the logs and the JSON in $OUT (docs/gpu-engine.md).
 #
-#   bash scripts/gpu_engine_run.sh [tests|bench|all|profile]     (default all)
+#   bash scripts/gpu_engine_run.sh [tests|bench|all|profile|rotation|mixed]     (default all)
 # profile: one decode step per configuration under Nsight Compute (per-kernel GPU
 # times, $OUT/profile.csv; summarize with python3 scripts/profile_step.py).
+# rotation: the tensor-core (3xTF32) query/key rotation's test, then the prefill A/B with it
+#   off and on (OSCAR_CUDA_ROTATE_MMA; docs/gpu-engine.md, Rerun).
+# mixed: serving-like steps (decode rows beside a prefill chunk) on Qwen2.5-1.5B shapes, with the
+#   calibration $CALIB if given (else a data-free Hadamard one), BF16 vs 2-bit.
 # Environment: OSCAR_MODEL (the default model's GGUF, for the real-model test),
 # BENCH_ARGS (extra bench_gpu_engine flags; default: the Qwen3-8B matrix of the doc),
 # GTEST_FILTER (a subset of test_cuda_backend).
@@ -17,6 +21,35 @@ tar -C /tmp/p -xJf .devlib.tar.xz && tar -C /tmp/p -xf .devbin.tar || exit 1
 export LD_LIBRARY_PATH=/tmp/p/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.total --format=csv,noheader
 rc=0
+if [[ $MODE == rotation ]]; then
+  timeout 300 /tmp/p/bin/test_cuda --gtest_filter='CudaDecode.Rotate*' > "$OUT/test_rotate.log" 2>&1
+  r=$?; ((r)) && rc=$r
+  grep -E "^\[  (PASSED|FAILED) |^\[  FAILED|Failure|Expected|Which is" "$OUT/test_rotate.log" | head -20
+  echo "rotation tests: exit $r"
+  for M in 0 1; do
+    t0=$(date +%s)
+    OSCAR_CUDA_ROTATE_MMA=$M /tmp/p/bin/bench_gpu_engine --preset qwen3-8b --kv-gib 100 --ctx none --batch 128 \
+      --batch-ctx 32768 --long-ctx 0 --steps 5 --graphs on --prefill 8192,32768 --methods bf16,int2 \
+      --json "$OUT/rotation-mma$M.json" 2> "$OUT/rotation-mma$M.err" | grep -E "^batch|^prefill" | sed "s/^/mma=$M /"
+    r=${PIPESTATUS[0]}; ((r)) && { rc=$r; tail -5 "$OUT/rotation-mma$M.err"; }
+    echo "rotation A/B, OSCAR_CUDA_ROTATE_MMA=$M: exit $r after $(( $(date +%s) - t0 )) s"
+  done
+  exit $rc
+fi
+if [[ $MODE == mixed ]]; then
+  CARGS=()
+  METHODS=bf16,int2
+  if [[ -n ${CALIB:-} ]]; then CARGS=(--calib "$CALIB"); METHODS=bf16,int2,int2-nocenter; fi
+  for T in 128 0; do
+    t0=$(date +%s)
+    OSCAR_CUDA_ROTATE_TILED=$T /tmp/p/bin/bench_gpu_engine --preset qwen25-1.5b ${CARGS[@]+"${CARGS[@]}"} --kv-gib 20 --ctx none \
+      --batch none --long-ctx 0 --prefill 0 --steps 5 --methods $METHODS --mixed 128:8192:8064,16:8192:8064 \
+      --json "$OUT/mixed-tiled$T.json" 2> "$OUT/mixed-tiled$T.err" | grep "^mixed" | sed "s/^/tiled=$T /"
+    r=${PIPESTATUS[0]}; ((r)) && { rc=$r; tail -5 "$OUT/mixed-tiled$T.err"; }
+    echo "mixed steps, OSCAR_CUDA_ROTATE_TILED=$T: exit $r after $(( $(date +%s) - t0 )) s"
+  done
+  exit $rc
+fi
 if [[ $MODE != bench && $MODE != profile ]]; then
   t0=$(date +%s)
   # The kernels against their CPU references (tests/cuda).
