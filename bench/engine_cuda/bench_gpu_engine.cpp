@@ -499,21 +499,12 @@ int main(int argc, char** argv) {
         r.ctx = C;
         std::unique_ptr<kv::KvCache> cache;
         try {
-          // Pools sized for exactly this batch: every page for BF16; for the
-          // 2-bit cache the windows of B sequences + one chunk in BF16, the rest INT2.
-          const int ps = shape.page_size;
-          const int64_t bfp = kv::bf16_page_bytes(shape), qp = kv::quant_page_bytes(km, shape);
-          const int64_t seq_pages = (C + a.steps + 2 + ps - 1) / ps + 1;
-          if (km.kind == kv::KvMethod::Kind::kBf16) {
-            cache = kv::make_method_cache(km, shape, int64_t(B) * seq_pages * ps, false,
-                                          be->page_store_factory());
-          } else {
-            const int64_t per_seq = (km.sink + ps - 1) / ps + (km.recent + ps + ps - 1) / ps + 1;
-            const int64_t need = (int64_t(B) * per_seq + (chunk + ps - 1) / ps) * bfp +
-                                 int64_t(B) * seq_pages * qp;
-            cache = kv::make_method_cache_for_bytes(km, shape, need, B, chunk, false,
-                                                    be->page_store_factory());
-          }
+          // Pools sized for this batch (kv::bytes_for_sequences): every page BF16 for bf16; for the
+          // 2-bit cache the windows of B sequences + one chunk in BF16, the rest INT2. Tokens: the
+          // context and the steps of both timings (graphs and eager, warm-ups, the profiled one).
+          const int64_t T = int64_t(C) + 2 * a.steps + 8;
+          cache = kv::make_method_cache_for_bytes(km, shape, kv::bytes_for_sequences(km, shape, B, T, chunk), B, chunk,
+                                                  false, be->page_store_factory());
         } catch (const Error& e) {
           std::printf("batch %3d x ctx %6d | %-20s | does not fit in device memory (%s)\n", B, C,
                       r.method.c_str(), e.what());
@@ -568,18 +559,11 @@ int main(int argc, char** argv) {
         Mix r;
         r.method = name_of(km);
         r.batch = B, r.ctx = C, r.prefill = P;
-        const int ps = shape.page_size;
-        const int64_t seq_pages = (C + 4 * a.steps + 8 + ps - 1) / ps + 1;
-        std::unique_ptr<kv::KvCache> cache;
-        if (km.kind == kv::KvMethod::Kind::kBf16) {
-          cache = kv::make_method_cache(km, shape, (int64_t(B) * seq_pages + (P + ps - 1) / ps + 1) * ps, false,
-                                        be->page_store_factory());
-        } else {
-          const int64_t bfp = kv::bf16_page_bytes(shape), qp = kv::quant_page_bytes(km, shape);
-          const int64_t per_seq = (km.sink + ps - 1) / ps + (km.recent + ps + ps - 1) / ps + 1;
-          const int64_t need = (int64_t(B + 1) * per_seq + (P + ps - 1) / ps) * bfp + int64_t(B) * seq_pages * qp;
-          cache = kv::make_method_cache_for_bytes(km, shape, need, B + 1, P, false, be->page_store_factory());
-        }
+        // B decode sequences of C tokens and their steps (decode-only and mixed timings, warm-ups,
+        // the profiled one), and the prompt of P tokens (a sequence more, a chunk of P).
+        const int64_t T = std::max<int64_t>(int64_t(C) + 2 * a.steps + 8, P);
+        auto cache = kv::make_method_cache_for_bytes(km, shape, kv::bytes_for_sequences(km, shape, B + 1, T, P), B + 1,
+                                                     P, false, be->page_store_factory());
         std::vector<kv::SeqId> seqs;
         for (int i = 0; i < B; ++i) {
           seqs.push_back(cache->create());

@@ -210,22 +210,13 @@ const cli::Registrar reg({"bench", "Decode throughput, BF16 cache vs 2-bit cache
         eq.push_back(r);
       }
     }
-    // The smallest page memory (to 1 MiB) in which B sequences of T tokens fit.
-    auto bytes_for = [&](const kv::KvMethod& km, int B, int64_t T) {
-      int64_t lo = 0, hi = int64_t(1) << 20;
-      while (kv::sequences_for_bytes(km, shape, hi, T, chunk) < B) lo = hi, hi *= 2;
-      while (hi - lo > (int64_t(1) << 20)) {
-        const int64_t mid = (lo + hi) / 2;
-        (kv::sequences_for_bytes(km, shape, mid, T, chunk) >= B ? hi : lo) = mid;
-      }
-      return hi;
-    };
     for (int C : o->batch_ctx)
       for (int B : o->batch)
         for (const kv::KvMethod& km : methods) {
           Row r;
-          auto cache = kv::make_method_cache_for_bytes(km, shape, bytes_for(km, B, int64_t(C) + margin), B, chunk, false,
-                                                       be->page_store_factory());
+          auto cache = kv::make_method_cache_for_bytes(
+              km, shape, kv::bytes_for_sequences(km, shape, B, int64_t(C) + margin, chunk), B, chunk, false,
+              be->page_store_factory());
           run(*cache, km, B, C, r);
           eb.push_back(r);
         }

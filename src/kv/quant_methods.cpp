@@ -361,6 +361,18 @@ int sequences_for_bytes(const KvMethod& m, const KvCacheShape& shape, int64_t by
   return static_cast<int>(lo);
 }
 
+int64_t bytes_for_sequences(const KvMethod& m, const KvCacheShape& shape, int sequences, int64_t tokens, int chunk) {
+  constexpr int64_t kMiB = int64_t(1) << 20;
+  if (sequences < 1) throw Error(fmt::format("bytes_for_sequences: {} sequences", sequences));
+  int64_t lo = 0, hi = kMiB;  // sequences_for_bytes(hi) >= sequences > sequences_for_bytes(lo)
+  while (sequences_for_bytes(m, shape, hi, tokens, chunk) < sequences) lo = hi, hi *= 2;
+  while (hi - lo > kMiB) {
+    const int64_t mid = (lo + hi) / 2;
+    (sequences_for_bytes(m, shape, mid, tokens, chunk) >= sequences ? hi : lo) = mid;
+  }
+  return hi;
+}
+
 std::unique_ptr<KvCache> make_method_cache_for_bytes(const KvMethod& m, const KvCacheShape& shape,
                                                      int64_t bytes, int sequences, int chunk,
                                                      bool prefix_caching,

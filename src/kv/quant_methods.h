@@ -107,6 +107,9 @@ std::unique_ptr<KvCache> make_method_cache_for_bytes(const KvMethod& m, const Kv
 // sink and recent window in BF16 and its middle pages quantized. (The equal-memory
 // comparison of `oscar bench`.)
 int sequences_for_bytes(const KvMethod& m, const KvCacheShape& shape, int64_t bytes, int64_t tokens, int chunk);
+// The inverse, to within 1 MiB: the least bytes for which sequences_for_bytes gives at least
+// `sequences` (>= 1): a cache sized for a batch (the equal-batch rows of the benchmarks).
+int64_t bytes_for_sequences(const KvMethod& m, const KvCacheShape& shape, int sequences, int64_t tokens, int chunk);
 
 // A calibration with the same eigenvectors recomposed as `target` (U, UH or
 // UHP), from one composed as U, UH or UHP with eigenvalues stored.

@@ -613,6 +613,10 @@ TEST(QuantMethods, SequencesForBytesFillTheCache) {
       }
       auto c = make_method_cache_for_bytes(m, shape, bytes, B, chunk);
       EXPECT_TRUE(fill(*c, B, tokens));
+      // bytes_for_sequences: the least bytes (to 1 MiB) that hold B.
+      const int64_t need = bytes_for_sequences(m, shape, B, tokens, chunk);
+      EXPECT_GE(sequences_for_bytes(m, shape, need, tokens, chunk), B);
+      EXPECT_LT(sequences_for_bytes(m, shape, need - (int64_t(1) << 20), tokens, chunk), B);
       if (tokens > 100) {
         bool more_fit = false;
         try {

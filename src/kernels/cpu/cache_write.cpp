@@ -59,8 +59,8 @@ inline void kth_largest_any(const uint32_t (*key)[256], int d, int k, uint32_t* 
 }  // namespace
 
 // clip_threshold of n rows (rows [n][ld]) at one ratio: 4 rows at a time. 31 vectorized
-// counting passes instead of nth_element's data-dependent partitioning (~3/4 of a demotion's
-// time before).
+// counting passes instead of nth_element's data-dependent partitioning (63 % of a demotion's
+// time at Qwen3-8B shapes, 57 % at SmolLM2's in a perf profile, before).
 OSCAR_CLONES void clip_thresholds_select(const float* rows, int64_t ld, int n, int d, float ratio, float* tau) {
   if (d <= 0 || d > 256) throw Error("clip_threshold_select: row length " + std::to_string(d) + " outside [1, 256]");
   const int k = d - clip_index(d, ratio);

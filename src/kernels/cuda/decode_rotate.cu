@@ -75,6 +75,38 @@ __global__ void __launch_bounds__(256) rotate_kernel(const RotJob a, const RotJo
   }
 }
 
+// The job of a block of the tiled kernels (blocks [0, a_blocks) take a's heads, the rest b's):
+// its fields selected one by one (a reference to either parameter would put both in local
+// memory) and the head's matrix.
+struct HeadJob {
+  int head;
+  const float* in;
+  float* out;
+  int64_t tokens;
+  const float* mean;   // the job's [heads][D] offsets, or null (mean_of gives the head's)
+  int64_t stride;      // floats from one token's row of this head to the next
+  const float4* R4;    // the head's [D][D] matrix
+  template <int D>
+  __device__ __forceinline__ const float* mean_of() const {
+    return mean ? mean + int64_t(head) * D : nullptr;
+  }
+};
+
+template <int D>
+__device__ __forceinline__ HeadJob head_job(const RotJob& a, const RotJob& b, int a_blocks) {
+  const bool first = int(blockIdx.x) < a_blocks;
+  HeadJob j;
+  j.head = first ? int(blockIdx.x) : int(blockIdx.x) - a_blocks;
+  j.in = first ? a.in : b.in;
+  j.out = first ? a.out : b.out;
+  const int heads = first ? a.heads : b.heads, r_heads = first ? a.r_heads : b.r_heads;
+  j.tokens = (first ? a.rows : b.rows) / heads;
+  j.mean = first ? a.mean : b.mean;
+  j.stride = int64_t(heads) * D;
+  j.R4 = reinterpret_cast<const float4*>((first ? a.R : b.R) + int64_t(j.head / (heads / r_heads)) * D * D);
+  return j;
+}
+
 // Rotation of many rows (a prefill chunk, a large decode batch): one block of 256 threads
 // per head of a job and a slice of the tokens. The head's matrix is staged in shared memory
 // once per block and every tile of kTile tokens is multiplied against it there, so R is read
@@ -104,19 +136,13 @@ __global__ void __launch_bounds__(256) rotate_tiled_kernel(const RotJob a, const
   float* Xt = Rs + D * D;
   detail::pdl_launch_dependents();
   detail::pdl_wait();
-  // The job's fields one by one (a reference to either parameter would put both in local memory).
-  const bool first = int(blockIdx.x) < a_blocks;
-  const int head = first ? int(blockIdx.x) : int(blockIdx.x) - a_blocks;
-  const float* in = first ? a.in : b.in;
-  float* out = first ? a.out : b.out;
-  const int heads = first ? a.heads : b.heads, r_heads = first ? a.r_heads : b.r_heads;
-  const int64_t tokens = (first ? a.rows : b.rows) / heads;
-  const float* mean_j = first ? a.mean : b.mean;
-  const int64_t stride = int64_t(heads) * D;  // floats from one token's row of this head to the next
-  const float4* R4 =
-      reinterpret_cast<const float4*>((first ? a.R : b.R) + int64_t(head / (heads / r_heads)) * D * D);
-  for (int i = threadIdx.x; i < D * D / 4; i += 256) reinterpret_cast<float4*>(Rs)[i] = __ldg(R4 + i);
-  const float* mean = mean_j ? mean_j + int64_t(head) * D : nullptr;
+  const HeadJob job = head_job<D>(a, b, a_blocks);
+  const float* in = job.in;
+  float* out = job.out;
+  const int head = job.head;
+  const int64_t tokens = job.tokens, stride = job.stride;
+  for (int i = threadIdx.x; i < D * D / 4; i += 256) reinterpret_cast<float4*>(Rs)[i] = __ldg(job.R4 + i);
+  const float* mean = job.mean_of<D>();
   const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
   const int64_t tiles = (tokens + kTile - 1) / kTile;
   for (int64_t t = blockIdx.y; t < tiles; t += gridDim.y) {
@@ -195,22 +221,16 @@ __global__ void __launch_bounds__(256) rotate_mma_kernel(const RotJob a, const R
   float* Xs = Rs + D * kRl;
   detail::pdl_launch_dependents();
   detail::pdl_wait();
-  // The job's fields one by one (a reference to either parameter would put both in local memory).
-  const bool first = int(blockIdx.x) < a_blocks;
-  const int head = first ? int(blockIdx.x) : int(blockIdx.x) - a_blocks;
-  const float* in = first ? a.in : b.in;
-  float* out = first ? a.out : b.out;
-  const int heads = first ? a.heads : b.heads, r_heads = first ? a.r_heads : b.r_heads;
-  const int64_t tokens = (first ? a.rows : b.rows) / heads;
-  const float* mean_j = first ? a.mean : b.mean;
-  const int64_t stride = int64_t(heads) * D;
-  const float4* R4 =
-      reinterpret_cast<const float4*>((first ? a.R : b.R) + int64_t(head / (heads / r_heads)) * D * D);
+  const HeadJob job = head_job<D>(a, b, a_blocks);
+  const float* in = job.in;
+  float* out = job.out;
+  const int head = job.head;
+  const int64_t tokens = job.tokens, stride = job.stride;
   for (int i = threadIdx.x; i < D * D / 4; i += 256) {
     const int row = (4 * i) / D, col = (4 * i) % D;
-    *reinterpret_cast<float4*>(Rs + row * kRl + col) = __ldg(R4 + i);
+    *reinterpret_cast<float4*>(Rs + row * kRl + col) = __ldg(job.R4 + i);
   }
-  const float* mean = mean_j ? mean_j + int64_t(head) * D : nullptr;
+  const float* mean = job.mean_of<D>();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, r = lane % 4;
   const int m0 = (warp % 4) * 16, n_base = (warp / 4) * (D / 2);
   const int64_t tiles = (tokens + kTile - 1) / kTile;
@@ -266,28 +286,28 @@ __global__ void __launch_bounds__(256) rotate_mma_kernel(const RotJob a, const R
 
 std::atomic<bool> g_rotate_mma{false};
 
-template <int D>
-cudaError_t launch_mma_rows(const RotJob& a, const RotJob& b, int64_t tokens, cudaStream_t stream,
-                            bool programmatic) {
-  int dev = 0, sms = 132;
-  OSCAR_CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
-  OSCAR_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  static std::atomic<uint32_t> raised{0};
+// Launches one of the tiled kernels: a block per head of the jobs (a's first) times its share of
+// the tiles of `tile` tokens, two blocks per SM (the shared memory allows two at D = 128), each
+// staging its matrix once and looping over its tiles. `raised`: the kernel's record of the
+// devices whose shared-memory limit it has raised (an attribute of the device's context).
+template <class Kernel>
+cudaError_t launch_head_tiles(Kernel kernel, size_t smem, int tile, std::atomic<uint32_t>& raised, const RotJob& a,
+                              const RotJob& b, int64_t tokens, int dev, int sms, cudaStream_t stream,
+                              bool programmatic) {
   const uint32_t bit = dev < 32 ? 1u << dev : 0u;
   if (!bit || !(raised.load(std::memory_order_acquire) & bit)) {
-    OSCAR_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(rotate_mma_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                    int(mma_smem_bytes<D>())));
+    OSCAR_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     raised.fetch_or(bit, std::memory_order_acq_rel);
   }
   const int a_blocks = a.rows > 0 ? a.heads : 0, b_blocks = b.rows > 0 ? b.heads : 0;
   const int heads = a_blocks + b_blocks;
-  const int64_t tiles = (tokens + 63) / 64;
+  const int64_t tiles = (tokens + tile - 1) / tile;
   const int64_t per_head = std::min<int64_t>(tiles, std::max<int64_t>(1, (2 * int64_t(sms) + heads - 1) / heads));
   const dim3 grid(static_cast<unsigned>(heads), static_cast<unsigned>(std::min<int64_t>(per_head, 65535)));
   const RotJob& first = a_blocks ? a : b;
   const RotJob& second = a_blocks ? b : a;
-  OSCAR_CUDA_RETURN_IF_ERROR(detail::launch_pdl(rotate_mma_kernel<D>, grid, dim3(256), mma_smem_bytes<D>(),
-                                                programmatic, stream, first, second, a_blocks ? a_blocks : b_blocks));
+  OSCAR_CUDA_RETURN_IF_ERROR(detail::launch_pdl(kernel, grid, dim3(256), smem, programmatic, stream, first, second,
+                                                a_blocks ? a_blocks : b_blocks));
   return cudaGetLastError();
 }
 
@@ -300,36 +320,28 @@ std::atomic<int> g_tiled_min_tokens{128};
 template <int D, int kRows>
 cudaError_t launch_tiled_rows(const RotJob& a, const RotJob& b, int64_t tokens, int dev, int sms,
                               cudaStream_t stream, bool programmatic) {
-  // The shared-memory limit raised once per device (an attribute of the device's context).
   static std::atomic<uint32_t> raised{0};
-  const uint32_t bit = dev < 32 ? 1u << dev : 0u;
-  if (!bit || !(raised.load(std::memory_order_acquire) & bit)) {
-    OSCAR_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(rotate_tiled_kernel<D, kRows>,
-                                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                    int(tiled_smem_bytes<D, kRows>())));
-    raised.fetch_or(bit, std::memory_order_acq_rel);
-  }
-  const int a_blocks = a.rows > 0 ? a.heads : 0, b_blocks = b.rows > 0 ? b.heads : 0;
-  const int heads = a_blocks + b_blocks;
-  const int64_t tiles = (tokens + 16 * kRows - 1) / (16 * kRows);
-  // Two blocks per SM (the shared memory allows two at D = 128), each staging its matrix once
-  // and looping over its share of the tiles.
-  const int64_t per_head = std::min<int64_t>(tiles, std::max<int64_t>(1, (2 * int64_t(sms) + heads - 1) / heads));
-  const dim3 grid(static_cast<unsigned>(heads), static_cast<unsigned>(std::min<int64_t>(per_head, 65535)));
-  const RotJob& first = a_blocks ? a : b;
-  const RotJob& second = a_blocks ? b : a;
-  OSCAR_CUDA_RETURN_IF_ERROR(detail::launch_pdl(rotate_tiled_kernel<D, kRows>, grid, dim3(256),
-                                                tiled_smem_bytes<D, kRows>(), programmatic, stream, first, second,
-                                                a_blocks ? a_blocks : b_blocks));
-  return cudaGetLastError();
+  return launch_head_tiles(rotate_tiled_kernel<D, kRows>, tiled_smem_bytes<D, kRows>(), 16 * kRows, raised, a, b,
+                           tokens, dev, sms, stream, programmatic);
 }
 
-// The largest tile (64, 32 or 16 tokens) that still gives every SM a block.
+template <int D>
+cudaError_t launch_mma_rows(const RotJob& a, const RotJob& b, int64_t tokens, int dev, int sms, cudaStream_t stream,
+                            bool programmatic) {
+  static std::atomic<uint32_t> raised{0};
+  return launch_head_tiles(rotate_mma_kernel<D>, mma_smem_bytes<D>(), 64, raised, a, b, tokens, dev, sms, stream,
+                           programmatic);
+}
+
+// The tensor-core kernel where it is on (set_rotate_mma), else the largest tile (64, 32 or 16
+// tokens) that still gives every SM a block.
 template <int D>
 cudaError_t launch_tiled(const RotJob& a, const RotJob& b, int64_t tokens, cudaStream_t stream, bool programmatic) {
   int dev = 0, sms = 132;
   OSCAR_CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
   OSCAR_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  if (g_rotate_mma.load(std::memory_order_relaxed))
+    return launch_mma_rows<D>(a, b, tokens, dev, sms, stream, programmatic);
   const int64_t heads = (a.rows > 0 ? a.heads : 0) + (b.rows > 0 ? b.heads : 0);
   if (heads * ((tokens + 63) / 64) >= sms) return launch_tiled_rows<D, 4>(a, b, tokens, dev, sms, stream, programmatic);
   if (heads * ((tokens + 31) / 32) >= sms) return launch_tiled_rows<D, 2>(a, b, tokens, dev, sms, stream, programmatic);
@@ -354,10 +366,6 @@ cudaError_t launch_rotate(const RotJob& a, const RotJob& b, int d, cudaStream_t 
   auto aligned = [](const RotJob& j) { return j.rows == 0 || reinterpret_cast<uintptr_t>(j.out) % 16 == 0; };
   if (min_tokens > 0 && tokens >= min_tokens && (a.rows == 0 || a.rows % a.heads == 0) &&
       (b.rows == 0 || b.rows % b.heads == 0) && aligned(a) && aligned(b)) {
-    if (g_rotate_mma.load(std::memory_order_relaxed)) {
-      if (d == 64) return launch_mma_rows<64>(a, b, tokens, stream, programmatic);
-      if (d == 128) return launch_mma_rows<128>(a, b, tokens, stream, programmatic);
-    }
     if (d == 64) return launch_tiled<64>(a, b, tokens, stream, programmatic);
     if (d == 128) return launch_tiled<128>(a, b, tokens, stream, programmatic);
   }
