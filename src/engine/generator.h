@@ -14,6 +14,7 @@
 #include <string_view>
 #include <vector>
 
+#include "engine/logprobs.h"
 #include "engine/sampler.h"
 #include "kv/kv_cache.h"
 #include "model/forward.h"
@@ -26,6 +27,12 @@ struct Request {
   int max_new_tokens = 128;
   std::vector<int> stop_tokens;           // end generation (not part of the text)
   std::vector<std::string> stop_strings;  // end generation; the text stops before them
+  // Log probabilities (engine/logprobs.h; Scheduler only): -1 none, else k in [0, kMaxLogprobs]
+  // alternatives per position. `logprobs`: of each generated token; `prompt_logprobs`: of each
+  // prompt token after the first (its prefill then yields every position's logits, in chunks of
+  // at most Scheduler::kPromptLogprobChunk tokens, and skips the prefix cache).
+  int logprobs = -1;
+  int prompt_logprobs = -1;
 };
 
 struct Result {

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "backend/cpu/ops_threads.h"
+
 namespace oscar::engine {
 
 size_t utf8_complete_prefix(std::string_view s) {
@@ -33,12 +35,14 @@ struct Scheduler::Seq {
   bool finished = false;
   Clock::time_point arrival, first_token, last_token;
   bool queued_once = false;       // queue time observed (first admission only)
+  int prompt_lp_next = 1;         // the next prompt token whose log probability is due
 
   Seq(RequestId i, Request r, EventFn f)
       : id(i), req(std::move(r)), on_event(std::move(f)), sampler(req.sampling),
         stop(req.stop_strings), history(req.prompt),
         prompt_len(static_cast<int>(req.prompt.size())), arrival(Clock::now()) {}
   int pending() const { return static_cast<int>(history.size()) - fed; }
+  bool wants_prompt_logprobs() const { return req.prompt_logprobs >= 0 && prompt_lp_next < prompt_len; }
 };
 
 Scheduler::Scheduler(model::Model& m, kv::KvCache& cache, TokenText token_text,
@@ -78,6 +82,10 @@ void Scheduler::validate(Request& req) const {
       throw Rejected(Rejected::kInvalid,
                      fmt::format("prompt token {} is outside the vocabulary [0, {})", t, V));
   if (req.max_new_tokens < 0) throw Rejected(Rejected::kInvalid, "max_tokens must be >= 0");
+  for (int k : {req.logprobs, req.prompt_logprobs})
+    if (k < -1 || k > kMaxLogprobs)
+      throw Rejected(Rejected::kInvalid,
+                     fmt::format("logprobs must be in [0, {}] alternatives (got {})", kMaxLogprobs, k));
   if (!req.stop_strings.empty() && !token_text_)
     throw Rejected(Rejected::kInvalid, "stop strings need a tokenizer");
   try {
@@ -136,7 +144,13 @@ void Scheduler::abort_all() {
   for (auto& s : running_) aborts_.push_back(s->id);
 }
 
-void Scheduler::emit(Seq& s, std::string text, std::vector<int> tokens) {
+int Scheduler::chunk(const Seq& s, int budget) const {
+  const int n = std::min(s.pending(), budget);
+  return s.wants_prompt_logprobs() ? std::min(n, kPromptLogprobChunk) : n;
+}
+
+void Scheduler::emit(Seq& s, std::string text, std::vector<int> tokens, std::vector<TokenLogprob> logprobs,
+                     std::vector<TokenLogprob> prompt_logprobs) {
   RequestEvent ev;
   ev.id = s.id;
   // Hold back an unfinished UTF-8 character until its last byte arrives.
@@ -145,9 +159,11 @@ void Scheduler::emit(Seq& s, std::string text, std::vector<int> tokens) {
   ev.text = s.utf8_held.substr(0, cut);
   s.utf8_held.erase(0, cut);
   ev.tokens = std::move(tokens);
+  ev.logprobs = std::move(logprobs);
+  ev.prompt_logprobs = std::move(prompt_logprobs);
   ev.prompt_tokens = s.prompt_len;
   ev.completion_tokens = s.generated;
-  if (ev.text.empty() && ev.tokens.empty()) return;
+  if (ev.text.empty() && ev.tokens.empty() && ev.prompt_logprobs.empty()) return;
   if (s.on_event) {
     try {
       s.on_event(ev);
@@ -203,7 +219,9 @@ void Scheduler::preempt(Seq& s) {
   ++metrics_.preemptions;
 }
 
-void Scheduler::accept(Seq& s, int tok, Clock::time_point now) {
+void Scheduler::accept(Seq& s, int tok, Clock::time_point now, TokenLogprob* lp) {
+  std::vector<TokenLogprob> lps;
+  if (lp) lps.push_back(std::move(*lp));
   s.history.push_back(tok);
   ++s.generated;
   ++metrics_.generation_tokens;
@@ -216,12 +234,12 @@ void Scheduler::accept(Seq& s, int tok, Clock::time_point now) {
   s.last_token = now;
   const auto& st = s.req.stop_tokens;
   if (std::find(st.begin(), st.end(), tok) != st.end()) {
-    emit(s, {}, {tok});
+    emit(s, {}, {tok}, std::move(lps));
     finish(s, "stop");
     return;
   }
   std::string text = token_text_ ? s.stop.push(token_text_(tok)) : std::string();
-  emit(s, std::move(text), {tok});
+  emit(s, std::move(text), {tok}, std::move(lps));
   if (s.stop.stopped()) finish(s, "stop");
   else if (s.generated >= s.req.max_new_tokens) finish(s, "length");
 }
@@ -248,7 +266,7 @@ bool Scheduler::step() {
   bool preempted = false;
   for (size_t i = 0; i < running_.size() && budget > 0;) {
     Seq& s = *running_[i];
-    const int n = std::min(s.pending(), budget);
+    const int n = chunk(s, budget);
     kv::PageCounts total = need;
     total += cache_.pages_needed(s.cache_seq, n);
     if (total.fits_in(free) || n == 0) {
@@ -276,9 +294,10 @@ bool Scheduler::step() {
       Seq& s = *waiting_.front();
       s.cache_seq = cache_.create();
       // Prefix cache: pages of the longest cached prefix join the sequence.
-      const int hit = cache_.attach_prefix(s.cache_seq, s.history);
+      // (Not for prompt log probabilities: they need the logits of every prompt position.)
+      const int hit = s.wants_prompt_logprobs() ? 0 : cache_.attach_prefix(s.cache_seq, s.history);
       s.fed = hit;
-      const int n = std::min(s.pending(), budget);
+      const int n = chunk(s, budget);
       kv::PageCounts total = need;
       total += cache_.pages_needed(s.cache_seq, n);
       free = cache_.pages_free();  // attaching took cached pages out of the free count
@@ -306,12 +325,20 @@ bool Scheduler::step() {
   if (plan.empty()) return false;
 
   // 3. The forward.
+  // A sequence with prompt log probabilities due yields every position's logits (all_logits);
+  // the others their last. first_row[r]: the step's first output row.
   std::vector<model::SeqStep> steps;
+  std::vector<int> first_row(plan.size());
   steps.reserve(plan.size());
-  for (const Planned& p : plan)
+  int rows = 0;
+  for (size_t r = 0; r < plan.size(); ++r) {
+    const Planned& p = plan[r];
+    const bool all = p.seq->wants_prompt_logprobs();
     steps.push_back({p.seq->cache_seq,
-                     std::span<const int32_t>(p.seq->history.data() + p.seq->fed, size_t(p.n)),
-                     false});
+                     std::span<const int32_t>(p.seq->history.data() + p.seq->fed, size_t(p.n)), all});
+    first_row[r] = rows;
+    rows += all ? p.n : 1;
+  }
   // The rows that yield a token: sequences whose every token is in the cache after this step
   // (a last prefill chunk, or a decode token), unless no new token is wanted.
   jobs_.clear();
@@ -320,7 +347,8 @@ bool Scheduler::step() {
     Seq& s = *plan[r].seq;
     if (s.pending() == plan[r].n && s.req.max_new_tokens != 0) {
       job_of_[r] = static_cast<int>(jobs_.size());
-      jobs_.push_back({&s.sampler, {}, s.history, -1, {}, static_cast<int>(r)});
+      const int last = first_row[r] + (steps[r].all_logits ? plan[r].n : 1) - 1;
+      jobs_.push_back({&s.sampler, {}, s.history, -1, {}, last});
     }
   }
   const auto t0 = Clock::now();
@@ -337,6 +365,36 @@ bool Scheduler::step() {
   ++metrics_.steps;
   metrics_.host_draws += drawer_.host_rows();
 
+  // Log probabilities: of the prompt tokens whose predicting position ran in this step (row i of
+  // an all_logits chunk predicts history[fed + i + 1]), and of the drawn tokens.
+  std::vector<LogprobItem> lp_items;
+  std::vector<int> lp_first(plan.size(), -1), lp_end(plan.size(), -1), lp_job(plan.size(), -1);
+  for (size_t r = 0; r < plan.size(); ++r) {
+    Seq& s = *plan[r].seq;
+    if (steps[r].all_logits) {
+      lp_first[r] = static_cast<int>(lp_items.size());
+      for (int i = 0; i < plan[r].n; ++i) {
+        const int target = s.fed + i + 1;
+        if (target >= s.prompt_lp_next && target < s.prompt_len)
+          lp_items.push_back({&s, first_row[r] + i, s.history[size_t(target)], s.req.prompt_logprobs, target, {}});
+      }
+      lp_end[r] = static_cast<int>(lp_items.size());
+    }
+    if (job_of_[r] >= 0 && s.req.logprobs >= 0 && jobs_[size_t(job_of_[r])].token >= 0) {
+      const SampleJob& j = jobs_[size_t(job_of_[r])];
+      lp_job[r] = static_cast<int>(lp_items.size());
+      lp_items.push_back({&s, j.row, j.token, s.req.logprobs, -1, {}});
+    }
+  }
+  if (!lp_items.empty()) {
+    try {
+      compute_logprobs(lp_items);
+    } catch (const std::exception& e) {
+      // Not expected (rows and tokens are in range): fail those requests only.
+      for (const LogprobItem& it : lp_items) finish(*it.seq, "error", std::string("logprobs failed: ") + e.what());
+    }
+  }
+
   // 4. Each row's token accepted in plan order. A row whose logits could not be drawn from
   // (NaN) fails its own request only.
   for (size_t r = 0; r < plan.size(); ++r) {
@@ -344,7 +402,14 @@ bool Scheduler::step() {
     const bool decode = plan[r].n == 1 && s.generated > 0 && s.pending() == 1;
     if (!decode) metrics_.prefill_tokens += plan[r].n;
     s.fed += plan[r].n;
+    if (s.finished) continue;  // (a failed log probability)
     cache_.publish_prefix(s.cache_seq, s.history);
+    if (lp_first[r] >= 0 && lp_end[r] > lp_first[r]) {
+      std::vector<TokenLogprob> plp;
+      for (int i = lp_first[r]; i < lp_end[r]; ++i) plp.push_back(std::move(lp_items[size_t(i)].out));
+      s.prompt_lp_next = lp_items[size_t(lp_end[r] - 1)].pos + 1;
+      emit(s, {}, {}, {}, std::move(plp));
+    }
     if (s.pending() > 0) continue;
     if (s.req.max_new_tokens == 0) {
       finish(s, "length");
@@ -354,10 +419,30 @@ bool Scheduler::step() {
     if (j.token < 0)
       finish(s, "error", "sampling failed: " + j.error);
     else
-      accept(s, j.token, now);
+      accept(s, j.token, now, lp_job[r] >= 0 ? &lp_items[size_t(lp_job[r])].out : nullptr);
   }
   std::erase_if(running_, [](const auto& s) { return s->finished; });
   return true;
+}
+
+void Scheduler::compute_logprobs(std::vector<LogprobItem>& items) {
+  // Rows copied to the host a block at a time (an all_logits chunk of a 152K vocabulary is
+  // 600 KB a row), then the log-softmax of the block's rows in parallel.
+  const int V = m_.config().vocab_size;
+  constexpr size_t kBlock = 32;
+  for (size_t b = 0; b < items.size(); b += kBlock) {
+    const size_t nb = std::min(kBlock, items.size() - b);
+    lp_rows_.resize(nb * size_t(V));
+    for (size_t i = 0; i < nb; ++i)
+      m_.output_logits(items[b + i].row, std::span<float>(lp_rows_.data() + i * size_t(V), size_t(V)));
+    backend::cpu::parallel_for(static_cast<int64_t>(nb), 1, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) {
+        LogprobItem& it = items[b + size_t(i)];
+        it.out = token_logprob(std::span<const float>(lp_rows_.data() + size_t(i) * size_t(V), size_t(V)),
+                               it.token, it.k);
+      }
+    });
+  }
 }
 
 }  // namespace oscar::engine

@@ -32,6 +32,7 @@
 
 #include "core/error.h"
 #include "engine/generator.h"
+#include "engine/logprobs.h"
 #include "engine/metrics.h"
 #include "engine/step_draw.h"
 #include "kv/kv_cache.h"
@@ -51,6 +52,11 @@ struct RequestEvent {
   std::string finish_reason;  // when finished: "stop" | "length" | "abort" | "error"
   std::string error;          // when finish_reason == "error"
   int prompt_tokens = 0, completion_tokens = 0;  // usage, on every event
+  // With Request::logprobs: one per entry of `tokens`. With Request::prompt_logprobs: prompt
+  // tokens 1, 2, ... in order, as their prefill computes them (events without tokens, before the
+  // first generated token's).
+  std::vector<TokenLogprob> logprobs;
+  std::vector<TokenLogprob> prompt_logprobs;
 };
 using EventFn = std::function<void(const RequestEvent&)>;
 
@@ -90,6 +96,10 @@ struct SchedulerMetrics {
 
 class Scheduler {
  public:
+  // Prefill chunks of a request with prompt log probabilities yield the logits of every position
+  // (vocab floats each, on the backend and copied to the host): at most this many tokens a step.
+  static constexpr int kPromptLogprobChunk = 256;
+
   Scheduler(model::Model& m, kv::KvCache& cache, TokenText token_text, SchedulerConfig cfg = {});
   ~Scheduler();
 
@@ -120,8 +130,19 @@ class Scheduler {
   using Clock = std::chrono::steady_clock;
   void finish(Seq& s, const std::string& reason, const std::string& error = {});
   void preempt(Seq& s);
-  void accept(Seq& s, int token, Clock::time_point now);
-  void emit(Seq& s, std::string text, std::vector<int> tokens);
+  void accept(Seq& s, int token, Clock::time_point now, TokenLogprob* logprob);
+  void emit(Seq& s, std::string text, std::vector<int> tokens, std::vector<TokenLogprob> logprobs = {},
+            std::vector<TokenLogprob> prompt_logprobs = {});
+  // Tokens a running sequence may feed this step within `budget`.
+  int chunk(const Seq& s, int budget) const;
+  // The log probabilities the step's requests asked for, from its output rows.
+  struct LogprobItem {
+    Seq* seq;
+    int row, token, k;
+    int pos;  // a prompt token's index in the prompt; -1 for a drawn token
+    TokenLogprob out;
+  };
+  void compute_logprobs(std::vector<LogprobItem>& items);
 
   model::Model& m_;
   kv::KvCache& cache_;
@@ -136,6 +157,7 @@ class Scheduler {
   StepDrawer drawer_;             // the step and its tokens
   std::vector<SampleJob> jobs_;   // the step's draws, in plan order
   std::vector<int> job_of_;       // per planned row: its index in jobs_, or -1 (no token)
+  std::vector<float> lp_rows_;    // compute_logprobs: output rows copied to the host
 };
 
 // Length of the longest prefix of `s` that does not end inside a UTF-8 sequence.

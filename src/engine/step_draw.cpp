@@ -39,15 +39,15 @@ std::span<const int32_t> PenaltyIds::distinct(const void* key, std::span<const i
 
 void StepDrawer::run(model::Model& m, std::span<const model::SeqStep> steps, kv::KvCache& cache,
                      std::span<SampleJob> jobs) {
-  for (const model::SeqStep& s : steps)
-    if (s.all_logits) throw Error("StepDrawer: steps with every position's logits are not drawn from");
+  size_t R = 0;  // output rows: every position of an all_logits step, else its last
+  for (const model::SeqStep& s : steps) R += s.all_logits ? s.tokens.size() : 1;
   const int V = m.config().vocab_size;
-  draws_.assign(steps.size(), backend::RowDraw{});
+  draws_.assign(R, backend::RowDraw{});
   hist_.clear();
   penalty_ids_.begin_step();
   for (SampleJob& j : jobs) {
-    if (j.row < 0 || j.row >= static_cast<int>(steps.size()) || draws_[size_t(j.row)].mode != backend::RowDraw::kSkip)
-      throw Error(fmt::format("StepDrawer: job row {} of {} (or twice)", j.row, steps.size()));
+    if (j.row < 0 || size_t(j.row) >= R || draws_[size_t(j.row)].mode != backend::RowDraw::kSkip)
+      throw Error(fmt::format("StepDrawer: job row {} of {} (or twice)", j.row, R));
     j.u = j.sampler->next_u();
     backend::RowDraw& d = draws_[size_t(j.row)];
     d = j.sampler->device_draw(j.u);

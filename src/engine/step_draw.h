@@ -51,8 +51,10 @@ class PenaltyIds {
 
 class StepDrawer {
  public:
-  // Runs the step (Model::forward_sample) and fills jobs' tokens. steps' output rows are one
-  // per step (SeqStep::all_logits false). Throws what the forward throws.
+  // Runs the step (Model::forward_sample) and fills jobs' tokens. SampleJob::row is an output row
+  // of the step (every position of an all_logits step, else its last; Model::forward's order);
+  // rows without a job yield none. Every row's logits stay readable through Model::output_logits
+  // until the next step. Throws what the forward throws.
   void run(model::Model& m, std::span<const model::SeqStep> steps, kv::KvCache& cache, std::span<SampleJob> jobs);
 
   // Rows the last run drew on the host (tests and metrics).

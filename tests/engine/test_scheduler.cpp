@@ -501,5 +501,184 @@ TEST(Scheduler, NaNLogitsFailOnlyTheirRequest) {
   EXPECT_EQ(s.metrics().host_draws, 13);
 }
 
+// Log probabilities (Request::logprobs / prompt_logprobs) against the teacher-forced logits of
+// the whole sequence in one step on a fresh cache: the prompt's over several chunks (and again
+// with the prompt in the prefix cache, which such a request must not use), the drawn tokens'
+// at each step; greedy tokens are their row's first alternative.
+struct LogprobsGot {
+  std::vector<int> tokens;
+  std::vector<TokenLogprob> lps, prompt_lps;
+  int finished = 0;
+  std::string reason;
+  bool prompt_after_token = false;  // a prompt log probability came after a drawn token
+};
+
+EventFn collect_logprobs(std::map<RequestId, LogprobsGot>& got) {
+  return [&got](const RequestEvent& e) {
+    auto& c = got[e.id];
+    if (!e.prompt_logprobs.empty() && !c.tokens.empty()) c.prompt_after_token = true;
+    c.tokens.insert(c.tokens.end(), e.tokens.begin(), e.tokens.end());
+    c.lps.insert(c.lps.end(), e.logprobs.begin(), e.logprobs.end());
+    c.prompt_lps.insert(c.prompt_lps.end(), e.prompt_logprobs.begin(), e.prompt_logprobs.end());
+    if (e.finished) ++c.finished, c.reason = e.finish_reason;
+  };
+}
+
+// log_softmax rows of the teacher-forced sequence, fed as the scheduler feeds one request alone:
+// the first `prompt` tokens in chunks of `chunk`, then one token a step (earlier chunks are read
+// back as BF16 rows, so other chunkings differ by ~1e-3). Row p predicts token p + 1.
+std::vector<std::vector<double>> teacher_forced(Rig& r, const std::vector<int>& seq, int prompt, int chunk) {
+  kv::Bf16KvCache cache(r.m.cache_shape(16), 64);
+  const kv::SeqId id = cache.create();
+  std::vector<int32_t> toks(seq.begin(), seq.end());
+  std::vector<float> logits, all;
+  for (int p = 0; p < int(seq.size());) {
+    const int n = p < prompt ? std::min(chunk, prompt - p) : 1;
+    std::vector<model::SeqStep> steps = {{id, std::span<const int32_t>(toks.data() + p, size_t(n)), true}};
+    r.m.forward(steps, cache, logits);
+    all.insert(all.end(), logits.begin(), logits.end());
+    p += n;
+  }
+  cache.release(id);
+  const size_t V = size_t(r.m.config().vocab_size);
+  std::vector<std::vector<double>> out;
+  for (size_t p = 0; p < seq.size(); ++p) {
+    const float* x = all.data() + p * V;
+    const double mx = *std::max_element(x, x + V);
+    double sum = 0;
+    for (size_t i = 0; i < V; ++i) sum += std::exp(double(x[i]) - mx);
+    std::vector<double> row(V);
+    for (size_t i = 0; i < V; ++i) row[i] = double(x[i]) - mx - std::log(sum);
+    out.push_back(std::move(row));
+  }
+  return out;
+}
+
+void expect_matches(const TokenLogprob& got, const std::vector<double>& row, int token, int k, const std::string& what) {
+  EXPECT_EQ(got.token, token) << what;
+  EXPECT_NEAR(got.logprob, row[size_t(token)], 1e-5) << what;
+  ASSERT_EQ(static_cast<int>(got.top.size()), k) << what;
+  for (const TopLogprob& t : got.top) EXPECT_NEAR(t.logprob, row[size_t(t.token)], 1e-5) << what;
+  for (size_t i = 1; i < got.top.size(); ++i) EXPECT_GE(got.top[i - 1].logprob, got.top[i].logprob) << what;
+  // Nothing outside the list beats its last entry.
+  if (k > 0) {
+    int above = 0;
+    for (double v : row) above += v > double(got.top.back().logprob) + 1e-5;
+    EXPECT_LT(above, k) << what;
+  }
+}
+
+TEST(Scheduler, LogprobsEqualTeacherForcedLogitsOverChunksAndWithACachedPrefix) {
+  Rig r;
+  const int V = r.m.config().vocab_size;
+  std::mt19937 rng(31);
+  Request q;
+  for (int i = 0; i < 70; ++i) q.prompt.push_back(int(rng() % unsigned(V)));
+  q.max_new_tokens = 6;
+  q.logprobs = 3;
+  q.prompt_logprobs = 2;
+  kv::Bf16KvCache cache(r.m.cache_shape(16), 64, /*prefix_caching=*/true);
+  SchedulerConfig cfg;
+  cfg.max_batch_tokens = 24;  // the prompt in chunks of 24
+  Scheduler s(r.m, cache, nullptr, cfg);
+  std::map<RequestId, LogprobsGot> got;
+  Request plain = q;  // the same prompt first without log probabilities: it fills the prefix cache
+  plain.logprobs = plain.prompt_logprobs = -1;
+  const RequestId p0 = s.add(plain, collect_logprobs(got));
+  while (!s.idle()) s.step();
+  const int64_t hits_before = s.metrics().prefix_hits;
+  const RequestId a = s.add(q, collect_logprobs(got));
+  while (!s.idle()) s.step();
+  EXPECT_EQ(s.metrics().prefix_hits, hits_before);  // the prompt was recomputed, not attached
+  const RequestId b = s.add(plain, collect_logprobs(got));  // ... and is still cached for others
+  while (!s.idle()) s.step();
+  EXPECT_GT(s.metrics().prefix_hits, hits_before);
+
+  const LogprobsGot& g = got[a];
+  ASSERT_EQ(g.finished, 1);
+  EXPECT_EQ(g.tokens, got[p0].tokens);
+  EXPECT_EQ(got[b].tokens, got[p0].tokens);
+  EXPECT_TRUE(got[p0].lps.empty() && got[p0].prompt_lps.empty());
+  EXPECT_FALSE(g.prompt_after_token);
+  ASSERT_EQ(g.prompt_lps.size(), q.prompt.size() - 1);
+  ASSERT_EQ(g.lps.size(), g.tokens.size());
+  std::vector<int> seq = q.prompt;
+  seq.insert(seq.end(), g.tokens.begin(), g.tokens.end() - 1);
+  const auto rows = teacher_forced(r, seq, int(q.prompt.size()), cfg.max_batch_tokens);
+  for (size_t i = 1; i < q.prompt.size(); ++i)
+    expect_matches(g.prompt_lps[i - 1], rows[i - 1], q.prompt[i], 2, "prompt token " + std::to_string(i));
+  for (size_t i = 0; i < g.tokens.size(); ++i) {
+    expect_matches(g.lps[i], rows[q.prompt.size() - 1 + i], g.tokens[i], 3, "drawn token " + std::to_string(i));
+    EXPECT_EQ(g.lps[i].top[0].token, g.tokens[i]);  // greedy
+  }
+  EXPECT_EQ(cache.pool().num_used(), 0);
+}
+
+// Under preemption (prompts recomputed from the start), every prompt log probability still comes
+// exactly once and in order, equal to the request's alone (within 1e-2: its chunks differ, and with
+// them the BF16 rounding of the rows read back; a row off by one position differs by ~1);
+// max_tokens 0 gives them and no token.
+TEST(Scheduler, PromptLogprobsComeOnceUnderPreemptionAndWithMaxTokensZero) {
+  Rig r;
+  auto reqs = requests(6, r.m.config().vocab_size, 11);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    Request& q = reqs[i];
+    while (q.prompt.size() < 30) q.prompt.push_back(q.prompt.size() % 50 + 1);
+    q.max_new_tokens = i == 2 ? 0 : 20;
+    q.prompt_logprobs = int(i % 3);
+    q.logprobs = 1;
+  }
+  std::map<RequestId, LogprobsGot> want_got, got;
+  std::vector<RequestId> want_ids, ids;
+  {
+    kv::Bf16KvCache big(r.m.cache_shape(16), 256);
+    Scheduler alone(r.m, big, nullptr, SchedulerConfig{});
+    for (const auto& q : reqs) {
+      want_ids.push_back(alone.add(q, collect_logprobs(want_got)));
+      while (!alone.idle()) alone.step();
+    }
+  }
+  kv::Bf16KvCache cache(r.m.cache_shape(16), 9);  // room for two such sequences at once
+  SchedulerConfig cfg;
+  cfg.max_batch_tokens = 16;
+  cfg.max_running = 6;
+  Scheduler s(r.m, cache, nullptr, cfg);
+  for (const auto& q : reqs) ids.push_back(s.add(q, collect_logprobs(got)));
+  for (int steps = 0; !s.idle(); ++steps) {
+    s.step();
+    ASSERT_LT(steps, 5000);
+  }
+  EXPECT_GT(s.metrics().preemptions, 0);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const LogprobsGot &g = got[ids[i]], &w = want_got[want_ids[i]];
+    EXPECT_EQ(g.finished, 1);
+    EXPECT_EQ(g.tokens, w.tokens) << "request " << i;
+    ASSERT_EQ(g.prompt_lps.size(), reqs[i].prompt.size() - 1) << "request " << i;
+    ASSERT_EQ(g.lps.size(), g.tokens.size());
+    for (size_t t = 0; t < g.prompt_lps.size(); ++t) {
+      EXPECT_EQ(g.prompt_lps[t].token, reqs[i].prompt[t + 1]);
+      EXPECT_NEAR(g.prompt_lps[t].logprob, w.prompt_lps[t].logprob, 1e-2) << "request " << i << " token " << t;
+      EXPECT_EQ(static_cast<int>(g.prompt_lps[t].top.size()), reqs[i].prompt_logprobs);
+    }
+    for (size_t t = 0; t < g.lps.size(); ++t) EXPECT_NEAR(g.lps[t].logprob, w.lps[t].logprob, 1e-2);
+  }
+  EXPECT_TRUE(got[ids[2]].tokens.empty());
+  EXPECT_EQ(got[ids[2]].reason, "length");
+  EXPECT_EQ(cache.pool().num_used(), 0);
+}
+
+TEST(Scheduler, RefusesLogprobCountsOutOfRange) {
+  Rig r;
+  kv::Bf16KvCache cache(r.m.cache_shape(16), 16);
+  Scheduler s(r.m, cache, nullptr);
+  Request q;
+  q.prompt = {1, 2, 3};
+  q.logprobs = kMaxLogprobs + 1;
+  EXPECT_THROW(s.add(q, nullptr), Rejected);
+  q.logprobs = -1;
+  q.prompt_logprobs = -2;
+  EXPECT_THROW(s.add(q, nullptr), Rejected);
+}
+
 }  // namespace
 }  // namespace oscar::engine
