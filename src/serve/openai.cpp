@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -125,19 +126,35 @@ CompletionRequest parse_completion_request(const std::string& body, bool chat) {
   number(j, "seed", seed, static_cast<double>(std::numeric_limits<int64_t>::min()),
          static_cast<double>(std::numeric_limits<int64_t>::max()));
   r.sampling.seed = static_cast<uint64_t>(seed);
-  int n = 1;
-  number(j, "n", n, 1, 1 << 20);
-  if (n != 1) throw bad("n", "only n = 1 is supported");
+  r.seeded = j.contains("seed") && !j["seed"].is_null();
+  number(j, "n", r.n, 1, kMaxChoices);
   for (const char* k : {"presence_penalty", "frequency_penalty"}) {
     double v = 0;
     number(j, k, v, -2, 2);
     if (v != 0) throw bad(k, fmt::format("'{}' is not supported (only 0)", k));
   }
-  if (auto it = j.find("logprobs"); it != j.end() && !it->is_null() && *it != false)
-    throw bad("logprobs", "'logprobs' is not supported");
-  if (boolean(j, "echo", false)) throw bad("echo", "'echo' is not supported");
-  if (auto it = j.find("best_of"); it != j.end() && !it->is_null() && *it != 1)
-    throw bad("best_of", "only best_of = 1 is supported");
+  if (chat) {
+    // `logprobs`: a boolean; `top_logprobs` (alternatives) only with it.
+    const bool want = boolean(j, "logprobs", false);
+    int top = -1;
+    number(j, "top_logprobs", top, 0, engine::kMaxLogprobs);
+    if (top >= 0 && !want) throw bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+    r.logprobs = want ? std::max(top, 0) : -1;
+    if (boolean(j, "echo", false)) throw bad("echo", "'echo' is not supported for chat completions");
+  } else {
+    // `logprobs`: the number of alternatives (false / null: none).
+    if (auto it = j.find("logprobs"); it != j.end() && !it->is_null() && *it != false) {
+      if (it->is_boolean())
+        throw bad("logprobs", fmt::format("'logprobs' must be an integer in [0, {}]", engine::kMaxLogprobs));
+      number(j, "logprobs", r.logprobs, 0, engine::kMaxLogprobs);
+    }
+    r.echo = boolean(j, "echo", false);
+  }
+  if (auto it = j.find("best_of"); it != j.end() && !it->is_null()) {
+    int best_of = 1;
+    number(j, "best_of", best_of, 1, kMaxChoices);
+    if (best_of != r.n) throw bad("best_of", "only best_of = n is supported");
+  }
 
   if (auto it = j.find("stop"); it != j.end() && !it->is_null()) {
     if (it->is_string()) {
@@ -160,6 +177,7 @@ CompletionRequest parse_completion_request(const std::string& body, bool chat) {
     r.include_usage = boolean(*it, "include_usage", false);
   }
   r.ignore_eos = boolean(j, "ignore_eos", false);
+  r.tokens_as_ids = boolean(j, "return_tokens_as_token_ids", false);
   return r;
 }
 
@@ -175,26 +193,30 @@ static json head(const ResponseMeta& m, const char* object) {
 
 static json reason(const std::string& r) { return r.empty() ? json(nullptr) : json(r); }
 
-json completion_response(const ResponseMeta& m, const std::string& text,
-                         const std::string& finish_reason, int prompt_tokens,
+json completion_response(const ResponseMeta& m, const std::vector<Choice>& choices, int prompt_tokens,
                          int completion_tokens) {
   json out = head(m, m.chat ? "chat.completion" : "text_completion");
-  json choice = {{"index", 0}, {"finish_reason", reason(finish_reason)}};
-  if (m.chat) {
-    choice["message"] = {{"role", "assistant"}, {"content", text}};
-  } else {
-    choice["text"] = text;
-    choice["logprobs"] = nullptr;
+  json arr = json::array();
+  for (size_t i = 0; i < choices.size(); ++i) {
+    const Choice& c = choices[i];
+    json choice = {{"index", i}};
+    if (m.chat)
+      choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+    else
+      choice["text"] = c.text;
+    choice["logprobs"] = c.logprobs;
+    choice["finish_reason"] = reason(c.finish_reason);
+    arr.push_back(std::move(choice));
   }
-  out["choices"] = json::array({choice});
+  out["choices"] = std::move(arr);
   out["usage"] = usage_json(prompt_tokens, completion_tokens);
   return out;
 }
 
-json completion_chunk(const ResponseMeta& m, const std::string& text,
-                      const std::string& finish_reason, bool first) {
+json completion_chunk(const ResponseMeta& m, int index, const std::string& text,
+                      const std::string& finish_reason, bool first, const json& logprobs) {
   json out = head(m, m.chat ? "chat.completion.chunk" : "text_completion");
-  json choice = {{"index", 0}, {"finish_reason", reason(finish_reason)}};
+  json choice = {{"index", index}};
   if (m.chat) {
     json delta = json::object();
     if (first) delta["role"] = "assistant";
@@ -202,10 +224,64 @@ json completion_chunk(const ResponseMeta& m, const std::string& text,
     choice["delta"] = delta;
   } else {
     choice["text"] = text;
-    choice["logprobs"] = nullptr;
   }
+  choice["logprobs"] = logprobs;
+  choice["finish_reason"] = reason(finish_reason);
   out["choices"] = json::array({choice});
   return out;
+}
+
+namespace {
+
+// Characters (code points) of a token's bytes as a client decodes them: bytes that do not
+// continue a UTF-8 sequence.
+int64_t code_points(const std::string& s) {
+  int64_t n = 0;
+  for (unsigned char c : s) n += (c & 0xC0) != 0x80;
+  return n;
+}
+
+json byte_list(const std::string& s) {
+  json a = json::array();
+  for (unsigned char c : s) a.push_back(int(c));
+  return a;
+}
+
+}  // namespace
+
+json completion_logprobs(std::span<const LogprobEntry> entries, const TokenBytes& bytes, int64_t& offset) {
+  json tokens = json::array(), lps = json::array(), tops = json::array(), offs = json::array();
+  for (const LogprobEntry& e : entries) {
+    const std::string t = bytes(e.lp.token);
+    tokens.push_back(t);
+    offs.push_back(offset);
+    offset += code_points(t);
+    if (!e.known) {
+      lps.push_back(nullptr);
+      tops.push_back(nullptr);
+      continue;
+    }
+    lps.push_back(e.lp.logprob);
+    json top = json::object();
+    for (const engine::TopLogprob& a : e.lp.top) top[bytes(a.token)] = a.logprob;
+    top[t] = e.lp.logprob;
+    tops.push_back(std::move(top));
+  }
+  return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offs}};
+}
+
+json chat_logprobs(std::span<const engine::TokenLogprob> entries, const TokenBytes& bytes) {
+  json content = json::array();
+  for (const engine::TokenLogprob& e : entries) {
+    const std::string t = bytes(e.token);
+    json top = json::array();
+    for (const engine::TopLogprob& a : e.top) {
+      const std::string ta = bytes(a.token);
+      top.push_back({{"token", ta}, {"logprob", a.logprob}, {"bytes", byte_list(ta)}});
+    }
+    content.push_back({{"token", t}, {"logprob", e.logprob}, {"bytes", byte_list(t)}, {"top_logprobs", top}});
+  }
+  return {{"content", content}};
 }
 
 json usage_chunk(const ResponseMeta& m, int prompt_tokens, int completion_tokens) {

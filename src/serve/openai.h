@@ -4,10 +4,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include <functional>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "engine/generator.h"
+#include "engine/logprobs.h"
 #include "core/error.h"
 
 namespace oscar::serve {
@@ -34,9 +37,19 @@ struct CompletionRequest {
   nlohmann::ordered_json messages;       // chat
   int max_tokens = -1;                   // -1 = not given
   engine::SamplingParams sampling;
+  bool seeded = false;                   // `seed` given (else the server picks one per request)
   std::vector<std::string> stop;
   bool stream = false, include_usage = false, ignore_eos = false;
+  // Log probabilities: alternatives per position (completions' `logprobs`; chat's `top_logprobs`
+  // with `logprobs: true`), -1 = none.
+  int logprobs = -1;
+  bool echo = false;  // completions: the prompt before each choice's text (and its tokens' logprobs)
+  bool tokens_as_ids = false;  // `return_tokens_as_token_ids` (vLLM's): logprobs name tokens "token_id:N"
+  int n = 1;          // choices
 };
+
+// The most choices one request may ask for (`n`).
+inline constexpr int kMaxChoices = 64;
 
 // Parses and type-checks a request body. Throws ApiError (400) naming the field.
 CompletionRequest parse_completion_request(const std::string& body, bool chat);
@@ -48,14 +61,40 @@ struct ResponseMeta {
   bool chat = false;
 };
 nlohmann::json usage_json(int prompt_tokens, int completion_tokens);
-// The whole (non-streamed) response.
-nlohmann::json completion_response(const ResponseMeta& m, const std::string& text,
-                                   const std::string& finish_reason, int prompt_tokens,
+
+// One choice of a whole response; `logprobs` null when not asked for.
+struct Choice {
+  std::string text;
+  std::string finish_reason;
+  nlohmann::json logprobs;
+};
+// The whole (non-streamed) response; choice i gets index i.
+nlohmann::json completion_response(const ResponseMeta& m, const std::vector<Choice>& choices, int prompt_tokens,
                                    int completion_tokens);
-// One streamed chunk: text (may be empty), finish_reason ("" = null), and for chat
-// whether this is the first chunk (carries the role).
-nlohmann::json completion_chunk(const ResponseMeta& m, const std::string& text,
-                                const std::string& finish_reason, bool first);
+// One streamed chunk of choice `index`: text (may be empty), finish_reason ("" = null), for chat
+// whether this is the choice's first chunk (carries the role), and its tokens' logprobs (null =
+// none).
+nlohmann::json completion_chunk(const ResponseMeta& m, int index, const std::string& text,
+                                const std::string& finish_reason, bool first,
+                                const nlohmann::json& logprobs = nullptr);
+
+// Log probabilities in the two APIs' shapes. A token's text is its bytes (`TokenBytes`), which
+// may be part of a UTF-8 character (JSON strings replace such bytes by U+FFFD; chat's `bytes`
+// field keeps them).
+using TokenBytes = std::function<std::string(int id)>;
+// One position of a completion's logprobs; `known` false for the prompt's first token (echo),
+// which has no log probability (null entries).
+struct LogprobEntry {
+  engine::TokenLogprob lp;
+  bool known = true;
+};
+// Completions: {tokens, token_logprobs, top_logprobs, text_offset}; each top_logprobs entry maps
+// the position's k best tokens and its own token to their logprobs. `text_offset` counts
+// characters (code points) of the tokens' texts from `offset`, which advances past them.
+nlohmann::json completion_logprobs(std::span<const LogprobEntry> entries, const TokenBytes& bytes,
+                                   int64_t& offset);
+// Chat: {content: [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}.
+nlohmann::json chat_logprobs(std::span<const engine::TokenLogprob> entries, const TokenBytes& bytes);
 // The streamed usage chunk (choices empty), for stream_options.include_usage.
 nlohmann::json usage_chunk(const ResponseMeta& m, int prompt_tokens, int completion_tokens);
 

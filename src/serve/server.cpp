@@ -9,6 +9,7 @@
 #include <deque>
 #include <limits>
 #include <mutex>
+#include <random>
 
 #include "serve/openai.h"
 
@@ -124,40 +125,129 @@ struct Server::Impl {
     return r;
   }
 
+  // One HTTP request's choices: n engine requests (seeds seed, seed + 1, ...) whose events share
+  // one channel, and what each choice has produced so far.
+  struct ChoiceState {
+    std::string text;
+    std::vector<engine::TokenLogprob> prompt_lps;  // echo: the prompt's, as they arrive
+    std::vector<LogprobEntry> lps;                 // the choice's logprobs entries (non-streamed)
+    int64_t offset = 0;                            // text_offset of the next entry
+    bool echo_sent = false, first = true, finished = false;
+    std::string finish_reason;
+    int completion_tokens = 0;
+  };
+  struct Job {
+    CompletionRequest cr;
+    ResponseMeta meta;
+    std::vector<int> prompt;       // its tokens (echo's logprobs)
+    std::string echo_text;         // the prompt as echoed
+    std::vector<int> stop_tokens;  // end generation; not listed in logprobs
+    std::vector<engine::RequestId> ids;
+    std::shared_ptr<Channel> ch = std::make_shared<Channel>();
+    std::vector<ChoiceState> st;
+    int prompt_tokens = 0;
+    int index_of(engine::RequestId id) const {
+      for (size_t i = 0; i < ids.size(); ++i)
+        if (ids[i] == id) return static_cast<int>(i);
+      return -1;
+    }
+    // The drawn tokens of an event as logprobs entries (stop tokens left out).
+    std::vector<engine::TokenLogprob> token_lps(const RequestEvent& e) const {
+      std::vector<engine::TokenLogprob> out;
+      for (size_t k = 0; k < e.logprobs.size(); ++k)
+        if (std::find(stop_tokens.begin(), stop_tokens.end(), e.logprobs[k].token) == stop_tokens.end())
+          out.push_back(e.logprobs[k]);
+      return out;
+    }
+    bool echo_logprobs() const { return cr.echo && cr.logprobs >= 0; }
+    // Echo with logprobs: the prompt's entries, its first token without one.
+    std::vector<LogprobEntry> echo_entries(const ChoiceState& c) const {
+      std::vector<LogprobEntry> v;
+      engine::TokenLogprob first;
+      first.token = prompt.empty() ? 0 : prompt[0];
+      v.push_back({first, false});
+      for (const auto& lp : c.prompt_lps) v.push_back({lp, true});
+      return v;
+    }
+  };
+
+  void abort_all(const Job& job) {
+    for (engine::RequestId id : job.ids) engine.abort(id);
+  }
+
   void completions(const httplib::Request& req, httplib::Response& res, bool chat) {
     try {
       check_auth(req);
       if (stopping) throw ApiError(503, "the server is shutting down", "server_error");
-      const CompletionRequest cr = parse_completion_request(req.body, chat);
+      auto job = std::make_shared<Job>();
+      job->cr = parse_completion_request(req.body, chat);
+      const CompletionRequest& cr = job->cr;
       engine::Request er = to_engine(cr);
-      auto ch = std::make_shared<Channel>();
-      engine::RequestId id = 0;
+      job->prompt = er.prompt;
+      job->stop_tokens = er.stop_tokens;
+      if (cr.echo) job->echo_text = cr.prompt_is_tokens ? tok.decode(cr.prompt_tokens) : cr.prompt_text;
+      er.logprobs = cr.logprobs;
+      er.prompt_logprobs = job->echo_logprobs() ? cr.logprobs : -1;
+      const uint64_t seed = cr.seeded ? cr.sampling.seed : next_seed();
+      job->st.resize(size_t(cr.n));
+      auto ch = job->ch;
       try {
-        id = engine.submit(std::move(er), [ch](const RequestEvent& e) { ch->push(e); });
+        for (int i = 0; i < cr.n; ++i) {
+          engine::Request ri = er;
+          ri.sampling.seed = seed + uint64_t(i);
+          job->ids.push_back(engine.submit(std::move(ri), [ch](const RequestEvent& e) { ch->push(e); }));
+        }
       } catch (const engine::Rejected& e) {
+        abort_all(*job);
         throw ApiError(e.kind == engine::Rejected::kInvalid ? 400 : 503, e.what(),
                        e.kind == engine::Rejected::kInvalid ? "invalid_request_error"
                                                             : "server_error");
       }
-      ResponseMeta meta{fmt::format("{}-{}", chat ? "chatcmpl" : "cmpl", next_id++),
-                        opts.model_name, unix_now(), chat};
-      if (!cr.stream) {
-        std::string text;
-        RequestEvent e;
-        for (;;) {
-          if (!ch->pop(e, std::chrono::milliseconds(1000))) continue;
-          text += e.text;
-          if (e.finished) break;
+      job->meta = ResponseMeta{fmt::format("{}-{}", chat ? "chatcmpl" : "cmpl", next_id++), opts.model_name,
+                               unix_now(), chat};
+      if (cr.stream) return stream(res, job);
+      int left = cr.n;
+      RequestEvent e;
+      while (left > 0) {
+        if (!ch->pop(e, std::chrono::milliseconds(1000))) continue;
+        const int i = job->index_of(e.id);
+        if (i < 0) continue;
+        ChoiceState& c = job->st[size_t(i)];
+        c.text += e.text;
+        c.prompt_lps.insert(c.prompt_lps.end(), e.prompt_logprobs.begin(), e.prompt_logprobs.end());
+        for (auto& lp : job->token_lps(e)) c.lps.push_back({std::move(lp), true});
+        job->prompt_tokens = e.prompt_tokens;
+        if (!e.finished) continue;
+        c.finished = true;
+        c.finish_reason = e.finish_reason;
+        c.completion_tokens = e.completion_tokens;
+        --left;
+        if (e.finish_reason == "error") {
+          abort_all(*job);
+          throw ApiError(e.error.find("forward failed") == std::string::npos ? 400 : 500, e.error, "server_error");
         }
-        if (e.finish_reason == "error")
-          throw ApiError(e.error.find("forward failed") == std::string::npos ? 400 : 500, e.error,
-                         "server_error");
-        res.set_content(dump_json(completion_response(meta, text, e.finish_reason, e.prompt_tokens,
-                                                      e.completion_tokens)),
-                        "application/json");
-        return;
       }
-      stream(res, ch, id, meta, cr.include_usage);
+      std::vector<Choice> choices;
+      int completion_tokens = 0;
+      for (ChoiceState& c : job->st) {
+        Choice out{cr.echo ? job->echo_text + c.text : c.text, c.finish_reason, nullptr};
+        if (cr.logprobs >= 0) {
+          if (chat) {
+            std::vector<engine::TokenLogprob> v;
+            for (auto& en : c.lps) v.push_back(std::move(en.lp));
+            out.logprobs = chat_logprobs(v, token_bytes(*job));
+          } else {
+            std::vector<LogprobEntry> v = job->echo_logprobs() ? job->echo_entries(c) : std::vector<LogprobEntry>{};
+            v.insert(v.end(), c.lps.begin(), c.lps.end());
+            int64_t offset = 0;
+            out.logprobs = completion_logprobs(v, token_bytes(*job), offset);
+          }
+        }
+        completion_tokens += c.completion_tokens;
+        choices.push_back(std::move(out));
+      }
+      res.set_content(dump_json(completion_response(job->meta, choices, job->prompt_tokens, completion_tokens)),
+                      "application/json");
     } catch (const ApiError& e) {
       ++(e.status >= 500 ? http_errors_5xx : http_errors_4xx);
       send_error(res, e);
@@ -167,24 +257,53 @@ struct Server::Impl {
     }
   }
 
-  void stream(httplib::Response& res, std::shared_ptr<Channel> ch, engine::RequestId id,
-              ResponseMeta meta, bool include_usage) {
+  TokenBytes token_bytes(const Job& job) const {
+    if (job.cr.tokens_as_ids) return [](int id) { return fmt::format("token_id:{}", id); };
+    return [this](int id) { return tok.token_str(id); };
+  }
+
+  uint64_t next_seed() {
+    // Requests without a seed draw differently from each other (OpenAI's behaviour); a seed makes
+    // a request repeatable.
+    static std::atomic<uint64_t> counter{std::random_device{}() * 0x9E3779B97F4A7C15ull};
+    return counter.fetch_add(0x9E3779B97F4A7C15ull) ^ 0xD1B54A32D192ED03ull;
+  }
+
+  // Server-sent events: each engine event of choice i becomes a chunk with index i; with echo, a
+  // choice first sends the prompt (with its logprobs once they have all come).
+  void stream(httplib::Response& res, std::shared_ptr<Job> job) {
     struct State {
-      bool first = true, done = false;
+      bool done = false;
     };
     auto st = std::make_shared<State>();
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
         "text/event-stream",
-        [this, ch, id, meta, include_usage, st](size_t, httplib::DataSink& sink) {
+        [this, job, st](size_t, httplib::DataSink& sink) {
           auto write = [&](const std::string& s) {
             if (!sink.write(s.data(), s.size())) throw std::runtime_error("client gone");
           };
+          const CompletionRequest& cr = job->cr;
+          const bool chat = job->meta.chat;
+          // The choice's echo chunk, when it is due and not sent.
+          auto echo = [&](int i) {
+            ChoiceState& c = job->st[size_t(i)];
+            if (!cr.echo || c.echo_sent) return;
+            if (job->echo_logprobs() && c.prompt_lps.size() + 1 < job->prompt.size()) return;
+            json lp = nullptr;
+            if (job->echo_logprobs()) lp = completion_logprobs(job->echo_entries(c), token_bytes(*job), c.offset);
+            else c.offset = 0;
+            write(sse(completion_chunk(job->meta, i, job->echo_text, "", false, lp)));
+            c.echo_sent = true;
+            c.first = false;
+          };
           try {
+            for (int i = 0; i < cr.n; ++i) echo(i);
             RequestEvent e;
+            int left = cr.n;
             auto idle = std::chrono::steady_clock::now();
-            for (;;) {
-              if (!ch->pop(e, std::chrono::milliseconds(100))) {
+            while (left > 0) {
+              if (!job->ch->pop(e, std::chrono::milliseconds(100))) {
                 if (!sink.is_writable()) throw std::runtime_error("client gone");
                 // A comment line now and then, so a vanished client is noticed
                 // while the request waits in the queue.
@@ -195,19 +314,48 @@ struct Server::Impl {
                 continue;
               }
               idle = std::chrono::steady_clock::now();
+              const int i = job->index_of(e.id);
+              if (i < 0) continue;
+              ChoiceState& c = job->st[size_t(i)];
+              job->prompt_tokens = e.prompt_tokens;
               if (e.finished && e.finish_reason == "error") {
                 write(sse(ApiError(500, e.error, "server_error").body()));
+                abort_all(*job);
                 break;
               }
-              if (e.finished && e.finish_reason == "abort") break;
+              if (e.finished && e.finish_reason == "abort") {
+                abort_all(*job);
+                break;
+              }
+              c.prompt_lps.insert(c.prompt_lps.end(), e.prompt_logprobs.begin(), e.prompt_logprobs.end());
+              echo(i);
+              const std::vector<engine::TokenLogprob> lps = job->token_lps(e);
+              json lp = nullptr;
+              if (cr.logprobs >= 0 && !lps.empty()) {
+                if (chat) {
+                  lp = chat_logprobs(lps, token_bytes(*job));
+                } else {
+                  std::vector<LogprobEntry> v;
+                  for (const auto& x : lps) v.push_back({x, true});
+                  lp = completion_logprobs(v, token_bytes(*job), c.offset);
+                }
+              }
               // Chat's first chunk carries the role even without text.
-              if (!e.text.empty() || e.finished || (meta.chat && st->first)) {
-                write(sse(completion_chunk(meta, e.text, e.finished ? e.finish_reason : "", st->first)));
-                st->first = false;
+              if (!e.text.empty() || !lp.is_null() || e.finished || (chat && c.first)) {
+                write(sse(completion_chunk(job->meta, i, e.text, e.finished ? e.finish_reason : "", c.first, lp)));
+                c.first = false;
               }
               if (e.finished) {
-                if (include_usage) write(sse(usage_chunk(meta, e.prompt_tokens, e.completion_tokens)));
-                break;
+                c.finished = true;
+                c.completion_tokens = e.completion_tokens;
+                --left;
+              }
+            }
+            if (left == 0) {
+              if (cr.include_usage) {
+                int completion_tokens = 0;
+                for (const ChoiceState& c : job->st) completion_tokens += c.completion_tokens;
+                write(sse(usage_chunk(job->meta, job->prompt_tokens, completion_tokens)));
               }
             }
             write("data: [DONE]\n\n");
@@ -215,12 +363,12 @@ struct Server::Impl {
             sink.done();
             return true;
           } catch (const std::exception&) {
-            engine.abort(id);  // frees its pages
+            abort_all(*job);  // frees their pages
             return false;
           }
         },
-        [this, id, st](bool success) {
-          if (!success || !st->done) engine.abort(id);
+        [this, job, st](bool success) {
+          if (!success || !st->done) abort_all(*job);
         });
   }
 

@@ -538,6 +538,141 @@ class TestCurl(ServerTest):
         self.assertGreaterEqual(m["oscar_generation_tokens_total"], 2)
 
 
+# ------------------------------------------------------------------ 2b. logprobs, echo, n
+
+class TestLogprobsAndChoices(ServerTest):
+    """logprobs / top_logprobs / echo / n on the main server (greedy unless said)."""
+    C, CH = "/v1/completions", "/v1/chat/completions"
+
+    def setUp(self):
+        self.server = MAIN
+
+    def post(self, path, body):
+        status, obj = MAIN.post_json(path, body)
+        self.assertEqual(status, 200, short(obj))
+        return obj
+
+    def test_completion_logprobs_of_greedy_tokens(self):
+        obj = self.post(self.C, {"prompt": "The capital of France is", "max_tokens": 10, "temperature": 0,
+                                 "ignore_eos": True, "logprobs": 3})
+        c = obj["choices"][0]
+        lp = c["logprobs"]
+        self.assertEqual(len(lp["tokens"]), obj["usage"]["completion_tokens"])
+        self.assertEqual("".join(lp["tokens"]), c["text"])
+        for i, (t, v, top) in enumerate(zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"])):
+            self.assertLessEqual(v, 0.0)
+            self.assertIn(len(top), (3, 4))  # the 3 best and the token itself
+            best = max(top.items(), key=lambda kv: kv[1])
+            self.assertEqual(best[0], t, f"position {i}: greedy takes the most likely token")
+            self.assertAlmostEqual(best[1], v, places=5)
+        offs = lp["text_offset"]
+        self.assertEqual(offs[0], 0)
+        self.assertEqual(offs, [sum(len(t) for t in lp["tokens"][:i]) for i in range(len(offs))])
+
+    def test_echo_scores_a_generation_as_it_was_generated(self):
+        """What lm-evaluation-harness asks (echo, max_tokens 0, logprobs 1): a greedy continuation,
+        scored as part of the prompt, gets the log probabilities it was generated with (within
+        2e-2: generated, it read its context back from the BF16 cache one token a step; scored, in
+        one prefill chunk)."""
+        prompt = token_prompt(71, 24)
+        gen = self.post(self.C, {"prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": True,
+                                 "logprobs": 1, "return_tokens_as_token_ids": True})
+        g = gen["choices"][0]["logprobs"]
+        self.assertTrue(all(t.startswith("token_id:") for t in g["tokens"]), g["tokens"])
+        ids = [int(t.split(":")[1]) for t in g["tokens"]]
+        scored = self.post(self.C, {"prompt": prompt + ids, "max_tokens": 0, "temperature": 0, "logprobs": 1,
+                                    "echo": True, "return_tokens_as_token_ids": True})
+        c = scored["choices"][0]
+        s_lp = c["logprobs"]
+        self.assertEqual(scored["usage"]["completion_tokens"], 0)
+        self.assertEqual(c["finish_reason"], "length")
+        self.assertEqual(s_lp["tokens"], [f"token_id:{t}" for t in prompt + ids])
+        self.assertIsNone(s_lp["token_logprobs"][0])
+        self.assertIsNone(s_lp["top_logprobs"][0])
+        for i, (a, b) in enumerate(zip(s_lp["token_logprobs"][len(prompt):], g["token_logprobs"])):
+            self.assertAlmostEqual(a, b, delta=2e-2, msg=f"generated token {i}")
+        self.assertTrue(all(v <= 0 for v in s_lp["token_logprobs"][1:]))
+        # echo and generation in one request: the prompt's entries, then the generated ones
+        both = self.post(self.C, {"prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": True,
+                                  "logprobs": 1, "echo": True, "return_tokens_as_token_ids": True})
+        b_lp = both["choices"][0]["logprobs"]
+        self.assertEqual(b_lp["tokens"], s_lp["tokens"])
+        for a, b in zip(b_lp["token_logprobs"][len(prompt):], g["token_logprobs"]):
+            self.assertAlmostEqual(a, b, delta=1e-4)
+        for a, b in zip(b_lp["token_logprobs"][1:len(prompt)], s_lp["token_logprobs"][1:len(prompt)]):
+            self.assertAlmostEqual(a, b, delta=1e-4)
+
+    def test_chat_logprobs(self):
+        obj = self.post(self.CH, {"messages": [{"role": "user", "content": "Name a colour."}], "max_tokens": 6,
+                                  "temperature": 0, "logprobs": True, "top_logprobs": 2})
+        c = obj["choices"][0]
+        content = c["logprobs"]["content"]
+        n = obj["usage"]["completion_tokens"] - (1 if c["finish_reason"] == "stop" else 0)
+        self.assertEqual(len(content), n, "one entry per token of the text (the end-of-turn token not listed)")
+        text = b"".join(bytes(e["bytes"]) for e in content).decode("utf-8", "replace")
+        self.assertEqual(text, c["message"]["content"])
+        for e in content:
+            self.assertEqual(len(e["top_logprobs"]), 2)
+            self.assertEqual(e["top_logprobs"][0]["token"], e["token"])  # greedy
+            self.assertGreaterEqual(e["top_logprobs"][0]["logprob"], e["top_logprobs"][1]["logprob"])
+        plain = self.post(self.CH, {"messages": [{"role": "user", "content": "Name a colour."}], "max_tokens": 6,
+                                    "temperature": 0})
+        self.assertIsNone(plain["choices"][0]["logprobs"])
+        self.assertEqual(plain["choices"][0]["message"]["content"], c["message"]["content"])
+
+    def test_stream_logprobs_equal_nonstream(self):
+        for path, body in ((self.C, {"prompt": "Once upon a time", "logprobs": 2, "echo": True}),
+                           (self.CH, {"messages": [{"role": "user", "content": "Count to five."}],
+                                      "logprobs": True, "top_logprobs": 1})):
+            body = dict(body, max_tokens=9, temperature=0, ignore_eos=True)
+            whole = self.post(path, body)["choices"][0]["logprobs"]
+            status, events, done = MAIN.stream(path, body)
+            self.assertEqual(status, 200)
+            self.assertTrue(done)
+            chunks = [c["logprobs"] for e in events for c in e["choices"] if c.get("logprobs")]
+            if path == self.C:
+                for key in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
+                    self.assertEqual([x for ch in chunks for x in ch[key]], whole[key], key)
+            else:
+                self.assertEqual([x for ch in chunks for x in ch["content"]], whole["content"])
+
+    def test_n_choices_equal_single_requests_with_consecutive_seeds(self):
+        body = {"prompt": "Once upon a time", "max_tokens": 10, "temperature": 1.0, "ignore_eos": True, "seed": 11}
+        obj = self.post(self.C, dict(body, n=3))
+        self.assertEqual([c["index"] for c in obj["choices"]], [0, 1, 2])
+        singles = [self.post(self.C, dict(body, seed=11 + i))["choices"][0]["text"] for i in range(3)]
+        self.assertEqual([c["text"] for c in obj["choices"]], singles)
+        self.assertGreater(len(set(singles)), 1, "three draws at temperature 1 should not all agree")
+        self.assertEqual(obj["usage"]["completion_tokens"], 30)
+        # streamed: the chunks of each index make the same texts
+        status, events, done = MAIN.stream(self.C, dict(body, n=3, stream_options={"include_usage": True}))
+        self.assertTrue(done)
+        texts = ["", "", ""]
+        finishes = [0, 0, 0]
+        for e in events:
+            for c in e["choices"]:
+                texts[c["index"]] += c.get("text") or ""
+                finishes[c["index"]] += c.get("finish_reason") is not None
+        self.assertEqual(texts, singles)
+        self.assertEqual(finishes, [1, 1, 1])
+        self.assertEqual(stream_usage(events)["completion_tokens"], 30)
+        # chat, n = 2, greedy: two equal choices
+        ch = self.post(self.CH, {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 5, "n": 2,
+                                 "temperature": 0})
+        self.assertEqual(len(ch["choices"]), 2)
+        self.assertEqual(ch["choices"][0]["message"], ch["choices"][1]["message"])
+        self.assert_idle(MAIN)
+
+    def test_unseeded_sampled_requests_differ(self):
+        body = {"prompt": "The", "max_tokens": 24, "temperature": 2.0, "ignore_eos": True}
+        a = self.post(self.C, body)["choices"][0]["text"]
+        b = self.post(self.C, body)["choices"][0]["text"]
+        self.assertNotEqual(a, b, "requests without a seed must not repeat each other's draws")
+        s1 = self.post(self.C, dict(body, seed=3))["choices"][0]["text"]
+        s2 = self.post(self.C, dict(body, seed=3))["choices"][0]["text"]
+        self.assertEqual(s1, s2, "a seed makes a request repeatable")
+
+
 # ------------------------------------------------------------------ 3. concurrency
 
 class TestConcurrency(ServerTest):
@@ -768,8 +903,17 @@ class TestHostileInput(ServerTest):
             ("stop empty string", C, {"prompt": "hi", "stop": [""]}, 400),
             ("stream a string", C, {"prompt": "hi", "stream": "yes"}, 400),
             ("stream_options not an object", C, {"prompt": "hi", "stream": True, "stream_options": 1}, 400),
-            ("n = 2", C, {"prompt": "hi", "n": 2}, 400),
-            ("n = 2 (chat)", CH, {"messages": OK, "n": 2}, 400),
+            ("n = 0", C, {"prompt": "hi", "n": 0}, 400),
+            ("n = 65 (chat)", CH, {"messages": OK, "n": 65}, 400),
+            ("best_of other than n", C, {"prompt": "hi", "n": 1, "best_of": 2}, 400),
+            ("logprobs 21", C, {"prompt": "hi", "logprobs": 21}, 400),
+            ("logprobs true (completions take a count)", C, {"prompt": "hi", "logprobs": True}, 400),
+            ("logprobs a string", C, {"prompt": "hi", "logprobs": "5"}, 400),
+            ("chat logprobs a number", CH, {"messages": OK, "logprobs": 2}, 400),
+            ("chat top_logprobs without logprobs", CH, {"messages": OK, "top_logprobs": 2}, 400),
+            ("chat top_logprobs 21", CH, {"messages": OK, "logprobs": True, "top_logprobs": 21}, 400),
+            ("chat echo", CH, {"messages": OK, "echo": True}, 400),
+            ("echo a string", C, {"prompt": "hi", "echo": "yes"}, 400),
             ("model a number", C, {"prompt": "hi", "model": 3}, 400),
             ("messages missing", CH, {"prompt": "hi"}, 400),
             ("messages a string", CH, {"messages": "hi"}, 400),
@@ -842,7 +986,16 @@ class TestHostileInput(ServerTest):
         with self.assertRaises(openai.NotFoundError):
             client.chat.completions.create(model="no-such-model", messages=self.OK_CHAT)
         with self.assertRaises(openai.BadRequestError):
-            client.chat.completions.create(model=model, messages=self.OK_CHAT, n=2)
+            client.chat.completions.create(model=model, messages=self.OK_CHAT, top_logprobs=2)
+        # what the client's own types make of n, logprobs and echo
+        r = client.chat.completions.create(model=model, messages=self.OK_CHAT, n=2, max_tokens=3,
+                                           logprobs=True, top_logprobs=2, temperature=0)
+        self.assertEqual([c.index for c in r.choices], [0, 1])
+        self.assertEqual(len(r.choices[0].logprobs.content[0].top_logprobs), 2)
+        r = client.completions.create(model=model, prompt="hi there", max_tokens=2, logprobs=1, echo=True,
+                                      temperature=0)
+        self.assertIsNone(r.choices[0].logprobs.token_logprobs[0])
+        self.assertTrue(r.choices[0].text.startswith("hi there"))
 
     def test_garbage_on_the_socket(self):
         # Not HTTP at all, then a half-sent request: the server survives both.
