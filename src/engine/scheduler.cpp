@@ -144,6 +144,27 @@ void Scheduler::abort_all() {
   for (auto& s : running_) aborts_.push_back(s->id);
 }
 
+bool Scheduler::waits_for_prefix(const Seq& w) const {
+  if (!cache_.prefix_caching() || w.wants_prompt_logprobs()) return false;
+  const size_t P = static_cast<size_t>(cache_.shape().page_size);
+  const size_t most = (w.history.size() - 1) / P * P;  // attach_prefix leaves the last token
+  if (most == 0) return false;
+  for (const auto& rp : running_) {
+    const Seq& r = *rp;
+    if (r.finished || r.cache_seq < 0) continue;
+    const bool unsettled = cache_.prefix_unsettled(r.cache_seq);
+    if (size_t(r.fed) >= most && !unsettled) continue;  // what it could share is attachable now
+    if (r.history.size() < P || !std::equal(w.history.begin(), w.history.begin() + std::ptrdiff_t(P), r.history.begin()))
+      continue;
+    const size_t lim = std::min(most, r.history.size());
+    size_t c = P;
+    while (c < lim && w.history[c] == r.history[c]) ++c;
+    const size_t shared = c / P * P;  // full pages both begin with
+    if (size_t(r.fed) < shared || unsettled) return true;
+  }
+  return false;
+}
+
 int Scheduler::chunk(const Seq& s, int budget) const {
   const int n = std::min(s.pending(), budget);
   return s.wants_prompt_logprobs() ? std::min(n, kPromptLogprobChunk) : n;
@@ -287,11 +308,17 @@ bool Scheduler::step() {
     free = cache_.pages_free();  // grew; the plan's needs are not taken yet
   }
 
-  // 2. Admission (FCFS), when nothing had to be preempted.
+  // 2. Admission (FCFS), when nothing had to be preempted. A request that waits for a shared
+  // prefix (waits_for_prefix) lets the ones behind it pass; one that does not fit stops admission.
   if (!preempted) {
-    while (!waiting_.empty() && budget > 0 &&
-           static_cast<int>(running_.size()) < cfg_.max_running) {
-      Seq& s = *waiting_.front();
+    for (auto it = waiting_.begin(); it != waiting_.end() && budget > 0 &&
+                                     static_cast<int>(running_.size()) < cfg_.max_running;) {
+      Seq& s = **it;
+      if (waits_for_prefix(s)) {
+        ++metrics_.prefix_waits;
+        ++it;
+        continue;
+      }
       s.cache_seq = cache_.create();
       // Prefix cache: pages of the longest cached prefix join the sequence.
       // (Not for prompt log probabilities: they need the logits of every prompt position.)
@@ -318,8 +345,8 @@ bool Scheduler::step() {
       plan.push_back({&s, n});
       need = total;
       budget -= n;
-      running_.push_back(std::move(waiting_.front()));
-      waiting_.pop_front();
+      running_.push_back(std::move(*it));
+      it = waiting_.erase(it);
     }
   }
   if (plan.empty()) return false;

@@ -12,7 +12,9 @@
 //      budget lasts, the running set has room and kv::KvCache::pages_needed says
 //      their first chunk fits. With prefix caching, a request starts from the
 //      longest cached prefix of its tokens (kv::KvCache::attach_prefix), and the
-//      full pages of every step are offered to the cache (publish_prefix).
+//      full pages of every step are offered to the cache (publish_prefix). A
+//      request whose first full pages a running sequence is still computing
+//      waits for them (waits_for_prefix) and lets later requests pass.
 // The pages of a step are checked before the forward runs, so a step never fails
 // for lack of memory; a request that could not fit in the whole cache even alone
 // is refused when it is added. Every request ends with exactly one finished
@@ -86,6 +88,7 @@ struct SchedulerMetrics {
   int64_t host_draws = 0;         // tokens whose logits were copied and drawn on the host
   int64_t preemptions = 0;
   int64_t prefix_queries = 0, prefix_hits = 0;  // prompt tokens looked up / found in the prefix cache
+  int64_t prefix_waits = 0;       // admissions put off for a prefix a running sequence computes
   int64_t requests_added = 0, requests_rejected = 0;
   int64_t finished_stop = 0, finished_length = 0, finished_abort = 0, finished_error = 0;
   double busy_s = 0;  // time inside forward
@@ -133,6 +136,12 @@ class Scheduler {
   void accept(Seq& s, int token, Clock::time_point now, TokenLogprob* logprob);
   void emit(Seq& s, std::string text, std::vector<int> tokens, std::vector<TokenLogprob> logprobs = {},
             std::vector<TokenLogprob> prompt_logprobs = {});
+  // In-batch prefix sharing (with prefix caching): true while a running sequence is still
+  // computing full pages that begin `w`'s tokens too, or has not settled them
+  // (KvCache::prefix_unsettled). `w` then waits and attaches them when they are done, instead of
+  // computing them a second time beside it (SGLang defers such requests the same way; `n`
+  // choices of one prompt are the common case).
+  bool waits_for_prefix(const Seq& w) const;
   // Tokens a running sequence may feed this step within `budget`.
   int chunk(const Seq& s, int budget) const;
   // The log probabilities the step's requests asked for, from its output rows.

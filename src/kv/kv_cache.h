@@ -140,6 +140,10 @@ class KvCache {
   // Indexes the full committed pages of `seq`; tokens: at least its committed ones.
   virtual void publish_prefix(SeqId seq, std::span<const int32_t> tokens) {}
   virtual bool prefix_caching() const { return false; }
+  // True while pages `seq` publishes are not yet in the form attach_prefix gives another
+  // sequence (the OSCAR cache's BF16 prompt, whose middle is demoted at its first decode step):
+  // a scheduler waiting for a shared prefix waits for this too.
+  virtual bool prefix_unsettled(SeqId seq) const { return false; }
 
   // Bytes of page storage held by live pages (for reports).
   virtual int64_t bytes_in_use() const = 0;

@@ -315,6 +315,11 @@ void OscarKvCache::publish_prefix(SeqId seq, std::span<const int32_t> tokens) {
   s.quant_published = mid_pages;
 }
 
+bool OscarKvCache::prefix_unsettled(SeqId seq) const {
+  auto it = seqs_.find(seq);
+  return prefix_ && opts_.prompt_bf16 && it != seqs_.end() && it->second.prompt;
+}
+
 void OscarKvCache::reserve(SeqId seq, int n) {
   if (n < 0) throw Error(fmt::format("{} kv cache: reserve of {} tokens", opts_.label, n));
   Seq& s = get(seq);

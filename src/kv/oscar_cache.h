@@ -88,6 +88,7 @@ class OscarKvCache : public KvCache {
   int attach_prefix(SeqId seq, std::span<const int32_t> tokens) override;
   void publish_prefix(SeqId seq, std::span<const int32_t> tokens) override;
   bool prefix_caching() const override { return prefix_; }
+  bool prefix_unsettled(SeqId seq) const override;
   int64_t bytes_in_use() const override;
 
   // Region sizes of a sequence's committed tokens (tests, reports).

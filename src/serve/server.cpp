@@ -2,7 +2,14 @@
 
 #include <fmt/format.h>
 #include <httplib.h>
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
+
+#include <cerrno>
+#include <cstdlib>
 
 #include <chrono>
 #include <condition_variable>
@@ -55,6 +62,59 @@ void send_error(httplib::Response& res, const ApiError& e) {
 }
 
 std::string sse(const json& j) { return "data: " + dump_json(j) + "\n\n"; }
+
+// The socket of a request's connection, found by its addresses: cpp-httplib 0.11 (Debian's) does
+// not hand it to handlers, and a non-streamed request must notice a client that went away while
+// it waits. The handler runs on the connection's thread, which closes the socket only after the
+// handler returns, so the descriptor stays this connection's while we hold it. -1 when not found.
+int connection_socket(const httplib::Request& req) {
+  DIR* dir = opendir("/proc/self/fd");
+  if (!dir) return -1;
+  int found = -1;
+  while (dirent* e = readdir(dir)) {
+    char* end = nullptr;
+    const long fd = std::strtol(e->d_name, &end, 10);
+    if (end == e->d_name || *end != '\0') continue;
+    sockaddr_storage local{}, peer{};
+    socklen_t ll = sizeof(local), pl = sizeof(peer);
+    if (getsockname(int(fd), reinterpret_cast<sockaddr*>(&local), &ll) != 0) continue;
+    if (getpeername(int(fd), reinterpret_cast<sockaddr*>(&peer), &pl) != 0) continue;
+    auto port_addr = [](const sockaddr_storage& a, std::string* addr) {
+      char buf[INET6_ADDRSTRLEN] = {};
+      if (a.ss_family == AF_INET) {
+        const auto* v4 = reinterpret_cast<const sockaddr_in*>(&a);
+        if (addr) *addr = inet_ntop(AF_INET, &v4->sin_addr, buf, sizeof(buf)) ? buf : "";
+        return int(ntohs(v4->sin_port));
+      }
+      if (a.ss_family == AF_INET6) {
+        const auto* v6 = reinterpret_cast<const sockaddr_in6*>(&a);
+        if (addr) *addr = inet_ntop(AF_INET6, &v6->sin6_addr, buf, sizeof(buf)) ? buf : "";
+        return int(ntohs(v6->sin6_port));
+      }
+      return -1;
+    };
+    std::string peer_addr;
+    if (port_addr(local, nullptr) == req.local_port && port_addr(peer, &peer_addr) == req.remote_port &&
+        peer_addr == req.remote_addr) {
+      found = int(fd);
+      break;
+    }
+  }
+  closedir(dir);
+  return found;
+}
+
+// True when the peer has closed the connection (end of stream or an error on the socket).
+// Pipelined bytes of a next request do not count.
+bool peer_closed(int fd) {
+  if (fd < 0) return false;
+  pollfd p{fd, POLLIN, 0};
+  if (::poll(&p, 1, 0) <= 0) return false;
+  if (p.revents & (POLLERR | POLLHUP | POLLNVAL)) return true;
+  char c;
+  const ssize_t n = ::recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+  return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
 
 }  // namespace
 
@@ -206,10 +266,17 @@ struct Server::Impl {
       job->meta = ResponseMeta{fmt::format("{}-{}", chat ? "chatcmpl" : "cmpl", next_id++), opts.model_name,
                                unix_now(), chat};
       if (cr.stream) return stream(res, job);
+      const int fd = connection_socket(req);
       int left = cr.n;
       RequestEvent e;
       while (left > 0) {
-        if (!ch->pop(e, std::chrono::milliseconds(1000))) continue;
+        if (!ch->pop(e, std::chrono::milliseconds(100))) {
+          if (peer_closed(fd)) {  // the client went away: free the pages now, answer nobody
+            abort_all(*job);
+            return;
+          }
+          continue;
+        }
         const int i = job->index_of(e.id);
         if (i < 0) continue;
         ChoiceState& c = job->st[size_t(i)];
@@ -404,6 +471,9 @@ struct Server::Impl {
     line("oscar_prefix_cache_queries_total", double(m.prefix_queries));
     metric("oscar_prefix_cache_hits_total", "counter", "Prompt tokens found in the prefix cache (not recomputed).");
     line("oscar_prefix_cache_hits_total", double(m.prefix_hits));
+    metric("oscar_prefix_waits_total", "counter",
+           "Admissions put off because a running sequence was computing the request's first full pages.");
+    line("oscar_prefix_waits_total", double(m.prefix_waits));
     metric("oscar_prefix_cache_hit_rate", "gauge", "prefix_cache_hits_total / prefix_cache_queries_total.");
     line("oscar_prefix_cache_hit_rate", m.prefix_queries ? double(m.prefix_hits) / m.prefix_queries : 0.0);
     metric("oscar_kv_tokens", "gauge", "Cached tokens of live sequences, by region (sink and recent: BF16; middle: quantized).");

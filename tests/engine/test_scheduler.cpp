@@ -457,6 +457,79 @@ TEST(PrefixCache, OscarSameTokensWithAndWithoutAndMiddlePagesShared) {
   EXPECT_EQ(on->usage().used.bf16 + on->usage().used.quant, 0);
 }
 
+// In-batch prefix sharing: requests that begin with the same full pages, added together, compute
+// those pages once (the others wait for them and attach them) and give the tokens they give one
+// after another with the prefix cache; a request with another prompt is not held up.
+std::vector<std::vector<int>> run_together(Rig& r, kv::KvCache& cache, const std::vector<Request>& reqs,
+                                           SchedulerMetrics* metrics, int batch_tokens, int* first_step_running) {
+  SchedulerConfig cfg;
+  cfg.max_batch_tokens = batch_tokens;
+  Scheduler s(r.m, cache, nullptr, cfg);
+  std::map<RequestId, Collected> got;
+  std::vector<RequestId> ids;
+  for (const auto& q : reqs) ids.push_back(s.add(q, collect_into(got)));
+  for (int steps = 0; !s.idle(); ++steps) {
+    s.step();
+    if (steps == 0 && first_step_running) *first_step_running = s.num_running();
+    EXPECT_LT(steps, 2000);
+    if (steps >= 2000) break;
+  }
+  if (metrics) *metrics = s.metrics();
+  std::vector<std::vector<int>> out;
+  for (RequestId id : ids) {
+    EXPECT_EQ(got[id].finished, 1);
+    out.push_back(got[id].tokens);
+  }
+  return out;
+}
+
+TEST(PrefixCache, RequestsAddedTogetherComputeASharedPromptOnce) {
+  Rig r;
+  const int V = r.m.config().vocab_size;
+  auto reqs = shared_prefix(3, 90, V, 17);  // 90 shared tokens: 5 full pages of 16
+  reqs.push_back(reqs[0]);                  // n = 2 of the first prompt
+  std::mt19937 rng(3);
+  Request other;                            // another prompt: not held up
+  for (int t = 0; t < 40; ++t) other.prompt.push_back(int(rng() % unsigned(V)));
+  other.max_new_tokens = 6;
+  reqs.push_back(other);
+  int64_t prompt_tokens = 0;
+  for (const auto& q : reqs) prompt_tokens += int64_t(q.prompt.size());
+
+  kv::Bf16KvCache off(r.m.cache_shape(16), 128, false), on(r.m.cache_shape(16), 128, true);
+  SchedulerMetrics m_off, m_on;
+  int running_off = 0, running_on = 0;
+  // (128 tokens a step: the first prompt's 95 and a first chunk of `other` in the first step.)
+  const auto want = run_together(r, off, reqs, &m_off, 128, &running_off);
+  const auto got = run_together(r, on, reqs, &m_on, 128, &running_on);
+  EXPECT_EQ(got, want);  // BF16 pages: attaching equals computing
+  EXPECT_EQ(m_off.prefill_tokens, prompt_tokens);
+  EXPECT_EQ(m_on.prefix_hits, 3 * 80);  // the 80 tokens of 5 full pages, for the 3 that waited
+  EXPECT_EQ(m_on.prefill_tokens, prompt_tokens - 3 * 80);
+  EXPECT_GT(m_on.prefix_waits, 0);
+  EXPECT_EQ(running_on, 2);  // the first of the shared prompt and `other`; the rest wait
+  EXPECT_EQ(on.pool().num_used(), 0);
+
+  // OSCAR with the BF16 prompt: the waiting requests attach once the first has settled its pages
+  // (its first decode step demotes the middle), so they match the same requests run one by one.
+  auto make = [&]() {
+    kv::OscarCacheOptions o;
+    o.max_tokens = 4096;
+    o.prefix_caching = true;
+    o.prompt_bf16 = true;
+    return r.oscar_cache(o);
+  };
+  auto seq_cache = make(), tog_cache = make();
+  SchedulerMetrics m_seq, m_tog;
+  const auto one_by_one = run_one_by_one(r, *seq_cache, reqs, &m_seq, 16);
+  const auto together = run_together(r, *tog_cache, reqs, &m_tog, 16, nullptr);
+  EXPECT_EQ(together, one_by_one);
+  EXPECT_EQ(m_tog.prefix_hits, m_seq.prefix_hits);
+  EXPECT_GT(m_tog.prefix_hits, 0);
+  EXPECT_GT(m_tog.prefix_waits, 0);
+  EXPECT_EQ(tog_cache->usage().used.bf16 + tog_cache->usage().used.quant, 0);
+}
+
 // A request whose logits turn NaN (its prompt holds a token whose embedding is NaN) fails alone,
 // with "error" and a message naming NaN, while the sampled requests stepped beside it finish
 // normally and every page comes back.
