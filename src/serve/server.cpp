@@ -105,7 +105,8 @@ int connection_socket(const httplib::Request& req) {
 }
 
 // True when the peer has closed the connection (end of stream or an error on the socket).
-// Pipelined bytes of a next request do not count.
+// Pipelined bytes of a next request do not count. (A client that half-closes its side after
+// sending, which HTTP clients do not do, would read as gone.)
 bool peer_closed(int fd) {
   if (fd < 0) return false;
   pollfd p{fd, POLLIN, 0};
@@ -267,16 +268,19 @@ struct Server::Impl {
                                unix_now(), chat};
       if (cr.stream) return stream(res, job);
       const int fd = connection_socket(req);
+      auto checked = std::chrono::steady_clock::now();
       int left = cr.n;
       RequestEvent e;
       while (left > 0) {
-        if (!ch->pop(e, std::chrono::milliseconds(100))) {
+        const bool got = ch->pop(e, std::chrono::milliseconds(100));
+        if (const auto now = std::chrono::steady_clock::now(); now - checked >= std::chrono::milliseconds(100)) {
+          checked = now;
           if (peer_closed(fd)) {  // the client went away: free the pages now, answer nobody
             abort_all(*job);
             return;
           }
-          continue;
         }
+        if (!got) continue;
         const int i = job->index_of(e.id);
         if (i < 0) continue;
         ChoiceState& c = job->st[size_t(i)];
