@@ -9,6 +9,7 @@ with SIGTERM. Standard library only.
 
   python3 bench/serving/run_matrix.py --preset memory   # BF16 vs 2-bit at the same KV bytes
   python3 bench/serving/run_matrix.py --preset prefix   # shared-prefix data, prefix cache on/off
+  python3 bench/serving/run_matrix.py --preset burst    # shared prefixes arriving at once
   # on a GPU: longer prompts, more of them, the server on the device
   python3 bench/serving/run_matrix.py --preset memory --model M.gguf --calib C.safetensors --mem 4096 \
       --bf16-running 128 --oscar-running 128 --extra-server "--device cuda --max-batch-tokens 8192" \
@@ -86,6 +87,16 @@ CASES = {
             ("oscar no-cache", ["--kv", "oscar", "--calib", "{calib}", "--no-prefix-caching"]),
         ],
     },
+    # Requests sharing a prefix arrive at once (no warm cache): in-batch prefix sharing.
+    "burst": {
+        "bench": ["--dataset", "shared-prefix", "--num-groups", "2", "--prompts-per-group", "8",
+                  "--prefix-len", "1024", "--suffix-len", "64", "--output-len", "32",
+                  "--max-concurrency", "16"],
+        "cases": [
+            ("bf16 prefix-cache", ["--kv", "bf16"]),
+            ("oscar prefix-cache", ["--kv", "oscar", "--calib", "{calib}"]),
+        ],
+    },
 }
 
 
@@ -124,6 +135,7 @@ def main():
         r["server"] = banner
         r["preemptions"] = m.get("oscar_preemptions_total", 0)
         r["prefix_hit_rate"] = m.get("oscar_prefix_cache_hit_rate", 0)
+        r["prefill_tokens"] = m.get("oscar_prefill_tokens_total", 0)
         r["bf16_pages"] = m.get('oscar_kv_pages_total{dtype="bf16"}', 0)
         r["quant_pages"] = m.get('oscar_kv_pages_total{dtype="quant"}', 0)
         rows.append(r)
@@ -139,7 +151,7 @@ def main():
             ("TTFT mean ms", "ttft_ms.mean", "{:.0f}"), ("TTFT p99 ms", "ttft_ms.p99", "{:.0f}"),
             ("TPOT mean ms", "tpot_ms.mean", "{:.1f}"), ("ITL p99 ms", "itl_ms.p99", "{:.0f}"),
             ("max in flight", "max_concurrent_requests", "{}"), ("preemptions", "preemptions", "{:.0f}"),
-            ("prefix hit rate", "prefix_hit_rate", "{:.2f}"),
+            ("prefix hit rate", "prefix_hit_rate", "{:.2f}"), ("prefill tokens", "prefill_tokens", "{:.0f}"),
             ("KV pages bf16 / 2-bit", "pages", "{}"), ("failed", "failed_requests", "{}")]
     for r in rows:
         r["pages"] = f"{r['bf16_pages']:.0f} / {r['quant_pages']:.0f}"
