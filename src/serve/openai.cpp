@@ -86,29 +86,37 @@ CompletionRequest parse_completion_request(const std::string& body, bool chat) {
     auto it = j.find("prompt");
     if (it == j.end() || it->is_null()) throw bad("prompt", "'prompt' is required");
     const auto& p = *it;
+    auto text_prompt = [&](const nlohmann::ordered_json& v) {
+      CompletionRequest::Prompt q;
+      q.text = v.get<std::string>();
+      if (q.text.empty()) throw bad("prompt", "'prompt' is empty");
+      r.prompts.push_back(std::move(q));
+    };
+    auto token_prompt = [&](const nlohmann::ordered_json& v) {
+      CompletionRequest::Prompt q;
+      q.is_tokens = true;
+      q.tokens = token_list(v);
+      if (q.tokens.empty()) throw bad("prompt", "'prompt' is empty");
+      r.prompts.push_back(std::move(q));
+    };
     if (p.is_string()) {
-      r.prompt_text = p.get<std::string>();
+      text_prompt(p);
     } else if (p.is_array()) {
-      // One prompt only (n = 1): a string, a list of token ids, or a list of one of those.
+      // A string, a list of token ids, or a list of those (several prompts).
       if (p.empty()) throw bad("prompt", "'prompt' is empty");
       if (p[0].is_number()) {
-        r.prompt_tokens = token_list(p);
-        r.prompt_is_tokens = true;
-      } else if (p.size() != 1) {
-        throw bad("prompt", "only one prompt per request is supported");
-      } else if (p[0].is_string()) {
-        r.prompt_text = p[0].get<std::string>();
-      } else if (p[0].is_array()) {
-        r.prompt_tokens = token_list(p[0]);
-        r.prompt_is_tokens = true;
+        token_prompt(p);
       } else {
-        throw bad("prompt", "'prompt' must be a string, a list of token ids or a list of one of those");
+        if (p.size() > size_t(kMaxPrompts)) throw bad("prompt", fmt::format("at most {} prompts per request", kMaxPrompts));
+        for (const auto& q : p) {
+          if (q.is_string()) text_prompt(q);
+          else if (q.is_array()) token_prompt(q);
+          else throw bad("prompt", "'prompt' must be a string, a list of token ids or a list of those");
+        }
       }
     } else {
       throw bad("prompt", "'prompt' must be a string or an array");
     }
-    if (!r.prompt_is_tokens && r.prompt_text.empty()) throw bad("prompt", "'prompt' is empty");
-    if (r.prompt_is_tokens && r.prompt_tokens.empty()) throw bad("prompt", "'prompt' is empty");
   }
 
   const double kMaxTok = 1 << 30;
@@ -128,6 +136,8 @@ CompletionRequest parse_completion_request(const std::string& body, bool chat) {
   r.sampling.seed = static_cast<uint64_t>(seed);
   r.seeded = j.contains("seed") && !j["seed"].is_null();
   number(j, "n", r.n, 1, kMaxChoices);
+  if (r.prompts.size() * size_t(r.n) > size_t(kMaxChoices) * 4)
+    throw bad("n", fmt::format("{} prompts × n = {} is more than {} choices", r.prompts.size(), r.n, kMaxChoices * 4));
   for (const char* k : {"presence_penalty", "frequency_penalty"}) {
     double v = 0;
     number(j, k, v, -2, 2);

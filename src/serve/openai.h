@@ -31,9 +31,14 @@ class ApiError : public Error {
 struct CompletionRequest {
   bool chat = false;
   std::string model;                     // as given ("" = not given)
-  std::string prompt_text;               // completions with a string prompt
-  std::vector<int> prompt_tokens;        // completions with token ids
-  bool prompt_is_tokens = false;
+  // Completions: one or more prompts (OpenAI's batch form: a list of strings or of token-id
+  // lists), each a string or token ids.
+  struct Prompt {
+    bool is_tokens = false;
+    std::string text;
+    std::vector<int> tokens;
+  };
+  std::vector<Prompt> prompts;
   nlohmann::ordered_json messages;       // chat
   int max_tokens = -1;                   // -1 = not given
   engine::SamplingParams sampling;
@@ -48,8 +53,10 @@ struct CompletionRequest {
   int n = 1;          // choices
 };
 
-// The most choices one request may ask for (`n`).
+// The most choices one request may ask for (`n`), and the most prompts of one completions request
+// (prompts × n engine requests at most kMaxChoices × 4).
 inline constexpr int kMaxChoices = 64;
+inline constexpr int kMaxPrompts = 256;
 
 // Parses and type-checks a request body. Throws ApiError (400) naming the field.
 CompletionRequest parse_completion_request(const std::string& body, bool chat);

@@ -156,12 +156,18 @@ struct Server::Impl {
                      "invalid_request_error", "", "invalid_api_key");
   }
 
-  engine::Request to_engine(const CompletionRequest& cr) const {
+  // Engine requests for each prompt of `cr` (chat: its one rendered conversation), in order.
+  std::vector<engine::Request> to_engine(const CompletionRequest& cr) const {
     if (!cr.model.empty() && cr.model != opts.model_name)
       throw ApiError(404, fmt::format("the model '{}' does not exist; this server serves '{}'",
                                       cr.model, opts.model_name),
                      "invalid_request_error", "model", "model_not_found");
     engine::Request r;
+    r.max_new_tokens = cr.max_tokens < 0 ? std::numeric_limits<int>::max() : cr.max_tokens;
+    r.sampling = cr.sampling;
+    r.stop_strings = cr.stop;
+    if (!cr.ignore_eos) r.stop_tokens = eos;
+    std::vector<engine::Request> out;
     if (cr.chat) {
       std::string text;
       try {
@@ -173,17 +179,16 @@ struct Server::Impl {
       const int bos = tok.bos();
       const bool has_bos = bos >= 0 && text.starts_with(tok.token_text(bos));
       r.prompt = tok.encode(text, !has_bos);
-    } else if (cr.prompt_is_tokens) {
-      r.prompt = cr.prompt_tokens;
+      out.push_back(r);
     } else {
-      r.prompt = tok.encode(cr.prompt_text, true);
+      for (const CompletionRequest::Prompt& p : cr.prompts) {
+        r.prompt = p.is_tokens ? p.tokens : tok.encode(p.text, true);
+        out.push_back(r);
+      }
     }
-    if (r.prompt.empty()) throw ApiError(400, "the prompt encodes to no tokens", "invalid_request_error", "prompt");
-    r.max_new_tokens = cr.max_tokens < 0 ? std::numeric_limits<int>::max() : cr.max_tokens;
-    r.sampling = cr.sampling;
-    r.stop_strings = cr.stop;
-    if (!cr.ignore_eos) r.stop_tokens = eos;
-    return r;
+    for (const engine::Request& q : out)
+      if (q.prompt.empty()) throw ApiError(400, "the prompt encodes to no tokens", "invalid_request_error", "prompt");
+    return out;
   }
 
   // One HTTP request's choices: n engine requests (seeds seed, seed + 1, ...) whose events share
@@ -196,12 +201,16 @@ struct Server::Impl {
     bool echo_sent = false, first = true, finished = false;
     std::string finish_reason;
     int completion_tokens = 0;
+    int prompt = 0;  // its prompt's index
+  };
+  struct PromptInfo {
+    std::vector<int> tokens;  // echo's logprobs
+    std::string echo_text;    // the prompt as echoed
   };
   struct Job {
     CompletionRequest cr;
     ResponseMeta meta;
-    std::vector<int> prompt;       // its tokens (echo's logprobs)
-    std::string echo_text;         // the prompt as echoed
+    std::vector<PromptInfo> prompts;
     std::vector<int> stop_tokens;  // end generation; not listed in logprobs
     std::vector<engine::RequestId> ids;
     std::shared_ptr<Channel> ch = std::make_shared<Channel>();
@@ -225,7 +234,7 @@ struct Server::Impl {
     std::vector<LogprobEntry> echo_entries(const ChoiceState& c) const {
       std::vector<LogprobEntry> v;
       engine::TokenLogprob first;
-      first.token = prompt.empty() ? 0 : prompt[0];
+      first.token = prompts[size_t(c.prompt)].tokens[0];
       v.push_back({first, false});
       for (const auto& lp : c.prompt_lps) v.push_back({lp, true});
       return v;
@@ -243,19 +252,29 @@ struct Server::Impl {
       auto job = std::make_shared<Job>();
       job->cr = parse_completion_request(req.body, chat);
       const CompletionRequest& cr = job->cr;
-      engine::Request er = to_engine(cr);
-      job->prompt = er.prompt;
-      job->stop_tokens = er.stop_tokens;
-      if (cr.echo) job->echo_text = cr.prompt_is_tokens ? tok.decode(cr.prompt_tokens) : cr.prompt_text;
-      er.logprobs = cr.logprobs;
-      er.prompt_logprobs = job->echo_logprobs() ? cr.logprobs : -1;
+      std::vector<engine::Request> ers = to_engine(cr);
+      job->stop_tokens = ers[0].stop_tokens;
+      for (size_t p = 0; p < ers.size(); ++p) {
+        PromptInfo info{ers[p].prompt, {}};
+        if (cr.echo) {
+          const auto& q = cr.prompts[p];
+          info.echo_text = q.is_tokens ? tok.decode(q.tokens) : q.text;
+        }
+        job->prompts.push_back(std::move(info));
+        job->prompt_tokens += static_cast<int>(ers[p].prompt.size());
+      }
       const uint64_t seed = cr.seeded ? cr.sampling.seed : next_seed();
-      job->st.resize(size_t(cr.n));
+      // Choice index = prompt * n + j (OpenAI's order); choice j of each prompt draws with seed + j.
+      const int n_choices = static_cast<int>(ers.size()) * cr.n;
+      job->st.resize(size_t(n_choices));
       auto ch = job->ch;
       try {
-        for (int i = 0; i < cr.n; ++i) {
-          engine::Request ri = er;
-          ri.sampling.seed = seed + uint64_t(i);
+        for (int i = 0; i < n_choices; ++i) {
+          engine::Request ri = ers[size_t(i / cr.n)];
+          ri.logprobs = cr.logprobs;
+          ri.prompt_logprobs = job->echo_logprobs() ? cr.logprobs : -1;
+          ri.sampling.seed = seed + uint64_t(i % cr.n);
+          job->st[size_t(i)].prompt = i / cr.n;
           job->ids.push_back(engine.submit(std::move(ri), [ch](const RequestEvent& e) { ch->push(e); }));
         }
       } catch (const engine::Rejected& e) {
@@ -269,7 +288,7 @@ struct Server::Impl {
       if (cr.stream) return stream(res, job);
       const int fd = connection_socket(req);
       auto checked = std::chrono::steady_clock::now();
-      int left = cr.n;
+      int left = n_choices;
       RequestEvent e;
       while (left > 0) {
         const bool got = ch->pop(e, std::chrono::milliseconds(100));
@@ -287,7 +306,6 @@ struct Server::Impl {
         c.text += e.text;
         c.prompt_lps.insert(c.prompt_lps.end(), e.prompt_logprobs.begin(), e.prompt_logprobs.end());
         for (auto& lp : job->token_lps(e)) c.lps.push_back({std::move(lp), true});
-        job->prompt_tokens = e.prompt_tokens;
         if (!e.finished) continue;
         c.finished = true;
         c.finish_reason = e.finish_reason;
@@ -301,7 +319,7 @@ struct Server::Impl {
       std::vector<Choice> choices;
       int completion_tokens = 0;
       for (ChoiceState& c : job->st) {
-        Choice out{cr.echo ? job->echo_text + c.text : c.text, c.finish_reason, nullptr};
+        Choice out{cr.echo ? job->prompts[size_t(c.prompt)].echo_text + c.text : c.text, c.finish_reason, nullptr};
         if (cr.logprobs >= 0) {
           if (chat) {
             std::vector<engine::TokenLogprob> v;
@@ -360,18 +378,20 @@ struct Server::Impl {
           auto echo = [&](int i) {
             ChoiceState& c = job->st[size_t(i)];
             if (!cr.echo || c.echo_sent) return;
-            if (job->echo_logprobs() && c.prompt_lps.size() + 1 < job->prompt.size()) return;
+            const PromptInfo& p = job->prompts[size_t(c.prompt)];
+            if (job->echo_logprobs() && c.prompt_lps.size() + 1 < p.tokens.size()) return;
             json lp = nullptr;
             if (job->echo_logprobs()) lp = completion_logprobs(job->echo_entries(c), token_bytes(*job), c.offset);
             else c.offset = 0;
-            write(sse(completion_chunk(job->meta, i, job->echo_text, "", false, lp)));
+            write(sse(completion_chunk(job->meta, i, p.echo_text, "", false, lp)));
             c.echo_sent = true;
             c.first = false;
           };
           try {
-            for (int i = 0; i < cr.n; ++i) echo(i);
+            const int choices = static_cast<int>(job->st.size());
+            for (int i = 0; i < choices; ++i) echo(i);
             RequestEvent e;
-            int left = cr.n;
+            int left = choices;
             auto idle = std::chrono::steady_clock::now();
             while (left > 0) {
               if (!job->ch->pop(e, std::chrono::milliseconds(100))) {
@@ -388,7 +408,6 @@ struct Server::Impl {
               const int i = job->index_of(e.id);
               if (i < 0) continue;
               ChoiceState& c = job->st[size_t(i)];
-              job->prompt_tokens = e.prompt_tokens;
               if (e.finished && e.finish_reason == "error") {
                 write(sse(ApiError(500, e.error, "server_error").body()));
                 abort_all(*job);
@@ -441,6 +460,64 @@ struct Server::Impl {
         [this, job, st](bool success) {
           if (!success || !st->done) abort_all(*job);
         });
+  }
+
+  // POST /tokenize {"prompt": text, "add_special_tokens": true} or {"messages": [...]} (rendered
+  // with the chat template, generation prompt added): the ids the completion routes would feed.
+  // POST /detokenize {"tokens": [ids]}: their text. (vLLM's routes of the same names.)
+  void tokenize(const httplib::Request& req, httplib::Response& res, bool inverse) {
+    try {
+      check_auth(req);
+      nlohmann::ordered_json j;
+      try {
+        j = nlohmann::ordered_json::parse(req.body);
+      } catch (const nlohmann::json::exception& e) {
+        throw ApiError(400, std::string("the body is not valid JSON: ") + e.what());
+      }
+      if (!j.is_object()) throw ApiError(400, "the body must be a JSON object");
+      if (auto it = j.find("model"); it != j.end() && !it->is_null() &&
+                                     (!it->is_string() || it->get<std::string>() != opts.model_name))
+        throw ApiError(404, fmt::format("the model {} does not exist; this server serves '{}'", it->dump(),
+                                        opts.model_name),
+                       "invalid_request_error", "model", "model_not_found");
+      if (inverse) {
+        auto it = j.find("tokens");
+        if (it == j.end() || !it->is_array()) throw ApiError(400, "'tokens' must be a list of token ids", "invalid_request_error", "tokens");
+        std::vector<int> ids;
+        for (const auto& t : *it) {
+          if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= tok.vocab_size())
+            throw ApiError(400, fmt::format("token id {} is outside the vocabulary [0, {})", t.dump(), tok.vocab_size()),
+                           "invalid_request_error", "tokens");
+          ids.push_back(t.get<int>());
+        }
+        res.set_content(dump_json({{"prompt", tok.decode(ids)}}), "application/json");
+        return;
+      }
+      std::vector<int> ids;
+      if (j.contains("messages")) {
+        CompletionRequest cr = parse_completion_request(req.body, true);
+        cr.model.clear();
+        ids = to_engine(cr)[0].prompt;
+      } else {
+        auto it = j.find("prompt");
+        if (it == j.end() || !it->is_string())
+          throw ApiError(400, "'prompt' (a string) or 'messages' is required", "invalid_request_error", "prompt");
+        bool special = true;
+        if (auto s = j.find("add_special_tokens"); s != j.end() && !s->is_null()) {
+          if (!s->is_boolean()) throw ApiError(400, "'add_special_tokens' must be a boolean", "invalid_request_error", "add_special_tokens");
+          special = s->get<bool>();
+        }
+        ids = tok.encode(it->get<std::string>(), special);
+      }
+      res.set_content(dump_json({{"tokens", ids}, {"count", ids.size()}, {"max_model_len", sched.config().max_model_len}}),
+                      "application/json");
+    } catch (const ApiError& e) {
+      ++(e.status >= 500 ? http_errors_5xx : http_errors_4xx);
+      send_error(res, e);
+    } catch (const std::exception& e) {
+      ++http_errors_5xx;
+      send_error(res, ApiError(500, e.what(), "server_error"));
+    }
   }
 
   std::string metrics_text() {
@@ -560,6 +637,8 @@ Server::Server(engine::AsyncEngine& engine, const engine::Scheduler& sched,
   http.Post("/v1/chat/completions", [&I](const httplib::Request& q, httplib::Response& r) {
     I.completions(q, r, true);
   });
+  http.Post("/tokenize", [&I](const httplib::Request& q, httplib::Response& r) { I.tokenize(q, r, false); });
+  http.Post("/detokenize", [&I](const httplib::Request& q, httplib::Response& r) { I.tokenize(q, r, true); });
   http.Get("/v1/models", [&I](const httplib::Request& q, httplib::Response& r) {
     try {
       I.check_auth(q);

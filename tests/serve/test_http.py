@@ -663,6 +663,47 @@ class TestLogprobsAndChoices(ServerTest):
         self.assertEqual(ch["choices"][0]["message"], ch["choices"][1]["message"])
         self.assert_idle(MAIN)
 
+    def test_several_prompts_with_n(self):
+        """OpenAI's batch form: choice p * n + j is prompt p's choice j."""
+        prompts = ["Once upon a time", token_prompt(5, 12)]
+        body = {"max_tokens": 6, "temperature": 0.8, "seed": 2, "ignore_eos": True}
+        obj = self.post(self.C, dict(body, prompt=prompts, n=2))
+        self.assertEqual([c["index"] for c in obj["choices"]], [0, 1, 2, 3])
+        want, prompt_tokens = [], 0
+        for p in prompts:
+            for j in range(2):
+                one = self.post(self.C, dict(body, prompt=p, seed=2 + j))
+                want.append(one["choices"][0]["text"])
+            prompt_tokens += one["usage"]["prompt_tokens"]
+        self.assertEqual([c["text"] for c in obj["choices"]], want)
+        self.assertEqual(obj["usage"]["prompt_tokens"], prompt_tokens)
+        self.assertEqual(obj["usage"]["completion_tokens"], 24)
+        # echo gives each choice its own prompt
+        e = self.post(self.C, {"prompt": ["Hello there", "Good morning"], "max_tokens": 2, "echo": True,
+                               "temperature": 0})
+        self.assertTrue(e["choices"][0]["text"].startswith("Hello there"))
+        self.assertTrue(e["choices"][1]["text"].startswith("Good morning"))
+
+    def test_tokenize_and_detokenize(self):
+        status, t = MAIN.post_json("/tokenize", {"prompt": "The capital of France is"})
+        self.assertEqual(status, 200, t)
+        self.assertEqual(t["count"], len(t["tokens"]))
+        self.assertEqual(t["max_model_len"], MAIN_MAX_MODEL_LEN)
+        status, d = MAIN.post_json("/detokenize", {"tokens": t["tokens"]})
+        self.assertEqual(status, 200, d)
+        self.assertEqual(d["prompt"], "The capital of France is")
+        by_text = self.post(self.C, {"prompt": "The capital of France is", "max_tokens": 5, "temperature": 0})
+        by_ids = self.post(self.C, {"prompt": t["tokens"], "max_tokens": 5, "temperature": 0})
+        self.assertEqual(by_ids["choices"][0]["text"], by_text["choices"][0]["text"])
+        self.assertEqual(by_text["usage"]["prompt_tokens"], t["count"])
+        msgs = [{"role": "user", "content": "Name a colour."}]
+        status, tm = MAIN.post_json("/tokenize", {"messages": msgs})
+        self.assertEqual(status, 200, tm)
+        chat = self.post(self.CH, {"messages": msgs, "max_tokens": 1})
+        self.assertEqual(chat["usage"]["prompt_tokens"], tm["count"])
+        status, _, _ = MAIN.request("POST", "/tokenize", json.dumps({"prompt": "hi"}).encode(), auth=False)
+        self.assertEqual(status, 401)
+
     def test_unseeded_sampled_requests_differ(self):
         body = {"prompt": "The", "max_tokens": 24, "temperature": 2.0, "ignore_eos": True}
         a = self.post(self.C, body)["choices"][0]["text"]
@@ -923,7 +964,15 @@ class TestHostileInput(ServerTest):
             ("token id beyond int", C, {"prompt": [2 ** 40]}, 400),
             ("token id negative", C, {"prompt": [5, -1]}, 400),
             ("token ids in a nested list", C, {"prompt": [[5, 70000]]}, 400),
-            ("two prompts", C, {"prompt": ["a", "b"]}, 400),
+            ("prompts a string and a number", C, {"prompt": ["a", 5]}, 400),
+            ("a prompt list with an empty string", C, {"prompt": ["a", ""]}, 400),
+            ("257 prompts", C, {"prompt": ["a"] * 257}, 400),
+            ("prompts x n over 256 choices", C, {"prompt": ["a"] * 5, "n": 60}, 400),
+            ("tokenize without a prompt", "/tokenize", {"text": "hi"}, 400),
+            ("tokenize a number", "/tokenize", {"prompt": 5}, 400),
+            ("detokenize a negative id", "/detokenize", {"tokens": [1, -1]}, 400),
+            ("detokenize an id beyond the vocabulary", "/detokenize", {"tokens": [49152]}, 400),
+            ("detokenize a string", "/detokenize", {"tokens": "abc"}, 400),
             ("prompt beyond the context (text)", C, {"prompt": long_text(2000), "max_tokens": 4}, 400),
             ("prompt beyond the context (tokens)", C, {"prompt": [100] * 2000, "max_tokens": 4}, 400),
             ("chat beyond the context", CH,

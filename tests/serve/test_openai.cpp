@@ -33,11 +33,20 @@ TEST(OpenAiRequest, LogprobsEchoAndNParse) {
   EXPECT_EQ(parse_completion_request("{" + msgs + R"(, "logprobs": true, "top_logprobs": 5})", true).logprobs, 5);
   EXPECT_EQ(parse_completion_request("{" + msgs + R"(, "logprobs": false})", true).logprobs, -1);
   EXPECT_TRUE(parse_completion_request(R"({"prompt": "hi", "return_tokens_as_token_ids": true})", false).tokens_as_ids);
+  // Prompts: a string, ids, or a list of those.
+  auto several = parse_completion_request(R"({"prompt": ["a", [1, 2], "b"]})", false);
+  ASSERT_EQ(several.prompts.size(), 3u);
+  EXPECT_FALSE(several.prompts[0].is_tokens);
+  EXPECT_EQ(several.prompts[1].tokens, (std::vector<int>{1, 2}));
+  EXPECT_EQ(several.prompts[2].text, "b");
+  EXPECT_EQ(parse_completion_request(R"({"prompt": [7, 8]})", false).prompts.size(), 1u);
 
   for (const char* bad : {R"({"prompt": "hi", "logprobs": 21})", R"({"prompt": "hi", "logprobs": true})",
                           R"({"prompt": "hi", "logprobs": -1})", R"({"prompt": "hi", "logprobs": 1.5})",
                           R"({"prompt": "hi", "n": 0})", R"({"prompt": "hi", "n": 65})",
-                          R"({"prompt": "hi", "n": 2, "best_of": 3})", R"({"prompt": "hi", "echo": 1})"})
+                          R"({"prompt": "hi", "n": 2, "best_of": 3})", R"({"prompt": "hi", "echo": 1})",
+                          R"({"prompt": ["a", 5]})", R"({"prompt": [[1], []]})", R"({"prompt": ["a", ""]})",
+                          R"({"prompt": ["a", "b", "c", "d", "e"], "n": 60})"})
     EXPECT_EQ(status_of(bad, false), 400) << bad;
   for (const std::string& bad : {"{" + msgs + R"(, "top_logprobs": 2})", "{" + msgs + R"(, "logprobs": 2})",
                                  "{" + msgs + R"(, "logprobs": true, "top_logprobs": 21})",
