@@ -18,6 +18,7 @@
 #include <new>
 
 #include "backend/cpu/ops_attention.h"
+#include "backend/cpu/ops_amx.h"
 #include "backend/cpu/ops_gemv.h"
 #include "backend/cpu/ops_gemv_q8.h"
 #include "backend/cpu/ops_threads.h"
@@ -122,8 +123,11 @@ class CpuBackend : public Backend {
   }
 
   std::string name() const override {
-    return fmt::format("cpu ({} weights, gemv {}, attention {}, {} threads)",
-                       to_string(opts_.weight_dtype), gemv_isa(), kernels::cpu::attention_isa(),
+    const std::string amx = opts_.weight_dtype == WeightDtype::kBf16 && amx_available()
+                                ? fmt::format(", amx from {} rows", amx_min_rows())
+                                : std::string();
+    return fmt::format("cpu ({} weights, gemv {}{}, attention {}, {} threads)",
+                       to_string(opts_.weight_dtype), gemv_isa(), amx, kernels::cpu::attention_isa(),
                        op_threads());
   }
 

@@ -8,9 +8,11 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
+#include "backend/cpu/ops_amx.h"
 #include "backend/cpu/ops_gemm.h"
 #include "backend/cpu/ops_threads.h"
 #include "core/half.h"
@@ -226,8 +228,19 @@ void linear_f32(const float* w, int64_t out, int64_t in, const float* bias, cons
   gemm_f32(n, out, in, x, in, w, in, /*b_nk=*/true, y, out, 1.0f, bias);
 }
 
+int amx_min_rows() {
+  static const int rows = [] {
+    const char* e = std::getenv("OSCAR_CPU_AMX_MIN_ROWS");
+    const int v = e ? std::atoi(e) : 0;
+    return v > 0 ? v : kGemmMinRows;
+  }();
+  return rows;
+}
+
 void linear_bf16(const uint16_t* w, int64_t out, int64_t in, const float* bias, const float* x,
                  int n, float* y) {
+  if (n >= amx_min_rows() && amx_shape_ok(out, in) && amx_available())
+    return linear_bf16_amx(w, out, in, bias, x, n, y);
   if (n < kGemmMinRows) return gemv(w, out, in, bias, x, n, y);
   gemm_bf16w(n, out, in, x, in, w, in, y, out, bias);
 }

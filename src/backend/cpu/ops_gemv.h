@@ -18,6 +18,12 @@ namespace oscar::backend::cpu {
 // (docs/engine.md, "blocked GEMM").
 inline constexpr int kGemmMinRows = 128;
 
+// Token rows from which linear_bf16 runs on AMX tiles where the CPU has them (ops_amx.h; the
+// activations then rounded to BF16): kGemmMinRows, or OSCAR_CPU_AMX_MIN_ROWS. Below 128 rows the
+// GEMV sums every output in the same order whatever the batch, so a request's greedy tokens do not
+// depend on what runs beside it; a lower threshold trades that for 2-7x faster batched linears.
+int amx_min_rows();
+
 void linear_f32(const float* w, int64_t out, int64_t in, const float* bias, const float* x, int n,
                 float* y);
 void linear_bf16(const uint16_t* w, int64_t out, int64_t in, const float* bias, const float* x,
