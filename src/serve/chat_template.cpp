@@ -45,8 +45,36 @@ const char* type_name(const ojson& j) {
   return j.type_name();  // "null", "number", "object", ...
 }
 
+// An assistant message's tool_calls in OpenAI's form: [{"id"?, "type": "function", "function": {"name",
+// "arguments": JSON text (or an object)}}]. Returned as given (minja converts the arguments for
+// templates that want objects).
+ojson normalize_tool_calls(const ojson& calls, size_t i) {
+  if (!calls.is_array()) throw Error(fmt::format("messages[{}].tool_calls must be an array", i));
+  for (size_t j = 0; j < calls.size(); ++j) {
+    const ojson& c = calls[j];
+    const auto where = fmt::format("messages[{}].tool_calls[{}]", i, j);
+    if (!c.is_object()) throw Error(where + " must be an object");
+    if (const auto t = c.find("type"); t != c.end() && *t != "function")
+      throw Error(where + ".type must be \"function\"");
+    if (const auto id = c.find("id"); id != c.end() && !id->is_string()) throw Error(where + ".id must be a string");
+    const auto f = c.find("function");
+    if (f == c.end() || !f->is_object()) throw Error(where + ".function must be an object");
+    const auto name = f->find("name");
+    if (name == f->end() || !name->is_string()) throw Error(where + ".function.name must be a string");
+    const auto args = f->find("arguments");
+    if (args == f->end() || !(args->is_string() || args->is_object()))
+      throw Error(where + ".function.arguments must be a JSON string");
+    if (args->is_string() && !ojson::accept(args->get<std::string>()))
+      throw Error(where + ".function.arguments is not valid JSON");
+  }
+  ojson out = calls;
+  for (ojson& c : out) c["type"] = "function";
+  return out;
+}
+
 // Validates one message and returns the form given to the template:
-// {"role", "content" (a string), ["name"]}.
+// {"role", "content" (a string; null for an assistant message with only tool calls), ["name"],
+// ["tool_calls"], ["tool_call_id"]}.
 ojson normalize_message(const ojson& m, size_t i) {
   if (!m.is_object())
     throw Error(fmt::format("messages[{}] must be an object with 'role' and 'content' (got {})", i, type_name(m)));
@@ -56,7 +84,14 @@ ojson normalize_message(const ojson& m, size_t i) {
     throw Error(fmt::format("messages[{}].role must be a non-empty string (got {})", i,
                             role->is_string() ? "an empty string" : type_name(*role)));
   const auto content = m.find("content");
-  if (content == m.end()) throw Error(fmt::format("messages[{}] has no 'content'", i));
+  const auto calls = m.find("tool_calls");
+  const bool has_calls = calls != m.end() && !calls->is_null();
+  if (has_calls && *role != "assistant")
+    throw Error(fmt::format("messages[{}]: only assistant messages carry tool_calls", i));
+  if (content == m.end() || (content->is_null() && has_calls)) {
+    if (!has_calls) throw Error(fmt::format("messages[{}] has no 'content'", i));
+    return {{"role", *role}, {"content", nullptr}, {"tool_calls", normalize_tool_calls(*calls, i)}};
+  }
   std::string text;
   if (content->is_string()) {
     text = content->get<std::string>();
@@ -84,6 +119,11 @@ ojson normalize_message(const ojson& m, size_t i) {
   }
   ojson out = {{"role", *role}, {"content", std::move(text)}};
   if (const auto name = m.find("name"); name != m.end() && name->is_string()) out["name"] = *name;
+  if (has_calls) out["tool_calls"] = normalize_tool_calls(*calls, i);
+  if (const auto id = m.find("tool_call_id"); id != m.end() && !id->is_null()) {
+    if (!id->is_string()) throw Error(fmt::format("messages[{}].tool_call_id must be a string", i));
+    out["tool_call_id"] = *id;
+  }
   return out;
 }
 
@@ -121,7 +161,8 @@ ChatTemplate ChatTemplate::from_tokenizer(const model::Tokenizer& tok) {
   return ChatTemplate(tok.chat_template(), bos, eos);
 }
 
-std::string ChatTemplate::render(const nlohmann::ordered_json& messages, bool add_generation_prompt) const {
+std::string ChatTemplate::render(const nlohmann::ordered_json& messages, bool add_generation_prompt,
+                                 const nlohmann::ordered_json& tools) const {
   if (!messages.is_array())
     throw Error(fmt::format("'messages' must be an array of message objects (got {})", type_name(messages)));
   if (messages.empty()) throw Error("'messages' must contain at least one message");
@@ -129,10 +170,14 @@ std::string ChatTemplate::render(const nlohmann::ordered_json& messages, bool ad
   inputs.messages = ojson::array();
   for (size_t i = 0; i < messages.size(); ++i) inputs.messages.push_back(normalize_message(messages[i], i));
   inputs.add_generation_prompt = add_generation_prompt;
+  if (tools.is_array() && !tools.empty()) inputs.tools = tools;
 
-  minja::chat_template_options opts;  // bos_token, eos_token, strftime_now defined
-  opts.apply_polyfills = true;        // of those, only the system-role one can apply:
-  opts.polyfill_system_role = true;   // messages carry no tools / tool_calls
+  // bos_token, eos_token, strftime_now defined; minja's polyfills for what the template lacks: a
+  // system role (merged into the next user message), tools (described in the system message, with
+  // an example call), tool calls and tool responses (as JSON in the message text), and object
+  // arguments for templates that take them so.
+  minja::chat_template_options opts;
+  opts.apply_polyfills = true;
   try {
     if (serialize_) {
       std::lock_guard<std::mutex> lock(localtime_mutex());
@@ -148,5 +193,6 @@ const std::string& ChatTemplate::source() const { return impl_->source(); }
 const std::string& ChatTemplate::bos_token() const { return impl_->bos_token(); }
 const std::string& ChatTemplate::eos_token() const { return impl_->eos_token(); }
 bool ChatTemplate::supports_system_role() const { return impl_->original_caps().supports_system_role; }
+bool ChatTemplate::supports_tools() const { return impl_->original_caps().supports_tools; }
 
 }  // namespace oscar::serve

@@ -23,7 +23,7 @@
 #include <memory>
 #include <string>
 
-#include <nlohmann/json_fwd.hpp>
+#include <nlohmann/json.hpp>
 
 namespace minja {
 class chat_template;
@@ -56,7 +56,15 @@ class ChatTemplate {
   // malformed (array, non-empty, objects with a non-empty string role and
   // string/parts content), and with the template's own message when the
   // template raises (raise_exception, e.g. for a bad role order).
-  std::string render(const nlohmann::ordered_json& messages, bool add_generation_prompt = true) const;
+  //
+  // Tool use (OpenAI's form): `tools` (an array of {"type": "function", "function": {...}}, or null),
+  // assistant messages with "tool_calls" (content may then be null), "tool" messages with
+  // "tool_call_id". Templates without tool support get minja's polyfills (the tools described in
+  // the system message, calls and responses as JSON text).
+  std::string render(const nlohmann::ordered_json& messages, bool add_generation_prompt = true,
+                     const nlohmann::ordered_json& tools = nullptr) const;
+  // minja's view: whether the template renders `tools` itself.
+  bool supports_tools() const;
 
   bool is_fallback() const { return fallback_; }
   const std::string& source() const;

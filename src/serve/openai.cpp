@@ -82,6 +82,33 @@ CompletionRequest parse_completion_request(const std::string& body, bool chat) {
     if (!it->is_array() || it->empty())
       throw bad("messages", "'messages' must be a non-empty array");
     r.messages = *it;
+    if (auto t = j.find("tools"); t != j.end() && !t->is_null()) {
+      if (!t->is_array()) throw bad("tools", "'tools' must be an array");
+      if (t->size() > size_t(kMaxTools)) throw bad("tools", fmt::format("at most {} tools", kMaxTools));
+      for (size_t i = 0; i < t->size(); ++i) {
+        const auto& tool = (*t)[i];
+        const auto where = fmt::format("tools[{}]", i);
+        if (!tool.is_object() || tool.value("type", "") != "function")
+          throw bad("tools", where + " must be {\"type\": \"function\", \"function\": {...}}");
+        const auto f = tool.find("function");
+        if (f == tool.end() || !f->is_object()) throw bad("tools", where + ".function must be an object");
+        const auto name = f->find("name");
+        if (name == f->end() || !name->is_string() || name->get_ref<const std::string&>().empty())
+          throw bad("tools", where + ".function.name must be a non-empty string");
+        if (const auto d = f->find("description"); d != f->end() && !d->is_string())
+          throw bad("tools", where + ".function.description must be a string");
+        if (const auto p = f->find("parameters"); p != f->end() && !p->is_object())
+          throw bad("tools", where + ".function.parameters must be a JSON Schema object");
+      }
+      if (!t->empty()) r.tools = *t;
+    }
+    if (auto c = j.find("tool_choice"); c != j.end() && !c->is_null()) {
+      if (*c == "none") r.tools = nullptr;
+      else if (*c != "auto")
+        throw bad("tool_choice", "only tool_choice 'auto' and 'none' are supported ('required' and a named function "
+                                 "need constrained decoding)");
+    }
+    (void)boolean(j, "parallel_tool_calls", true);
   } else {
     auto it = j.find("prompt");
     if (it == j.end() || it->is_null()) throw bad("prompt", "'prompt' is required");
@@ -210,9 +237,12 @@ json completion_response(const ResponseMeta& m, const std::vector<Choice>& choic
   for (size_t i = 0; i < choices.size(); ++i) {
     const Choice& c = choices[i];
     json choice = {{"index", i}};
-    if (m.chat)
-      choice["message"] = {{"role", "assistant"}, {"content", c.text}};
-    else
+    if (m.chat) {
+      const bool blank = c.text.find_first_not_of(" \t\r\n") == std::string::npos;
+      choice["message"] = {{"role", "assistant"},
+                           {"content", !c.tool_calls.is_null() && blank ? json(nullptr) : json(c.text)}};
+      if (!c.tool_calls.is_null()) choice["message"]["tool_calls"] = c.tool_calls;
+    } else
       choice["text"] = c.text;
     choice["logprobs"] = c.logprobs;
     choice["finish_reason"] = reason(c.finish_reason);
@@ -224,13 +254,14 @@ json completion_response(const ResponseMeta& m, const std::vector<Choice>& choic
 }
 
 json completion_chunk(const ResponseMeta& m, int index, const std::string& text,
-                      const std::string& finish_reason, bool first, const json& logprobs) {
+                      const std::string& finish_reason, bool first, const json& logprobs, const json& tool_calls) {
   json out = head(m, m.chat ? "chat.completion.chunk" : "text_completion");
   json choice = {{"index", index}};
   if (m.chat) {
     json delta = json::object();
     if (first) delta["role"] = "assistant";
-    if (!text.empty() || first) delta["content"] = text;
+    if (!text.empty() || (first && tool_calls.is_null())) delta["content"] = text;
+    if (!tool_calls.is_null()) delta["tool_calls"] = tool_calls;
     choice["delta"] = delta;
   } else {
     choice["text"] = text;
@@ -258,6 +289,17 @@ json byte_list(const std::string& s) {
 }
 
 }  // namespace
+
+json tool_calls_json(const std::vector<ToolCall>& calls, const std::vector<std::string>& ids, bool streamed) {
+  json out = json::array();
+  for (size_t i = 0; i < calls.size(); ++i) {
+    json c = {{"id", ids.at(i)}, {"type", "function"},
+              {"function", {{"name", calls[i].name}, {"arguments", calls[i].arguments}}}};
+    if (streamed) c["index"] = i;
+    out.push_back(std::move(c));
+  }
+  return out;
+}
 
 json completion_logprobs(std::span<const LogprobEntry> entries, const TokenBytes& bytes, int64_t& offset) {
   json tokens = json::array(), lps = json::array(), tops = json::array(), offs = json::array();

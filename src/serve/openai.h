@@ -12,6 +12,7 @@
 #include "engine/generator.h"
 #include "engine/logprobs.h"
 #include "core/error.h"
+#include "serve/tool_calls.h"
 
 namespace oscar::serve {
 
@@ -40,6 +41,7 @@ struct CompletionRequest {
   };
   std::vector<Prompt> prompts;
   nlohmann::ordered_json messages;       // chat
+  nlohmann::ordered_json tools;          // chat: the functions offered (null: none, or tool_choice "none")
   int max_tokens = -1;                   // -1 = not given
   engine::SamplingParams sampling;
   bool seeded = false;                   // `seed` given (else the server picks one per request)
@@ -74,6 +76,7 @@ struct Choice {
   std::string text;
   std::string finish_reason;
   nlohmann::json logprobs;
+  nlohmann::json tool_calls = nullptr;  // chat: message.tool_calls (content null when `text` is blank)
 };
 // The whole (non-streamed) response; choice i gets index i.
 nlohmann::json completion_response(const ResponseMeta& m, const std::vector<Choice>& choices, int prompt_tokens,
@@ -83,7 +86,12 @@ nlohmann::json completion_response(const ResponseMeta& m, const std::vector<Choi
 // none).
 nlohmann::json completion_chunk(const ResponseMeta& m, int index, const std::string& text,
                                 const std::string& finish_reason, bool first,
-                                const nlohmann::json& logprobs = nullptr);
+                                const nlohmann::json& logprobs = nullptr,
+                                const nlohmann::json& tool_calls = nullptr);
+// message.tool_calls (or, with `index` fields, a streamed delta's) of parsed calls; ids "call_" + hex.
+nlohmann::json tool_calls_json(const std::vector<ToolCall>& calls, const std::vector<std::string>& ids,
+                               bool streamed);
+inline constexpr int kMaxTools = 128;
 
 // Log probabilities in the two APIs' shapes. A token's text is its bytes (`TokenBytes`), which
 // may be part of a UTF-8 character (JSON strings replace such bytes by U+FFFD; chat's `bytes`

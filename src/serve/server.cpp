@@ -125,6 +125,7 @@ struct Server::Impl {
   const model::Tokenizer& tok;
   ServerOptions opts;
   ChatTemplate tmpl;
+  ToolFormat tool_fmt;  // how this model's tool calls look (serve/tool_calls.h)
   std::vector<int> eos;  // stop tokens unless ignore_eos
   httplib::Server http;
   std::atomic<bool> stopping{false};
@@ -138,7 +139,8 @@ struct Server::Impl {
 
   Impl(engine::AsyncEngine& e, const engine::Scheduler& s, const model::Tokenizer& t,
        ServerOptions o)
-      : engine(e), sched(s), tok(t), opts(std::move(o)), tmpl(ChatTemplate::from_tokenizer(t)) {
+      : engine(e), sched(s), tok(t), opts(std::move(o)), tmpl(ChatTemplate::from_tokenizer(t)),
+        tool_fmt(tool_format(tmpl)) {
     eos = tok.eos();
     // Chat turns end with the template's end-of-turn token even when the model's
     // metadata names another end-of-sequence token.
@@ -171,7 +173,7 @@ struct Server::Impl {
     if (cr.chat) {
       std::string text;
       try {
-        text = tmpl.render(cr.messages, true);
+        text = tmpl.render(cr.messages, true, cr.tools);
       } catch (const Error& e) {
         throw ApiError(400, e.what(), "invalid_request_error", "messages");
       }
@@ -202,6 +204,7 @@ struct Server::Impl {
     std::string finish_reason;
     int completion_tokens = 0;
     int prompt = 0;  // its prompt's index
+    size_t sent = 0;  // streamed with tools: bytes of `text` sent as content
   };
   struct PromptInfo {
     std::vector<int> tokens;  // echo's logprobs
@@ -230,6 +233,13 @@ struct Server::Impl {
       return out;
     }
     bool echo_logprobs() const { return cr.echo && cr.logprobs >= 0; }
+    bool tools() const { return cr.chat && !cr.tools.is_null(); }
+    std::vector<std::string> tool_names() const {
+      std::vector<std::string> v;
+      if (tools())
+        for (const auto& t : cr.tools) v.push_back(t.at("function").at("name").get<std::string>());
+      return v;
+    }
     // Echo with logprobs: the prompt's entries, its first token without one.
     std::vector<LogprobEntry> echo_entries(const ChoiceState& c) const {
       std::vector<LogprobEntry> v;
@@ -320,6 +330,14 @@ struct Server::Impl {
       int completion_tokens = 0;
       for (ChoiceState& c : job->st) {
         Choice out{cr.echo ? job->prompts[size_t(c.prompt)].echo_text + c.text : c.text, c.finish_reason, nullptr};
+        if (job->tools()) {
+          ToolParse tp = parse_tool_calls(c.text, tool_fmt, job->tool_names());
+          if (!tp.calls.empty()) {
+            out.text = std::move(tp.content);
+            out.tool_calls = tool_calls_json(tp.calls, call_ids(tp.calls.size()), false);
+            if (out.finish_reason == "stop") out.finish_reason = "tool_calls";
+          }
+        }
         if (cr.logprobs >= 0) {
           if (chat) {
             std::vector<engine::TokenLogprob> v;
@@ -350,6 +368,14 @@ struct Server::Impl {
     if (job.cr.tokens_as_ids) return [](int id) { return fmt::format("token_id:{}", id); };
     return [this](int id) { return tok.token_str(id); };
   }
+
+  // Ids of tool calls: "call_" and 24 hex digits, unique in this process.
+  std::vector<std::string> call_ids(size_t n) {
+    std::vector<std::string> ids;
+    for (size_t i = 0; i < n; ++i) ids.push_back(fmt::format("call_{:016x}{:08x}", next_seed(), uint32_t(call_counter++)));
+    return ids;
+  }
+  std::atomic<uint64_t> call_counter{0};
 
   uint64_t next_seed() {
     // Requests without a seed draw differently from each other (OpenAI's behaviour); a seed makes
@@ -430,9 +456,37 @@ struct Server::Impl {
                   lp = completion_logprobs(v, token_bytes(*job), c.offset);
                 }
               }
+              // With tools, text that may be part of a call is held back; at the finish the calls
+              // go out whole in one delta.
+              std::string text = e.text;
+              json calls = nullptr;
+              std::string reason = e.finished ? e.finish_reason : "";
+              if (job->tools()) {
+                c.text += e.text;
+                if (!e.finished) {
+                  const size_t safe = tool_safe_prefix(c.text, tool_fmt);
+                  text = safe > c.sent ? c.text.substr(c.sent, safe - c.sent) : std::string();
+                  c.sent = std::max(c.sent, safe);
+                } else {
+                  ToolParse tp = parse_tool_calls(c.text, tool_fmt, job->tool_names());
+                  if (tp.calls.empty()) {
+                    text = c.text.substr(c.sent);
+                  } else {
+                    text = tp.content.size() > c.sent ? tp.content.substr(c.sent) : std::string();
+                    calls = tool_calls_json(tp.calls, call_ids(tp.calls.size()), true);
+                    if (reason == "stop") reason = "tool_calls";
+                  }
+                }
+              }
               // Chat's first chunk carries the role even without text.
-              if (!e.text.empty() || !lp.is_null() || e.finished || (chat && c.first)) {
-                write(sse(completion_chunk(job->meta, i, e.text, e.finished ? e.finish_reason : "", c.first, lp)));
+              if (!text.empty() || !lp.is_null() || e.finished || (chat && c.first)) {
+                if (!calls.is_null() && (!text.empty() || c.first)) {  // content first, then the calls
+                  write(sse(completion_chunk(job->meta, i, text, "", c.first, lp)));
+                  c.first = false;
+                  text.clear();
+                  lp = nullptr;
+                }
+                write(sse(completion_chunk(job->meta, i, text, reason, c.first, lp, calls)));
                 c.first = false;
               }
               if (e.finished) {

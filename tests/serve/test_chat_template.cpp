@@ -127,6 +127,46 @@ TEST(ChatTemplate, QwenCoderMatchesJinja2) {
   expect_goldens(t, "qwen2.5-coder");
 }
 
+// Tool use in OpenAI's form (arguments as JSON text) against transformers' rendering of the same
+// conversation (arguments as objects): the template's own tool prompt, the call, the response.
+TEST(ChatTemplate, QwenCoderToolsMatchJinja2) {
+  const ChatTemplate t = golden_template("qwen2.5-coder");
+  EXPECT_TRUE(t.supports_tools());
+  const ordered_json& cases = goldens().at("models").at("qwen2.5-coder").at("tool_cases");
+  ASSERT_EQ(cases.size(), 2u);
+  for (const ordered_json& c : cases) {
+    SCOPED_TRACE(c.at("name").get<std::string>());
+    EXPECT_EQ(t.render(c.at("messages"), true, c.at("tools")), c.at("expected").get<std::string>());
+  }
+}
+
+// A template without tool support (SmolLM2's) gets the tools described in its system message, and
+// calls and responses as JSON text; malformed tool calls are refused by name.
+TEST(ChatTemplate, ToolsArePolyfilledAndMalformedCallsRefused) {
+  const ChatTemplate t = golden_template("smollm2");
+  EXPECT_FALSE(t.supports_tools());
+  const ordered_json& qc = goldens().at("models").at("qwen2.5-coder").at("tool_cases");
+  const ordered_json tools = qc.at(0).at("tools");
+  const std::string offered = t.render(qc.at(0).at("messages"), true, tools);
+  EXPECT_NE(offered.find("get_weather"), std::string::npos) << offered;
+  const std::string round = t.render(qc.at(1).at("messages"), true, tools);
+  EXPECT_NE(round.find("\"tool_calls\""), std::string::npos) << round;
+  EXPECT_NE(round.find("18 C, sunny"), std::string::npos) << round;
+  EXPECT_EQ(t.render(qc.at(0).at("messages"), true), t.render(qc.at(0).at("messages"), true, ordered_json::array()));
+  auto with_call = [&](const char* call) {
+    ordered_json m = ordered_json::parse(R"([{"role": "user", "content": "x"}, {"role": "assistant", "content": null}])");
+    m[1]["tool_calls"] = ordered_json::parse(call);
+    return t.render(m, true, tools);
+  };
+  expect_error([&] { with_call(R"({"id": 1})"); }, {"tool_calls must be an array"});
+  expect_error([&] { with_call(R"([{"type": "function", "function": {"arguments": "{}"}}])"); }, {"function.name"});
+  expect_error([&] { with_call(R"([{"function": {"name": "f", "arguments": "{not json"}}])"); }, {"not valid JSON"});
+  expect_error([&] { with_call(R"([{"type": "code", "function": {"name": "f", "arguments": "{}"}}])"); }, {"type must be"});
+  expect_error([&] {
+    t.render(ordered_json::parse(R"([{"role": "user", "content": null}])"), true, tools);
+  }, {"content must be a string"});
+}
+
 // The models' own templates, through the tokenizer (GGUF metadata).
 TEST(ChatTemplate, FromTokenizerOfProjectModelsMatchesJinja2) {
   int found = 0;
@@ -262,11 +302,15 @@ TEST(ChatTemplate, TextPartsAreJoinedWithNewlines) {
 }
 
 TEST(ChatTemplate, ExtraFieldsAreNotPassedOn) {
-  const ChatTemplate t("{% for m in messages %}{{ m.role }}:{{ m.name }}:{{ m.tool_calls is defined }};{% endfor %}",
+  const ChatTemplate t("{% for m in messages %}{{ m.role }}:{{ m.name }}:{{ m.audio is defined }};{% endfor %}",
                        "", "");
   EXPECT_EQ(t.render(ordered_json::parse(
-                R"([{"role": "user", "content": "x", "name": "bob", "tool_calls": [{"id": 1}]}])")),
+                R"([{"role": "user", "content": "x", "name": "bob", "audio": [{"id": 1}]}])")),
             "user:bob:False;");
+  // tool_calls belong to assistant messages only
+  EXPECT_THROW(t.render(ordered_json::parse(
+                   R"([{"role": "user", "content": "x", "tool_calls": [{"function": {"name": "f", "arguments": "{}"}}]}])")),
+               oscar::Error);
 }
 
 // --- threads ----------------------------------------------------------------

@@ -538,7 +538,11 @@ class TestCurl(ServerTest):
         self.assertGreaterEqual(m["oscar_generation_tokens_total"], 2)
 
 
-# ------------------------------------------------------------------ 2b. logprobs, echo, n
+# ------------------------------------------------------------------ 2b. logprobs, echo, n, tools
+
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "The current weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
 
 class TestLogprobsAndChoices(ServerTest):
     """logprobs / top_logprobs / echo / n on the main server (greedy unless said)."""
@@ -703,6 +707,42 @@ class TestLogprobsAndChoices(ServerTest):
         self.assertEqual(chat["usage"]["prompt_tokens"], tm["count"])
         status, _, _ = MAIN.request("POST", "/tokenize", json.dumps({"prompt": "hi"}).encode(), auth=False)
         self.assertEqual(status, 401)
+
+    def test_tools(self):
+        """Tools offered (SmolLM2's template has no tool support: minja describes them in the system
+        message and the model may answer with a JSON call); streamed equals whole; tool_choice
+        'none' renders no tools; a conversation carrying a call and its result renders."""
+        q = [{"role": "user", "content": "What is the weather in Paris? Use the tool."}]
+        body = {"messages": q, "tools": TOOLS, "max_tokens": 40, "temperature": 0}
+        whole = self.post(self.CH, body)
+        c = whole["choices"][0]
+        m = c["message"]
+        self.assertIn(c["finish_reason"], ("stop", "length", "tool_calls"))
+        if m.get("tool_calls"):
+            self.assertEqual(c["finish_reason"], "tool_calls")
+            for call in m["tool_calls"]:
+                self.assertEqual(call["type"], "function")
+                self.assertTrue(call["id"].startswith("call_"))
+                json.loads(call["function"]["arguments"])
+        else:
+            self.assertIsInstance(m["content"], str)
+        status, events, done = MAIN.stream(self.CH, body)
+        self.assertTrue(done)
+        calls = [tc for e in events for ch in e["choices"] for tc in (ch.get("delta") or {}).get("tool_calls") or []]
+        self.assertEqual([(x["function"]["name"], x["function"]["arguments"]) for x in calls],
+                         [(x["function"]["name"], x["function"]["arguments"]) for x in m.get("tool_calls") or []])
+        self.assertEqual(stream_text(events), m["content"] or "")
+        self.assertEqual(stream_finish(events), [c["finish_reason"]])
+        none = self.post(self.CH, dict(body, tool_choice="none"))
+        plain = self.post(self.CH, {"messages": q, "max_tokens": 40, "temperature": 0})
+        self.assertEqual(none["choices"][0]["message"], plain["choices"][0]["message"])
+        self.assertEqual(none["usage"]["prompt_tokens"], plain["usage"]["prompt_tokens"])
+        self.assertGreater(whole["usage"]["prompt_tokens"], plain["usage"]["prompt_tokens"])  # the tools' description
+        trip = q + [{"role": "assistant", "content": None, "tool_calls": [
+                        {"id": "call_1", "type": "function",
+                         "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+                    {"role": "tool", "tool_call_id": "call_1", "content": "18 C, sunny"}]
+        self.post(self.CH, {"messages": trip, "tools": TOOLS, "max_tokens": 8, "temperature": 0})
 
     def test_unseeded_sampled_requests_differ(self):
         body = {"prompt": "The", "max_tokens": 24, "temperature": 2.0, "ignore_eos": True}
@@ -950,6 +990,17 @@ class TestHostileInput(ServerTest):
             ("chat top_logprobs without logprobs", CH, {"messages": OK, "top_logprobs": 2}, 400),
             ("chat top_logprobs 21", CH, {"messages": OK, "logprobs": True, "top_logprobs": 21}, 400),
             ("chat echo", CH, {"messages": OK, "echo": True}, 400),
+            ("tool_choice required", CH, {"messages": OK, "tools": TOOLS, "tool_choice": "required"}, 400),
+            ("tools not a list", CH, {"messages": OK, "tools": TOOLS[0]}, 400),
+            ("tool without a name", CH, {"messages": OK, "tools": [{"type": "function", "function": {}}]}, 400),
+            ("tool call arguments not JSON", CH,
+             {"messages": [{"role": "user", "content": "x"},
+                           {"role": "assistant", "content": None, "tool_calls": [
+                               {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{oops"}}]}]},
+             400),
+            ("tool_calls on a user message", CH,
+             {"messages": [{"role": "user", "content": "x", "tool_calls": [
+                 {"type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}, 400),
             ("echo a string", C, {"prompt": "hi", "echo": "yes"}, 400),
             ("model a number", C, {"prompt": "hi", "model": 3}, 400),
             ("messages missing", CH, {"prompt": "hi"}, 400),

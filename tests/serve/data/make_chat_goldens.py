@@ -56,6 +56,35 @@ CONVERSATIONS = {
 }
 
 
+# Tool use (OpenAI form: tool_calls[].function.arguments a JSON string), rendered for the templates
+# that handle tools themselves, with the arguments as objects (the form Hugging Face templates take;
+# ChatTemplate::render converts, as llama.cpp's server does).
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "The current weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+TOOL_CONVERSATIONS = {
+    "tools_offered": [{"role": "user", "content": "Weather in Paris?"}],
+    "tool_round_trip": [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function",
+             "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "18 C, sunny"}],
+}
+TOOL_TEMPLATES = {"qwen2.5-coder"}
+
+
+def hf_form(messages):
+    out = []
+    for m in messages:
+        m = dict(m)
+        if m.get("tool_calls"):
+            m["tool_calls"] = [dict(tc, function=dict(tc["function"], arguments=json.loads(tc["function"]["arguments"])))
+                               for tc in m["tool_calls"]]
+        out.append(m)
+    return out
+
+
 def flatten(messages):
     return [dict(m, content="\n".join(p["text"] for p in m["content"])) if isinstance(m["content"], list) else m
             for m in messages]
@@ -68,6 +97,9 @@ def raise_exception(message):
 def main():
     env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.globals["raise_exception"] = raise_exception
+    # transformers' tojson (keys in order, no HTML escaping), not jinja2's (sorted, HTML-safe).
+    env.filters["tojson"] = lambda x, ensure_ascii=False, indent=None, separators=None, sort_keys=False: json.dumps(
+        x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
     goldens = {}
     for name, rel in MODELS.items():
         md = gguf_metadata(os.path.join(ROOT, rel))
@@ -85,8 +117,14 @@ def main():
                                        bos_token=bos, eos_token=eos)
                 cases.append({"name": conv, "add_generation_prompt": agp, "messages": messages,
                               "expected": expected})
+        tool_cases = []
+        if name in TOOL_TEMPLATES:
+            for conv, messages in TOOL_CONVERSATIONS.items():
+                expected = tmpl.render(messages=hf_form(messages), tools=TOOLS, add_generation_prompt=True,
+                                       bos_token=bos, eos_token=eos)
+                tool_cases.append({"name": conv, "messages": messages, "tools": TOOLS, "expected": expected})
         goldens[name] = {"gguf": rel, "template": name + ".jinja", "bos_token": bos, "eos_token": eos,
-                         "cases": cases}
+                         "cases": cases, "tool_cases": tool_cases}
     with open(os.path.join(DATA, "chat_goldens.json"), "w", encoding="utf-8") as f:
         json.dump({"generator": "python3 tests/serve/data/make_chat_goldens.py (jinja2 " + jinja2.__version__ + ")",
                    "models": goldens}, f, indent=1, ensure_ascii=False)
