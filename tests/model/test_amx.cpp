@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 
 #include "backend/cpu/ops_amx.h"
@@ -51,6 +52,38 @@ TEST(Amx, LinearBf16MatchesItsReference) {
     }
   }
   EXPECT_EQ(checked, 4 * 6 * 2);
+}
+
+// The packed activations are f32_to_bf16's, bit for bit: ties, NaN (kept quiet), infinities,
+// subnormals, signed zeros; padding tokens zero.
+TEST(Amx, PackedActivationsAreExactlyTheRoundedOnes) {
+  if (!amx_available()) GTEST_SKIP() << "no AMX-BF16 on this CPU";
+  std::mt19937 rng(9);
+  std::uniform_int_distribution<uint32_t> bits;
+  for (auto [n, in] : {std::pair<int, int64_t>{1, 32}, {5, 64}, {16, 96}, {23, 160}}) {
+    std::vector<float> x(size_t(n) * size_t(in));
+    for (float& v : x) {
+      uint32_t u = bits(rng);
+      switch (rng() % 6) {
+        case 0: u = (u & 0xffff0000u) | 0x8000u; break;  // a tie
+        case 1: u = (u & 0x80000000u) | 0x7f800000u | (u & 0x7fffffu ? u & 0x3fffffu : 1u); break;  // NaN (signalling)
+        case 2: u = (u & 0x80000000u) | 0x7f800000u; break;  // inf
+        case 3: u &= 0x807fffffu; break;  // subnormal or zero
+        default: break;
+      }
+      std::memcpy(&v, &u, 4);
+    }
+    const int n_pad = (n + 15) / 16 * 16;
+    std::vector<uint16_t> xp(size_t(in) * size_t(n_pad), 0xdead);
+    pack_activations_bf16(x.data(), n, in, xp.data());
+    for (int64_t p = 0; p < in / 2; ++p)
+      for (int t = 0; t < n_pad; ++t)
+        for (int j = 0; j < 2; ++j) {
+          const uint16_t want = t < n ? f32_to_bf16(x[size_t(t) * size_t(in) + size_t(2 * p + j)]) : 0;
+          ASSERT_EQ(xp[(size_t(p) * size_t(n_pad) + size_t(t)) * 2 + size_t(j)], want)
+              << "n " << n << " in " << in << " pair " << p << " token " << t << " half " << j;
+        }
+  }
 }
 
 // linear_bf16 takes the AMX kernel from amx_min_rows() rows on (the rounding of the activations

@@ -111,6 +111,22 @@ __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw"))) void amx_blocks(
 
 }  // namespace
 
+void pack_activations_bf16(const float* x, int n, int64_t in, uint16_t* xp) {
+  // Pair rows in parallel, tokens along each row: the writes are sequential. (Scattering a token's
+  // 16 pairs per 32 inputs with AVX-512 measured 1.3-1.5x slower per call on this machine.)
+  const int n_pad = (n + 15) / 16 * 16;
+  parallel_for(in / 2, 16, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      uint16_t* row = xp + size_t(p) * size_t(n_pad) * 2;
+      for (int t = 0; t < n; ++t) {
+        row[2 * t] = f32_to_bf16(x[int64_t(t) * in + 2 * p]);
+        row[2 * t + 1] = f32_to_bf16(x[int64_t(t) * in + 2 * p + 1]);
+      }
+      std::memset(row + 2 * n, 0, size_t(n_pad - n) * 4);  // the padding tokens
+    }
+  });
+}
+
 bool amx_available() {
   static const bool ok = detect_amx();
   return ok;
@@ -124,14 +140,7 @@ void linear_bf16_amx(const uint16_t* w, int64_t out, int64_t in, const float* bi
   thread_local std::vector<uint16_t> xp;
   xp.assign(size_t(in) * size_t(n_pad), 0);
   uint16_t* xpp = xp.data();
-  parallel_for(in / 2, 16, [&](int64_t p0, int64_t p1) {
-    for (int64_t p = p0; p < p1; ++p)
-      for (int t = 0; t < n; ++t) {
-        uint16_t* dst = xpp + (size_t(p) * size_t(n_pad) + size_t(t)) * 2;
-        dst[0] = f32_to_bf16(x[int64_t(t) * in + 2 * p]);
-        dst[1] = f32_to_bf16(x[int64_t(t) * in + 2 * p + 1]);
-      }
-  });
+  pack_activations_bf16(x, n, in, xpp);
   parallel_for(out / 16, 2, [&](int64_t b0, int64_t b1) { amx_blocks(w, out, in, bias, xpp, n, n_pad, y, b0, b1); });
 }
 

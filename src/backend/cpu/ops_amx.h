@@ -25,6 +25,11 @@ inline bool amx_shape_ok(int64_t out, int64_t in) { return in % 32 == 0 && out %
 void linear_bf16_amx(const uint16_t* w, int64_t out, int64_t in, const float* bias, const float* x, int n,
                      float* y);
 
+// The activation operand as linear_bf16_amx packs it: xp[p][t][j] = f32_to_bf16(x[t][2p + j]) for
+// p < in / 2 and t < n, zeros for the tokens up to n rounded up to 16 (xp holds in · that many).
+// in a multiple of 2.
+void pack_activations_bf16(const float* x, int n, int64_t in, uint16_t* xp);
+
 // Its specification: activations rounded to BF16, then the scalar fp32 loop (tests).
 void linear_bf16_amx_ref(const uint16_t* w, int64_t out, int64_t in, const float* bias, const float* x, int n,
                          float* y);
