@@ -158,12 +158,32 @@ struct Server::Impl {
                      "invalid_request_error", "", "invalid_api_key");
   }
 
+  // A request's `model`: empty (not given) or the served one; else a 404.
+  void check_model(const std::string& name) const {
+    if (!name.empty() && name != opts.model_name)
+      throw ApiError(404, fmt::format("the model '{}' does not exist; this server serves '{}'", name,
+                                      opts.model_name),
+                     "invalid_request_error", "model", "model_not_found");
+  }
+
+  // Runs a route's body; an ApiError becomes its JSON answer, anything else a 500, both counted
+  // for /metrics.
+  template <typename F>
+  void answer(httplib::Response& res, F&& body) {
+    try {
+      body();
+    } catch (const ApiError& e) {
+      ++(e.status >= 500 ? http_errors_5xx : http_errors_4xx);
+      send_error(res, e);
+    } catch (const std::exception& e) {
+      ++http_errors_5xx;
+      send_error(res, ApiError(500, e.what(), "server_error"));
+    }
+  }
+
   // Engine requests for each prompt of `cr` (chat: its one rendered conversation), in order.
   std::vector<engine::Request> to_engine(const CompletionRequest& cr) const {
-    if (!cr.model.empty() && cr.model != opts.model_name)
-      throw ApiError(404, fmt::format("the model '{}' does not exist; this server serves '{}'",
-                                      cr.model, opts.model_name),
-                     "invalid_request_error", "model", "model_not_found");
+    check_model(cr.model);
     engine::Request r;
     r.max_new_tokens = cr.max_tokens < 0 ? std::numeric_limits<int>::max() : cr.max_tokens;
     r.sampling = cr.sampling;
@@ -256,7 +276,7 @@ struct Server::Impl {
   }
 
   void completions(const httplib::Request& req, httplib::Response& res, bool chat) {
-    try {
+    answer(res, [&] {
       check_auth(req);
       if (stopping) throw ApiError(503, "the server is shutting down", "server_error");
       auto job = std::make_shared<Job>();
@@ -355,13 +375,7 @@ struct Server::Impl {
       }
       res.set_content(dump_json(completion_response(job->meta, choices, job->prompt_tokens, completion_tokens)),
                       "application/json");
-    } catch (const ApiError& e) {
-      ++(e.status >= 500 ? http_errors_5xx : http_errors_4xx);
-      send_error(res, e);
-    } catch (const std::exception& e) {
-      ++http_errors_5xx;
-      send_error(res, ApiError(500, e.what(), "server_error"));
-    }
+    });
   }
 
   TokenBytes token_bytes(const Job& job) const {
@@ -520,7 +534,7 @@ struct Server::Impl {
   // with the chat template, generation prompt added): the ids the completion routes would feed.
   // POST /detokenize {"tokens": [ids]}: their text. (vLLM's routes of the same names.)
   void tokenize(const httplib::Request& req, httplib::Response& res, bool inverse) {
-    try {
+    answer(res, [&] {
       check_auth(req);
       nlohmann::ordered_json j;
       try {
@@ -529,11 +543,10 @@ struct Server::Impl {
         throw ApiError(400, std::string("the body is not valid JSON: ") + e.what());
       }
       if (!j.is_object()) throw ApiError(400, "the body must be a JSON object");
-      if (auto it = j.find("model"); it != j.end() && !it->is_null() &&
-                                     (!it->is_string() || it->get<std::string>() != opts.model_name))
-        throw ApiError(404, fmt::format("the model {} does not exist; this server serves '{}'", it->dump(),
-                                        opts.model_name),
-                       "invalid_request_error", "model", "model_not_found");
+      if (auto it = j.find("model"); it != j.end() && !it->is_null()) {
+        if (!it->is_string()) throw ApiError(400, "'model' must be a string", "invalid_request_error", "model");
+        check_model(it->get<std::string>());
+      }
       if (inverse) {
         auto it = j.find("tokens");
         if (it == j.end() || !it->is_array()) throw ApiError(400, "'tokens' must be a list of token ids", "invalid_request_error", "tokens");
@@ -549,9 +562,7 @@ struct Server::Impl {
       }
       std::vector<int> ids;
       if (j.contains("messages")) {
-        CompletionRequest cr = parse_completion_request(req.body, true);
-        cr.model.clear();
-        ids = to_engine(cr)[0].prompt;
+        ids = to_engine(parse_completion_request(req.body, true))[0].prompt;
       } else {
         auto it = j.find("prompt");
         if (it == j.end() || !it->is_string())
@@ -565,13 +576,7 @@ struct Server::Impl {
       }
       res.set_content(dump_json({{"tokens", ids}, {"count", ids.size()}, {"max_model_len", sched.config().max_model_len}}),
                       "application/json");
-    } catch (const ApiError& e) {
-      ++(e.status >= 500 ? http_errors_5xx : http_errors_4xx);
-      send_error(res, e);
-    } catch (const std::exception& e) {
-      ++http_errors_5xx;
-      send_error(res, ApiError(500, e.what(), "server_error"));
-    }
+    });
   }
 
   std::string metrics_text() {

@@ -138,7 +138,7 @@ void linear_bf16_amx(const uint16_t* w, int64_t out, int64_t in, const float* bi
   // Activations: BF16 pairs, [in / 2][n_pad][2], tokens padded to 16 with zeros.
   const int n_pad = (n + 15) / 16 * 16;
   thread_local std::vector<uint16_t> xp;
-  xp.assign(size_t(in) * size_t(n_pad), 0);
+  xp.resize(size_t(in) * size_t(n_pad));  // every element written by the packing
   uint16_t* xpp = xp.data();
   pack_activations_bf16(x, n, in, xpp);
   parallel_for(out / 16, 2, [&](int64_t b0, int64_t b1) { amx_blocks(w, out, in, bias, xpp, n, n_pad, y, b0, b1); });
