@@ -51,6 +51,7 @@ struct Row {
   std::string cache;
   int batch = 0, ctx = 0;
   double step_ms = 0, tok_s = 0, bytes = 0, roofline_ms = 0;
+  std::string error;  // why the row has no time (its cache did not fit, or its steps failed)
 };
 
 const cli::Registrar reg({"bench", "Decode throughput, BF16 cache vs 2-bit cache: equal KV memory and equal batch (DESIGN §7)",
@@ -195,6 +196,29 @@ const cli::Registrar reg({"bench", "Decode throughput, BF16 cache vs 2-bit cache
       return "";
     };
 
+    // One row: its cache made by `make`, then its steps. A cache that cannot be allocated (more
+    // pages than the device or host has) makes a row that says so, and the other rows still run;
+    // steps that fail on a cache that fitted are reported the same way and fail the command.
+    bool failed = false;
+    auto measure = [&](Row& r, const kv::KvMethod& km, int B, int C, auto make) {
+      r.cache = label(km), r.batch = B, r.ctx = C;
+      std::unique_ptr<kv::KvCache> cache;
+      try {
+        cache = make();
+      } catch (const std::exception& e) {
+        r.error = fmt::format("does not fit ({})", e.what());
+        std::fprintf(stderr, "%s: %d x %d tokens %s\n", r.cache.c_str(), B, C, r.error.c_str());
+        return;
+      }
+      try {
+        run(*cache, km, B, C, r);
+      } catch (const std::exception& e) {
+        r.error = fmt::format("failed: {}", e.what());
+        r.step_ms = r.tok_s = 0;
+        failed = true;
+        std::fprintf(stderr, "%s: %d x %d tokens: %s\n", r.cache.c_str(), B, C, r.error.c_str());
+      }
+    };
     const int64_t bytes = int64_t(o->kv_gib * double(int64_t(1) << 30));
     std::vector<Row> eq, eb;
     for (int C : o->ctx) {
@@ -202,8 +226,9 @@ const cli::Registrar reg({"bench", "Decode throughput, BF16 cache vs 2-bit cache
         Row r;
         const int B = kv::sequences_for_bytes(km, shape, bytes, int64_t(C) + margin, chunk);
         if (B > 0) {
-          auto cache = kv::make_method_cache_for_bytes(km, shape, bytes, B, chunk, false, be->page_store_factory());
-          run(*cache, km, B, C, r);
+          measure(r, km, B, C, [&] {
+            return kv::make_method_cache_for_bytes(km, shape, bytes, B, chunk, false, be->page_store_factory());
+          });
         } else {
           r.cache = label(km), r.ctx = C;
         }
@@ -214,10 +239,11 @@ const cli::Registrar reg({"bench", "Decode throughput, BF16 cache vs 2-bit cache
       for (int B : o->batch)
         for (const kv::KvMethod& km : methods) {
           Row r;
-          auto cache = kv::make_method_cache_for_bytes(
-              km, shape, kv::bytes_for_sequences(km, shape, B, int64_t(C) + margin, chunk), B, chunk, false,
-              be->page_store_factory());
-          run(*cache, km, B, C, r);
+          measure(r, km, B, C, [&] {
+            return kv::make_method_cache_for_bytes(
+                km, shape, kv::bytes_for_sequences(km, shape, B, int64_t(C) + margin, chunk), B, chunk, false,
+                be->page_store_factory());
+          });
           eb.push_back(r);
         }
 
@@ -226,6 +252,10 @@ const cli::Registrar reg({"bench", "Decode throughput, BF16 cache vs 2-bit cache
                 "|---|---|---|---|---|---|---|---|\n",
                 label(methods.front()).c_str());
     for (const Row& r : eq) {
+      if (!r.error.empty()) {
+        std::printf("| %d | %s | %d | %s | | | | |\n", r.ctx, r.cache.c_str(), r.batch, r.error.c_str());
+        continue;
+      }
       if (r.batch == 0) {
         std::printf("| %d | %s | 0 | | | | | |\n", r.ctx, r.cache.c_str());
         continue;
@@ -239,6 +269,10 @@ const cli::Registrar reg({"bench", "Decode throughput, BF16 cache vs 2-bit cache
                   "|---|---|---|---|---|---|---|---|\n",
                   label(methods.front()).c_str());
       for (const Row& r : eb) {
+        if (!r.error.empty()) {
+          std::printf("| %d x %d | %s | %s | | | | | |\n", r.batch, r.ctx, r.cache.c_str(), r.error.c_str());
+          continue;
+        }
         const std::string vs = vs_base(eb, r, true);
         std::printf("| %d x %d | %s | %.2f | %.3f | %.2f | %.0f %% | %.1f | %s |\n", r.batch, r.ctx, r.cache.c_str(),
                     r.step_ms, r.bytes / 1e9, r.roofline_ms, 100 * r.roofline_ms / r.step_ms, r.tok_s, vs.c_str());
@@ -254,9 +288,11 @@ const cli::Registrar reg({"bench", "Decode throughput, BF16 cache vs 2-bit cache
       j["steps"] = o->steps;
       auto rows = [](const std::vector<Row>& v) {
         nlohmann::json a = nlohmann::json::array();
-        for (const Row& r : v)
+        for (const Row& r : v) {
           a.push_back({{"cache", r.cache}, {"batch", r.batch}, {"ctx", r.ctx}, {"step_ms", r.step_ms},
                        {"tok_s", r.tok_s}, {"bytes", r.bytes}, {"roofline_ms", r.roofline_ms}});
+          if (!r.error.empty()) a.back()["error"] = r.error;
+        }
         return a;
       };
       j["equal_memory"] = rows(eq);
@@ -265,7 +301,7 @@ const cli::Registrar reg({"bench", "Decode throughput, BF16 cache vs 2-bit cache
       if (!f) throw Error(o->json + ": cannot write");
       f << j.dump(1) << "\n";
     }
-    return 0;
+    return failed ? 1 : 0;
   };
 }});
 

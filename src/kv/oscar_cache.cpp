@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <limits>
 
 #include "core/error.h"
 #include "core/key_transform.h"
@@ -13,7 +14,14 @@
 namespace oscar::kv {
 
 namespace {
-int32_t pages_for(int64_t tokens, int ps) { return int32_t((tokens + ps - 1) / ps); }
+// Pages for `tokens` plus `extra`, refused where a pool's int32 page ids cannot index them.
+int32_t pages_for(int64_t tokens, int ps, int extra = 0) {
+  const int64_t pages = (tokens + ps - 1) / ps + extra;
+  if (pages > std::numeric_limits<int32_t>::max())
+    throw Error(fmt::format("kv cache: {} tokens need {} pages, more than a cache indexes ({})", tokens, pages,
+                            std::numeric_limits<int32_t>::max()));
+  return int32_t(pages);
+}
 }  // namespace
 
 OscarKvCache::OscarKvCache(const KvCacheShape& shape, std::shared_ptr<const Calibration> calib,
@@ -23,10 +31,10 @@ OscarKvCache::OscarKvCache(const KvCacheShape& shape, std::shared_ptr<const Cali
       opts_(opts),
       bf16_pool_(opts.label + " bf16 page pool",
                  opts.bf16_pages > 0 ? opts.bf16_pages
-                                     : pages_for(opts.max_tokens, std::max(16, shape.page_size)) + 8),
+                                     : pages_for(opts.max_tokens, std::max(16, shape.page_size), 8)),
       quant_pool_(opts.label + " quantized page pool",
                   opts.quant_pages > 0 ? opts.quant_pages
-                                       : pages_for(opts.max_tokens, std::max(16, shape.page_size)) + 1) {
+                                       : pages_for(opts.max_tokens, std::max(16, shape.page_size), 1)) {
   const int d = shape_.head_dim, ps = shape_.page_size;
   if (shape_.n_layers <= 0 || shape_.num_kv_heads <= 0 || d <= 0 || ps <= 0 || ps % 16 != 0)
     throw Error(fmt::format("{} kv cache: bad shape (layers {}, kv heads {}, head_dim {}, page {})",

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <limits>
 
 #include "core/error.h"
 #include "core/hadamard.h"
@@ -363,9 +364,16 @@ int sequences_for_bytes(const KvMethod& m, const KvCacheShape& shape, int64_t by
 
 int64_t bytes_for_sequences(const KvMethod& m, const KvCacheShape& shape, int sequences, int64_t tokens, int chunk) {
   constexpr int64_t kMiB = int64_t(1) << 20;
-  if (sequences < 1) throw Error(fmt::format("bytes_for_sequences: {} sequences", sequences));
+  // (sequences_for_bytes counts below 2^30: more could never be reached.)
+  if (sequences < 1 || sequences >= (1 << 30))
+    throw Error(fmt::format("bytes_for_sequences: {} sequences (1 to 2^30 - 1)", sequences));
   int64_t lo = 0, hi = kMiB;  // sequences_for_bytes(hi) >= sequences > sequences_for_bytes(lo)
-  while (sequences_for_bytes(m, shape, hi, tokens, chunk) < sequences) lo = hi, hi *= 2;
+  while (sequences_for_bytes(m, shape, hi, tokens, chunk) < sequences) {
+    if (hi > (int64_t(1) << 61))
+      throw Error(fmt::format("bytes_for_sequences: {} sequences of {} tokens need more than 2^61 bytes", sequences,
+                              tokens));
+    lo = hi, hi *= 2;
+  }
   while (hi - lo > kMiB) {
     const int64_t mid = (lo + hi) / 2;
     (sequences_for_bytes(m, shape, mid, tokens, chunk) >= sequences ? hi : lo) = mid;
@@ -398,6 +406,9 @@ std::unique_ptr<KvCache> make_method_cache_for_bytes(const KvMethod& m, const Kv
     throw Error(fmt::format("kv cache {}: {} MiB cannot hold the BF16 windows of {} sequences "
                             "({} pages, {} MiB) and any quantized page",
                             m.label, bytes >> 20, sequences, bf_pages, (bf_pages * bf) >> 20));
+  if (bf_pages > std::numeric_limits<int32_t>::max() || q_pages > std::numeric_limits<int32_t>::max())
+    throw Error(fmt::format("kv cache {}: {} BF16 and {} quantized pages, more than a cache indexes ({})", m.label,
+                            bf_pages, q_pages, std::numeric_limits<int32_t>::max()));
   OscarCacheOptions sizing;
   sizing.bf16_pages = static_cast<int32_t>(bf_pages);
   sizing.quant_pages = static_cast<int32_t>(q_pages);

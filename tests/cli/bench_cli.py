@@ -64,6 +64,24 @@ def main():
             if j["copy_gbps"] <= 0:
                 failures.append("copy bandwidth not positive")
 
+        # A batch no cache can hold (2^30 - 1 sequences: pages past the pools' int32 ids) gets a row
+        # that says so; the rows before and after it still run and the command succeeds.
+        p = run(a.oscar, "--kv", "bf16,int2-hadamard", "--kv-gib", "0.001", "--ctx", "120", "--batch",
+                "1,1073741823,2", "--batch-ctx", "200", "--steps", "2", "--page-size", "16", "--json", out)
+        if p.returncode != 0:
+            print(p.stdout, p.stderr, sep="\n")
+            failures.append(f"a batch that does not fit: exit status {p.returncode}")
+        else:
+            eb = json.load(open(out))["equal_batch"]
+            big = [r for r in eb if r["batch"] == 1073741823]
+            ok = [r for r in eb if r["batch"] in (1, 2)]
+            if len(big) != 2 or any("does not fit" not in r.get("error", "") for r in big):
+                failures.append(f"rows of a batch that does not fit: {big}")
+            if len(ok) != 4 or any("error" in r or not r["step_ms"] > 0 for r in ok):
+                failures.append(f"rows beside a batch that does not fit: {ok}")
+            if "does not fit" not in p.stdout:
+                failures.append("the table does not say the batch does not fit")
+
     # Bad options: one error line, exit status 1.
     for args, words in [(["--ctx", "1000"], "positions end at 256"),
                         (["--kv", "bf16,nope"], "nope"),

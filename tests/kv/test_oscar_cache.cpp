@@ -632,5 +632,34 @@ TEST(QuantMethods, SequencesForBytesFillTheCache) {
                Error);
 }
 
+// Sizes past what a cache can index are refused at once with the reason: 2^30 sequences or more (the count's cap), and byte budgets whose pages overflow the pools' int32 ids (these
+// used to wrap to a wrong page count, or loop forever in bytes_for_sequences).
+TEST(QuantMethods, SizesPastThePoolsIndexAreRefused) {
+  const KvCacheShape shape{kL, kH, kD, kPage};
+  KvMethodOptions mo;
+  mo.model = fp();
+  mo.sink = kSink;
+  mo.recent = kRecent;
+  mo.group_size = 64;
+  for (const char* name : {"bf16", "int2-hadamard"}) {
+    SCOPED_TRACE(name);
+    const KvMethod m = resolve_kv_method(name, mo);
+    EXPECT_THROW(bytes_for_sequences(m, shape, 1 << 30, 200, 64), Error);
+    const int B = (1 << 30) - 1;
+    const int64_t need = bytes_for_sequences(m, shape, B, 200, 64);  // ~2^30 x 13 pages: past int32
+    EXPECT_GT(need / bf16_page_bytes(shape), int64_t(1) << 31);
+    try {
+      make_method_cache_for_bytes(m, shape, need, B, 64);
+      ADD_FAILURE() << "a cache of " << need << " bytes was made";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("more than a cache indexes"), std::string::npos) << e.what();
+    }
+  }
+  KvCacheOptions o;
+  o.max_tokens = int64_t(kPage) * (int64_t(1) << 31);
+  o.page_size = kPage;
+  EXPECT_THROW(make_kv_cache(shape, o), Error);
+}
+
 }  // namespace
 }  // namespace oscar::kv
