@@ -136,6 +136,10 @@ def main():
         r["preemptions"] = m.get("oscar_preemptions_total", 0)
         r["prefix_hit_rate"] = m.get("oscar_prefix_cache_hit_rate", 0)
         r["prefill_tokens"] = m.get("oscar_prefill_tokens_total", 0)
+        # The engine's forward steps and the time inside them: busy_s against duration_s says
+        # whether the engine or something around it (HTTP, tokenizing, the client) bounds the run.
+        r["engine_steps"] = m.get("oscar_engine_steps_total", 0)
+        r["engine_busy_s"] = m.get("oscar_engine_busy_seconds_total", 0)
         r["bf16_pages"] = m.get('oscar_kv_pages_total{dtype="bf16"}', 0)
         r["quant_pages"] = m.get('oscar_kv_pages_total{dtype="quant"}', 0)
         rows.append(r)
@@ -152,9 +156,11 @@ def main():
             ("TPOT mean ms", "tpot_ms.mean", "{:.1f}"), ("ITL p99 ms", "itl_ms.p99", "{:.0f}"),
             ("max in flight", "max_concurrent_requests", "{}"), ("preemptions", "preemptions", "{:.0f}"),
             ("prefix hit rate", "prefix_hit_rate", "{:.2f}"), ("prefill tokens", "prefill_tokens", "{:.0f}"),
+            ("steps", "engine_steps", "{:.0f}"), ("engine busy", "engine_busy", "{}"),
             ("KV pages bf16 / 2-bit", "pages", "{}"), ("failed", "failed_requests", "{}")]
     for r in rows:
         r["pages"] = f"{r['bf16_pages']:.0f} / {r['quant_pages']:.0f}"
+        r["engine_busy"] = f"{r['engine_busy_s']:.1f} s ({100 * r['engine_busy_s'] / r['duration_s']:.0f} %)"
     print("| " + " | ".join(c[0] for c in cols) + " |")
     print("|" + "---|" * len(cols))
     for r in rows:

@@ -61,7 +61,8 @@ class Server:
     def __init__(self, name, *extra, api_key=None, env=None):
         self.name, self.api_key = name, api_key
         self.log_path = os.path.join(LOG_DIR, f"{name}.log")
-        cmd = [ARGS.oscar, "serve", "-m", ARGS.model, "--port", "0", "-t", str(ARGS.server_threads), *extra]
+        cmd = [ARGS.oscar, "serve", "-m", ARGS.model, "--port", "0", "-t", str(ARGS.server_threads),
+               *ARGS.server_args.split(), *extra]
         if api_key:
             cmd += ["--api-key", api_key]
         self.cmd = cmd
@@ -1454,6 +1455,8 @@ def main():
     p.add_argument("--server-threads", type=int, default=1,
                    help="oscar serve -t (compute threads; 0 = all cores). Default 1: with all cores, "
                         "any other busy process on the machine slows decoding 10-20x")
+    p.add_argument("--server-args", default="",
+                   help="more arguments for every server, e.g. '--device cuda' (the GPU's serving path)")
     p.add_argument("--watchdog", type=float, default=540,
                    help="after this many seconds print every thread's stack and exit (CTest kills at 600)")
     ARGS, rest = p.parse_known_args()
