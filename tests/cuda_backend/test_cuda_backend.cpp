@@ -747,6 +747,35 @@ TEST(CudaFlashInfer, PrefillMatchesOurKernel) {
   EXPECT_THROW(backend::set_cuda_prefill(*backend::make_cuda_backend({WeightDtype::kBf16, 0}), "flash"), Error);
 }
 
+// A cache too large for the device (the GPU bench's 32 x 32K BF16, a server's misjudged
+// --kv-memory-mb) is refused with its cudaMalloc error, and that error stays its own: the next
+// steps on a cache that fits run and give the logits of a twin that never saw the failure. (The
+// failed cudaMalloc used to stay the runtime's last error, so the next launch check reported it:
+// "write_bf16_tokens: out of memory".)
+TEST(CudaBackend, AnAllocationThatFailsDoesNotFailTheNextSteps) {
+  SKIP_WITHOUT_GPU();
+  auto w = tiny(model::Arch::kLlama, 64, 4, 2);
+  Runner ref(w, backend::make_cuda_backend({WeightDtype::kF32, 0}), bf16_method(), 16, 4096);
+  Runner r(w, backend::make_cuda_backend({WeightDtype::kF32, 0}), bf16_method(), 16, 4096);
+  const auto toks = random_tokens(40, w.cfg.vocab_size, 3);
+  const kv::SeqId a = ref.cache->create();
+  ASSERT_EQ(a, r.cache->create());
+  const std::vector<int32_t> prompt(toks.begin(), toks.begin() + 20);
+  ASSERT_EQ(ref.step({a}, {prompt}), r.step({a}, {prompt}));
+  try {
+    kv::make_method_cache_for_bytes(bf16_method(), r.m->cache_shape(16), int64_t(1) << 40, 1, 64, false,
+                                    r.be->page_store_factory());
+    FAIL() << "a cache of 1 TiB was made";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("out of memory"), std::string::npos) << e.what();
+  }
+  for (int t = 20; t < 40; ++t) {
+    std::vector<float> lr;
+    ASSERT_NO_THROW(lr = r.step({a}, {{toks[size_t(t)]}})) << "step " << t;
+    ASSERT_EQ(ref.step({a}, {{toks[size_t(t)]}}), lr) << "step " << t;
+  }
+}
+
 TEST(CudaBackend, UnsupportedCachesAreRefusedClearly) {
   SKIP_WITHOUT_GPU();
   auto w = tiny(model::Arch::kLlama, 64, 4, 2);

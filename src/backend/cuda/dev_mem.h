@@ -13,8 +13,15 @@
 
 namespace oscar::backend::devmem {
 
+// A failed call also leaves its error as the runtime's "last error", which the next launch
+// check (cudaGetLastError) would report as its own: an allocation that did not fit would fail
+// the next kernel of an unrelated request. The error is taken out of that state here (a sticky
+// one, a dead context, stays whatever is done).
 inline void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw Error(std::string("cuda backend: ") + what + ": " + cudaGetErrorString(e));
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw Error(std::string("cuda backend: ") + what + ": " + cudaGetErrorString(e));
+  }
 }
 
 struct DevMem {

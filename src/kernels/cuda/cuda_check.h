@@ -11,10 +11,14 @@
 namespace oscar::kernels::cuda {
 
 // Throws oscar::Error naming the statement, file and line of a failed CUDA call.
+// The error is also taken out of the runtime's last-error state, so that a later launch check
+// does not report it again as its own (an out-of-memory here is not the next kernel's failure).
 inline void check_cuda(cudaError_t e, const char* what, const char* file, int line) {
-  if (e != cudaSuccess)
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
     throw Error(std::string(file) + ":" + std::to_string(line) + ": " + what + " failed: " +
                 cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")");
+  }
 }
 
 }  // namespace oscar::kernels::cuda
