@@ -21,6 +21,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -197,8 +198,8 @@ const cli::Registrar reg({"bench", "Decode throughput, BF16 cache vs 2-bit cache
     };
 
     // One row: its cache made by `make`, then its steps. A cache that cannot be allocated (more
-    // pages than the device or host has) makes a row that says so, and the other rows still run;
-    // steps that fail on a cache that fitted are reported the same way and fail the command.
+    // pages than the device or host has, or than a pool indexes) makes a row that says so, and
+    // the other rows still run; any other failure is reported the same way and fails the command.
     bool failed = false;
     auto measure = [&](Row& r, const kv::KvMethod& km, int B, int C, auto make) {
       r.cache = label(km), r.batch = B, r.ctx = C;
@@ -206,14 +207,18 @@ const cli::Registrar reg({"bench", "Decode throughput, BF16 cache vs 2-bit cache
       try {
         cache = make();
       } catch (const std::exception& e) {
-        r.error = fmt::format("does not fit ({})", e.what());
-        std::fprintf(stderr, "%s: %d x %d tokens %s\n", r.cache.c_str(), B, C, r.error.c_str());
+        const std::string why = e.what();
+        const bool memory = dynamic_cast<const std::bad_alloc*>(&e) || why.find("out of memory") != why.npos ||
+                            why.find("more than a cache indexes") != why.npos;
+        r.error = fmt::format("{} ({})", memory ? "does not fit" : "failed", why);
+        failed = failed || !memory;
+        std::fprintf(stderr, "%s: %d x %d tokens: %s\n", r.cache.c_str(), B, C, r.error.c_str());
         return;
       }
       try {
         run(*cache, km, B, C, r);
       } catch (const std::exception& e) {
-        r.error = fmt::format("failed: {}", e.what());
+        r.error = fmt::format("failed ({})", e.what());
         r.step_ms = r.tok_s = 0;
         failed = true;
         std::fprintf(stderr, "%s: %d x %d tokens: %s\n", r.cache.c_str(), B, C, r.error.c_str());
