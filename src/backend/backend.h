@@ -66,6 +66,12 @@ class Backend {
   // (best of a few; a copy far larger than the caches): the bandwidth a memory-bound step
   // is measured against (the roofline of `oscar bench`, DESIGN §7). Takes ~0.1-1 s.
   virtual double copy_bandwidth() = 0;
+  // Free and total bytes of the device memory this backend allocates from (cudaMemGetInfo),
+  // or {0, 0} where there is no such fixed pool (the CPU: host memory).
+  struct MemoryInfo {
+    int64_t free = 0, total = 0;
+  };
+  virtual MemoryInfo device_memory() { return {}; }
 
   // --- weights
   // Linear layer y = x W^T (+ b): w [out][in] (HF layout), bias [out] or nullptr.

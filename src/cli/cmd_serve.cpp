@@ -49,6 +49,7 @@ struct Opts {
   int page_size = 64;
   int64_t max_kv_tokens = 0;
   double kv_memory_mb = 0;
+  double gpu_memory_utilization = 0.9;
   bool no_prefix_caching = false;
   std::string weights = "bf16";
   int threads = 0;
@@ -70,11 +71,16 @@ const oscar::cli::Registrar reg({"serve", "Serve a model over an OpenAI-compatib
   app.add_option("--calib", o->calib, "Calibration file for --kv oscar (oscar calibrate)");
   app.add_option("--page-size", o->page_size, "KV page size in tokens")->capture_default_str();
   app.add_option("--max-kv-tokens", o->max_kv_tokens,
-                 "KV memory budget in tokens over all requests (0 = 32768)");
+                 "KV memory budget in tokens over all requests (0 = 32768 on the CPU; on a GPU see "
+                 "--gpu-memory-utilization)");
   app.add_option("--kv-memory-mb", o->kv_memory_mb,
                  "KV memory budget in MiB (instead of --max-kv-tokens): bf16 fills it with BF16 "
                  "pages; a 2-bit method keeps BF16 windows for --max-running sequences and fills "
                  "the rest with quantized pages");
+  app.add_option("--gpu-memory-utilization", o->gpu_memory_utilization,
+                 "On a GPU without --kv-memory-mb or --max-kv-tokens: the share of the device's memory the "
+                 "weights and the KV pages may take (the rest: activations, kernels' scratch)")
+      ->capture_default_str();
   app.add_flag("--no-prefix-caching", o->no_prefix_caching, "Do not share cached prompt prefixes");
   app.add_option("--weights", o->weights, "Weight storage: bf16 or f32")->capture_default_str();
   app.add_option("--device", o->device, "cpu, cuda or cuda:N (model, activations and KV pages on the GPU)")
@@ -112,6 +118,11 @@ const oscar::cli::Registrar reg({"serve", "Serve a model over an OpenAI-compatib
     const auto shape = m->cache_shape(o->page_size);
     std::unique_ptr<kv::KvCache> cache;
     const backend::PageStoreFactory store = sess.backend->page_store_factory();
+    // On a GPU with no budget given, the pages take what the weights leave of
+    // --gpu-memory-utilization of the device (32768 tokens would leave an H200 idle).
+    const backend::Backend::MemoryInfo mem = sess.backend->device_memory();
+    if (o->kv_memory_mb <= 0 && o->max_kv_tokens <= 0 && mem.total > 0)
+      o->kv_memory_mb = double(engine::gpu_kv_budget(mem, o->gpu_memory_utilization)) / double(1 << 20);
     if (o->kv_memory_mb > 0) {
       cache = kv::make_method_cache_for_bytes(km, shape, int64_t(o->kv_memory_mb * (1 << 20)),
                                               o->max_running, o->max_batch_tokens, prefix, store);

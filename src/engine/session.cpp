@@ -1,5 +1,7 @@
 #include "engine/session.h"
 
+#include <fmt/format.h>
+
 #include "core/error.h"
 #if OSCAR_WITH_CUDA
 #include "backend/cuda/backend_cuda.h"
@@ -58,6 +60,23 @@ Session open_session(const SessionOptions& o) {
   s.backend = std::move(p.backend);
   s.model = std::move(p.model);
   return s;
+}
+
+int64_t gpu_kv_budget(backend::Backend::MemoryInfo mem, double utilization) {
+  if (!(utilization > 0.0 && utilization <= 1.0))
+    throw Error(fmt::format("--gpu-memory-utilization {} is outside (0, 1]", utilization));
+  if (mem.total <= 0 || mem.free < 0 || mem.free > mem.total)
+    throw Error(fmt::format("device memory: {} bytes free of {}: no device memory to size the KV cache from",
+                            mem.free, mem.total));
+  constexpr int64_t kMiB = int64_t(1) << 20;
+  const int64_t used = mem.total - mem.free;
+  const int64_t budget = int64_t(utilization * double(mem.total)) - used;
+  if (budget < 64 * kMiB)
+    throw Error(fmt::format("no device memory left for the KV cache: {} of the device's {} MiB are in use (the "
+                            "model and the runtime) and --gpu-memory-utilization {} allows {} MiB; raise it, or "
+                            "give --kv-memory-mb",
+                            used / kMiB, mem.total / kMiB, utilization, int64_t(utilization * double(mem.total)) / kMiB));
+  return budget;
 }
 
 }  // namespace oscar::engine

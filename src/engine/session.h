@@ -43,6 +43,13 @@ struct PreparedModel {
 PreparedModel prepare_model(model::ModelWeights w, const kv::KvMethod& method,
                             const std::string& device, backend::WeightDtype weights, int threads);
 
+// The KV page budget a GPU server takes when none is given (vLLM's --gpu-memory-utilization):
+// `utilization` of the device's `total` bytes, less what is already in use (`total - free`: the
+// weights and the runtime's own). What stays outside it is the room for the activations and the
+// kernels' scratch, which grow with the first steps. Throws oscar::Error where nothing is left
+// (the reason names the numbers) or utilization is outside (0, 1].
+int64_t gpu_kv_budget(backend::Backend::MemoryInfo mem, double utilization);
+
 // Loads and prepares; the dense weights are freed before it returns. Throws
 // oscar::Error (unknown method, calibration for another model, bad files).
 Session open_session(const SessionOptions& o);

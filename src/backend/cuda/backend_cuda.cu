@@ -438,6 +438,12 @@ class CudaBackend final : public Backend {
     check(cudaSetDevice(opts_.device), "set device");
     return std::make_unique<DeviceBuffer>(n);
   }
+  MemoryInfo device_memory() override {
+    check(cudaSetDevice(opts_.device), "set device");
+    size_t free = 0, total = 0;
+    check(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
+    return {int64_t(free), int64_t(total)};
+  }
   double copy_bandwidth() override {
     // Device-to-device copies of 4 GiB (DESIGN §7: ~4.3 TB/s read + write on the H200),
     // timed by events on the backend's stream, best of 5 after one untimed copy.
