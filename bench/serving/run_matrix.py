@@ -140,6 +140,10 @@ def main():
         # whether the engine or something around it (HTTP, tokenizing, the client) bounds the run.
         r["engine_steps"] = m.get("oscar_engine_steps_total", 0)
         r["engine_busy_s"] = m.get("oscar_engine_busy_seconds_total", 0)
+        for kind in ("decode", "mixed"):  # steps of decode rows only / with a prompt chunk
+            n = m.get(f"oscar_{kind}_step_seconds_count", 0)
+            r[f"{kind}_steps"] = n
+            r[f"{kind}_step_ms"] = 1e3 * m.get(f"oscar_{kind}_step_seconds_sum", 0) / n if n else 0.0
         r["bf16_pages"] = m.get('oscar_kv_pages_total{dtype="bf16"}', 0)
         r["quant_pages"] = m.get('oscar_kv_pages_total{dtype="quant"}', 0)
         rows.append(r)
@@ -157,9 +161,12 @@ def main():
             ("max in flight", "max_concurrent_requests", "{}"), ("preemptions", "preemptions", "{:.0f}"),
             ("prefix hit rate", "prefix_hit_rate", "{:.2f}"), ("prefill tokens", "prefill_tokens", "{:.0f}"),
             ("steps", "engine_steps", "{:.0f}"), ("engine busy", "engine_busy", "{}"),
+            ("decode steps (mean ms)", "decode_steps_ms", "{}"), ("mixed steps (mean ms)", "mixed_steps_ms", "{}"),
             ("KV pages bf16 / 2-bit", "pages", "{}"), ("failed", "failed_requests", "{}")]
     for r in rows:
         r["pages"] = f"{r['bf16_pages']:.0f} / {r['quant_pages']:.0f}"
+        r["decode_steps_ms"] = f"{r['decode_steps']:.0f} ({r['decode_step_ms']:.1f})"
+        r["mixed_steps_ms"] = f"{r['mixed_steps']:.0f} ({r['mixed_step_ms']:.1f})"
         r["engine_busy"] = f"{r['engine_busy_s']:.1f} s ({100 * r['engine_busy_s'] / r['duration_s']:.0f} %)"
     print("| " + " | ".join(c[0] for c in cols) + " |")
     print("|" + "---|" * len(cols))

@@ -388,7 +388,12 @@ bool Scheduler::step() {
     return true;
   }
   const auto now = Clock::now();
-  metrics_.busy_s += std::chrono::duration<double>(now - t0).count();
+  const double step_s = std::chrono::duration<double>(now - t0).count();
+  metrics_.busy_s += step_s;
+  const bool decode_only = std::all_of(steps.begin(), steps.end(), [](const model::SeqStep& st) {
+    return st.tokens.size() == 1;
+  });
+  (decode_only ? metrics_.decode_step : metrics_.mixed_step).observe(step_s);
   ++metrics_.steps;
   metrics_.host_draws += drawer_.host_rows();
 

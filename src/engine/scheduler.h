@@ -95,6 +95,8 @@ struct SchedulerMetrics {
   Histogram ttft{Histogram::latency_buckets()}, tpot{Histogram::latency_buckets()},
       itl{Histogram::latency_buckets()}, e2e{Histogram::e2e_buckets()},
       queue{Histogram::e2e_buckets()};
+  // Forward steps by kind: every row a decode token, or with a prompt chunk in the step.
+  Histogram decode_step{Histogram::latency_buckets()}, mixed_step{Histogram::latency_buckets()};
 };
 
 class Scheduler {

@@ -666,6 +666,8 @@ struct Server::Impl {
     hist("oscar_inter_token_latency_seconds", "Time between successive tokens.", m.itl);
     hist("oscar_e2e_request_latency_seconds", "Time from arrival to the last token.", m.e2e);
     hist("oscar_request_queue_time_seconds", "Time from arrival to the first admission.", m.queue);
+    hist("oscar_decode_step_seconds", "Forward steps whose rows are all decode tokens.", m.decode_step);
+    hist("oscar_mixed_step_seconds", "Forward steps with a prompt chunk (and any decode rows).", m.mixed_step);
     return o;
   }
 };

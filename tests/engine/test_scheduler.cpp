@@ -120,6 +120,13 @@ TEST(Scheduler, GreedyTokensEqualEachRequestAloneWhileRequestsArriveAndLeave) {
   EXPECT_EQ(s.metrics().preemptions, 0);
   EXPECT_EQ(s.metrics().finished_length, int64_t(reqs.size()));
   EXPECT_EQ(s.metrics().ttft.count, int64_t(reqs.size()));
+  // Every forward step is timed once, as decode-only or as a step with a prompt chunk (each
+  // request's prompt ran in at least one of those).
+  const SchedulerMetrics& m = s.metrics();
+  EXPECT_EQ(m.decode_step.count + m.mixed_step.count, m.steps);
+  EXPECT_GE(m.mixed_step.count, int64_t(reqs.size()));
+  EXPECT_GT(m.decode_step.count, 0);
+  EXPECT_GT(m.decode_step.sum, 0.0);
 }
 
 TEST(Scheduler, PreemptsWhenPagesRunOutAndEveryRequestStillFinishesWithTheSameTokens) {
