@@ -207,10 +207,8 @@ const cli::Registrar reg({"bench", "Decode throughput, BF16 cache vs 2-bit cache
       try {
         cache = make();
       } catch (const std::exception& e) {
-        const std::string why = e.what();
-        const bool memory = dynamic_cast<const std::bad_alloc*>(&e) || why.find("out of memory") != why.npos ||
-                            why.find("more than a cache indexes") != why.npos;
-        r.error = fmt::format("{} ({})", memory ? "does not fit" : "failed", why);
+        const bool memory = dynamic_cast<const OutOfMemory*>(&e) || dynamic_cast<const std::bad_alloc*>(&e);
+        r.error = fmt::format("{} ({})", memory ? "does not fit" : "failed", e.what());
         failed = failed || !memory;
         std::fprintf(stderr, "%s: %d x %d tokens: %s\n", r.cache.c_str(), B, C, r.error.c_str());
         return;

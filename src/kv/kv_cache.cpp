@@ -3,10 +3,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <limits>
 
 #include "core/error.h"
 #include "kv/bf16_cache.h"
+#include "kv/page_pool.h"
 
 namespace oscar::kv {
 
@@ -44,11 +44,8 @@ std::unique_ptr<KvCache> make_kv_cache(const KvCacheShape& shape, const KvCacheO
   s.page_size = opts.page_size;
   const int64_t tokens = opts.max_tokens > 0 ? opts.max_tokens : 32768;
   const int64_t pages = (tokens + s.page_size - 1) / std::max(1, s.page_size);
-  if (pages > std::numeric_limits<int32_t>::max())
-    throw Error(fmt::format("kv cache: {} tokens need {} pages, more than a cache indexes ({})", tokens, pages,
-                            std::numeric_limits<int32_t>::max()));
-  if (opts.method == "bf16") return std::make_unique<Bf16KvCache>(s, static_cast<int32_t>(pages), opts.prefix_caching,
-                                         opts.store);
+  const int32_t n = checked_page_count(pages, tokens, "kv cache");
+  if (opts.method == "bf16") return std::make_unique<Bf16KvCache>(s, n, opts.prefix_caching, opts.store);
   throw Error(fmt::format("kv cache: unknown method '{}' (known: bf16)", opts.method));
 }
 

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
-#include <limits>
 
 #include "core/error.h"
 #include "core/key_transform.h"
@@ -16,11 +15,7 @@ namespace oscar::kv {
 namespace {
 // Pages for `tokens` plus `extra`, refused where a pool's int32 page ids cannot index them.
 int32_t pages_for(int64_t tokens, int ps, int extra = 0) {
-  const int64_t pages = (tokens + ps - 1) / ps + extra;
-  if (pages > std::numeric_limits<int32_t>::max())
-    throw Error(fmt::format("kv cache: {} tokens need {} pages, more than a cache indexes ({})", tokens, pages,
-                            std::numeric_limits<int32_t>::max()));
-  return int32_t(pages);
+  return checked_page_count((tokens + ps - 1) / ps + extra, tokens, "kv cache");
 }
 }  // namespace
 

@@ -2,9 +2,18 @@
 
 #include <fmt/format.h>
 
+#include <limits>
+
 #include "core/error.h"
 
 namespace oscar::kv {
+
+int32_t checked_page_count(int64_t pages, int64_t tokens, const std::string& what) {
+  if (pages > std::numeric_limits<int32_t>::max())
+    throw OutOfMemory(fmt::format("{}: {} tokens need {} pages, more than a cache indexes ({})", what, tokens, pages,
+                                  std::numeric_limits<int32_t>::max()));
+  return static_cast<int32_t>(pages);
+}
 
 PagePool::PagePool(std::string name, int32_t num_pages) : name_(std::move(name)) {
   if (num_pages < 0) throw Error(fmt::format("{}: negative page count {}", name_, num_pages));

@@ -15,6 +15,10 @@
 
 namespace oscar::kv {
 
+// `pages` as a pool's page count; throws oscar::OutOfMemory naming `what` and `tokens` where the
+// int32 page ids cannot index that many.
+int32_t checked_page_count(int64_t pages, int64_t tokens, const std::string& what);
+
 class PagePool {
  public:
   // `name` appears in error messages ("bf16 page pool: out of pages ...").

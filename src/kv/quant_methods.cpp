@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <limits>
 
 #include "core/error.h"
 #include "core/hadamard.h"
@@ -406,12 +405,9 @@ std::unique_ptr<KvCache> make_method_cache_for_bytes(const KvMethod& m, const Kv
     throw Error(fmt::format("kv cache {}: {} MiB cannot hold the BF16 windows of {} sequences "
                             "({} pages, {} MiB) and any quantized page",
                             m.label, bytes >> 20, sequences, bf_pages, (bf_pages * bf) >> 20));
-  if (bf_pages > std::numeric_limits<int32_t>::max() || q_pages > std::numeric_limits<int32_t>::max())
-    throw Error(fmt::format("kv cache {}: {} BF16 and {} quantized pages, more than a cache indexes ({})", m.label,
-                            bf_pages, q_pages, std::numeric_limits<int32_t>::max()));
   OscarCacheOptions sizing;
-  sizing.bf16_pages = static_cast<int32_t>(bf_pages);
-  sizing.quant_pages = static_cast<int32_t>(q_pages);
+  sizing.bf16_pages = checked_page_count(bf_pages, bf_pages * ps, "kv cache " + m.label + " (BF16 pool)");
+  sizing.quant_pages = checked_page_count(q_pages, q_pages * ps, "kv cache " + m.label + " (quantized pool)");
   sizing.prefix_caching = prefix_caching;
   sizing.store = store;
   return make_quant_cache(m, shape, sizing);

@@ -766,7 +766,7 @@ TEST(CudaBackend, AnAllocationThatFailsDoesNotFailTheNextSteps) {
     kv::make_method_cache_for_bytes(bf16_method(), r.m->cache_shape(16), int64_t(1) << 40, 1, 64, false,
                                     r.be->page_store_factory());
     FAIL() << "a cache of 1 TiB was made";
-  } catch (const Error& e) {
+  } catch (const OutOfMemory& e) {
     EXPECT_NE(std::string(e.what()).find("out of memory"), std::string::npos) << e.what();
   }
   for (int t = 20; t < 40; ++t) {

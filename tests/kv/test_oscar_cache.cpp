@@ -557,17 +557,23 @@ TEST(QuantMethods, Bf16LayersModifier) {
   }
 }
 
+// The methods of the sizing tests: this file's windows, groups of 64.
+KvMethodOptions sizing_options() {
+  KvMethodOptions mo;
+  mo.model = fp();
+  mo.sink = kSink;
+  mo.recent = kRecent;
+  mo.group_size = 64;
+  return mo;
+}
+
 // sequences_for_bytes (the equal-memory count of `oscar bench`): B sequences of T tokens fill a
 // cache sized by make_method_cache_for_bytes for B, prefill chunks of 64 then decode steps, and
 // (where the middle is long enough for the count to be tight) B + 2 do not fit in the same
 // bytes; the 2-bit cache holds more sequences than BF16 in the same bytes.
 TEST(QuantMethods, SequencesForBytesFillTheCache) {
   const KvCacheShape shape{kL, kH, kD, kPage};
-  KvMethodOptions mo;
-  mo.model = fp();
-  mo.sink = kSink;
-  mo.recent = kRecent;
-  mo.group_size = 64;
+  const KvMethodOptions mo = sizing_options();
   const int chunk = 64;
   std::mt19937 rng(5);
   std::normal_distribution<float> nd;
@@ -632,15 +638,12 @@ TEST(QuantMethods, SequencesForBytesFillTheCache) {
                Error);
 }
 
-// Sizes past what a cache can index are refused at once with the reason: 2^30 sequences or more (the count's cap), and byte budgets whose pages overflow the pools' int32 ids (these
-// used to wrap to a wrong page count, or loop forever in bytes_for_sequences).
+// Sizes past what a cache can index are refused at once with the reason: 2^30 sequences or more
+// (the count's cap), and byte budgets whose pages overflow the pools' int32 ids, as OutOfMemory
+// (these used to wrap to a wrong page count, or loop forever in bytes_for_sequences).
 TEST(QuantMethods, SizesPastThePoolsIndexAreRefused) {
   const KvCacheShape shape{kL, kH, kD, kPage};
-  KvMethodOptions mo;
-  mo.model = fp();
-  mo.sink = kSink;
-  mo.recent = kRecent;
-  mo.group_size = 64;
+  const KvMethodOptions mo = sizing_options();
   for (const char* name : {"bf16", "int2-hadamard"}) {
     SCOPED_TRACE(name);
     const KvMethod m = resolve_kv_method(name, mo);
@@ -651,14 +654,14 @@ TEST(QuantMethods, SizesPastThePoolsIndexAreRefused) {
     try {
       make_method_cache_for_bytes(m, shape, need, B, 64);
       ADD_FAILURE() << "a cache of " << need << " bytes was made";
-    } catch (const Error& e) {
+    } catch (const OutOfMemory& e) {
       EXPECT_NE(std::string(e.what()).find("more than a cache indexes"), std::string::npos) << e.what();
     }
   }
   KvCacheOptions o;
   o.max_tokens = int64_t(kPage) * (int64_t(1) << 31);
   o.page_size = kPage;
-  EXPECT_THROW(make_kv_cache(shape, o), Error);
+  EXPECT_THROW(make_kv_cache(shape, o), OutOfMemory);
 }
 
 }  // namespace

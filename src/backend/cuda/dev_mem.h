@@ -20,7 +20,9 @@ namespace oscar::backend::devmem {
 inline void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
-    throw Error(std::string("cuda backend: ") + what + ": " + cudaGetErrorString(e));
+    const std::string m = std::string("cuda backend: ") + what + ": " + cudaGetErrorString(e);
+    if (e == cudaErrorMemoryAllocation) throw OutOfMemory(m);
+    throw Error(m);
   }
 }
 

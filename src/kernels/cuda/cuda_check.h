@@ -16,8 +16,10 @@ namespace oscar::kernels::cuda {
 inline void check_cuda(cudaError_t e, const char* what, const char* file, int line) {
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
-    throw Error(std::string(file) + ":" + std::to_string(line) + ": " + what + " failed: " +
-                cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")");
+    const std::string m = std::string(file) + ":" + std::to_string(line) + ": " + what + " failed: " +
+                          cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")";
+    if (e == cudaErrorMemoryAllocation) throw OutOfMemory(m);
+    throw Error(m);
   }
 }
 
