@@ -112,10 +112,17 @@ def main():
     ap.add_argument("--extra-server", default="", help="extra `oscar serve` arguments for every case")
     ap.add_argument("--output-json", help="write every case's numbers here")
     ap.add_argument("--extra-bench", default="", help="extra bench_serving.py arguments")
+    ap.add_argument("--cases", help="comma-separated names of the preset's cases to run (default: all)")
     a = ap.parse_args()
     preset = CASES[a.preset]
+    names = [c[0] for c in preset["cases"]]
+    wanted = a.cases.split(",") if a.cases else names
+    if unknown := [c for c in wanted if c not in names]:
+        ap.error(f"--cases: {', '.join(unknown)} not in preset {a.preset} ({', '.join(names)})")
     rows = []
     for name, server_args in preset["cases"]:
+        if name not in wanted:
+            continue
         server_args = [s.format(calib=a.calib, mem=a.mem, oscar_running=a.oscar_running,
                                 bf16_running=a.bf16_running) for s in server_args] + a.extra_server.split()
         p, port, banner = start(a.oscar, a.model, server_args)

@@ -10,7 +10,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <random>
 
 #include "core/quantizer.h"
 #include "cuda_test_util.h"
@@ -365,6 +367,82 @@ TEST(CudaCacheWrite, DemotionWithPageCentreBitExact) {
     OSCAR_CUDA_CHECK(cudaDeviceSynchronize());
     EXPECT_GT(count_diff(dev.kp.download(), host.kp), 0u) << "the offset changed nothing";
   }
+}
+
+// The demotions' page centres on the device (page_centres) against the host specification
+// (kv::center_angles + kv::center_offset) on random centres: every layer with a centre within
+// 1e-6 relative (both sum in fp64, the device with its own cos / sin and FMA contraction), the
+// rows of a layer without one left as they were. Positions up to ~1M, so the angles wrap.
+TEST(CudaCacheWrite, PageCentresMatchHost) {
+  if (!test::have_gpu()) GTEST_SKIP() << "no GPU";
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  struct Case { int d, hkv, S, layers, pages, page_size; };
+  for (const Case c : {Case{64, 1, 3, 2, 5, 16}, Case{128, 2, 44, 4, 37, 64}, Case{256, 3, 128, 3, 9, 32}}) {
+    std::vector<float> freq(c.S);
+    for (int s = 0; s < c.S; ++s) freq[s] = std::pow(10000.0f, -2.0f * float(s) / float(c.d));
+    std::vector<std::vector<float>> u(c.layers), w(c.layers), mu(c.layers);
+    std::vector<DeviceBuffer<float>> du, dw, dmu;
+    std::vector<PageCentreLayer> layers(c.layers);
+    for (int l = 0; l < c.layers; ++l) {
+      u[l].resize(size_t(c.hkv) * c.S * c.d);
+      w[l].resize(u[l].size());
+      mu[l].resize(size_t(c.hkv) * c.d);
+      for (auto* v : {&u[l], &w[l], &mu[l]})
+        for (auto& x : *v) x = 3.0f * nd(rng);
+      du.emplace_back(u[l]);
+      dw.emplace_back(w[l]);
+      dmu.emplace_back(mu[l]);
+      // Layer 1 has no centre; the last one has no mean.
+      if (l != 1) layers[l] = {du[l].ptr, dw[l].ptr, l + 1 == c.layers ? nullptr : dmu[l].ptr};
+    }
+    std::vector<int64_t> pos(c.pages);
+    std::uniform_int_distribution<int64_t> pd(0, 1 << 20);
+    for (auto& p : pos) p = pd(rng) / c.page_size * c.page_size;
+    pos[0] = 0;
+    DeviceBuffer<PageCentreLayer> dl(layers);
+    DeviceBuffer<float> dfreq(freq);
+    DeviceBuffer<int64_t> dpos(pos);
+    const size_t per_layer = size_t(c.pages) * c.hkv * c.d;
+    std::vector<float> out(per_layer * c.layers, 1234.5f);
+    DeviceBuffer<float> dout(out);
+    OSCAR_CUDA_CHECK(page_centres(dl.ptr, c.layers, dfreq.ptr, c.S, c.hkv, c.d, c.pages, dpos.ptr, c.page_size,
+                                  dout.ptr, nullptr));
+    OSCAR_CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<float> got = dout.download();
+    std::vector<float> cs(2 * size_t(c.S)), ref(c.d);
+    size_t bad = 0;
+    double worst = 0.0;
+    for (int l = 0; l < c.layers; ++l)
+      for (int i = 0; i < c.pages; ++i)
+        for (int h = 0; h < c.hkv; ++h) {
+          const float* g = got.data() + l * per_layer + (size_t(i) * c.hkv + h) * c.d;
+          if (l == 1) {
+            for (int k = 0; k < c.d; ++k) bad += g[k] != 1234.5f;
+            continue;
+          }
+          kv::MidCenter mc;
+          mc.pairs = c.S;
+          mc.u = u[l].data();
+          mc.w = w[l].data();
+          mc.mu = l + 1 == c.layers ? nullptr : mu[l].data();
+          kv::center_angles(freq.data(), c.S, double(pos[i]) + 0.5 * (c.page_size - 1), cs.data());
+          kv::center_offset(mc, c.d, h, cs.data(), ref.data());
+          for (int k = 0; k < c.d; ++k) {
+            const double e = std::fabs(double(g[k]) - ref[k]);
+            worst = std::max(worst, e);
+            bad += !(e <= 1e-6 * std::max(1.0, std::fabs(double(ref[k]))));  // NaN fails
+          }
+        }
+    EXPECT_EQ(bad, 0u) << "d=" << c.d << " S=" << c.S << " worst |diff| " << worst;
+  }
+  DeviceBuffer<PageCentreLayer> dl(std::vector<PageCentreLayer>(1));
+  DeviceBuffer<float> f(64);
+  DeviceBuffer<int64_t> p(std::vector<int64_t>{0});
+  EXPECT_EQ(page_centres(dl.ptr, 1, f.ptr, 33, 1, 64, 1, p.ptr, 16, f.ptr, nullptr), cudaErrorInvalidValue)
+      << "S > d / 2";
+  EXPECT_EQ(page_centres(dl.ptr, 1, f.ptr, 4, 1, 96, 1, p.ptr, 16, f.ptr, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(page_centres(dl.ptr, 1, f.ptr, 4, 1, 64, 1, nullptr, 16, f.ptr, nullptr), cudaErrorInvalidValue);
 }
 
 TEST(CudaCacheWrite, RejectsBadArguments) {

@@ -117,6 +117,11 @@ class CudaPageStore final : public PageStore {
                   " layers, cache has " + std::to_string(spec_.n_layers));
     const int d = spec_.head_dim, H = spec_.num_kv_heads;
     q_.clear();
+    centre_pairs_ = 0;
+    centre_layers_ = DevMem();
+    centre_freq_ = DevMem();
+    std::vector<kernels::cuda::PageCentreLayer> centres(layers.size());
+    const std::vector<float>* freq = nullptr;
     for (const LayerQuant& lq : layers) {
       Layer L;
       L.identity = lq.identity;
@@ -128,10 +133,18 @@ class CudaPageStore final : public PageStore {
                                  "(run this calibration on the CPU backend)");
       L.clip = {lq.k_clip[0], lq.v_clip[0]};
       if (!lq.center.empty()) {
-        // Page centering: u / w / mu on the device for the attention, the host copy for the
-        // demotions' per-page centres (computed here, uploaded per flush).
+        // Page centering: u / w / mu on the device, for the attention and for the demotions'
+        // per-page centres (kernels::cuda::page_centres, one launch per flush).
         L.center = lq.center;
         const size_t uw = L.center.u.size() * 4, mu = L.center.mu.size() * 4;
+        const size_t S = size_t(L.center.pairs());
+        if (L.center.u.size() != size_t(H) * S * d || L.center.w.size() != L.center.u.size() ||
+            (!L.center.mu.empty() && L.center.mu.size() != size_t(H) * d) || L.center.freq.size() != S || int(S) > d / 2)
+          throw Error(spec_.label + ": page centre of the wrong size");
+        // The pairs are the calibration's, the same in every layer (core/key_transform.h).
+        if (freq && *freq != L.center.freq)
+          throw Error(spec_.label + ": page centre pairs differ between layers");
+        freq = &L.center.freq;
         L.cu = DevMem(uw);
         L.cw = DevMem(uw);
         L.cmu = DevMem(mu);
@@ -155,7 +168,17 @@ class CudaPageStore final : public PageStore {
                 "upload");
         }
       }
+      if (!L.center.empty()) centres[q_.size()] = {L.cu.as<float>(), L.cw.as<float>(), L.cmu.as<float>()};
       q_.push_back(std::move(L));
+    }
+    if (freq) {
+      centre_pairs_ = int(freq->size());
+      centre_freq_ = DevMem(freq->size() * 4);
+      check(cudaMemcpy(centre_freq_.p, freq->data(), freq->size() * 4, cudaMemcpyHostToDevice), "upload");
+      centre_layers_ = DevMem(centres.size() * sizeof(centres[0]));
+      check(cudaMemcpy(centre_layers_.p, centres.data(), centres.size() * sizeof(centres[0]),
+                       cudaMemcpyHostToDevice),
+            "upload");
     }
   }
 
@@ -255,7 +278,8 @@ class CudaPageStore final : public PageStore {
     rows_n_ = rows.size();
   }
 
-  // Runs the queued demotions (every layer), in order.
+  // Runs the queued demotions (every layer), in order. With page centering, the pages' key
+  // centres of every layer first, in one launch on the device.
   void flush() {
     if (pending_.empty()) return;
     no_capture(st_, "a demotion list");
@@ -266,37 +290,26 @@ class CudaPageStore final : public PageStore {
       staging_[n + i] = pending_[2 * i + 1];
     }
     pending_.clear();
-    const std::vector<int64_t> pos = std::move(pending_pos_);
-    pending_pos_.clear();
     demote_dev_.ensure(2 * n * 4);
     check(cudaMemcpyAsync(demote_dev_.p, staging_.data(), 2 * n * 4, cudaMemcpyHostToDevice, st_),
           "demotion upload");
-    const int d = spec_.head_dim, H = spec_.num_kv_heads, ps = spec_.page_size;
-    for (int l = 0; l < spec_.n_layers; ++l) {
-      // Page centering: each page's key centre δ_h (kernels/paged_kv.h), as the host store.
-      const float* off = nullptr;
-      const Layer& L = q_[l];
-      if (!L.center.empty()) {
-        const int S = L.center.pairs();
-        kv::MidCenter mc;
-        mc.pairs = S;
-        mc.u = L.center.u.data();
-        mc.w = L.center.w.data();
-        mc.mu = L.center.mu.data();
-        offset_host_.resize(n * H * d);
-        std::vector<float> cs(2 * size_t(S));
-        for (size_t i = 0; i < n; ++i) {
-          kv::center_angles(L.center.freq.data(), S, double(pos[i]) + 0.5 * (ps - 1), cs.data());
-          for (int h = 0; h < H; ++h) kv::center_offset(mc, d, h, cs.data(), offset_host_.data() + (i * H + h) * d);
-        }
-        offset_dev_.ensure(offset_host_.size() * 4);
-        check(cudaMemcpyAsync(offset_dev_.p, offset_host_.data(), offset_host_.size() * 4, cudaMemcpyHostToDevice,
-                              st_),
-              "page centre upload");
-        off = offset_dev_.as<float>();
-      }
+    const int d = spec_.head_dim, H = spec_.num_kv_heads, Ln = spec_.n_layers;
+    const size_t per_layer = n * size_t(H) * d;  // floats of one layer's centres
+    if (centre_pairs_ > 0) {
+      pos_dev_.ensure(n * 8);
+      check(cudaMemcpyAsync(pos_dev_.p, pending_pos_.data(), n * 8, cudaMemcpyHostToDevice, st_),
+            "demotion position upload");
+      offset_dev_.ensure(size_t(Ln) * per_layer * 4);
+      check(kernels::cuda::page_centres(centre_layers_.as<kernels::cuda::PageCentreLayer>(), Ln,
+                                        centre_freq_.as<float>(), centre_pairs_, H, d, int(n),
+                                        pos_dev_.as<int64_t>(), spec_.page_size, offset_dev_.as<float>(), st_),
+            "page_centres");
+    }
+    pending_pos_.clear();
+    for (int l = 0; l < Ln; ++l) {
+      const float* off = q_[l].center.empty() ? nullptr : offset_dev_.as<float>() + size_t(l) * per_layer;
       check(kernels::cuda::demote_pages(layer_view(l), int(n), demote_dev_.as<int32_t>(),
-                                        demote_dev_.as<int32_t>() + n, L.clip, -1, st_, off),
+                                        demote_dev_.as<int32_t>() + n, q_[l].clip, -1, st_, off),
             "demote_pages");
     }
   }
@@ -309,8 +322,10 @@ class CudaPageStore final : public PageStore {
   std::vector<Layer> q_;
   std::vector<int32_t> pending_;  // (src, dst) pairs
   std::vector<int64_t> pending_pos_;  // first position of each pending page
-  std::vector<float> offset_host_;    // page centres of one flush, [n][Hkv][d]
-  DevMem offset_dev_;
+  int centre_pairs_ = 0;                // S of the page centering (0: none)
+  DevMem centre_layers_, centre_freq_;  // [n_layers] PageCentreLayer (null u: none), [S] θ_s
+  DevMem pos_dev_;                      // first positions of one flush's pages
+  DevMem offset_dev_;                   // their key centres, [n_layers][n][Hkv][d]
   std::vector<int32_t> staging_;
   DevMem rows_dev_, demote_dev_;
   uint64_t rows_epoch_ = 0;

@@ -516,6 +516,30 @@ bool rotation_ok(const kv::PagedKvView& kv, const WriteRotation& rot) {
   return (!rot.k && !rot.v) || rot.r_heads == 1 || rot.r_heads == kv.num_kv_heads;
 }
 
+// One block per (page, KV head, layer), one thread per channel: the page's S angles staged in
+// shared memory, then channel k's fp64 sum over the pairs (coalesced over k).
+__global__ void page_centre_kernel(const PageCentreLayer* layers, const float* freq, int S, int Hkv, int d,
+                                   int n, const int64_t* first_pos, double half_page, float* out) {
+  __shared__ float cs[256];
+  const int i = blockIdx.x, h = blockIdx.y, l = blockIdx.z, k = threadIdx.x;
+  const PageCentreLayer L = layers[l];
+  if (!L.u) return;  // the whole block: no centre in this layer
+  const double t = double(first_pos[i]) + half_page;
+  for (int s = k; s < S; s += blockDim.x) {
+    double sn, cn;
+    sincos(double(freq[s]) * t, &sn, &cn);
+    cs[2 * s] = static_cast<float>(cn);
+    cs[2 * s + 1] = static_cast<float>(sn);
+  }
+  __syncthreads();
+  double acc = L.mu ? -double(L.mu[int64_t(h) * d + k]) : 0.0;
+  const float* u = L.u + int64_t(h) * S * d + k;
+  const float* w = L.w + int64_t(h) * S * d + k;
+  for (int s = 0; s < S; ++s)
+    acc += double(cs[2 * s]) * double(u[int64_t(s) * d]) + double(cs[2 * s + 1]) * double(w[int64_t(s) * d]);
+  out[((int64_t(l) * n + i) * Hkv + h) * d + k] = static_cast<float>(acc);
+}
+
 }  // namespace
 
 cudaError_t write_quant_tokens(const kv::PagedKvView& kv, int n, const int32_t* pages,
@@ -564,6 +588,22 @@ cudaError_t write_bf16_tokens(const kv::PagedKvView& kv, int n, const int32_t* p
     return cudaGetLastError();
   }
   return write_bf16_tokens_dependent(kv, n, pages, slots, k, v, rot, false, stream);
+}
+
+cudaError_t page_centres(const PageCentreLayer* layers, int num_layers, const float* freq, int pairs,
+                         int num_kv_heads, int head_dim, int num_pages, const int64_t* first_pos,
+                         int page_size, float* key_offset, cudaStream_t stream) {
+  if (num_layers < 0 || num_pages < 0 || pairs < 0 || num_kv_heads <= 0 || page_size <= 0 ||
+      (head_dim != 64 && head_dim != 128 && head_dim != 256) || pairs > head_dim / 2 ||
+      num_kv_heads > 65535 || num_layers > 65535)
+    return cudaErrorInvalidValue;
+  if (num_layers == 0 || num_pages == 0) return cudaSuccess;
+  if (!layers || !first_pos || !key_offset || (pairs > 0 && !freq)) return cudaErrorInvalidValue;
+  const dim3 grid(static_cast<unsigned>(num_pages), static_cast<unsigned>(num_kv_heads),
+                  static_cast<unsigned>(num_layers));
+  page_centre_kernel<<<grid, head_dim, 0, stream>>>(layers, freq, pairs, num_kv_heads, head_dim, num_pages,
+                                                    first_pos, 0.5 * (page_size - 1), key_offset);
+  return cudaGetLastError();
 }
 
 cudaError_t demote_pages(const kv::PagedKvView& kv, int num_pages, const int32_t* bf16_pages,

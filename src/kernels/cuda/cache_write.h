@@ -81,6 +81,25 @@ cudaError_t demote_pages(const kv::PagedKvView& kv, int num_pages, const int32_t
                          const int32_t* quant_pages, ClipRatios clip, int num_tokens,
                          cudaStream_t stream, const float* key_offset = nullptr);
 
+// Page centering of demoted pages (kernels/paged_kv.h center_angles and center_offset are the
+// specification): for every layer l whose u is not null, page i and KV head h,
+//   key_offset[l][i][h][0..d) = δ_h(first_pos[i] + (page_size − 1) / 2)
+// from the layer's u / w [Hkv][S][d] and mu [Hkv][d] (or null) and the pairs' frequencies
+// freq [S]: the angles in fp64 rounded to f32, the sums in fp64 (the host's order), so the
+// centres agree with the host's to fp64 rounding before the f32 store. One launch for all
+// layers; the rows of layers without a centre are not written. What the CUDA page store
+// computed on the host per page and layer (~0.3 ms a page for a 28-layer model) before.
+//   layers: [num_layers] device array; freq, first_pos, key_offset: device arrays,
+//   key_offset [num_layers][num_pages][Hkv][head_dim]; S <= head_dim / 2.
+struct PageCentreLayer {
+  const float* u = nullptr;
+  const float* w = nullptr;
+  const float* mu = nullptr;
+};
+cudaError_t page_centres(const PageCentreLayer* layers, int num_layers, const float* freq, int pairs,
+                         int num_kv_heads, int head_dim, int num_pages, const int64_t* first_pos,
+                         int page_size, float* key_offset, cudaStream_t stream);
+
 // As demote_pages; `programmatic` as for write_bf16_tokens_dependent.
 // decode_attention uses it for DecodeParams::demote.
 cudaError_t demote_pages_dependent(const kv::PagedKvView& kv, int num_pages, const int32_t* bf16_pages,
