@@ -369,6 +369,42 @@ TEST(CudaCacheWrite, DemotionWithPageCentreBitExact) {
   }
 }
 
+// Per-head clip ratios (calibrations searched per head): every head's rows clipped with its own
+// ratio, bit-exact with the CPU reference's head_clips; with the layer's one ratio instead, the
+// bytes of the heads whose ratio differs must change (the test can fail).
+TEST(CudaCacheWrite, DemotionWithPerHeadClipsBitExact) {
+  if (!test::have_gpu()) GTEST_SKIP() << "no GPU";
+  std::mt19937 rng(8);
+  for (const Shape& s : kShapes) {
+    if (s.hkv < 2) continue;
+    const int npages = 5;
+    Pools host(s.d, s.hkv, s.page, s.group, npages);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (auto& x : host.bk) x = f32_to_bf16(nd(rng) * (1.0f + 3.0f * (rng() % 8 == 0)));  // outliers to clip
+    for (auto& x : host.bv) x = f32_to_bf16(nd(rng) * (1.0f + 3.0f * (rng() % 8 == 0)));
+    DevPools dev(host);
+    const std::vector<int32_t> src = {3, 0, 4}, dst = {1, 4, 2};
+    const cpu::ClipRatios clip{0.96f, 0.92f};
+    std::vector<cpu::ClipRatios> heads(s.hkv);
+    heads[0] = clip;  // one head as the layer's ratio, the others each their own
+    for (int h = 1; h < s.hkv; ++h) heads[h] = {0.70f + 0.04f * h, 0.80f - 0.03f * h};
+    for (size_t i = 0; i < src.size(); ++i)
+      cpu::demote_page_ref(host.host(), src[i], dst[i], clip, -1, nullptr, heads.data());
+    DeviceBuffer<int32_t> ds(src), dd(dst);
+    OSCAR_CUDA_CHECK(demote_pages(dev.view(host), int(src.size()), ds.ptr, dd.ptr, clip, -1, nullptr, nullptr,
+                                  heads.data()));
+    OSCAR_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_EQ(count_diff(dev.kc.download(), host.kc), 0u) << "d=" << s.d << " Hkv=" << s.hkv;
+    EXPECT_EQ(count_diff(dev.kp.download(), host.kp), 0u);
+    EXPECT_EQ(count_diff(dev.vc.download(), host.vc), 0u);
+    EXPECT_EQ(count_diff(dev.vp.download(), host.vp), 0u);
+    OSCAR_CUDA_CHECK(demote_pages(dev.view(host), int(src.size()), ds.ptr, dd.ptr, clip, -1, nullptr));
+    OSCAR_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_GT(count_diff(dev.kp.download(), host.kp), 0u) << "the per-head clips changed nothing";
+    EXPECT_GT(count_diff(dev.vp.download(), host.vp), 0u) << "the per-head clips changed nothing";
+  }
+}
+
 // The demotions' page centres on the device (page_centres) against the host specification
 // (kv::center_angles + kv::center_offset) on random centres: every layer with a centre within
 // 1e-6 relative (both sum in fp64, the device with its own cos / sin and FMA contraction), the

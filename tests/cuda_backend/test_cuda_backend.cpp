@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <random>
 
 #include "backend/cpu/backend_cpu.h"
@@ -437,9 +438,16 @@ TEST_P(CudaForward, Bf16CacheMatchesCpu) {
 
 // 100-token prefill, 160 decode steps through many demotions, then a second sequence
 // prefilled over the INT2 pages: CUDA logits against the CPU's at every step.
-void check_oscar_cache(const Case& c, const CalibConfig& cfg) {
+// edit, when given, changes the calibration before the caches are made.
+void check_oscar_cache(const Case& c, const CalibConfig& cfg,
+                       const std::function<void(Calibration&)>& edit = {}) {
   model::ModelWeights w = tiny(c.arch, c.head_dim, c.heads, c.kv_heads);
-  const kv::KvMethod km = oscar_method(w, cfg);
+  kv::KvMethod km = oscar_method(w, cfg);
+  if (edit) {
+    auto calib = std::make_shared<Calibration>(*km.calib);
+    edit(*calib);
+    km.calib = std::move(calib);
+  }
   // The recommended setting must really give one rotation per KV head and, when
   // forced, a key mean and scales on the device.
   if (cfg.granularity == Granularity::kHead) {
@@ -493,6 +501,23 @@ TEST_P(CudaForward, OscarKeyTransformWithoutPageCentreMatchesCpu) {
   CalibConfig cfg = recommended_center_scale();
   cfg.page_center = false;
   check_oscar_cache(GetParam(), cfg);
+}
+
+// Per-head clip ratios (as `oscar calibrate --clip-search` gives with one rotation per KV head):
+// a different ratio for every head of every layer, so the device's demotion must take each
+// head's own (the CPU cache's per-head path is the reference).
+TEST_P(CudaForward, OscarPerHeadClipsMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  check_oscar_cache(GetParam(), calib_preset("recommended"), [](Calibration& c) {
+    ASSERT_EQ(c.granularity, Granularity::kHead);
+    for (LayerCalibration& L : c.layers) {
+      ASSERT_GE(L.k_clip.size(), 2u);
+      for (size_t r = 0; r < L.k_clip.size(); ++r) {
+        L.k_clip[r] = 0.80f + 0.05f * float(r % 4);
+        L.v_clip[r] = 0.95f - 0.04f * float(r % 4);
+      }
+    }
+  });
 }
 
 INSTANTIATE_TEST_SUITE_P(Archs, CudaForward,

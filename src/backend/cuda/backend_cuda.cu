@@ -121,17 +121,23 @@ class CudaPageStore final : public PageStore {
     centre_layers_ = DevMem();
     centre_freq_ = DevMem();
     std::vector<kernels::cuda::PageCentreLayer> centres(layers.size());
-    const std::vector<float>* freq = nullptr;
+    std::vector<float> freq;  // θ_s of the pairs (empty: no page centering)
     for (const LayerQuant& lq : layers) {
       Layer L;
       L.identity = lq.identity;
       if (int(lq.k_clip.size()) != H || int(lq.v_clip.size()) != H)
         throw Error(spec_.label + ": clip ratios do not match the KV heads");
-      for (int h = 1; h < H; ++h)
-        if (lq.k_clip[h] != lq.k_clip[0] || lq.v_clip[h] != lq.v_clip[0])
-          throw Error(spec_.label + ": per-head clip ratios are not supported by the CUDA kernels "
-                                 "(run this calibration on the CPU backend)");
       L.clip = {lq.k_clip[0], lq.v_clip[0]};
+      for (int h = 1; h < H; ++h)
+        if (lq.k_clip[h] != lq.k_clip[0] || lq.v_clip[h] != lq.v_clip[0]) {
+          // Per-head clip ratios (a calibration searched per head): the demotion takes them all.
+          if (H > kernels::cuda::kMaxClipHeads)
+            throw Error(spec_.label + ": per-head clip ratios for more than " +
+                        std::to_string(kernels::cuda::kMaxClipHeads) + " KV heads are not supported by the CUDA kernels");
+          L.head_clips.resize(size_t(H));
+          for (int g = 0; g < H; ++g) L.head_clips[g] = {lq.k_clip[g], lq.v_clip[g]};
+          break;
+        }
       if (!lq.center.empty()) {
         // Page centering: u / w / mu on the device, for the attention and for the demotions'
         // per-page centres (kernels::cuda::page_centres, one launch per flush).
@@ -142,9 +148,9 @@ class CudaPageStore final : public PageStore {
             (!L.center.mu.empty() && L.center.mu.size() != size_t(H) * d) || L.center.freq.size() != S || int(S) > d / 2)
           throw Error(spec_.label + ": page centre of the wrong size");
         // The pairs are the calibration's, the same in every layer (core/key_transform.h).
-        if (freq && *freq != L.center.freq)
+        if (!freq.empty() && freq != L.center.freq)
           throw Error(spec_.label + ": page centre pairs differ between layers");
-        freq = &L.center.freq;
+        freq = L.center.freq;
         L.cu = DevMem(uw);
         L.cw = DevMem(uw);
         L.cmu = DevMem(mu);
@@ -171,10 +177,10 @@ class CudaPageStore final : public PageStore {
       if (!L.center.empty()) centres[q_.size()] = {L.cu.as<float>(), L.cw.as<float>(), L.cmu.as<float>()};
       q_.push_back(std::move(L));
     }
-    if (freq) {
-      centre_pairs_ = int(freq->size());
-      centre_freq_ = DevMem(freq->size() * 4);
-      check(cudaMemcpy(centre_freq_.p, freq->data(), freq->size() * 4, cudaMemcpyHostToDevice), "upload");
+    if (!freq.empty()) {
+      centre_pairs_ = int(freq.size());
+      centre_freq_ = DevMem(freq.size() * 4);
+      check(cudaMemcpy(centre_freq_.p, freq.data(), freq.size() * 4, cudaMemcpyHostToDevice), "upload");
       centre_layers_ = DevMem(centres.size() * sizeof(centres[0]));
       check(cudaMemcpy(centre_layers_.p, centres.data(), centres.size() * sizeof(centres[0]),
                        cudaMemcpyHostToDevice),
@@ -259,6 +265,7 @@ class CudaPageStore final : public PageStore {
     int n = 1;
     DevMem key, query, mean;
     kernels::cuda::ClipRatios clip;
+    std::vector<kernels::cuda::ClipRatios> head_clips;  // [Hkv] when they differ, else empty
     PageCenter center;    // page centering (host), empty: none
     DevMem cu, cw, cmu;   // its u / w / mu on the device
   };
@@ -309,7 +316,8 @@ class CudaPageStore final : public PageStore {
     for (int l = 0; l < Ln; ++l) {
       const float* off = q_[l].center.empty() ? nullptr : offset_dev_.as<float>() + size_t(l) * per_layer;
       check(kernels::cuda::demote_pages(layer_view(l), int(n), demote_dev_.as<int32_t>(),
-                                        demote_dev_.as<int32_t>() + n, q_[l].clip, -1, st_, off),
+                                        demote_dev_.as<int32_t>() + n, q_[l].clip, -1, st_, off,
+                                        q_[l].head_clips.empty() ? nullptr : q_[l].head_clips.data()),
             "demote_pages");
     }
   }

@@ -21,8 +21,8 @@
 //                   by rotate_queries (+ the key centering)
 //
 // Supported caches: bf16 and the 2-bit per-token methods (oscar, int2-hadamard,
-// int2-naive) with one clip ratio per layer; kivi2 (per-channel keys), INT4 and
-// per-head clips are refused with a clear error. This header compiles without
+// int2-naive), with one clip ratio per layer or per KV head (up to 128 heads);
+// kivi2 (per-channel keys) and INT4 are refused with a clear error. This header compiles without
 // nvcc; make_cuda_backend throws when the build has no CUDA.
 #pragma once
 

@@ -378,6 +378,9 @@ struct DemoteArgs {
   const int32_t* quant_pages;
   int clip_idx_k, clip_idx_v;
   const float* key_offset;  // [num_pages][Hkv][D] or nullptr (page centering)
+  // Per-head clip indices (calibrations searched per head), used when per_head_clips.
+  bool per_head_clips = false;
+  int16_t head_clip_k[kMaxClipHeads] = {}, head_clip_v[kMaxClipHeads] = {};
 };
 
 // Rows are (page p, head h, slot s, K/V).
@@ -415,8 +418,9 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock) demote_kernel(const Demote
   const int64_t qr = pool_row(a.kv, dst_page, h, s);
   uint8_t* codes = (is_v ? a.kv.quant.v_codes : a.kv.quant.k_codes) + qr * (D / 4);
   uint16_t* params = (is_v ? a.kv.quant.v_params : a.kv.quant.k_params) + qr * (D / a.kv.group_size) * 2;
-  clip_quantize_store<D>(y, is_v ? a.clip_idx_v : a.clip_idx_k, a.kv.group_size, codes, params,
-                         words[warp]);
+  const int clip_idx = a.per_head_clips ? (is_v ? a.head_clip_v[h] : a.head_clip_k[h])
+                                        : (is_v ? a.clip_idx_v : a.clip_idx_k);
+  clip_quantize_store<D>(y, clip_idx, a.kv.group_size, codes, params, words[warp]);
   detail::pdl_wait();
 }
 
@@ -608,14 +612,15 @@ cudaError_t page_centres(const PageCentreLayer* layers, int num_layers, const fl
 
 cudaError_t demote_pages(const kv::PagedKvView& kv, int num_pages, const int32_t* bf16_pages,
                          const int32_t* quant_pages, ClipRatios clip, int num_tokens,
-                         cudaStream_t stream, const float* key_offset) {
+                         cudaStream_t stream, const float* key_offset, const ClipRatios* head_clips) {
   return demote_pages_dependent(kv, num_pages, bf16_pages, quant_pages, clip, num_tokens, false, stream,
-                                key_offset);
+                                key_offset, head_clips);
 }
 
 cudaError_t demote_pages_dependent(const kv::PagedKvView& kv, int num_pages, const int32_t* bf16_pages,
                                    const int32_t* quant_pages, ClipRatios clip, int num_tokens,
-                                   bool programmatic, cudaStream_t stream, const float* key_offset) {
+                                   bool programmatic, cudaStream_t stream, const float* key_offset,
+                                   const ClipRatios* head_clips) {
   // Per-channel key params (kivi2) are not implemented here: per-token only.
   if (!format_ok(kv) || kv.bits != 2 || num_pages < 0 || kv.key_axis != kv::KeyAxis::kToken)
     return cudaErrorInvalidValue;
@@ -625,8 +630,16 @@ cudaError_t demote_pages_dependent(const kv::PagedKvView& kv, int num_pages, con
   if (!bf16_pages || !quant_pages || !kv.bf16.k || !kv.bf16.v || !kv.quant.k_codes ||
       !kv.quant.v_codes || !kv.quant.k_params || !kv.quant.v_params)
     return cudaErrorInvalidValue;
+  if (head_clips && kv.num_kv_heads > kMaxClipHeads) return cudaErrorInvalidValue;
   DemoteArgs a{kv, num_pages, num_tokens, bf16_pages, quant_pages,
                clip_index_host(kv.head_dim, clip.k), clip_index_host(kv.head_dim, clip.v), key_offset};
+  if (head_clips) {
+    a.per_head_clips = true;
+    for (int h = 0; h < kv.num_kv_heads; ++h) {
+      a.head_clip_k[h] = static_cast<int16_t>(clip_index_host(kv.head_dim, head_clips[h].k));
+      a.head_clip_v[h] = static_cast<int16_t>(clip_index_host(kv.head_dim, head_clips[h].v));
+    }
+  }
   const int64_t rows = int64_t(num_pages) * kv.num_kv_heads * num_tokens * 2;
   const dim3 grid(blocks_for(rows)), block(32 * kRowsPerBlock);
   switch (kv.head_dim) {

@@ -77,9 +77,14 @@ cudaError_t write_bf16_tokens_dependent(const kv::PagedKvView& kv, int n, const 
 //   bf16_pages, quant_pages: [num_pages] int32 device arrays
 //   key_offset: [num_pages][Hkv][d] f32 device or nullptr: subtracted from the key rows
 //               before the clip (page centering, kernels/paged_kv.h; CPU demote_page)
+//   head_clips: [Hkv] host array or nullptr (`clip` for every head): per-head clip ratios, as
+//               calibrations searched per head have them (CPU demote_page's head_clips);
+//               at most kMaxClipHeads KV heads
+inline constexpr int kMaxClipHeads = 128;
 cudaError_t demote_pages(const kv::PagedKvView& kv, int num_pages, const int32_t* bf16_pages,
                          const int32_t* quant_pages, ClipRatios clip, int num_tokens,
-                         cudaStream_t stream, const float* key_offset = nullptr);
+                         cudaStream_t stream, const float* key_offset = nullptr,
+                         const ClipRatios* head_clips = nullptr);
 
 // Page centering of demoted pages (kernels/paged_kv.h center_angles and center_offset are the
 // specification): for every layer l whose u is not null, page i and KV head h,
@@ -104,6 +109,7 @@ cudaError_t page_centres(const PageCentreLayer* layers, int num_layers, const fl
 // decode_attention uses it for DecodeParams::demote.
 cudaError_t demote_pages_dependent(const kv::PagedKvView& kv, int num_pages, const int32_t* bf16_pages,
                                    const int32_t* quant_pages, ClipRatios clip, int num_tokens,
-                                   bool programmatic, cudaStream_t stream, const float* key_offset = nullptr);
+                                   bool programmatic, cudaStream_t stream, const float* key_offset = nullptr,
+                                   const ClipRatios* head_clips = nullptr);
 
 }  // namespace oscar::kernels::cuda
