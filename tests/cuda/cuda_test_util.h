@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/half.h"
+#include "cuda_context_guard.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/paged_kv.h"
 

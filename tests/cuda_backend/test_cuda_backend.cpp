@@ -21,6 +21,7 @@
 #include <functional>
 #include <random>
 
+#include "../cuda/cuda_context_guard.h"
 #include "backend/cpu/backend_cpu.h"
 #include "backend/cuda/backend_cuda.h"
 #include "core/error.h"
