@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdio>
 #include <random>
+#include <string>
 
 #include "core/quantizer.h"
 #include "cuda_test_util.h"
@@ -65,6 +66,14 @@ size_t count_diff(const std::vector<T>& a, const std::vector<T>& b) {
   size_t n = 0;
   for (size_t i = 0; i < a.size(); ++i) n += a[i] != b[i];
   return n;
+}
+
+// The quantized pools (codes and params of K and V) of the device equal the host's, byte for byte.
+void expect_quant_pools_equal(const DevPools& dev, const Pools& host, const std::string& what) {
+  EXPECT_EQ(count_diff(dev.kc.download(), host.kc), 0u) << what;
+  EXPECT_EQ(count_diff(dev.kp.download(), host.kp), 0u) << what;
+  EXPECT_EQ(count_diff(dev.vc.download(), host.vc), 0u) << what;
+  EXPECT_EQ(count_diff(dev.vp.download(), host.vp), 0u) << what;
 }
 
 // Distinct random (page, slot) targets for n tokens.
@@ -329,10 +338,7 @@ TEST(CudaCacheWrite, DemotionBitExact) {
       DeviceBuffer<int32_t> ds(src), dd(dst);
       OSCAR_CUDA_CHECK(demote_pages(dev.view(host), int(src.size()), ds.ptr, dd.ptr, clip, num_tokens, nullptr));
       OSCAR_CUDA_CHECK(cudaDeviceSynchronize());
-      EXPECT_EQ(count_diff(dev.kc.download(), host.kc), 0u) << "d=" << s.d << " G=" << s.group;
-      EXPECT_EQ(count_diff(dev.vc.download(), host.vc), 0u);
-      EXPECT_EQ(count_diff(dev.kp.download(), host.kp), 0u);
-      EXPECT_EQ(count_diff(dev.vp.download(), host.vp), 0u);
+      expect_quant_pools_equal(dev, host, "d=" + std::to_string(s.d) + " G=" + std::to_string(s.group));
     }
   }
 }
@@ -359,10 +365,7 @@ TEST(CudaCacheWrite, DemotionWithPageCentreBitExact) {
     DeviceBuffer<float> doff(off);
     OSCAR_CUDA_CHECK(demote_pages(dev.view(host), int(src.size()), ds.ptr, dd.ptr, clip, -1, nullptr, doff.ptr));
     OSCAR_CUDA_CHECK(cudaDeviceSynchronize());
-    EXPECT_EQ(count_diff(dev.kc.download(), host.kc), 0u) << "d=" << s.d << " G=" << s.group;
-    EXPECT_EQ(count_diff(dev.kp.download(), host.kp), 0u);
-    EXPECT_EQ(count_diff(dev.vc.download(), host.vc), 0u);
-    EXPECT_EQ(count_diff(dev.vp.download(), host.vp), 0u);
+    expect_quant_pools_equal(dev, host, "d=" + std::to_string(s.d) + " G=" + std::to_string(s.group));
     OSCAR_CUDA_CHECK(demote_pages(dev.view(host), int(src.size()), ds.ptr, dd.ptr, clip, -1, nullptr));
     OSCAR_CUDA_CHECK(cudaDeviceSynchronize());
     EXPECT_GT(count_diff(dev.kp.download(), host.kp), 0u) << "the offset changed nothing";
@@ -394,10 +397,7 @@ TEST(CudaCacheWrite, DemotionWithPerHeadClipsBitExact) {
     OSCAR_CUDA_CHECK(demote_pages(dev.view(host), int(src.size()), ds.ptr, dd.ptr, clip, -1, nullptr, nullptr,
                                   heads.data()));
     OSCAR_CUDA_CHECK(cudaDeviceSynchronize());
-    EXPECT_EQ(count_diff(dev.kc.download(), host.kc), 0u) << "d=" << s.d << " Hkv=" << s.hkv;
-    EXPECT_EQ(count_diff(dev.kp.download(), host.kp), 0u);
-    EXPECT_EQ(count_diff(dev.vc.download(), host.vc), 0u);
-    EXPECT_EQ(count_diff(dev.vp.download(), host.vp), 0u);
+    expect_quant_pools_equal(dev, host, "d=" + std::to_string(s.d) + " Hkv=" + std::to_string(s.hkv));
     OSCAR_CUDA_CHECK(demote_pages(dev.view(host), int(src.size()), ds.ptr, dd.ptr, clip, -1, nullptr));
     OSCAR_CUDA_CHECK(cudaDeviceSynchronize());
     EXPECT_GT(count_diff(dev.kp.download(), host.kp), 0u) << "the per-head clips changed nothing";
