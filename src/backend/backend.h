@@ -134,6 +134,10 @@ class Backend {
   // kDrawHost for a row it cannot draw, never a different token.
   virtual void sample_rows(const float* x, int rows, int cols, const RowDraw* draws, const int32_t* hist,
                            int64_t hist_n, int32_t* host_out);
+  // Penalty slots this backend keeps for sample_rows (RowDraw::pen_slot): a penalized row's
+  // distinct ids stay where the draws run, so a step sends only a row's new ids instead of all of
+  // them. 0 (the default): none, every row's ids come with every call.
+  virtual int penalty_slots() const { return 0; }
 
   // --- KV pages
   // The page memory of the caches this backend runs with; empty = host memory

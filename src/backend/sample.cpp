@@ -35,4 +35,10 @@ int32_t reference_draw(const float* w, int V, float temperature, int top_k, floa
   return idx[size_t(n) - 1];
 }
 
+void apply_penalty_slot(uint64_t* slot, int vocab, bool reset, const int32_t* ids, int n) {
+  if (reset) std::fill(slot, slot + (size_t(std::max(vocab, 0)) + 63) / 64, uint64_t(0));
+  for (int j = 0; j < n; ++j)
+    if (ids[j] >= 0 && ids[j] < vocab) slot[size_t(ids[j]) / 64] |= uint64_t(1) << (ids[j] % 64);
+}
+
 }  // namespace oscar::backend

@@ -13,7 +13,8 @@
 // falls within rounding (~1e-16 relative) of a running weight; nowhere else.
 // A repetition penalty p != 1 comes first: each listed id's logit x becomes x / p when x > 0,
 // else x · p (engine::Sampler's CTRL-style rule), for argmax rows and draws alike; the ids are
-// the row's distinct history tokens, passed beside the draws.
+// the row's distinct history tokens, passed beside the draws, or kept by the backend from call to
+// call in a penalty slot (RowDraw::pen_slot; apply_penalty_slot below is the rule).
 #pragma once
 
 #include <cstdint>
@@ -35,9 +36,16 @@ struct RowDraw {
   float penalty = 1.0f;  // repetition penalty (1: none)
   int32_t hist_off = 0;  // its ids: [hist_off, hist_off + hist_len) of the step's id list
   int32_t hist_len = 0;
+  // A penalty slot in [0, Backend::penalty_slots()), or -1: with a slot the backend keeps the ids
+  // from call to call, and this row's list holds only what is new to the slot. The slot is updated
+  // (apply_penalty_slot: cleared first when pen_reset, then the list added) for every row that
+  // names it, whatever its mode, before any row is drawn, and the penalty acts on the slot's ids.
+  // At most one row of a call names a slot.
+  int32_t pen_slot = -1;
+  int32_t pen_reset = 0;
   int32_t pad_ = 0;
 };
-static_assert(sizeof(RowDraw) == 40, "RowDraw is copied to devices as it is");
+static_assert(sizeof(RowDraw) == 48, "RowDraw is copied to devices as it is");
 
 // What sample_rows returns for a row that has no token.
 inline constexpr int32_t kDrawHost = -1;     // kHost, no finite logit, or a row too flat for the device
@@ -48,5 +56,10 @@ inline constexpr int32_t kDrawSkipped = -3;  // kSkip
 // T > 0, k >= 0, p in (0, 1], u in [0, 1)): every id sorted, the plain way. kDrawNaN when a
 // logit is NaN.
 int32_t reference_draw(const float* logits, int V, float temperature, int top_k, float top_p, double u);
+
+// The update of a penalty slot (a bitmap of `vocab` bits, 64 to a word) by one row: cleared when
+// `reset`, then every id of `ids` in [0, vocab) set. Adding an id twice changes nothing, so a
+// list sent again (a step that failed after or before the update) leaves the same slot.
+void apply_penalty_slot(uint64_t* slot, int vocab, bool reset, const int32_t* ids, int n);
 
 }  // namespace oscar::backend

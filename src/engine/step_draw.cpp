@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <iterator>
 
 #include "core/error.h"
@@ -10,13 +11,20 @@
 namespace oscar::engine {
 
 void PenaltyIds::begin_step() {
-  for (auto it = rows_.begin(); it != rows_.end();)
-    it = it->second.step == step_ ? std::next(it) : rows_.erase(it);
+  for (Entry* e : pending_) e->pending = SIZE_MAX;  // a step that never committed
+  pending_.clear();
+  for (auto it = rows_.begin(); it != rows_.end();) {
+    if (it->second.step == step_) {
+      ++it;
+      continue;
+    }
+    if (it->second.slot >= 0) slot_used_[size_t(it->second.slot)] = 0;
+    it = rows_.erase(it);
+  }
   ++step_;
 }
 
-std::span<const int32_t> PenaltyIds::distinct(const void* key, std::span<const int> history, int vocab) {
-  Row& r = rows_[key];
+PenaltyIds::Entry& PenaltyIds::update(Entry& r, std::span<const int> history, int vocab) {
   r.step = step_;
   const bool extends = r.vocab == vocab && r.seen.size() <= history.size() &&
                        std::equal(r.seen.begin(), r.seen.end(), history.begin());
@@ -25,6 +33,8 @@ std::span<const int32_t> PenaltyIds::distinct(const void* key, std::span<const i
     r.distinct.clear();
     r.bits.assign((size_t(vocab) + 63) / 64, 0);
     r.vocab = vocab;
+    r.slot_valid = false;  // the slot's ids are another history's
+    r.slot_count = 0;
   }
   for (size_t i = r.seen.size(); i < history.size(); ++i) {
     const int t = history[i];
@@ -34,7 +44,55 @@ std::span<const int32_t> PenaltyIds::distinct(const void* key, std::span<const i
     if (!(w & bit)) w |= bit, r.distinct.push_back(t);
   }
   r.seen.insert(r.seen.end(), history.begin() + std::ptrdiff_t(r.seen.size()), history.end());
-  return r.distinct;
+  return r;
+}
+
+std::span<const int32_t> PenaltyIds::distinct(const void* key, std::span<const int> history, int vocab) {
+  return update(rows_[key], history, vocab).distinct;
+}
+
+PenaltyIds::Row PenaltyIds::row(const void* key, std::span<const int> history, int vocab, int slots) {
+  Entry& r = rows_[key];
+  if (slots > 0 && r.step == step_ && r.pending != SIZE_MAX) {
+    // Named twice in one step: the slot stays as the first row left it; this row's ids from
+    // scratch (the entry keeps the first row's history).
+    std::vector<uint64_t> bits((size_t(std::max(vocab, 0)) + 63) / 64, 0);
+    scratch_.clear();
+    for (int t : history)
+      if (t >= 0 && t < vocab && !(bits[size_t(t) / 64] & (uint64_t(1) << (t % 64))))
+        bits[size_t(t) / 64] |= uint64_t(1) << (t % 64), scratch_.push_back(t);
+    return {scratch_, -1, false};
+  }
+  update(r, history, vocab);
+  if (slots <= 0) return {r.distinct, -1, false};
+  if (r.slot >= slots) {  // fewer slots than when it was taken (another backend)
+    slot_used_[size_t(r.slot)] = 0;
+    r.slot = -1;
+  }
+  if (r.slot < 0) {
+    const auto free = std::find(slot_used_.begin(), slot_used_.begin() + std::min<size_t>(slot_used_.size(), size_t(slots)), 0);
+    const size_t s = size_t(free - slot_used_.begin());
+    if (s >= size_t(slots)) return {r.distinct, -1, false};  // every slot taken
+    if (s == slot_used_.size()) slot_used_.push_back(0);
+    slot_used_[s] = 1;
+    r.slot = int32_t(s);
+    r.slot_valid = false;
+    r.slot_count = 0;
+  }
+  const bool reset = !r.slot_valid;
+  const size_t from = reset ? 0 : r.slot_count;
+  r.pending = r.distinct.size();
+  pending_.push_back(&r);
+  return {std::span<const int32_t>(r.distinct).subspan(from), r.slot, reset};
+}
+
+void PenaltyIds::commit() {
+  for (Entry* e : pending_) {
+    e->slot_valid = true;
+    e->slot_count = e->pending;
+    e->pending = SIZE_MAX;
+  }
+  pending_.clear();
 }
 
 void StepDrawer::run(model::Model& m, std::span<const model::SeqStep> steps, kv::KvCache& cache,
@@ -42,6 +100,7 @@ void StepDrawer::run(model::Model& m, std::span<const model::SeqStep> steps, kv:
   size_t R = 0;  // output rows: every position of an all_logits step, else its last
   for (const model::SeqStep& s : steps) R += s.all_logits ? s.tokens.size() : 1;
   const int V = m.config().vocab_size;
+  const int slots = m.penalty_slots();
   draws_.assign(R, backend::RowDraw{});
   hist_.clear();
   penalty_ids_.begin_step();
@@ -51,16 +110,19 @@ void StepDrawer::run(model::Model& m, std::span<const model::SeqStep> steps, kv:
     j.u = j.sampler->next_u();
     backend::RowDraw& d = draws_[size_t(j.row)];
     d = j.sampler->device_draw(j.u);
-    if (d.penalty != 1.0f) {  // the history's distinct ids (the penalty acts once per id)
-      const std::span<const int32_t> ids = penalty_ids_.distinct(j.sampler, j.history, V);
+    if (d.penalty != 1.0f) {  // the history's distinct ids (the penalty acts once per id), or those new to its slot
+      const PenaltyIds::Row p = penalty_ids_.row(j.sampler, j.history, V, slots);
       d.hist_off = static_cast<int32_t>(hist_.size());
-      hist_.insert(hist_.end(), ids.begin(), ids.end());
-      d.hist_len = static_cast<int32_t>(ids.size());
+      hist_.insert(hist_.end(), p.ids.begin(), p.ids.end());
+      d.hist_len = static_cast<int32_t>(p.ids.size());
+      d.pen_slot = p.slot;
+      d.pen_reset = p.reset ? 1 : 0;
     }
     j.token = -1;
     j.error.clear();
   }
   m.forward_sample(steps, cache, draws_, hist_, tokens_);
+  penalty_ids_.commit();
 
   host_.clear();
   host_of_.clear();

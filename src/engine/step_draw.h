@@ -29,23 +29,53 @@ namespace oscar::engine {
 // only the ids past it, instead of deduplicating the whole history again (random accesses: ~2.8 ms
 // a step for 128 rows of 8192 ids on a 2-core machine). A history that does not extend the
 // stored one is taken from scratch; the result is the same either way.
+//
+// On a backend with penalty slots (Backend::penalty_slots) the ids stay on the backend too: each
+// sampler holds a slot while it is used from step to step, and a step sends only the ids the slot
+// has not received yet (usually the last token, or none), with a reset when the slot is new to the
+// sampler or its history was taken from scratch. What the slot has received counts only once a
+// step has gone through (commit): a step that failed sends the same ids again (adding an id twice
+// changes nothing, backend::apply_penalty_slot).
 class PenaltyIds {
  public:
-  // Starts a step: keys not used since the last begin_step are dropped (finished requests).
+  // What one row sends: `ids` its distinct ids (slot -1) or those new to `slot`.
+  struct Row {
+    std::span<const int32_t> ids;
+    int32_t slot = -1;
+    bool reset = false;
+  };
+
+  // Starts a step: keys not used since the last begin_step are dropped (finished requests), and
+  // their slots freed.
   void begin_step();
   // The distinct ids in [0, vocab) of `history`, for the sampler `key`; valid until the next call.
   std::span<const int32_t> distinct(const void* key, std::span<const int> history, int vocab);
+  // The same for a backend with `slots` penalty slots (0: the whole list, as distinct). A key
+  // named twice in one step, or one that finds every slot taken, gets its whole list without a
+  // slot. Valid until the next call.
+  Row row(const void* key, std::span<const int> history, int vocab, int slots);
+  // The step's rows reached the backend: their slots hold what row() sent.
+  void commit();
   size_t keys() const { return rows_.size(); }
 
  private:
-  struct Row {
+  struct Entry {
     std::vector<int> seen;          // the history this row was computed from
     std::vector<int32_t> distinct;  // its distinct ids in order
     std::vector<uint64_t> bits;     // [vocab / 64] the ids in `distinct`
     int vocab = 0;
     uint64_t step = 0;
+    int32_t slot = -1;            // its penalty slot, or -1
+    bool slot_valid = false;      // the slot holds distinct[0, slot_count) (and nothing else)
+    size_t slot_count = 0;
+    size_t pending = SIZE_MAX;    // what the slot holds after this step's row, once committed
   };
-  std::unordered_map<const void*, Row> rows_;
+  Entry& update(Entry& r, std::span<const int> history, int vocab);
+
+  std::unordered_map<const void*, Entry> rows_;
+  std::vector<char> slot_used_;   // [slot] taken by a key
+  std::vector<int32_t> scratch_;  // a second row of one key in a step
+  std::vector<Entry*> pending_;   // the entries row() gave a slot to in this step
   uint64_t step_ = 0;
 };
 

@@ -132,10 +132,21 @@ void Model::forward_sample(std::span<const SeqStep> steps, kv::KvCache& cache,
   for (const SeqStep& s : steps) R += s.all_logits ? static_cast<int>(s.tokens.size()) : 1;
   if (static_cast<int>(draws.size()) != R)
     throw Error(fmt::format("forward_sample: {} draws for {} output rows", draws.size(), R));
-  for (const backend::RowDraw& d : draws)
+  const int slots = be_.penalty_slots();
+  slot_seen_.clear();
+  for (const backend::RowDraw& d : draws) {
     if (d.hist_off < 0 || d.hist_len < 0 || int64_t(d.hist_off) + d.hist_len > int64_t(hist.size()))
       throw Error(fmt::format("forward_sample: penalty ids [{}, +{}) outside the {} given", d.hist_off, d.hist_len,
                               hist.size()));
+    if (d.pen_slot == -1) continue;
+    if (d.pen_slot < 0 || d.pen_slot >= slots)
+      throw Error(fmt::format("forward_sample: penalty slot {} (the backend keeps {})", d.pen_slot, slots));
+    slot_seen_.push_back(d.pen_slot);
+  }
+  std::sort(slot_seen_.begin(), slot_seen_.end());
+  if (std::adjacent_find(slot_seen_.begin(), slot_seen_.end()) != slot_seen_.end())
+    throw Error(fmt::format("forward_sample: penalty slot {} named by two rows",
+                            *std::adjacent_find(slot_seen_.begin(), slot_seen_.end())));
   R = run(steps, cache);
   out_rows_ = R;
   tokens.resize(size_t(R));
@@ -143,6 +154,8 @@ void Model::forward_sample(std::span<const SeqStep> steps, kv::KvCache& cache,
     be_.sample_rows(logits_->data(), R, cfg_.vocab_size, draws.data(), hist.data(), int64_t(hist.size()),
                     tokens.data());
 }
+
+int Model::penalty_slots() const { return be_.penalty_slots(); }
 
 void Model::output_logits(int r, std::span<float> out) const {
   if (r < 0 || r >= out_rows_ || static_cast<int>(out.size()) != cfg_.vocab_size)

@@ -69,9 +69,12 @@ class Model {
   // (backend/sample.h; one entry per output row, in step order): tokens[r] is the token or
   // kDrawHost / kDrawNaN / kDrawSkipped. A kDrawHost row's logits stay readable through
   // output_logits until the next step.
-  // `hist`: the penalized rows' ids (RowDraw::hist_off / hist_len index it).
+  // `hist`: the penalized rows' ids (RowDraw::hist_off / hist_len index it); a row with a
+  // penalty slot (RowDraw::pen_slot, at most penalty_slots()) lists only the ids new to it.
   void forward_sample(std::span<const SeqStep> steps, kv::KvCache& cache, std::span<const backend::RowDraw> draws,
                       std::span<const int32_t> hist, std::vector<int32_t>& tokens);
+  // Penalty slots of the backend (Backend::penalty_slots; 0: the ids come whole every step).
+  int penalty_slots() const;
   // Output row r's logits [vocab] of the last step (forward, forward_argmax, forward_sample).
   void output_logits(int r, std::span<float> out) const;
   // Benchmarks: compute the logits but leave them on the backend (forward then
@@ -104,6 +107,7 @@ class Model {
   // Workspace, grown on demand.
   int ws_rows_ = 0;
   int out_rows_ = 0;            // output rows of the last step (output_logits)
+  std::vector<int32_t> slot_seen_;  // forward_sample: the step's penalty slots (each once)
   backend::RowPlacement rows_;  // the step's row placement
   ActivationBuffers acts_;                // the step's activations (model/llama_layer.h)
   backend::BufferPtr sel_, logits_;       // rows whose logits are wanted; their logits

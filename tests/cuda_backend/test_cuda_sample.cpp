@@ -18,6 +18,7 @@
 #include "backend/cpu/backend_cpu.h"
 #include "backend/cuda/backend_cuda.h"
 #include "backend/sample.h"
+#include "core/error.h"
 #include "engine/sampler.h"
 #include "engine/step_draw.h"
 #include "kv/bf16_cache.h"
@@ -143,6 +144,99 @@ TEST(CudaSample, RowsEqualTheReferenceDraw) {
                 llm);
     EXPECT_EQ(host_llm, 0) << "peaked rows left to the host";
   }
+}
+
+// Penalty slots (RowDraw::pen_slot): over ten calls each row sends only some new ids (some of
+// them sent before) to its slot, sometimes with a reset and a new set, and every token equals the
+// reference draw on the logits penalized by all the ids the row's slot received since its last
+// reset. The slot is updated also by kHost / kSkip rows and by a call without a penalty, the slots
+// are spread up to 300 (the store grows and keeps the slots already written), and a call in the
+// middle names no slot at all.
+TEST(CudaSample, PenaltySlotsEqualTheWholeList) {
+  SKIP_WITHOUT_GPU();
+  auto gpu = backend::make_cuda_backend({backend::WeightDtype::kF32, 0});
+  auto cpu = backend::make_cpu_backend({backend::WeightDtype::kF32, 1});
+  ASSERT_GE(gpu->penalty_slots(), 301);
+  std::mt19937_64 rng(21);
+  std::uniform_real_distribution<double> uni(0.0, 1.0);
+  for (int V : {1000, 151936}) {
+    SCOPED_TRACE("V " + std::to_string(V));
+    const int rows = 12;
+    const auto l = logits_rows(rows, V, 300 + V);
+    auto dl = gpu->alloc(l.size());
+    gpu->from_host(l.data(), dl->data(), l.size());
+    std::vector<std::vector<int32_t>> held(rows);  // what each row's slot holds (distinct)
+    std::vector<int32_t> slot_of(rows);
+    for (int r = 0; r < rows; ++r) slot_of[size_t(r)] = r < 6 ? r : 300 - r;  // 0-5 and 289-294 (grown later)
+    int checked = 0;
+    for (int call = 0; call < 10; ++call) {
+      SCOPED_TRACE("call " + std::to_string(call));
+      std::vector<RowDraw> d(rows);
+      std::vector<int32_t> hist;
+      const bool no_slots = call == 4;
+      for (int r = 0; r < rows; ++r) {
+        if (r >= 6 && call < 2) continue;  // the high slots first named at call 2: the store grows then
+        RowDraw& q = d[size_t(r)];
+        const int c = (r + 3 * call) % 11;
+        q.mode = c == 0 ? RowDraw::kHost : c == 1 ? RowDraw::kSkip : c % 3 == 0 ? RowDraw::kArgmax : RowDraw::kSample;
+        q.temperature = 0.5f + 0.25f * float(c % 4);
+        q.top_p = c % 2 ? 0.9f : 1.0f;
+        q.u = uni(rng);
+        q.penalty = c == 7 ? 1.0f : (r % 2 ? 1.3f : 0.7f);  // c 7: no penalty, the slot still updated
+        const bool first = call == 0 || (r >= 6 && call == 2);
+        std::vector<int32_t> list;
+        if (no_slots) {
+          list = held[size_t(r)];  // the whole list, no slot; the slot is left as it is
+        } else {
+          q.pen_slot = slot_of[size_t(r)];
+          q.pen_reset = first || (call == 6 && r % 4 == 1);
+          if (q.pen_reset) held[size_t(r)].clear();
+          const float* x = l.data() + size_t(r) * V;
+          if (call % 3 == 0) list.push_back(int32_t(std::max_element(x, x + V) - x));  // its best
+          for (int j = int(rng() % 6); j > 0; --j) list.push_back(int32_t(rng() % uint64_t(V)));
+          if (!held[size_t(r)].empty() && rng() % 2)  // one it was sent before
+            list.push_back(held[size_t(r)][rng() % held[size_t(r)].size()]);
+          for (int32_t t : list)
+            if (std::find(held[size_t(r)].begin(), held[size_t(r)].end(), t) == held[size_t(r)].end())
+              held[size_t(r)].push_back(t);
+        }
+        q.hist_off = int32_t(hist.size());
+        q.hist_len = int32_t(list.size());
+        hist.insert(hist.end(), list.begin(), list.end());
+      }
+      std::vector<int32_t> got(rows, 12345);
+      gpu->sample_rows(dl->data(), rows, V, d.data(), hist.data(), int64_t(hist.size()), got.data());
+      for (int r = 0; r < rows; ++r) {
+        const RowDraw& q = d[size_t(r)];
+        SCOPED_TRACE("row " + std::to_string(r));
+        if (q.mode == RowDraw::kSkip) {
+          EXPECT_EQ(got[size_t(r)], backend::kDrawSkipped);
+          continue;
+        }
+        if (q.mode == RowDraw::kHost) {
+          EXPECT_EQ(got[size_t(r)], backend::kDrawHost);
+          continue;
+        }
+        const std::vector<float> y = penalized(l.data() + size_t(r) * V, V, held[size_t(r)], q.penalty);
+        int32_t want = 0;
+        if (q.mode == RowDraw::kArgmax)
+          cpu->argmax_rows(y.data(), 1, V, &want);
+        else
+          want = backend::reference_draw(y.data(), V, q.temperature, q.top_k, q.top_p, q.u);
+        if (got[size_t(r)] == backend::kDrawHost && q.mode == RowDraw::kSample && V > 8192 && r % 6 == 2)
+          continue;  // a flat row (kind 2) of a large vocabulary may go to the host
+        ASSERT_EQ(got[size_t(r)], want);
+        checked += q.penalty != 1.0f;
+      }
+    }
+    EXPECT_GT(checked, 50);
+  }
+  std::vector<RowDraw> bad(1);
+  bad[0].mode = RowDraw::kArgmax;
+  bad[0].pen_slot = gpu->penalty_slots();
+  std::vector<int32_t> got(1);
+  auto dl = gpu->alloc(16);
+  EXPECT_THROW(gpu->sample_rows(dl->data(), 1, 16, bad.data(), nullptr, 0, got.data()), Error);
 }
 
 // A NaN fails a sampled row (kDrawNaN) and only that row; argmax skips NaN as argmax_rows does.

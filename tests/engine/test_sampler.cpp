@@ -403,6 +403,130 @@ TEST(PenaltyIds, EqualFreshDedupeOfTheWholeHistory) {
   EXPECT_GT(replaced, 100);
 }
 
+// The slot protocol of PenaltyIds (a backend that keeps each sampler's ids from step to step,
+// RowDraw::pen_slot) against a mirror of the backend's slots updated by the rule the backend
+// runs (backend::apply_penalty_slot): after every update, a row's slot holds exactly the distinct
+// ids of its history, over the histories of the test above, with steps that fail before the
+// backend's update or after it (no commit), keys named twice in a step, and fewer slots than keys.
+TEST(PenaltyIds, SlotsHoldTheDistinctIdsAcrossFailedSteps) {
+  auto fresh = [](const std::vector<int>& h, int V) {
+    std::vector<int32_t> out;
+    std::vector<char> seen(size_t(V), 0);
+    for (int t : h)
+      if (t >= 0 && t < V && !seen[size_t(t)]) seen[size_t(t)] = 1, out.push_back(t);
+    return out;
+  };
+  for (const int slots : {64, 3}) {
+    std::mt19937 rng(uint32_t(11 + slots));
+    PenaltyIds ids;
+    constexpr int kMaxV = 300;
+    std::vector<std::vector<uint64_t>> mirror(size_t(slots), std::vector<uint64_t>((kMaxV + 63) / 64, ~uint64_t(0)));
+    std::vector<std::vector<int>> hist(6);
+    int slotted = 0, whole = 0, resets = 0, deltas = 0, failed = 0, twice = 0;
+    for (int step = 0; step < 600; ++step) {
+      ids.begin_step();
+      const int V = step % 97 == 96 ? 50 : kMaxV;
+      struct Sent {
+        PenaltyIds::Row row;
+        std::vector<int32_t> list;  // (a copy: the span lasts until the next call)
+        std::vector<int32_t> want;
+      };
+      std::vector<Sent> sent;
+      for (size_t k = 0; k < hist.size(); ++k) {
+        if (rng() % 5 == 0) continue;  // not in this step
+        std::vector<int>& h = hist[k];
+        const unsigned op = rng() % 12;
+        if (op < 7) {  // grows by a few tokens (or none)
+          for (unsigned i = rng() % 4; i > 0; --i) h.push_back(int(rng() % 330) - 10);
+        } else if (op == 7) {  // another history
+          h.assign(rng() % 60, 0);
+          for (int& t : h) t = int(rng() % 300);
+        } else if (op == 8 && !h.empty()) {
+          h.resize(rng() % h.size());
+        } else if (op == 9 && !h.empty()) {
+          h[rng() % h.size()] = int(rng() % 300);
+        }
+        for (int again = 0; again < (op == 10 ? 2 : 1); ++again) {  // op 10: the key twice, the second longer
+          if (again) h.push_back(int(rng() % 300)), ++twice;
+          const PenaltyIds::Row r = ids.row(&hist[k], h, V, slots);
+          sent.push_back({r, std::vector<int32_t>(r.ids.begin(), r.ids.end()), fresh(h, V)});
+        }
+      }
+      std::vector<int> named;
+      for (const Sent& s : sent)
+        if (s.row.slot >= 0) {
+          ASSERT_LT(s.row.slot, slots);
+          named.push_back(s.row.slot);
+        }
+      std::sort(named.begin(), named.end());
+      ASSERT_TRUE(std::adjacent_find(named.begin(), named.end()) == named.end()) << "a slot named twice, step " << step;
+      const unsigned fate = rng() % 10;  // 0: fails before the update, 1: after it, else goes through
+      if (fate != 0)
+        for (const Sent& s : sent)
+          if (s.row.slot >= 0) {
+            backend::apply_penalty_slot(mirror[size_t(s.row.slot)].data(), V, s.row.reset, s.list.data(),
+                                        int(s.list.size()));
+            resets += s.row.reset;
+            deltas += !s.row.reset;
+          }
+      if (fate <= 1) {
+        ++failed;
+        continue;
+      }
+      ids.commit();
+      for (const Sent& s : sent) {
+        if (s.row.slot < 0) {  // the whole list
+          ASSERT_EQ(s.list, s.want) << "step " << step;
+          ++whole;
+          continue;
+        }
+        ++slotted;
+        std::vector<int32_t> in_slot;
+        for (int t = 0; t < V; ++t)
+          if (mirror[size_t(s.row.slot)][size_t(t) / 64] >> (t % 64) & 1) in_slot.push_back(t);
+        std::vector<int32_t> want = s.want;
+        std::sort(want.begin(), want.end());
+        ASSERT_EQ(in_slot, want) << "slot " << s.row.slot << ", step " << step << " (" << slots << " slots)";
+      }
+    }
+    EXPECT_GT(slotted, 1000) << slots << " slots";
+    EXPECT_GT(deltas, resets) << "most rows send only their new ids";
+    EXPECT_GT(failed, 60);
+    EXPECT_GT(twice, 50);
+    if (slots == 3) {
+      EXPECT_GT(whole, 200) << "keys beyond the slots send their whole lists";
+    }
+  }
+}
+
+// Model::forward_sample refuses draws it cannot run before the step (nothing is committed to the
+// cache): a count that is not the output rows', penalty ids outside the list, and a penalty slot on
+// a backend without them (the CPU backend keeps none).
+TEST(ForwardSample, BadDrawsThrowBeforeTheStep) {
+  Rig r;
+  ASSERT_EQ(r.m.penalty_slots(), 0);
+  const kv::SeqId s = r.cache.create();
+  const std::vector<int32_t> toks = {3, 4, 5};
+  const model::SeqStep st{s, toks, false};
+  std::vector<int32_t> out, hist = {7, 8};
+  std::vector<backend::RowDraw> d(1);
+  d[0].mode = backend::RowDraw::kArgmax;
+  std::vector<backend::RowDraw> two(2, d[0]);
+  EXPECT_THROW(r.m.forward_sample({&st, 1}, r.cache, two, hist, out), Error);
+  d[0].penalty = 1.2f;
+  d[0].hist_off = 1, d[0].hist_len = 2;
+  EXPECT_THROW(r.m.forward_sample({&st, 1}, r.cache, d, hist, out), Error);
+  d[0].hist_off = 0;
+  d[0].pen_slot = 0;
+  EXPECT_THROW(r.m.forward_sample({&st, 1}, r.cache, d, hist, out), Error);
+  EXPECT_EQ(r.cache.length(s), 0) << "a refused step commits nothing";
+  d[0].pen_slot = -1;
+  r.m.forward_sample({&st, 1}, r.cache, d, hist, out);
+  ASSERT_EQ(out.size(), size_t(1));
+  EXPECT_EQ(out[0], backend::kDrawHost) << "the CPU backend leaves a penalized row to the host sampler";
+  EXPECT_EQ(r.cache.length(s), 3);
+}
+
 // The engine's step (StepDrawer) on the CPU backend: the plain argmax rows come from the
 // backend, the sampled and penalized ones from the host; every token equals a plain forward + Sampler
 // run of a twin model with the same seeds, over prefill chunks and decode steps of three

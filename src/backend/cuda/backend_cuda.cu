@@ -697,11 +697,27 @@ class CudaBackend final : public Backend {
   }
 
   // Every row in one launch (cuda_ops::sample_rows): the draws and the penalty ids go up, the
-  // ids come back.
+  // ids come back. Penalty slots (RowDraw::pen_slot) live in pen_slots_, grown to the highest
+  // slot named so far (their contents kept).
+  int penalty_slots() const override { return kPenaltySlots; }
   void sample_rows(const float* x, int rows, int cols, const RowDraw* draws, const int32_t* hist, int64_t hist_n,
                    int32_t* out) override {
     no_capture(st_, "sample_rows");
     if (rows <= 0) return;
+    int top_slot = -1;
+    for (int r = 0; r < rows; ++r) {
+      if (draws[r].pen_slot < -1 || draws[r].pen_slot >= kPenaltySlots)
+        throw Error("cuda backend: sample_rows: penalty slot " + std::to_string(draws[r].pen_slot));
+      top_slot = std::max(top_slot, draws[r].pen_slot);
+    }
+    const size_t slot_bytes = size_t(top_slot + 1) * cuda_ops::kPenaltySlotBytes;
+    if (slot_bytes > pen_slots_.bytes) {  // grown with the slots' contents
+      DevMem grown(std::max(slot_bytes, pen_slots_.bytes * 2));
+      if (pen_slots_.bytes)
+        check(cudaMemcpyAsync(grown.p, pen_slots_.p, pen_slots_.bytes, cudaMemcpyDeviceToDevice, st_), "sample_rows");
+      check(cudaStreamSynchronize(st_), "sample_rows");  // (the old buffer is freed below)
+      pen_slots_ = std::move(grown);
+    }
     const size_t ids = (size_t(rows) * 4 + 15) / 16 * 16, dr = (size_t(rows) * sizeof(RowDraw) + 15) / 16 * 16;
     sample_.ensure(ids + dr + size_t(hist_n) * 4);
     auto* dd = reinterpret_cast<RowDraw*>(static_cast<char*>(sample_.p) + ids);
@@ -709,7 +725,8 @@ class CudaBackend final : public Backend {
     check(cudaMemcpyAsync(dd, draws, size_t(rows) * sizeof(RowDraw), cudaMemcpyHostToDevice, st_), "sample_rows");
     if (hist_n > 0)
       check(cudaMemcpyAsync(dh, hist, size_t(hist_n) * 4, cudaMemcpyHostToDevice, st_), "sample_rows");
-    cuda_ops::sample_rows(x, rows, cols, dd, dh, sample_.as<int32_t>(), st_);
+    cuda_ops::sample_rows(x, rows, cols, dd, dh, top_slot >= 0 ? pen_slots_.as<uint32_t>() : nullptr,
+                          sample_.as<int32_t>(), st_);
     check_launch("sample_rows");
     check(cudaMemcpyAsync(out, sample_.p, size_t(rows) * 4, cudaMemcpyDeviceToHost, st_), "sample_rows");
     check(cudaStreamSynchronize(st_), "sample_rows");
@@ -1100,6 +1117,8 @@ class CudaBackend final : public Backend {
   int prefill_warps_ = 4;      // its CTA: 4 or 8 warps of 16 query rows
   DevMem argmax_;
   DevMem sample_;  // sample_rows: ids, the draws, the penalty ids
+  static constexpr int kPenaltySlots = 4096;  // at most 128 MiB (32 KB each), allocated as named
+  DevMem pen_slots_;
   DevMem tokens_, xb_, rope_tab_, kv_, qp_, s_, p_, op_;
   const float* rope_cos_ = nullptr;
   int rope_n_ = 0, rope_d_ = 0;

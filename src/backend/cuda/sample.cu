@@ -14,7 +14,9 @@
 //      exact weight of every bucket before the window (summed in a fixed order). If the point
 //      is not inside the window, the next window (twice as wide) lies towards it.
 // A repetition penalty (backend/sample.h) is applied as each logit is read: the row's distinct
-// history ids are a bitmap in shared memory. A window of more than kCand ids (a row so flat that
+// history ids are a bitmap in shared memory, built from the call's list or copied from the row's
+// penalty slot (a bitmap in global memory, kept from call to call; the call's list updates it
+// first). A window of more than kCand ids (a row so flat that
 // thousands of ids share 1/16 nat), a row without a finite logit, or a penalized row of more
 // than kPenIds ids answers kDrawHost: the engine draws it on the host from the same
 // logits and u. Sums taken in other orders than the reference's may move a point only where
@@ -38,6 +40,8 @@ constexpr int kCand = 8192;  // ids of a resolved window
 constexpr int kWarps = kSampleThreads / 32;
 constexpr int kPer = kBuckets / kSampleThreads;
 constexpr int kPenIds = 1 << 18;  // vocabulary a penalty bitmap covers
+constexpr int kPenSlotWords = kPenIds / 32;  // one penalty slot (32 KB)
+static_assert(kPenSlotWords * 4 == kPenaltySlotBytes, "ops.cuh's slot size");
 
 // Shared memory of one CTA (dynamic, ~177 KB).
 struct SampleSmem {
@@ -282,11 +286,26 @@ __device__ Point at_rank(const Row& r, int k, SampleSmem& s) {
 __global__ void __launch_bounds__(kSampleThreads) sample_rows_k(const float* __restrict__ logits, int V,
                                                                const RowDraw* __restrict__ draws,
                                                                const int32_t* __restrict__ hist,
+                                                               uint32_t* __restrict__ slots,
                                                                int32_t* __restrict__ out) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   SampleSmem& s = *reinterpret_cast<SampleSmem*>(smem_raw);
   const int tid = threadIdx.x, row = blockIdx.x;
   const RowDraw d = draws[row];
+  const int words = (V + 31) / 32;
+  uint32_t* slot = nullptr;
+  if (d.pen_slot >= 0 && V <= kPenIds) {  // the slot's update comes first, whatever the row's mode
+    slot = slots + int64_t(d.pen_slot) * kPenSlotWords;
+    if (d.pen_reset) {
+      for (int w = tid; w < words; w += kSampleThreads) slot[w] = 0;
+      __syncthreads();  // (orders this block's global writes too)
+    }
+    for (int j = tid; j < d.hist_len; j += kSampleThreads) {
+      const int t = hist[d.hist_off + j];
+      if (t >= 0 && t < V) atomicOr(&slot[t >> 5], 1u << (t & 31));
+    }
+    __syncthreads();
+  }
   if (d.mode == RowDraw::kSkip || d.mode == RowDraw::kHost) {
     if (tid == 0) out[row] = d.mode == RowDraw::kSkip ? kDrawSkipped : kDrawHost;
     return;
@@ -299,11 +318,15 @@ __global__ void __launch_bounds__(kSampleThreads) sample_rows_k(const float* __r
       if (tid == 0) out[row] = kDrawHost;
       return;
     }
-    for (int w = tid; w < (V + 31) / 32; w += kSampleThreads) s.pen_bits[w] = 0;
-    __syncthreads();
-    for (int j = tid; j < d.hist_len; j += kSampleThreads) {
-      const int t = hist[d.hist_off + j];
-      if (t >= 0 && t < V) atomicOr(&s.pen_bits[t >> 5], 1u << (t & 31));
+    if (slot) {
+      for (int w = tid; w < words; w += kSampleThreads) s.pen_bits[w] = __ldcg(slot + w);  // (L2: written above)
+    } else {
+      for (int w = tid; w < words; w += kSampleThreads) s.pen_bits[w] = 0;
+      __syncthreads();
+      for (int j = tid; j < d.hist_len; j += kSampleThreads) {
+        const int t = hist[d.hist_off + j];
+        if (t >= 0 && t < V) atomicOr(&s.pen_bits[t >> 5], 1u << (t & 31));
+      }
     }
     __syncthreads();
     bits = s.pen_bits;
@@ -410,13 +433,13 @@ __global__ void __launch_bounds__(kSampleThreads) sample_rows_k(const float* __r
 
 }  // namespace
 
-void sample_rows(const float* logits, int rows, int V, const RowDraw* draws, const int32_t* hist, int32_t* out,
-                 cudaStream_t st) {
+void sample_rows(const float* logits, int rows, int V, const RowDraw* draws, const int32_t* hist, uint32_t* slots,
+                 int32_t* out, cudaStream_t st) {
   if (rows <= 0) return;
   // Per call, not once per process: the attribute belongs to the current device (a failure
   // shows as the launch's error, which the caller checks).
   cudaFuncSetAttribute(sample_rows_k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(sizeof(SampleSmem)));
-  sample_rows_k<<<rows, kSampleThreads, sizeof(SampleSmem), st>>>(logits, V, draws, hist, out);
+  sample_rows_k<<<rows, kSampleThreads, sizeof(SampleSmem), st>>>(logits, V, draws, hist, slots, out);
 }
 
 }  // namespace oscar::backend::cuda_ops
