@@ -415,6 +415,7 @@ class CudaBackend final : public Backend {
     check_blas(cublasSetWorkspace(blas_, blas_ws_.p, blas_ws_.bytes), "workspace");
     if (opts_.weight_dtype == WeightDtype::kQ8) opts_.weight_dtype = WeightDtype::kBf16;
     if (const char* g = std::getenv("OSCAR_CUDA_GRAPHS")) graphs_ = std::string(g) != "0";
+    if (const char* g = std::getenv("OSCAR_CUDA_PENALTY_SLOTS")) pen_slots_on_ = std::string(g) != "0";
     if (const char* g = std::getenv("OSCAR_CUDA_GEMV_ROWS")) set_gemv_rows(std::atoi(g));
     if (const char* g = std::getenv("OSCAR_CUDA_GEMV_MMA_ROWS")) gemv_mma_rows_ = std::atoi(g);
     if (const char* g = std::getenv("OSCAR_CUDA_BLAS_BETA")) blas_beta_ = std::string(g) != "0";
@@ -699,14 +700,14 @@ class CudaBackend final : public Backend {
   // Every row in one launch (cuda_ops::sample_rows): the draws and the penalty ids go up, the
   // ids come back. Penalty slots (RowDraw::pen_slot) live in pen_slots_, grown to the highest
   // slot named so far (their contents kept).
-  int penalty_slots() const override { return kPenaltySlots; }
+  int penalty_slots() const override { return pen_slots_on_ ? kPenaltySlots : 0; }
   void sample_rows(const float* x, int rows, int cols, const RowDraw* draws, const int32_t* hist, int64_t hist_n,
                    int32_t* out) override {
     no_capture(st_, "sample_rows");
     if (rows <= 0) return;
     int top_slot = -1;
     for (int r = 0; r < rows; ++r) {
-      if (draws[r].pen_slot < -1 || draws[r].pen_slot >= kPenaltySlots)
+      if (draws[r].pen_slot < -1 || draws[r].pen_slot >= penalty_slots())
         throw Error("cuda backend: sample_rows: penalty slot " + std::to_string(draws[r].pen_slot));
       top_slot = std::max(top_slot, draws[r].pen_slot);
     }
@@ -1119,6 +1120,7 @@ class CudaBackend final : public Backend {
   DevMem sample_;  // sample_rows: ids, the draws, the penalty ids
   static constexpr int kPenaltySlots = 4096;  // at most 128 MiB (32 KB each), allocated as named
   DevMem pen_slots_;
+  bool pen_slots_on_ = true;  // OSCAR_CUDA_PENALTY_SLOTS=0: none (the ids whole every step; A/B)
   DevMem tokens_, xb_, rope_tab_, kv_, qp_, s_, p_, op_;
   const float* rope_cos_ = nullptr;
   int rope_n_ = 0, rope_d_ = 0;
