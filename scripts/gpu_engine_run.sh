@@ -3,11 +3,13 @@
 # runs the CUDA kernels' and engine's tests against the CPU references and the end-to-end
 # benchmark, and leaves the logs and the JSON in $OUT (docs/gpu-engine.md).
 #
-#   bash scripts/gpu_engine_run.sh [tests|bench|all|profile|rotation|mixed]     (default all)
+#   bash scripts/gpu_engine_run.sh [tests|bench|all|profile|rotation|penalty|mixed]     (default all)
 # profile: one decode step per configuration under Nsight Compute (per-kernel GPU
 # times, $OUT/profile.csv; summarize with python3 scripts/profile_step.py).
 # rotation: the tensor-core (3xTF32) query/key rotation's test, then the prefill A/B with it
 #   off and on (OSCAR_CUDA_ROTATE_MMA; docs/gpu-engine.md, Rerun).
+# penalty: the sampled step with a repetition penalty over 8192 distinct ids per row, penalty slots
+#   on and off (OSCAR_CUDA_PENALTY_SLOTS), after the sampling tests (docs/gpu-engine.md, Sampling).
 # mixed: serving-like steps (decode rows beside a prefill chunk) on Qwen2.5-1.5B shapes, with the
 #   calibration $CALIB if given (else a data-free Hadamard one), BF16 vs 2-bit.
 # Environment: OSCAR_MODEL (the default model's GGUF, for the real-model test),
@@ -33,6 +35,24 @@ if [[ $MODE == rotation ]]; then
       --json "$OUT/rotation-mma$M.json" 2> "$OUT/rotation-mma$M.err" | grep -E "^batch|^prefill" | sed "s/^/mma=$M /"
     r=${PIPESTATUS[0]}; ((r)) && { rc=$r; tail -5 "$OUT/rotation-mma$M.err"; }
     echo "rotation A/B, OSCAR_CUDA_ROTATE_MMA=$M: exit $r after $(( $(date +%s) - t0 )) s"
+  done
+  exit $rc
+fi
+if [[ $MODE == penalty ]]; then
+  timeout 300 /tmp/p/bin/test_cuda_backend --gtest_filter='CudaSample.*' > "$OUT/test_sample.log" 2>&1
+  r=$?; ((r)) && rc=$r
+  grep -E "^\[  (PASSED|FAILED) |^\[  FAILED|Failure|Expected|Which is" "$OUT/test_sample.log" | head -20
+  echo "sampling tests: exit $r"
+  for S in 1 0; do
+    for H in 1024 8192; do
+      t0=$(date +%s)
+      OSCAR_CUDA_PENALTY_SLOTS=$S /tmp/p/bin/bench_gpu_engine --preset qwen3-8b --kv-gib 20 --ctx none --batch none \
+        --long-ctx 0 --prefill 0 --methods bf16 --graphs on --steps 10 --sample-batch 1,32,128 --sample-ctx 2048 \
+        --sample-temp 0.25 --sample-top-p 0.95 --sample-penalty 1.1 --sample-history $H \
+        --json "$OUT/penalty-slots$S-h$H.json" 2> "$OUT/penalty-slots$S-h$H.err" | grep "^sampled" | sed "s/^/slots=$S /"
+      r=${PIPESTATUS[0]}; ((r)) && { rc=$r; tail -5 "$OUT/penalty-slots$S-h$H.err"; }
+      echo "penalty A/B, OSCAR_CUDA_PENALTY_SLOTS=$S, $H ids: exit $r after $(( $(date +%s) - t0 )) s"
+    done
   done
   exit $rc
 fi
