@@ -72,7 +72,9 @@ void Backend::sample_rows(const float* x, int rows, int cols, const RowDraw* dra
   std::vector<int> am;  // the argmax rows without a penalty, in order
   for (int r = 0; r < rows; ++r) {
     out[r] = draws[r].mode == RowDraw::kSkip ? kDrawSkipped : kDrawHost;
-    if (draws[r].mode == RowDraw::kArgmax && draws[r].penalty == 1.0f) am.push_back(r);
+    if (draws[r].mode == RowDraw::kArgmax && draws[r].penalty == 1.0f && draws[r].presence == 0.0f &&
+        draws[r].frequency == 0.0f)
+      am.push_back(r);
   }
   if (am.empty()) return;
   if (int(am.size()) == rows) return argmax_rows(x, rows, cols, out);

@@ -14,7 +14,9 @@
 // A repetition penalty p != 1 comes first: each listed id's logit x becomes x / p when x > 0,
 // else x · p (engine::Sampler's CTRL-style rule), for argmax rows and draws alike; the ids are
 // the row's distinct history tokens, passed beside the draws, or kept by the backend from call to
-// call in a penalty slot (RowDraw::pen_slot; apply_penalty_slot below is the rule).
+// call in a penalty slot (RowDraw::pen_slot; apply_penalty_slot below is the rule). Then the
+// presence and frequency penalties (OpenAI's): each id generated c > 0 times so far loses
+// fma(frequency, c, presence) (one rounding), the (id, c) pairs passed beside the draws.
 #pragma once
 
 #include <cstdint>
@@ -43,9 +45,14 @@ struct RowDraw {
   // At most one row of a call names a slot.
   int32_t pen_slot = -1;
   int32_t pen_reset = 0;
-  int32_t pad_ = 0;
+  float presence = 0.0f;   // presence penalty (0: none)
+  float frequency = 0.0f;  // frequency penalty (0: none)
+  // The generated ids' counts: (id, count) pairs at [cnt_off, cnt_off + 2 · cnt_len) of the
+  // step's id list, each id once.
+  int32_t cnt_off = 0;
+  int32_t cnt_len = 0;
 };
-static_assert(sizeof(RowDraw) == 48, "RowDraw is copied to devices as it is");
+static_assert(sizeof(RowDraw) == 64, "RowDraw is copied to devices as it is");
 
 // What sample_rows returns for a row that has no token.
 inline constexpr int32_t kDrawHost = -1;     // kHost, no finite logit, or a row too flat for the device

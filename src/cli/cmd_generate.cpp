@@ -27,7 +27,7 @@ struct Opts {
   std::string prompt_file;  // -f: a document placed before the -p text
   std::string system;
   int n = 128;
-  float temp = 0.0f, top_p = 1.0f, repeat_penalty = 1.0f;
+  float temp = 0.0f, top_p = 1.0f, repeat_penalty = 1.0f, presence_penalty = 0.0f, frequency_penalty = 0.0f;
   int top_k = 0;
   uint64_t seed = 0;
   std::vector<std::string> stops;
@@ -65,6 +65,12 @@ const oscar::cli::Registrar reg({"generate", "Generate text from a prompt (--dev
   app.add_option("--top-k", o->top_k, "Top-k (0 = off)")->capture_default_str();
   app.add_option("--top-p", o->top_p, "Top-p (1 = off)")->capture_default_str();
   app.add_option("--repeat-penalty", o->repeat_penalty, "Repetition penalty (1 = off)")
+      ->capture_default_str();
+  app.add_option("--presence-penalty", o->presence_penalty,
+                 "Presence penalty over the generated tokens, in [-2, 2] (0 = off; OpenAI's)")
+      ->capture_default_str();
+  app.add_option("--frequency-penalty", o->frequency_penalty,
+                 "Frequency penalty over the generated tokens, in [-2, 2] (0 = off; OpenAI's)")
       ->capture_default_str();
   app.add_option("--seed", o->seed, "Sampling seed")->capture_default_str();
   app.add_option("--stop", o->stops, "Stop string (repeatable)");
@@ -109,7 +115,7 @@ const oscar::cli::Registrar reg({"generate", "Generate text from a prompt (--dev
     req.prompt = tok.encode(o->chat ? chat_prompt(tok, *o) : o->prompt, true);
     if (req.prompt.empty()) throw Error("the prompt encodes to no tokens");
     req.max_new_tokens = o->n;
-    req.sampling = {o->temp, o->top_k, o->top_p, o->repeat_penalty, o->seed};
+    req.sampling = {o->temp, o->top_k, o->top_p, o->repeat_penalty, o->seed, o->presence_penalty, o->frequency_penalty};
     if (!o->ignore_eos) req.stop_tokens = tok.eos();
     req.stop_strings = o->stops;
 

@@ -85,7 +85,7 @@ std::vector<Result> Generator::run(std::span<const Request> reqs, const OnText& 
   std::vector<Result> out(N);
   live.reserve(N);
   for (int i = 0; i < N; ++i)
-    live.push_back({cache_.create(), Sampler(reqs[i].sampling), StopStringMatcher(reqs[i].stop_strings),
+    live.push_back({cache_.create(), Sampler(reqs[i].sampling, static_cast<int>(reqs[i].prompt.size())), StopStringMatcher(reqs[i].stop_strings),
                     reqs[i].prompt, 0, false});
 
   auto emit = [&](int i, const std::string& s) {

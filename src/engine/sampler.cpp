@@ -19,9 +19,16 @@ void SamplingParams::validate() const {
     throw Error(fmt::format("sampling: top_p {} must be in (0, 1]", top_p));
   if (!(repetition_penalty > 0.0f) || !std::isfinite(repetition_penalty))
     throw Error(fmt::format("sampling: repetition_penalty {} must be > 0", repetition_penalty));
+  if (!(presence_penalty >= -2.0f && presence_penalty <= 2.0f))
+    throw Error(fmt::format("sampling: presence_penalty {} must be in [-2, 2]", presence_penalty));
+  if (!(frequency_penalty >= -2.0f && frequency_penalty <= 2.0f))
+    throw Error(fmt::format("sampling: frequency_penalty {} must be in [-2, 2]", frequency_penalty));
 }
 
-Sampler::Sampler(const SamplingParams& p) : p_(p), rng_(p.seed) { p_.validate(); }
+Sampler::Sampler(const SamplingParams& p, int prompt_tokens)
+    : p_(p), prompt_tokens_(std::max(prompt_tokens, 0)), rng_(p.seed) {
+  p_.validate();
+}
 
 // The passes over the whole vocabulary run in fixed chunks of kChunk ids on the CPU pool
 // (backend::cpu::parallel_for; serial inside sample_rows' workers, where the rows are the
@@ -69,6 +76,19 @@ void Sampler::prepare(std::span<const float> logits, std::span<const int> histor
       if (t < 0 || t >= V || seen_[size_t(t)]) continue;
       seen_[size_t(t)] = 1;
       w[t] = w[t] > 0 ? w[t] / p_.repetition_penalty : w[t] * p_.repetition_penalty;
+    }
+  }
+  if (counts_generated() && history.size() > size_t(prompt_tokens_)) {
+    // Each generated id once, with its count: the ids sorted, then their runs.
+    gen_.clear();
+    for (size_t i = size_t(prompt_tokens_); i < history.size(); ++i)
+      if (history[i] >= 0 && history[i] < V) gen_.push_back(history[i]);
+    std::sort(gen_.begin(), gen_.end());
+    for (size_t i = 0; i < gen_.size();) {
+      size_t e = i + 1;
+      while (e < gen_.size() && gen_[e] == gen_[i]) ++e;
+      w[gen_[i]] -= std::fma(p_.frequency_penalty, float(e - i), p_.presence_penalty);  // (one rounding, as on a device)
+      i = e;
     }
   }
   sorted_ = 0;
@@ -191,6 +211,8 @@ int Sampler::sample(std::span<const float> logits, std::span<const int> history)
 backend::RowDraw Sampler::device_draw(double u) const {
   backend::RowDraw d;
   d.penalty = p_.repetition_penalty;
+  d.presence = p_.presence_penalty;
+  d.frequency = p_.frequency_penalty;
   if (p_.temperature == 0.0f) {
     d.mode = backend::RowDraw::kArgmax;
   } else {
@@ -248,7 +270,7 @@ std::vector<double> Sampler::probabilities(std::span<const float> logits,
 }
 
 int reference_sample(const SamplingParams& p, std::mt19937_64& rng, std::span<const float> logits,
-                     std::span<const int> history) {
+                     std::span<const int> history, int prompt_tokens) {
   std::vector<float> w(logits.begin(), logits.end());
   const int V = int(w.size());
   if (V == 0) throw Error("sampler: empty logits");
@@ -261,6 +283,13 @@ int reference_sample(const SamplingParams& p, std::mt19937_64& rng, std::span<co
       done[size_t(t)] = 1;
       w[size_t(t)] = w[size_t(t)] > 0 ? w[size_t(t)] / p.repetition_penalty : w[size_t(t)] * p.repetition_penalty;
     }
+  }
+  if (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) {
+    std::vector<int> count(size_t(V), 0);
+    for (size_t i = size_t(std::max(prompt_tokens, 0)); i < history.size(); ++i)
+      if (history[i] >= 0 && history[i] < V) ++count[size_t(history[i])];
+    for (int t = 0; t < V; ++t)
+      if (count[size_t(t)] > 0) w[size_t(t)] -= std::fma(p.frequency_penalty, float(count[size_t(t)]), p.presence_penalty);
   }
   if (p.temperature == 0.0f) {
     int best = 0;

@@ -1,8 +1,12 @@
 // Next-token sampling from one row of logits.
 //
-// Order of the transforms (as Hugging Face's generate applies them):
-//   repetition penalty -> temperature -> top-k -> top-p -> draw.
-// temperature == 0 is greedy (argmax after the repetition penalty; ties go to
+// Order of the transforms (as Hugging Face's generate applies them, with vLLM's presence and
+// frequency penalties after the repetition penalty):
+//   repetition penalty -> presence / frequency penalties -> temperature -> top-k -> top-p -> draw.
+// The repetition penalty acts on every token seen (prompt + generated), the presence and
+// frequency penalties on the generated ones only (vLLM's and SGLang's reading of OpenAI's "the
+// text so far"): an id generated c > 0 times loses frequency_penalty · c + presence_penalty.
+// temperature == 0 is greedy (argmax after the penalties; ties go to
 // the lowest id). All randomness comes from the sampler's own seeded engine, so
 // a (seed, logits sequence) pair always gives the same tokens. The draw is the
 // inverse CDF in descending-logit order: u in [0, 1) picks the first candidate
@@ -31,23 +35,31 @@ struct SamplingParams {
   float top_p = 1.0f;              // 1 = off; keep the smallest set with mass >= top_p
   float repetition_penalty = 1.0f; // CTRL-style: positive logits / p, negative * p
   uint64_t seed = 0;
+  float presence_penalty = 0.0f;   // OpenAI's, in [-2, 2]: minus this once per generated id
+  float frequency_penalty = 0.0f;  // OpenAI's, in [-2, 2]: minus this per occurrence of a generated id
   // Validates ranges; throws oscar::Error naming the bad field.
   void validate() const;
 };
 
 class Sampler {
  public:
-  explicit Sampler(const SamplingParams& p);
-  // logits [vocab]; history: tokens seen so far (prompt + generated) for the
-  // repetition penalty.
+  // prompt_tokens: the history's first tokens that are the prompt (the presence and frequency
+  // penalties count the tokens after them).
+  explicit Sampler(const SamplingParams& p, int prompt_tokens = 0);
+  // logits [vocab]; history: tokens seen so far (prompt + generated) for the penalties.
   int sample(std::span<const float> logits, std::span<const int> history);
   // The same in two halves: the next u from the engine (a greedy sampler draws none and
   // returns 0; sample_u ignores it), then the draw with it.
   double next_u();
   int sample_u(std::span<const float> logits, std::span<const int> history, double u);
   // The draw as a backend can run it (Backend::sample_rows): kArgmax when greedy, else kSample
-  // with u; the repetition penalty in RowDraw::penalty (the caller lists the history's ids).
+  // with u; the penalties in RowDraw::penalty / presence / frequency (the caller lists the
+  // history's ids and the generated ids' counts).
   backend::RowDraw device_draw(double u) const;
+  const SamplingParams& params() const { return p_; }
+  int prompt_tokens() const { return prompt_tokens_; }
+  // Whether the presence or the frequency penalty is on.
+  bool counts_generated() const { return p_.presence_penalty != 0.0f || p_.frequency_penalty != 0.0f; }
   // The probabilities sample() draws from (after all transforms), for tests.
   std::vector<double> probabilities(std::span<const float> logits, std::span<const int> history);
 
@@ -67,9 +79,11 @@ class Sampler {
   double total_weight();
 
   SamplingParams p_;
+  int prompt_tokens_ = 0;
   std::mt19937_64 rng_;
   std::vector<float> work_;            // [vocab] adjusted logits
   std::vector<char> seen_;             // [vocab] repetition penalty: ids already penalized
+  std::vector<int> gen_;               // presence / frequency: the generated ids, sorted
   std::vector<int> idx_;               // candidate ids by descending logit (a sorted prefix)
   std::vector<double> cum_;            // running sums of their weights
   std::vector<std::pair<float, int>> heap_;  // select_best: [chunk][M] heaps, then the candidates
@@ -85,11 +99,11 @@ class Sampler {
 
 // The specification of one draw, written the plain way (the sampler before the sorted prefix;
 // tests compare Sampler with it token for token, bench_sampler times it as the baseline):
-// the repetition penalty; greedy: the argmax; else one u from rng and backend::reference_draw
+// the repetition penalty, the presence / frequency penalties; greedy: the argmax; else one u from rng and backend::reference_draw
 // (every id sorted by (logit desc, id asc), the top_k by a partial sort, the softmax at the
 // temperature in double, top-p, the first candidate whose running probability exceeds u).
 int reference_sample(const SamplingParams& p, std::mt19937_64& rng, std::span<const float> logits,
-                     std::span<const int> history);
+                     std::span<const int> history, int prompt_tokens = 0);
 
 // One draw per row, the rows spread over the CPU thread pool (backend::cpu::parallel_for):
 // each row's sampler draws from its own engine, so the tokens are those of a serial loop.

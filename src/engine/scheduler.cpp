@@ -38,7 +38,7 @@ struct Scheduler::Seq {
   int prompt_lp_next = 1;         // the next prompt token whose log probability is due
 
   Seq(RequestId i, Request r, EventFn f)
-      : id(i), req(std::move(r)), on_event(std::move(f)), sampler(req.sampling),
+      : id(i), req(std::move(r)), on_event(std::move(f)), sampler(req.sampling, static_cast<int>(req.prompt.size())),
         stop(req.stop_strings), history(req.prompt),
         prompt_len(static_cast<int>(req.prompt.size())), arrival(Clock::now()) {}
   int pending() const { return static_cast<int>(history.size()) - fed; }

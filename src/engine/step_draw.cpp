@@ -24,17 +24,26 @@ void PenaltyIds::begin_step() {
   ++step_;
 }
 
-PenaltyIds::Entry& PenaltyIds::update(Entry& r, std::span<const int> history, int vocab) {
+PenaltyIds::Entry& PenaltyIds::update(Entry& r, std::span<const int> history, int vocab, bool force_reset) {
   r.step = step_;
-  const bool extends = r.vocab == vocab && r.seen.size() <= history.size() &&
+  const bool extends = !force_reset && r.vocab == vocab && r.seen.size() <= history.size() &&
                        std::equal(r.seen.begin(), r.seen.end(), history.begin());
   if (!extends) {
     r.seen.clear();
     r.distinct.clear();
     r.bits.assign((size_t(vocab) + 63) / 64, 0);
-    r.vocab = vocab;
     r.slot_valid = false;  // the slot's ids are another history's
     r.slot_count = 0;
+    ++r.epoch;
+    if (r.gen_from >= 0) {
+      if (r.vocab != vocab) {
+        r.gen_count.assign(size_t(std::max(vocab, 0)), 0);
+      } else {
+        for (int32_t t : r.gen_ids) r.gen_count[size_t(t)] = 0;
+      }
+      r.gen_ids.clear();
+    }
+    r.vocab = vocab;
   }
   for (size_t i = r.seen.size(); i < history.size(); ++i) {
     const int t = history[i];
@@ -42,6 +51,7 @@ PenaltyIds::Entry& PenaltyIds::update(Entry& r, std::span<const int> history, in
     uint64_t& w = r.bits[size_t(t) / 64];
     const uint64_t bit = uint64_t(1) << (t % 64);
     if (!(w & bit)) w |= bit, r.distinct.push_back(t);
+    if (r.gen_from >= 0 && i >= size_t(r.gen_from) && r.gen_count[size_t(t)]++ == 0) r.gen_ids.push_back(t);
   }
   r.seen.insert(r.seen.end(), history.begin() + std::ptrdiff_t(r.seen.size()), history.end());
   return r;
@@ -65,6 +75,7 @@ PenaltyIds::Row PenaltyIds::row(const void* key, std::span<const int> history, i
   }
   update(r, history, vocab);
   if (slots <= 0) return {r.distinct, -1, false};
+  r.pending_epoch = r.epoch;
   if (r.slot >= slots) {  // fewer slots than when it was taken (another backend)
     slot_used_[size_t(r.slot)] = 0;
     r.slot = -1;
@@ -88,11 +99,29 @@ PenaltyIds::Row PenaltyIds::row(const void* key, std::span<const int> history, i
 
 void PenaltyIds::commit() {
   for (Entry* e : pending_) {
-    e->slot_valid = true;
-    e->slot_count = e->pending;
+    if (e->epoch == e->pending_epoch) {  // (else taken from scratch since: the slot is reset next time)
+      e->slot_valid = true;
+      e->slot_count = e->pending;
+    }
     e->pending = SIZE_MAX;
   }
   pending_.clear();
+}
+
+std::span<const int32_t> PenaltyIds::generated(const void* key, std::span<const int> history, int prompt_tokens,
+                                               int vocab) {
+  Entry& r = rows_[key];
+  prompt_tokens = std::max(prompt_tokens, 0);
+  const bool start = r.gen_from != prompt_tokens;  // counting starts (or from another point): from scratch
+  if (start) {
+    r.gen_from = prompt_tokens;
+    r.gen_count.assign(size_t(std::max(vocab, 0)), 0);
+    r.gen_ids.clear();
+  }
+  update(r, history, vocab, start);
+  scratch_.clear();
+  for (int32_t t : r.gen_ids) scratch_.push_back(t), scratch_.push_back(int32_t(r.gen_count[size_t(t)]));
+  return scratch_;
 }
 
 void StepDrawer::run(model::Model& m, std::span<const model::SeqStep> steps, kv::KvCache& cache,
@@ -117,6 +146,12 @@ void StepDrawer::run(model::Model& m, std::span<const model::SeqStep> steps, kv:
       d.hist_len = static_cast<int32_t>(p.ids.size());
       d.pen_slot = p.slot;
       d.pen_reset = p.reset ? 1 : 0;
+    }
+    if (j.sampler->counts_generated()) {  // the generated ids' counts (presence / frequency penalties)
+      const std::span<const int32_t> c = penalty_ids_.generated(j.sampler, j.history, j.sampler->prompt_tokens(), V);
+      d.cnt_off = static_cast<int32_t>(hist_.size());
+      hist_.insert(hist_.end(), c.begin(), c.end());
+      d.cnt_len = static_cast<int32_t>(c.size() / 2);
     }
     j.token = -1;
     j.error.clear();

@@ -36,6 +36,9 @@ namespace oscar::engine {
 // sampler or its history was taken from scratch. What the slot has received counts only once a
 // step has gone through (commit): a step that failed sends the same ids again (adding an id twice
 // changes nothing, backend::apply_penalty_slot).
+//
+// For the presence and frequency penalties it also counts each generated id (the history after the
+// prompt), from step to step the same way.
 class PenaltyIds {
  public:
   // What one row sends: `ids` its distinct ids (slot -1) or those new to `slot`.
@@ -56,6 +59,9 @@ class PenaltyIds {
   Row row(const void* key, std::span<const int> history, int vocab, int slots);
   // The step's rows reached the backend: their slots hold what row() sent.
   void commit();
+  // The (id, count) pairs of the ids of history[prompt_tokens, end) in [0, vocab), each id once
+  // in first-occurrence order (RowDraw::cnt_off / cnt_len); valid until the next call.
+  std::span<const int32_t> generated(const void* key, std::span<const int> history, int prompt_tokens, int vocab);
   size_t keys() const { return rows_.size(); }
 
  private:
@@ -69,12 +75,17 @@ class PenaltyIds {
     bool slot_valid = false;      // the slot holds distinct[0, slot_count) (and nothing else)
     size_t slot_count = 0;
     size_t pending = SIZE_MAX;    // what the slot holds after this step's row, once committed
+    uint64_t epoch = 0;           // + 1 whenever the history is taken from scratch
+    uint64_t pending_epoch = 0;   // ... when row() ran (commit skips an entry reset since)
+    int gen_from = -1;            // counting history[gen_from, end) (-1: not counting)
+    std::vector<uint32_t> gen_count;  // [vocab] when counting
+    std::vector<int32_t> gen_ids;     // the counted ids in order
   };
-  Entry& update(Entry& r, std::span<const int> history, int vocab);
+  Entry& update(Entry& r, std::span<const int> history, int vocab, bool force_reset = false);
 
   std::unordered_map<const void*, Entry> rows_;
   std::vector<char> slot_used_;   // [slot] taken by a key
-  std::vector<int32_t> scratch_;  // a second row of one key in a step
+  std::vector<int32_t> scratch_;  // a second row of one key in a step; generated()'s pairs
   std::vector<Entry*> pending_;   // the entries row() gave a slot to in this step
   uint64_t step_ = 0;
 };

@@ -138,6 +138,9 @@ void Model::forward_sample(std::span<const SeqStep> steps, kv::KvCache& cache,
     if (d.hist_off < 0 || d.hist_len < 0 || int64_t(d.hist_off) + d.hist_len > int64_t(hist.size()))
       throw Error(fmt::format("forward_sample: penalty ids [{}, +{}) outside the {} given", d.hist_off, d.hist_len,
                               hist.size()));
+    if (d.cnt_off < 0 || d.cnt_len < 0 || int64_t(d.cnt_off) + 2 * int64_t(d.cnt_len) > int64_t(hist.size()))
+      throw Error(fmt::format("forward_sample: generated-id counts [{}, +2·{}) outside the {} given", d.cnt_off,
+                              d.cnt_len, hist.size()));
     if (d.pen_slot == -1) continue;
     if (d.pen_slot < 0 || d.pen_slot >= slots)
       throw Error(fmt::format("forward_sample: penalty slot {} (the backend keeps {})", d.pen_slot, slots));

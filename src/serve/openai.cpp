@@ -165,11 +165,8 @@ CompletionRequest parse_completion_request(const std::string& body, bool chat) {
   number(j, "n", r.n, 1, kMaxChoices);
   if (r.prompts.size() * size_t(r.n) > size_t(kMaxChoices) * 4)
     throw bad("n", fmt::format("{} prompts × n = {} is more than {} choices", r.prompts.size(), r.n, kMaxChoices * 4));
-  for (const char* k : {"presence_penalty", "frequency_penalty"}) {
-    double v = 0;
-    number(j, k, v, -2, 2);
-    if (v != 0) throw bad(k, fmt::format("'{}' is not supported (only 0)", k));
-  }
+  number(j, "presence_penalty", r.sampling.presence_penalty, -2, 2);
+  number(j, "frequency_penalty", r.sampling.frequency_penalty, -2, 2);
   if (chat) {
     // `logprobs`: a boolean; `top_logprobs` (alternatives) only with it.
     const bool want = boolean(j, "logprobs", false);

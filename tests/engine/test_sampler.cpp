@@ -91,6 +91,81 @@ TEST(Sampler, RepetitionPenaltyDividesPositiveMultipliesNegative) {
   for (int i = 0; i < 6; ++i) EXPECT_NEAR(pr[i], std::exp(adj[i]) / z, 1e-9) << i;
 }
 
+// Presence and frequency penalties (OpenAI's, over the generated tokens only): an id generated c
+// times loses frequency · c + presence, after the repetition penalty; the prompt's tokens (the
+// first prompt_tokens of the history) count for neither.
+TEST(Sampler, PresenceAndFrequencyPenalizeGeneratedTokens) {
+  SamplingParams p;
+  p.temperature = 1.0f;
+  p.presence_penalty = 0.25f;
+  p.frequency_penalty = 0.5f;
+  // Prompt {1, 2}; generated 3, 3, 5, 1 (1 also in the prompt: counted once, as generated).
+  const std::vector<int> hist = {1, 2, 3, 3, 5, 1, 99, -4};  // (ids outside the vocabulary ignored)
+  Sampler s(p, 2);
+  auto pr = s.probabilities(kLogits, hist);
+  std::vector<double> adj = {1.0, 3.0 - 0.75, 2.0, 3.0 - 1.25, -1.0, 0.5 - 0.75};
+  double z = 0;
+  for (double x : adj) z += std::exp(x);
+  for (int i = 0; i < 6; ++i) EXPECT_NEAR(pr[i], std::exp(adj[i]) / z, 1e-6) << i;
+  // With the repetition penalty first: 1 and 2 (prompt) and 3, 5 (generated) divided / multiplied.
+  p.repetition_penalty = 2.0f;
+  auto pr2 = Sampler(p, 2).probabilities(kLogits, hist);
+  adj = {1.0, 1.5 - 0.75, 1.0, 1.5 - 1.25, -1.0, 0.25 - 0.75};
+  z = 0;
+  for (double x : adj) z += std::exp(x);
+  for (int i = 0; i < 6; ++i) EXPECT_NEAR(pr2[i], std::exp(adj[i]) / z, 1e-6) << i;
+  // Greedy: with presence 1, ids 1 (3.0 - 1.5) and 3 (3.0 - 2.0) fall below 2 (2.0); with every token
+  // as the prompt nothing changes (1 and 3 tie: the lower id).
+  p.temperature = 0.0f;
+  p.repetition_penalty = 1.0f;
+  p.presence_penalty = 1.0f;
+  EXPECT_EQ(Sampler(p, 2).sample(kLogits, hist), 2);
+  EXPECT_EQ(Sampler(p, int(hist.size())).sample(kLogits, hist), 1);
+  // A negative penalty favours repeats.
+  p.frequency_penalty = -1.0f;
+  p.presence_penalty = 0.0f;
+  EXPECT_EQ(Sampler(p, 2).sample(kLogits, hist), 3);
+  // Range: [-2, 2] each.
+  for (float bad : {2.5f, -2.01f, NAN}) {
+    SamplingParams q;
+    q.presence_penalty = bad;
+    EXPECT_THROW(Sampler{q}, Error) << bad;
+    q.presence_penalty = 0;
+    q.frequency_penalty = bad;
+    EXPECT_THROW(Sampler{q}, Error) << bad;
+  }
+}
+
+// The Sampler with presence / frequency penalties equals the reference (reference_sample, a dense
+// count of the generated ids) token for token, with and without the repetition penalty, over
+// temperatures, top-k and top-p, and prompt lengths that cut the history anywhere.
+TEST(Sampler, PresenceAndFrequencyDrawsEqualTheReference) {
+  std::mt19937 rng(9);
+  int draws = 0;
+  for (int V : {7, 1000, 20000}) {
+    std::vector<float> l(static_cast<size_t>(V));
+    std::normal_distribution<float> nd(0.0f, 2.0f);
+    for (float& x : l) x = nd(rng);
+    std::vector<int> hist;
+    for (int i = 0; i < 60; ++i) hist.push_back(int(rng() % uint32_t(std::min(V, 40))));  // repeats
+    for (float T : {0.0f, 0.7f, 1.3f})
+      for (int k : {0, 5})
+        for (float top_p : {1.0f, 0.9f})
+          for (float rep : {1.0f, 1.3f})
+            for (auto [pres, freq] : {std::pair{0.5f, 0.0f}, {0.0f, 0.7f}, {-0.4f, 1.1f}, {2.0f, -2.0f}}) {
+              SamplingParams p{T, k, top_p, rep, uint64_t(77 + draws), pres, freq};
+              const int prompt = int(rng() % 61);
+              Sampler s(p, prompt);
+              std::mt19937_64 ref_rng(p.seed);
+              for (int d = 0; d < 4; ++d, ++draws)
+                ASSERT_EQ(s.sample(l, hist), reference_sample(p, ref_rng, l, hist, prompt))
+                    << "V " << V << " T " << T << " k " << k << " top_p " << top_p << " rep " << rep << " pres "
+                    << pres << " freq " << freq << " prompt " << prompt;
+            }
+  }
+  EXPECT_EQ(draws, 3 * 3 * 2 * 2 * 2 * 4 * 4);
+}
+
 TEST(Sampler, SameSeedSameTokensAndFrequenciesFollowProbabilities) {
   SamplingParams p;
   p.temperature = 1.0f;
@@ -422,7 +497,7 @@ TEST(PenaltyIds, SlotsHoldTheDistinctIdsAcrossFailedSteps) {
     constexpr int kMaxV = 300;
     std::vector<std::vector<uint64_t>> mirror(size_t(slots), std::vector<uint64_t>((kMaxV + 63) / 64, ~uint64_t(0)));
     std::vector<std::vector<int>> hist(6);
-    int slotted = 0, whole = 0, resets = 0, deltas = 0, failed = 0, twice = 0;
+    int slotted = 0, whole = 0, resets = 0, deltas = 0, failed = 0, twice = 0, shrunk_after = 0;
     for (int step = 0; step < 600; ++step) {
       ids.begin_step();
       const int V = step % 97 == 96 ? 50 : kMaxV;
@@ -450,6 +525,11 @@ TEST(PenaltyIds, SlotsHoldTheDistinctIdsAcrossFailedSteps) {
           if (again) h.push_back(int(rng() % 300)), ++twice;
           const PenaltyIds::Row r = ids.row(&hist[k], h, V, slots);
           sent.push_back({r, std::vector<int32_t>(r.ids.begin(), r.ids.end()), fresh(h, V)});
+        }
+        if (op == 11 && h.size() >= 2) {  // then its generated ids' counts for a shorter history (taken
+          h.resize(h.size() - 1 - rng() % 2);  // from scratch after the row: that row is not committed)
+          (void)ids.generated(&hist[k], h, 3, V);
+          ++shrunk_after;
         }
       }
       std::vector<int> named;
@@ -490,13 +570,65 @@ TEST(PenaltyIds, SlotsHoldTheDistinctIdsAcrossFailedSteps) {
       }
     }
     EXPECT_GT(slotted, 1000) << slots << " slots";
-    EXPECT_GT(deltas, resets) << "most rows send only their new ids";
+    EXPECT_GT(deltas, 1000) << "rows that send only their new ids";
     EXPECT_GT(failed, 60);
     EXPECT_GT(twice, 50);
+    EXPECT_GT(shrunk_after, 30);
     if (slots == 3) {
       EXPECT_GT(whole, 200) << "keys beyond the slots send their whole lists";
     }
   }
+}
+
+// The generated ids' counts kept per sampler (PenaltyIds::generated, the presence / frequency
+// penalties' input) against a fresh count of history[prompt, end), in first-occurrence order, over
+// the histories of the tests above (growing, replaced, shrunk, edited, another vocabulary), the
+// prompt length of a key changing now and then, and row() (the repetition penalty's ids) called on
+// the same entries in between.
+TEST(PenaltyIds, GeneratedCountsEqualAFreshCount) {
+  std::mt19937 rng(8);
+  auto fresh = [](const std::vector<int>& h, int from, int V) {
+    std::vector<int32_t> ids, out;
+    std::vector<int> c(size_t(V), 0);
+    for (size_t i = size_t(from); i < h.size(); ++i)
+      if (h[i] >= 0 && h[i] < V && c[size_t(h[i])]++ == 0) ids.push_back(h[i]);
+    for (int32_t t : ids) out.push_back(t), out.push_back(c[size_t(t)]);
+    return out;
+  };
+  PenaltyIds ids;
+  std::vector<std::vector<int>> hist(5);
+  std::vector<int> prompt(5, 0);
+  int checked = 0, counted = 0;
+  for (int step = 0; step < 500; ++step) {
+    ids.begin_step();
+    const int V = step % 89 == 88 ? 40 : 200;
+    for (size_t k = 0; k < hist.size(); ++k) {
+      if (rng() % 6 == 0) continue;
+      std::vector<int>& h = hist[k];
+      const unsigned op = rng() % 12;
+      if (op < 8) {
+        for (unsigned i = rng() % 3; i > 0; --i) h.push_back(int(rng() % 210) - 5);
+      } else if (op == 8) {
+        h.assign(rng() % 40, 0);
+        for (int& t : h) t = int(rng() % 200);
+      } else if (op == 9 && !h.empty()) {
+        h.resize(rng() % h.size());
+      } else if (op == 10 && !h.empty()) {
+        h[rng() % h.size()] = int(rng() % 200);
+      } else {
+        prompt[k] = int(rng() % 30);
+      }
+      if (rng() % 2) (void)ids.row(&hist[k], h, V, 8);
+      const std::span<const int32_t> got = ids.generated(&hist[k], h, prompt[k], V);
+      const std::vector<int32_t> want = fresh(h, prompt[k], V);
+      ASSERT_EQ(std::vector<int32_t>(got.begin(), got.end()), want) << "step " << step << ", key " << k;
+      ++checked;
+      counted += int(want.size()) / 2;
+    }
+    if (rng() % 4) ids.commit();
+  }
+  EXPECT_GT(checked, 1500);
+  EXPECT_GT(counted, 10000);
 }
 
 // Model::forward_sample refuses draws it cannot run before the step (nothing is committed to the

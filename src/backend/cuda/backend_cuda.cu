@@ -706,11 +706,20 @@ class CudaBackend final : public Backend {
     no_capture(st_, "sample_rows");
     if (rows <= 0) return;
     int top_slot = -1;
+    bool counts = false;  // a row with a presence or frequency penalty: its adjusted copy in adj_
     for (int r = 0; r < rows; ++r) {
-      if (draws[r].pen_slot < -1 || draws[r].pen_slot >= penalty_slots())
-        throw Error("cuda backend: sample_rows: penalty slot " + std::to_string(draws[r].pen_slot));
-      top_slot = std::max(top_slot, draws[r].pen_slot);
+      const RowDraw& d = draws[r];
+      if (d.pen_slot < -1 || d.pen_slot >= penalty_slots())
+        throw Error("cuda backend: sample_rows: penalty slot " + std::to_string(d.pen_slot));
+      if (d.hist_off < 0 || d.hist_len < 0 || d.hist_off + int64_t(d.hist_len) > hist_n || d.cnt_off < 0 ||
+          d.cnt_len < 0 || d.cnt_off + 2 * int64_t(d.cnt_len) > hist_n)
+        throw Error("cuda backend: sample_rows: row " + std::to_string(r) + "'s ids outside the " +
+                    std::to_string(hist_n) + " given");
+      top_slot = std::max(top_slot, d.pen_slot);
+      counts = counts || ((d.presence != 0.0f || d.frequency != 0.0f) && d.mode != RowDraw::kSkip &&
+                          d.mode != RowDraw::kHost);
     }
+    if (counts) adj_.ensure(size_t(rows) * size_t(cols) * sizeof(float));
     const size_t slot_bytes = size_t(top_slot + 1) * cuda_ops::kPenaltySlotBytes;
     if (slot_bytes > pen_slots_.bytes) {  // grown with the slots' contents
       DevMem grown(std::max(slot_bytes, pen_slots_.bytes * 2));
@@ -727,7 +736,7 @@ class CudaBackend final : public Backend {
     if (hist_n > 0)
       check(cudaMemcpyAsync(dh, hist, size_t(hist_n) * 4, cudaMemcpyHostToDevice, st_), "sample_rows");
     cuda_ops::sample_rows(x, rows, cols, dd, dh, top_slot >= 0 ? pen_slots_.as<uint32_t>() : nullptr,
-                          sample_.as<int32_t>(), st_);
+                          counts ? adj_.as<float>() : nullptr, sample_.as<int32_t>(), st_);
     check_launch("sample_rows");
     check(cudaMemcpyAsync(out, sample_.p, size_t(rows) * 4, cudaMemcpyDeviceToHost, st_), "sample_rows");
     check(cudaStreamSynchronize(st_), "sample_rows");
@@ -1120,6 +1129,7 @@ class CudaBackend final : public Backend {
   DevMem sample_;  // sample_rows: ids, the draws, the penalty ids
   static constexpr int kPenaltySlots = 4096;  // at most 128 MiB (32 KB each), allocated as named
   DevMem pen_slots_;
+  DevMem adj_;  // sample_rows: the adjusted logits of rows with a presence / frequency penalty
   bool pen_slots_on_ = true;  // OSCAR_CUDA_PENALTY_SLOTS=0: none (the ids whole every step; A/B)
   DevMem tokens_, xb_, rope_tab_, kv_, qp_, s_, p_, op_;
   const float* rope_cos_ = nullptr;

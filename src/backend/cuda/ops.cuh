@@ -54,10 +54,11 @@ void argmax_rows(const float* x, int rows, int cols, void* scratch, int32_t* out
 // out[r] = the token of row r of logits [rows][V] as draws[r] asks, hist holding the penalized
 // rows' ids (device memory; backend/sample.h; sample.cu): one CTA of 1024 threads and ~177 KB
 // of shared memory per row. `slots`: the penalty slots, kPenaltySlotBytes each (RowDraw::pen_slot
-// indexes them; null when no row names one).
+// indexes them; null when no row names one). `adj` [rows][V]: scratch for the rows with a
+// presence or frequency penalty (null when there is none).
 inline constexpr int kPenaltySlotBytes = 32768;  // a bitmap of 262,144 ids
 void sample_rows(const float* logits, int rows, int V, const RowDraw* draws, const int32_t* hist, uint32_t* slots,
-                 int32_t* out, cudaStream_t st);
+                 float* adj, int32_t* out, cudaStream_t st);
 // x[i] = emb[tokens[i]] (emb bf16 when `bf16`, else f32), tokens on the device
 void embed(const void* emb, bool bf16, const int32_t* tokens, int n, int hidden, float* x,
            cudaStream_t st);

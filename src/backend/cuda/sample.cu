@@ -13,7 +13,8 @@
 //      (bitonic on 64-bit (logit, id) keys), their running weights (double) started from the
 //      exact weight of every bucket before the window (summed in a fixed order). If the point
 //      is not inside the window, the next window (twice as wide) lies towards it.
-// A repetition penalty (backend/sample.h) is applied as each logit is read: the row's distinct
+// The presence and frequency penalties (backend/sample.h) are applied once, into a copy of the row
+// (adj) that the passes then read. A repetition penalty is applied as each logit is read: the row's distinct
 // history ids are a bitmap in shared memory, built from the call's list or copied from the row's
 // penalty slot (a bitmap in global memory, kept from call to call; the call's list updates it
 // first). A window of more than kCand ids (a row so flat that
@@ -133,8 +134,9 @@ struct Row {
   const uint32_t* bits;   // its ids (null without a penalty)
 };
 
-// Logit i of the row, penalized as engine::Sampler does it.
-__device__ __forceinline__ float load(const float* __restrict__ x, int i, float pen, const uint32_t* bits) {
+// Logit i of the row, penalized as engine::Sampler does it. (x not __restrict__: it may be the
+// row's adjusted copy written earlier in the same kernel, which a non-coherent load could miss.)
+__device__ __forceinline__ float load(const float* x, int i, float pen, const uint32_t* bits) {
   float v = x[i];
   if (bits && ((bits[i >> 5] >> (i & 31)) & 1u)) v = v > 0 ? v / pen : v * pen;
   return v;
@@ -286,7 +288,7 @@ __device__ Point at_rank(const Row& r, int k, SampleSmem& s) {
 __global__ void __launch_bounds__(kSampleThreads) sample_rows_k(const float* __restrict__ logits, int V,
                                                                const RowDraw* __restrict__ draws,
                                                                const int32_t* __restrict__ hist,
-                                                               uint32_t* __restrict__ slots,
+                                                               uint32_t* __restrict__ slots, float* adj,
                                                                int32_t* __restrict__ out) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   SampleSmem& s = *reinterpret_cast<SampleSmem*>(smem_raw);
@@ -330,6 +332,20 @@ __global__ void __launch_bounds__(kSampleThreads) sample_rows_k(const float* __r
     }
     __syncthreads();
     bits = s.pen_bits;
+  }
+  if (d.presence != 0.0f || d.frequency != 0.0f) {
+    // Presence / frequency penalties: the row's logits after every penalty, into its copy
+    // adj[row] (each generated id is listed once, so no two threads write one id).
+    float* y = adj + int64_t(row) * V;
+    for (int i = tid; i < V; i += kSampleThreads) y[i] = load(x, i, pen, bits);
+    __syncthreads();
+    for (int j = tid; j < d.cnt_len; j += kSampleThreads) {
+      const int t = hist[d.cnt_off + 2 * j], c = hist[d.cnt_off + 2 * j + 1];
+      if (t >= 0 && t < V && c > 0) y[t] -= fmaf(d.frequency, float(c), d.presence);
+    }
+    __syncthreads();
+    x = y;
+    bits = nullptr;
   }
 
   // 1. Max (lowest id on ties, NaN skipped) and NaN.
@@ -434,12 +450,12 @@ __global__ void __launch_bounds__(kSampleThreads) sample_rows_k(const float* __r
 }  // namespace
 
 void sample_rows(const float* logits, int rows, int V, const RowDraw* draws, const int32_t* hist, uint32_t* slots,
-                 int32_t* out, cudaStream_t st) {
+                 float* adj, int32_t* out, cudaStream_t st) {
   if (rows <= 0) return;
   // Per call, not once per process: the attribute belongs to the current device (a failure
   // shows as the launch's error, which the caller checks).
   cudaFuncSetAttribute(sample_rows_k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(sizeof(SampleSmem)));
-  sample_rows_k<<<rows, kSampleThreads, sizeof(SampleSmem), st>>>(logits, V, draws, hist, slots, out);
+  sample_rows_k<<<rows, kSampleThreads, sizeof(SampleSmem), st>>>(logits, V, draws, hist, slots, adj, out);
 }
 
 }  // namespace oscar::backend::cuda_ops
