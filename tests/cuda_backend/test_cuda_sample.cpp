@@ -239,6 +239,95 @@ TEST(CudaSample, PenaltySlotsEqualTheWholeList) {
   EXPECT_THROW(gpu->sample_rows(dl->data(), 1, 16, bad.data(), nullptr, 0, got.data()), Error);
 }
 
+// Presence and frequency penalties: rows with (id, count) pairs of generated ids (the row's best
+// among them), alone and after a repetition penalty from a list or a slot, every mode; each token
+// equals the reference draw on the logits penalized as engine::Sampler does (repetition first,
+// then fma(frequency, count, presence) subtracted). Rows without them in the same call stay as
+// they were.
+TEST(CudaSample, PresenceAndFrequencyEqualTheReference) {
+  SKIP_WITHOUT_GPU();
+  auto gpu = backend::make_cuda_backend({backend::WeightDtype::kF32, 0});
+  auto cpu = backend::make_cpu_backend({backend::WeightDtype::kF32, 1});
+  std::mt19937_64 rng(33);
+  std::uniform_real_distribution<double> uni(0.0, 1.0);
+  for (int V : {50, 1000, 151936}) {
+    SCOPED_TRACE("V " + std::to_string(V));
+    const int rows = 24;
+    const auto l = logits_rows(rows, V, 500 + V);
+    auto dl = gpu->alloc(l.size());
+    gpu->from_host(l.data(), dl->data(), l.size());
+    int checked = 0;
+    for (int call = 0; call < 3; ++call) {
+      std::vector<RowDraw> d(rows);
+      std::vector<int32_t> hist;
+      std::vector<std::vector<int32_t>> rep_ids(rows);
+      std::vector<std::vector<std::pair<int32_t, int32_t>>> counts(rows);
+      for (int r = 0; r < rows; ++r) {
+        RowDraw& q = d[size_t(r)];
+        const int c = (r + 5 * call) % 8;
+        q.mode = c == 0 ? RowDraw::kArgmax : c == 7 ? RowDraw::kHost : RowDraw::kSample;
+        q.temperature = 0.6f + 0.3f * float(c % 3);
+        q.top_p = c % 2 ? 0.9f : 1.0f;
+        q.top_k = c == 3 ? 20 : 0;
+        q.u = uni(rng);
+        const float* x = l.data() + size_t(r) * V;
+        const int best = int(std::max_element(x, x + V) - x);
+        if (r % 4 != 3) {  // (every fourth row: no presence / frequency penalty)
+          q.presence = r % 3 == 0 ? 0.0f : (r % 2 ? 0.7f : -0.5f);
+          q.frequency = r % 3 == 1 ? 0.0f : (r % 2 ? 1.3f : 0.4f);
+          std::vector<char> seen(size_t(V), 0);
+          counts[size_t(r)].push_back({best, 1 + r % 5});
+          seen[size_t(best)] = 1;
+          for (int j = 0; j < 30; ++j) {
+            const int t = int(rng() % uint64_t(V));
+            if (!seen[size_t(t)]) seen[size_t(t)] = 1, counts[size_t(r)].push_back({t, 1 + int(rng() % 4)});
+          }
+          q.cnt_off = int32_t(hist.size());
+          q.cnt_len = int32_t(counts[size_t(r)].size());
+          for (auto [t, n] : counts[size_t(r)]) hist.push_back(t), hist.push_back(n);
+        }
+        if (r % 2 == 0) {  // a repetition penalty too, on a few ids and the best
+          q.penalty = 1.25f;
+          rep_ids[size_t(r)] = {best, int32_t((best + 1) % V)};
+          if (V > 2) rep_ids[size_t(r)].push_back(int32_t((best + V / 2) % V));
+          std::sort(rep_ids[size_t(r)].begin(), rep_ids[size_t(r)].end());
+          rep_ids[size_t(r)].erase(std::unique(rep_ids[size_t(r)].begin(), rep_ids[size_t(r)].end()),
+                                   rep_ids[size_t(r)].end());
+          if (r % 4 == 0) {  // through a slot (reset with the whole list every call)
+            q.pen_slot = r;
+            q.pen_reset = 1;
+          }
+          q.hist_off = int32_t(hist.size());
+          q.hist_len = int32_t(rep_ids[size_t(r)].size());
+          hist.insert(hist.end(), rep_ids[size_t(r)].begin(), rep_ids[size_t(r)].end());
+        }
+      }
+      std::vector<int32_t> got(rows, 12345);
+      gpu->sample_rows(dl->data(), rows, V, d.data(), hist.data(), int64_t(hist.size()), got.data());
+      for (int r = 0; r < rows; ++r) {
+        const RowDraw& q = d[size_t(r)];
+        SCOPED_TRACE("call " + std::to_string(call) + " row " + std::to_string(r));
+        if (q.mode == RowDraw::kHost) {
+          EXPECT_EQ(got[size_t(r)], backend::kDrawHost);
+          continue;
+        }
+        std::vector<float> y = penalized(l.data() + size_t(r) * V, V, rep_ids[size_t(r)], q.penalty);
+        for (auto [t, n] : counts[size_t(r)]) y[size_t(t)] -= std::fma(q.frequency, float(n), q.presence);
+        int32_t want = 0;
+        if (q.mode == RowDraw::kArgmax)
+          cpu->argmax_rows(y.data(), 1, V, &want);
+        else
+          want = backend::reference_draw(y.data(), V, q.temperature, q.top_k, q.top_p, q.u);
+        if (got[size_t(r)] == backend::kDrawHost && q.mode == RowDraw::kSample && V > 8192 && r % 6 == 2)
+          continue;  // a flat row (kind 2) of a large vocabulary may go to the host
+        ASSERT_EQ(got[size_t(r)], want);
+        checked += q.cnt_len > 0;
+      }
+    }
+    EXPECT_GT(checked, 30);
+  }
+}
+
 // A NaN fails a sampled row (kDrawNaN) and only that row; argmax skips NaN as argmax_rows does.
 TEST(CudaSample, NaNFailsOnlyItsRow) {
   SKIP_WITHOUT_GPU();
@@ -273,7 +362,7 @@ TEST(CudaSample, EngineStepDrawsOnTheDevice) {
   auto cache = kv::make_method_cache({}, m.cache_shape(16), 4096, false, be->page_store_factory());
   const std::vector<engine::SamplingParams> ps = {
       {}, {0.8f, 0, 0.9f, 1.0f, 5}, {1.0f, 40, 1.0f, 1.0f, 6}, {0.7f, 0, 0.95f, 1.2f, 7}, {1.0f, 0, 1.0f, 1.0f, 8},
-      {0.0f, 0, 1.0f, 1.3f, 9}};
+      {0.0f, 0, 1.0f, 1.3f, 9}, {0.7f, 0, 0.95f, 1.2f, 10, 0.4f, 0.6f}, {0.0f, 0, 1.0f, 1.0f, 11, 1.0f, 0.5f}};
   const int S = int(ps.size()), V = c.vocab_size;
   std::vector<engine::Sampler> samplers(ps.begin(), ps.end());
   std::vector<std::vector<int>> hist(static_cast<size_t>(S));
@@ -305,7 +394,7 @@ TEST(CudaSample, EngineStepDrawsOnTheDevice) {
       m.output_logits(j.row, row);
       const engine::SamplingParams& p = ps[size_t(j.row)];
       int want;
-      if (p.repetition_penalty != 1.0f) {
+      if (p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) {
         ++penalized;
         engine::Sampler twin(p);
         want = twin.sample_u(row, j.history, j.u);
@@ -323,7 +412,7 @@ TEST(CudaSample, EngineStepDrawsOnTheDevice) {
     for (const auto& j : jobs) hist[size_t(j.row)].push_back(j.token);
   }
   EXPECT_GT(device_rows, 80);
-  EXPECT_GT(penalized_rows, 20);  // greedy and sampled rows with a repetition penalty, on the device
+  EXPECT_GT(penalized_rows, 40);  // greedy and sampled rows with penalties, on the device
 }
 
 }  // namespace

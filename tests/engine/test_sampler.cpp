@@ -666,49 +666,63 @@ TEST(ForwardSample, BadDrawsThrowBeforeTheStep) {
 TEST(StepDrawer, TokensEqualPlainForwardAndSamplerOfATwin) {
   Rig a, b;
   const int V = a.w.cfg.vocab_size;
-  const std::vector<SamplingParams> ps = {{}, {0.8f, 0, 0.9f, 1.0f, 5}, {1.2f, 20, 1.0f, 1.3f, 6}};
-  std::vector<Sampler> sa, sb;
-  for (const auto& p : ps) sa.emplace_back(p), sb.emplace_back(p);
-  std::vector<std::vector<int>> hist(3);
-  std::vector<kv::SeqId> seq_a, seq_b;
-  for (int i = 0; i < 3; ++i) seq_a.push_back(a.cache.create()), seq_b.push_back(b.cache.create());
+  // greedy; top-p; top-k with a repetition penalty; presence + frequency; greedy with all three
+  const std::vector<SamplingParams> ps = {{},
+                                          {0.8f, 0, 0.9f, 1.0f, 5},
+                                          {1.2f, 20, 1.0f, 1.3f, 6},
+                                          {0.9f, 0, 1.0f, 1.0f, 7, 0.5f, 0.8f},
+                                          {0.0f, 0, 1.0f, 1.1f, 8, 0.3f, 1.0f}};
+  const int S = int(ps.size());
+  std::vector<std::vector<int>> hist(static_cast<size_t>(S));
   hist[0] = {5, 6, 7};
   hist[1] = {9, 8, 7, 6, 5, 4, 3, 2, 1, 10};
   hist[2] = {42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53};
-  std::vector<int> fed(3, 0);
+  hist[3] = {11, 12, 13, 11, 12};
+  hist[4] = {20, 21, 22, 23, 24, 25, 26};
+  std::vector<Sampler> sa, sb;
+  for (int i = 0; i < S; ++i) {  // the prompt: the history so far (the penalties count what follows)
+    sa.emplace_back(ps[size_t(i)], int(hist[size_t(i)].size()));
+    sb.emplace_back(ps[size_t(i)], int(hist[size_t(i)].size()));
+  }
+  std::vector<kv::SeqId> seq_a, seq_b;
+  for (int i = 0; i < S; ++i) seq_a.push_back(a.cache.create()), seq_b.push_back(b.cache.create());
+  std::vector<int> fed(static_cast<size_t>(S), 0);
   StepDrawer drawer;
   std::vector<float> logits;
   for (int step = 0; step < 14; ++step) {
     std::vector<model::SeqStep> steps;
-    std::vector<std::vector<int32_t>> toks(3);
+    std::vector<std::vector<int32_t>> toks(static_cast<size_t>(S));
     std::vector<SampleJob> jobs;
-    for (int i = 0; i < 3; ++i) {
-      const int n = std::min<int>(6, int(hist[i].size()) - fed[i]);  // prompts in chunks of 6
-      toks[i].assign(hist[i].begin() + fed[i], hist[i].begin() + fed[i] + n);
-      steps.push_back({seq_a[i], toks[i], false});
-      if (fed[i] + n == int(hist[i].size())) jobs.push_back({&sa[i], {}, hist[i], -1, {}, i});
+    for (int i = 0; i < S; ++i) {
+      const size_t u = size_t(i);
+      const int n = std::min<int>(6, int(hist[u].size()) - fed[u]);  // prompts in chunks of 6
+      toks[u].assign(hist[u].begin() + fed[u], hist[u].begin() + fed[u] + n);
+      steps.push_back({seq_a[u], toks[u], false});
+      if (fed[u] + n == int(hist[u].size())) jobs.push_back({&sa[u], {}, hist[u], -1, {}, i});
     }
     drawer.run(a.m, steps, a.cache, jobs);
     for (auto& s : steps) s.seq = seq_b[size_t(&s - steps.data())];
     b.m.forward(steps, b.cache, logits);
-    ASSERT_EQ(logits.size(), size_t(3) * V);
+    ASSERT_EQ(logits.size(), size_t(S) * V);
     size_t k = 0;
-    for (int i = 0; i < 3; ++i) {
-      fed[i] += int(toks[i].size());
-      if (fed[i] < int(hist[i].size())) continue;
+    for (int i = 0; i < S; ++i) {
+      const size_t u = size_t(i);
+      fed[u] += int(toks[u].size());
+      if (fed[u] < int(hist[u].size())) continue;
       const SampleJob& j = jobs[k++];
       ASSERT_TRUE(j.error.empty()) << j.error;
-      const int want = sb[i].sample({logits.data() + size_t(i) * V, size_t(V)}, hist[i]);
+      const int want = sb[u].sample({logits.data() + u * V, size_t(V)}, hist[u]);
       ASSERT_EQ(j.token, want) << "sequence " << i << " step " << step;
-      hist[i].push_back(j.token);
+      hist[u].push_back(j.token);
     }
     ASSERT_EQ(k, jobs.size());
     EXPECT_EQ(drawer.host_rows(), int(std::count_if(jobs.begin(), jobs.end(), [](const SampleJob& j) {
                 const backend::RowDraw d = j.sampler->device_draw(0.5);
-                return d.mode != backend::RowDraw::kArgmax || d.penalty != 1.0f;
+                return d.mode != backend::RowDraw::kArgmax || d.penalty != 1.0f || d.presence != 0.0f ||
+                       d.frequency != 0.0f;
               }))) << "the CPU backend draws only the plain argmax rows";
   }
-  for (int i = 0; i < 3; ++i) EXPECT_GT(hist[i].size(), size_t(12)) << "sequence " << i << " generated";
+  for (int i = 0; i < S; ++i) EXPECT_GT(hist[size_t(i)].size(), size_t(12)) << "sequence " << i << " generated";
 }
 
 }  // namespace

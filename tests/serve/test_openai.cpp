@@ -54,6 +54,25 @@ TEST(OpenAiRequest, LogprobsEchoAndNParse) {
     EXPECT_EQ(status_of(bad, true), 400) << bad;
 }
 
+// OpenAI's presence / frequency penalties reach the sampling parameters, in [-2, 2]; the
+// repetition penalty (an extension) beside them.
+TEST(OpenAiRequest, PenaltiesParse) {
+  auto c = parse_completion_request(
+      R"({"prompt": "hi", "presence_penalty": 0.6, "frequency_penalty": -1.5, "repetition_penalty": 1.2})", false);
+  EXPECT_FLOAT_EQ(c.sampling.presence_penalty, 0.6f);
+  EXPECT_FLOAT_EQ(c.sampling.frequency_penalty, -1.5f);
+  EXPECT_FLOAT_EQ(c.sampling.repetition_penalty, 1.2f);
+  auto z = parse_completion_request(R"({"prompt": "hi", "presence_penalty": null})", false);
+  EXPECT_EQ(z.sampling.presence_penalty, 0.0f);
+  EXPECT_EQ(z.sampling.frequency_penalty, 0.0f);
+  const std::string msgs = R"("messages": [{"role": "user", "content": "hi"}])";
+  EXPECT_FLOAT_EQ(parse_completion_request("{" + msgs + R"(, "frequency_penalty": 2})", true).sampling.frequency_penalty,
+                  2.0f);
+  for (const char* bad : {R"({"prompt": "hi", "presence_penalty": 2.5})", R"({"prompt": "hi", "frequency_penalty": -3})",
+                          R"({"prompt": "hi", "presence_penalty": "1"})"})
+    EXPECT_EQ(status_of(bad, false), 400) << bad;
+}
+
 engine::TokenLogprob lp(int token, float v, std::vector<engine::TopLogprob> top = {}) {
   engine::TokenLogprob t;
   t.token = token;
