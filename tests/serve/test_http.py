@@ -745,6 +745,33 @@ class TestLogprobsAndChoices(ServerTest):
                     {"role": "tool", "tool_call_id": "call_1", "content": "18 C, sunny"}]
         self.post(self.CH, {"messages": trip, "tools": TOOLS, "max_tokens": 8, "temperature": 0})
 
+    def test_presence_and_frequency_penalties_pick_the_penalized_best(self):
+        """Greedy with OpenAI's penalties: each token is the best after subtracting
+        frequency_penalty x (times generated so far) + presence_penalty (if generated) from the raw
+        log probabilities the response reports, against every alternative it lists; the prompt's
+        tokens count for nothing. A repetitive prompt makes the penalties change the output."""
+        F, P = 1.5, 0.5
+        body = {"prompt": "1, 2, 1, 2, 1, 2, 1, 2,", "max_tokens": 40, "temperature": 0, "ignore_eos": True,
+                "logprobs": 5, "return_tokens_as_token_ids": True}
+        plain = self.post(self.C, body)["choices"][0]
+        pen = self.post(self.C, dict(body, frequency_penalty=F, presence_penalty=P))["choices"][0]
+        self.assertNotEqual(pen["text"], plain["text"], "the penalties change a repetitive greedy output")
+        lp = pen["logprobs"]
+        counts = {}
+        changed = 0
+        for i, (tok, top) in enumerate(zip(lp["tokens"], lp["top_logprobs"])):
+            def score(name):
+                c = counts.get(name, 0)
+                return top[name] - F * c - (P if c else 0.0)
+            self.assertIn(tok, top)
+            for alt in top:
+                self.assertLessEqual(score(alt), score(tok) + 1e-3, f"position {i}: {alt} beats {tok} after the penalties")
+            changed += max(top, key=lambda n: top[n]) != tok
+            counts[tok] = counts.get(tok, 0) + 1
+        self.assertGreater(changed, 0, "some token is not the raw best")
+        again = self.post(self.C, dict(body, frequency_penalty=F, presence_penalty=P))["choices"][0]
+        self.assertEqual(again["text"], pen["text"])
+
     def test_unseeded_sampled_requests_differ(self):
         body = {"prompt": "The", "max_tokens": 24, "temperature": 2.0, "ignore_eos": True}
         a = self.post(self.C, body)["choices"][0]["text"]
@@ -976,6 +1003,8 @@ class TestHostileInput(ServerTest):
             ("temperature negative", CH, {"messages": OK, "temperature": -1}, 400),
             ("top_p 0", C, {"prompt": "hi", "top_p": 0}, 400),
             ("top_p 1.5", C, {"prompt": "hi", "top_p": 1.5}, 400),
+            ("presence_penalty 2.5", C, {"prompt": "hi", "presence_penalty": 2.5}, 400),
+            ("frequency_penalty a string", CH, {"messages": OK, "frequency_penalty": "1"}, 400),
             ("stop a number", C, {"prompt": "hi", "stop": 5}, 400),
             ("stop list with a number", C, {"prompt": "hi", "stop": ["a", 5]}, 400),
             ("stop empty string", C, {"prompt": "hi", "stop": [""]}, 400),
