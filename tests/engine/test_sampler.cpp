@@ -633,7 +633,7 @@ TEST(PenaltyIds, GeneratedCountsEqualAFreshCount) {
 
 // Model::forward_sample refuses draws it cannot run before the step (nothing is committed to the
 // cache): a count that is not the output rows', penalty ids outside the list, and a penalty slot on
-// a backend without them (the CPU backend keeps none).
+// a backend without them (the CPU backend keeps none), generated-id counts outside the list.
 TEST(ForwardSample, BadDrawsThrowBeforeTheStep) {
   Rig r;
   ASSERT_EQ(r.m.penalty_slots(), 0);
@@ -649,6 +649,10 @@ TEST(ForwardSample, BadDrawsThrowBeforeTheStep) {
   d[0].hist_off = 1, d[0].hist_len = 2;
   EXPECT_THROW(r.m.forward_sample({&st, 1}, r.cache, d, hist, out), Error);
   d[0].hist_off = 0;
+  d[0].frequency = 0.5f;
+  d[0].cnt_off = 0, d[0].cnt_len = 2;  // two (id, count) pairs need 4 entries; 2 given
+  EXPECT_THROW(r.m.forward_sample({&st, 1}, r.cache, d, hist, out), Error);
+  d[0].cnt_len = 1;
   d[0].pen_slot = 0;
   EXPECT_THROW(r.m.forward_sample({&st, 1}, r.cache, d, hist, out), Error);
   EXPECT_EQ(r.cache.length(s), 0) << "a refused step commits nothing";
