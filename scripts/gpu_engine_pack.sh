@@ -3,9 +3,10 @@
 # bench_gpu_engine, oscar) and the Debian libraries they need into two files
 # for a GPU machine that has the CUDA toolkit but not our Debian packages:
 #   .devlib.tar.xz  shared libraries (OpenBLAS, fmt, PCRE2, cpp-httplib, ...)
-#   .devbin.tar     the stripped binaries
+#   .devbin.tar.xz  the stripped binaries (~80 MB as they are: compressed, they fit the
+#                   64 MiB a device call carries)
 # On the GPU machine (docs/gpu-engine.md):
-#   mkdir -p /tmp/p && tar -C /tmp/p -xJf .devlib.tar.xz && tar -C /tmp/p -xf .devbin.tar
+#   mkdir -p /tmp/p && tar -C /tmp/p -xJf .devlib.tar.xz && tar -C /tmp/p -xJf .devbin.tar.xz
 #   export LD_LIBRARY_PATH=/tmp/p/lib:/usr/local/cuda/lib64
 #   /tmp/p/bin/test_cuda_backend && /tmp/p/bin/bench_gpu_engine --json out.json
 # On a machine with a GPU and the Debian packages, just run the binaries from build/.
@@ -22,5 +23,5 @@ for l in libfmt.so.9 libpcre2-8.so.0 libopenblas.so.0 libgfortran.so.5 libquadma
   cp -L "/lib/x86_64-linux-gnu/$l" .devpay/lib/
 done
 [[ -f .devlib.tar.xz ]] || tar -C .devpay -cJf .devlib.tar.xz lib
-tar -C .devpay -cf .devbin.tar bin
-ls -la .devlib.tar.xz .devbin.tar
+tar -C .devpay -cJf .devbin.tar.xz bin
+ls -la .devlib.tar.xz .devbin.tar.xz

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# On the GPU machine (the H200 here): unpacks what scripts/gpu_engine_pack.sh made,
+# On the GPU machine (the H200 here): unpacks what scripts/gpu_engine_pack.sh made (carry
+# .devlib.tar.xz and .devbin.tar.xz),
 # runs the CUDA kernels' and engine's tests against the CPU references and the end-to-end
 # benchmark, and leaves the logs and the JSON in $OUT (docs/gpu-engine.md).
 #
@@ -19,7 +20,7 @@ set -uo pipefail
 MODE=${1:-all}
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT" /tmp/p
-tar -C /tmp/p -xJf .devlib.tar.xz && tar -C /tmp/p -xf .devbin.tar || exit 1
+tar -C /tmp/p -xJf .devlib.tar.xz && tar -C /tmp/p -xJf .devbin.tar.xz || exit 1
 export LD_LIBRARY_PATH=/tmp/p/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.total --format=csv,noheader
 rc=0
