@@ -25,3 +25,14 @@ done
 [[ -f .devlib.tar.xz ]] || tar -C .devpay -cJf .devlib.tar.xz lib
 tar -C .devpay -cJf .devbin.tar.xz bin
 ls -la .devlib.tar.xz .devbin.tar.xz
+# WHEELS=1: the openai client and its dependencies for gpu_engine_run.sh http (the GPU machine has
+# no network), for the Python versions a GPU image may have.
+if [[ -n ${WHEELS:-} ]]; then
+  bash scripts/setup.sh
+  OPENAI_VERSION=$(sed -n 's/^OPENAI_VERSION=//p' scripts/setup.sh)
+  for v in 3.10 3.11 3.12 3.13; do
+    .venv/bin/pip download -q "openai==$OPENAI_VERSION" -d .devwheels --python-version "$v" --only-binary=:all: \
+      --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64
+  done
+  du -sh .devwheels
+fi

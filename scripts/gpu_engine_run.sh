@@ -4,13 +4,16 @@
 # runs the CUDA kernels' and engine's tests against the CPU references and the end-to-end
 # benchmark, and leaves the logs and the JSON in $OUT (docs/gpu-engine.md).
 #
-#   bash scripts/gpu_engine_run.sh [tests|bench|all|profile|rotation|penalty|mixed]     (default all)
+#   bash scripts/gpu_engine_run.sh [tests|bench|all|profile|rotation|penalty|http|mixed]     (default all)
 # profile: one decode step per configuration under Nsight Compute (per-kernel GPU
 # times, $OUT/profile.csv; summarize with python3 scripts/profile_step.py).
 # rotation: the tensor-core (3xTF32) query/key rotation's test, then the prefill A/B with it
 #   off and on (OSCAR_CUDA_ROTATE_MMA; docs/gpu-engine.md, Rerun).
 # penalty: the sampled step with a repetition penalty over 8192 distinct ids per row, penalty slots
 #   on and off (OSCAR_CUDA_PENALTY_SLOTS), after the sampling tests (docs/gpu-engine.md, Sampling).
+# http: the HTTP server's end-to-end tests (tests/serve/test_http.py) against `oscar serve --device cuda`,
+#   with OSCAR_MODEL (the default model's GGUF) and the openai client's wheels in .devwheels/
+#   (WHEELS=1 bash scripts/gpu_engine_pack.sh fetches them here).
 # mixed: serving-like steps (decode rows beside a prefill chunk) on Qwen2.5-1.5B shapes, with the
 #   calibration $CALIB if given (else a data-free Hadamard one), BF16 vs 2-bit.
 # Environment: OSCAR_MODEL (the default model's GGUF, for the real-model test),
@@ -55,6 +58,18 @@ if [[ $MODE == penalty ]]; then
       echo "penalty A/B, OSCAR_CUDA_PENALTY_SLOTS=$S, $H ids: exit $r after $(( $(date +%s) - t0 )) s"
     done
   done
+  exit $rc
+fi
+if [[ $MODE == http ]]; then
+  [[ -n ${OSCAR_MODEL:-} && -f ${OSCAR_MODEL:-} ]] || { echo "http: set OSCAR_MODEL to the default model's GGUF"; exit 2; }
+  python3 -m pip install -q --no-index --find-links .devwheels --target /tmp/pyo openai > "$OUT/http-pip.log" 2>&1 \
+    || { tail -5 "$OUT/http-pip.log"; exit 1; }
+  t0=$(date +%s)
+  PYTHONPATH=/tmp/pyo timeout 580 python3 tests/serve/test_http.py --oscar /tmp/p/bin/oscar --model "$OSCAR_MODEL" \
+    --server-args "--device cuda" --log-dir "$OUT/http-logs" > "$OUT/http.log" 2>&1
+  rc=$?
+  grep -E "^(FAIL|ERROR)|^Ran |^OK|^FAILED" "$OUT/http.log" | head -30
+  echo "HTTP tests on the GPU server: exit $rc after $(( $(date +%s) - t0 )) s"
   exit $rc
 fi
 if [[ $MODE == mixed ]]; then
