@@ -7,13 +7,13 @@
 
 namespace oscar::backend {
 
-int32_t reference_draw(const float* w, int V, float temperature, int top_k, float top_p, double u) {
+int32_t reference_draw(const float* w, int V, float temperature, int top_k, float top_p, double u, float min_p) {
   for (int i = 0; i < V; ++i)
     if (std::isnan(w[i])) return kDrawNaN;
   std::vector<int> idx(static_cast<size_t>(V));
   std::iota(idx.begin(), idx.end(), 0);
   auto by_logit = [w](int a, int b) { return w[a] > w[b] || (w[a] == w[b] && a < b); };
-  const int keep = top_k > 0 && top_k < V ? top_k : V;
+  int keep = top_k > 0 && top_k < V ? top_k : V;
   if (keep < V)
     std::partial_sort(idx.begin(), idx.begin() + keep, idx.end(), by_logit);
   else
@@ -22,7 +22,16 @@ int32_t reference_draw(const float* w, int V, float temperature, int top_k, floa
   const double inv_t = 1.0 / double(temperature);
   std::vector<double> run(static_cast<size_t>(keep));
   double c = 0;
-  for (int i = 0; i < keep; ++i) run[size_t(i)] = (c += std::exp((double(w[idx[size_t(i)]]) - w[idx[0]]) * inv_t));
+  int kept = keep;
+  for (int i = 0; i < keep; ++i) {
+    const double wi = std::exp((double(w[idx[size_t(i)]]) - w[idx[0]]) * inv_t);
+    if (min_p > 0.0f && i > 0 && !(wi >= double(min_p))) {  // min_p: the rest of the order weighs less still
+      kept = i;
+      break;
+    }
+    run[size_t(i)] = (c += wi);
+  }
+  keep = kept;
   int n = keep;
   if (top_p < 1.0f) {
     n = 0;

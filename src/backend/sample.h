@@ -5,7 +5,8 @@
 // A draw at temperature T > 0 with top_k k (0: off) and top_p p (1: off), as
 // engine::Sampler and engine::reference_sample define it:
 //   every id ordered by (logit descending, id ascending); the first k kept (all when k is 0
-//   or >= the vocabulary); weights w_i = exp((x_i - x_max) · (1 / T)) in double; top-p keeps
+//   or >= the vocabulary); weights w_i = exp((x_i - x_max) · (1 / T)) in double; with min_p
+//   only those of them with w_i >= min_p (a prefix too); top-p keeps
 //   the smallest prefix whose running weight reaches p · (sum of the kept weights); the token
 //   is the first of that prefix whose running weight exceeds u · (the prefix's weight), the
 //   last one when none does (u rounds to 1).
@@ -51,6 +52,9 @@ struct RowDraw {
   // step's id list, each id once.
   int32_t cnt_off = 0;
   int32_t cnt_len = 0;
+  // min_p (reference_draw; 0 = off). No device kernel draws such rows yet: engine::Sampler asks
+  // for kHost when it is set.
+  float min_p = 0.0f;
 };
 static_assert(sizeof(RowDraw) == 64, "RowDraw is copied to devices as it is");
 
@@ -60,9 +64,11 @@ inline constexpr int32_t kDrawNaN = -2;      // a NaN in a kSample row (argmax s
 inline constexpr int32_t kDrawSkipped = -3;  // kSkip
 
 // The specification of a kSample row (logits after any penalty, V >= 1, the fields valid:
-// T > 0, k >= 0, p in (0, 1], u in [0, 1)): every id sorted, the plain way. kDrawNaN when a
-// logit is NaN.
-int32_t reference_draw(const float* logits, int V, float temperature, int top_k, float top_p, double u);
+// T > 0, k >= 0, p in (0, 1], u in [0, 1), min_p in [0, 1]): every id sorted, the plain way.
+// kDrawNaN when a logit is NaN. min_p > 0 keeps, of the top_k, the ids whose weight is at least
+// min_p (the best's weight is 1).
+int32_t reference_draw(const float* logits, int V, float temperature, int top_k, float top_p, double u,
+                       float min_p = 0.0f);
 
 // The update of a penalty slot (a bitmap of `vocab` bits, 64 to a word) by one row: cleared when
 // `reset`, then every id of `ids` in [0, vocab) set. Adding an id twice changes nothing, so a

@@ -27,7 +27,8 @@ struct Opts {
   std::string prompt_file;  // -f: a document placed before the -p text
   std::string system;
   int n = 128;
-  float temp = 0.0f, top_p = 1.0f, repeat_penalty = 1.0f, presence_penalty = 0.0f, frequency_penalty = 0.0f;
+  float temp = 0.0f, top_p = 1.0f, min_p = 0.0f, repeat_penalty = 1.0f, presence_penalty = 0.0f,
+        frequency_penalty = 0.0f;
   int top_k = 0;
   uint64_t seed = 0;
   std::vector<std::string> stops;
@@ -64,6 +65,8 @@ const oscar::cli::Registrar reg({"generate", "Generate text from a prompt (--dev
   app.add_option("--temp", o->temp, "Temperature (0 = greedy)")->capture_default_str();
   app.add_option("--top-k", o->top_k, "Top-k (0 = off)")->capture_default_str();
   app.add_option("--top-p", o->top_p, "Top-p (1 = off)")->capture_default_str();
+  app.add_option("--min-p", o->min_p, "Min-p: keep tokens of at least this times the best one's probability (0 = off)")
+      ->capture_default_str();
   app.add_option("--repeat-penalty", o->repeat_penalty, "Repetition penalty (1 = off)")
       ->capture_default_str();
   app.add_option("--presence-penalty", o->presence_penalty,
@@ -115,7 +118,8 @@ const oscar::cli::Registrar reg({"generate", "Generate text from a prompt (--dev
     req.prompt = tok.encode(o->chat ? chat_prompt(tok, *o) : o->prompt, true);
     if (req.prompt.empty()) throw Error("the prompt encodes to no tokens");
     req.max_new_tokens = o->n;
-    req.sampling = {o->temp, o->top_k, o->top_p, o->repeat_penalty, o->seed, o->presence_penalty, o->frequency_penalty};
+    req.sampling = {o->temp, o->top_k, o->top_p, o->repeat_penalty, o->seed, o->presence_penalty, o->frequency_penalty,
+                    o->min_p};
     if (!o->ignore_eos) req.stop_tokens = tok.eos();
     req.stop_strings = o->stops;
 

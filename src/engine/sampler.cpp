@@ -23,6 +23,7 @@ void SamplingParams::validate() const {
     throw Error(fmt::format("sampling: presence_penalty {} must be in [-2, 2]", presence_penalty));
   if (!(frequency_penalty >= -2.0f && frequency_penalty <= 2.0f))
     throw Error(fmt::format("sampling: frequency_penalty {} must be in [-2, 2]", frequency_penalty));
+  if (!(min_p >= 0.0f && min_p <= 1.0f)) throw Error(fmt::format("sampling: min_p {} must be in [0, 1]", min_p));
 }
 
 Sampler::Sampler(const SamplingParams& p, int prompt_tokens)
@@ -216,7 +217,9 @@ backend::RowDraw Sampler::device_draw(double u) const {
   if (p_.temperature == 0.0f) {
     d.mode = backend::RowDraw::kArgmax;
   } else {
-    d.mode = backend::RowDraw::kSample;
+    // min_p: no device kernel has it yet (backend/sample.h), so such a row is drawn on the host.
+    d.mode = p_.min_p > 0.0f ? backend::RowDraw::kHost : backend::RowDraw::kSample;
+    d.min_p = p_.min_p;
     d.temperature = p_.temperature;
     d.top_k = p_.top_k;
     d.top_p = p_.top_p;
@@ -225,12 +228,31 @@ backend::RowDraw Sampler::device_draw(double u) const {
   return d;
 }
 
+int Sampler::min_p_count() {
+  const int V = static_cast<int>(work_.size()), nc = (V + kChunk - 1) / kChunk;
+  const double thr = double(p_.min_p);
+  chunk_kept_.resize(size_t(nc));
+  backend::cpu::parallel_for(nc, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      int n = 0;
+      for (int i = int(c) * kChunk, e = std::min(V, int(c + 1) * kChunk); i < e; ++i) n += weight(i) >= thr;
+      chunk_kept_[size_t(c)] = n;
+    }
+  });
+  int n = 0;
+  for (int c = 0; c < nc; ++c) n += chunk_kept_[size_t(c)];
+  return std::max(n, 1);
+}
+
 int Sampler::sample_u(std::span<const float> logits, std::span<const int> history, double u) {
   const int V = static_cast<int>(logits.size());
-  // The candidates: the top_k best, or every id; their total weight.
-  const int keep = p_.top_k > 0 && p_.top_k < V ? p_.top_k : V;
-  prepare(logits, history, p_.temperature == 0.0f || keep == V);
+  // The candidates: the top_k best (or every id) and, with min_p, those of at least min_p times
+  // the best's weight; their total weight.
+  int keep = p_.top_k > 0 && p_.top_k < V ? p_.top_k : V;
+  const bool min_p = p_.min_p > 0.0f && p_.temperature > 0.0f;
+  prepare(logits, history, p_.temperature == 0.0f || keep == V || min_p);
   if (p_.temperature == 0.0f) return argmax_;
+  if (min_p) keep = std::min(keep, min_p_count());
   double total = 0;
   if (keep < V) {
     sorted_prefix(INFINITY, false, keep);
@@ -260,7 +282,8 @@ std::vector<double> Sampler::probabilities(std::span<const float> logits,
     p[size_t(argmax_)] = 1.0;
     return p;
   }
-  const int keep = p_.top_k > 0 && p_.top_k < V ? p_.top_k : V;
+  int keep = p_.top_k > 0 && p_.top_k < V ? p_.top_k : V;
+  if (p_.min_p > 0.0f) keep = std::min(keep, min_p_count());
   sorted_prefix(INFINITY, false, keep);
   int n = keep;
   if (p_.top_p < 1.0f) n = sorted_prefix(double(p_.top_p) * cum_[size_t(keep) - 1], false, keep);
@@ -298,7 +321,7 @@ int reference_sample(const SamplingParams& p, std::mt19937_64& rng, std::span<co
     return best;
   }
   const double u = std::uniform_real_distribution<double>(0.0, 1.0)(rng);
-  return backend::reference_draw(w.data(), V, p.temperature, p.top_k, p.top_p, u);
+  return backend::reference_draw(w.data(), V, p.temperature, p.top_k, p.top_p, u, p.min_p);
 }
 
 void sample_rows(std::span<SampleJob> jobs) {

@@ -2,7 +2,11 @@
 //
 // Order of the transforms (as Hugging Face's generate applies them, with vLLM's presence and
 // frequency penalties after the repetition penalty):
-//   repetition penalty -> presence / frequency penalties -> temperature -> top-k -> top-p -> draw.
+//   repetition penalty -> presence / frequency penalties -> temperature -> top-k and min-p -> top-p
+//   -> draw.
+// min_p (vLLM's and llama.cpp's) keeps the ids whose probability is at least min_p times the
+// best one's; with top-k it keeps the shorter of the two prefixes (both are prefixes of the
+// descending order), and top-p takes its share of what they keep.
 // The repetition penalty acts on every token seen (prompt + generated), the presence and
 // frequency penalties on the generated ones only (vLLM's and SGLang's reading of OpenAI's "the
 // text so far"): an id generated c > 0 times loses frequency_penalty · c + presence_penalty.
@@ -37,6 +41,7 @@ struct SamplingParams {
   uint64_t seed = 0;
   float presence_penalty = 0.0f;   // OpenAI's, in [-2, 2]: minus this once per generated id
   float frequency_penalty = 0.0f;  // OpenAI's, in [-2, 2]: minus this per occurrence of a generated id
+  float min_p = 0.0f;              // in [0, 1]; 0 = off
   // Validates ranges; throws oscar::Error naming the bad field.
   void validate() const;
 };
@@ -77,6 +82,8 @@ class Sampler {
   void select_best(int M);
   // Σ weight(i) over the vocabulary.
   double total_weight();
+  // Ids whose weight is at least min_p (the max known; at least 1).
+  int min_p_count();
 
   SamplingParams p_;
   int prompt_tokens_ = 0;

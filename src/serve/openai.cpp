@@ -165,6 +165,7 @@ CompletionRequest parse_completion_request(const std::string& body, bool chat) {
   number(j, "n", r.n, 1, kMaxChoices);
   if (r.prompts.size() * size_t(r.n) > size_t(kMaxChoices) * 4)
     throw bad("n", fmt::format("{} prompts × n = {} is more than {} choices", r.prompts.size(), r.n, kMaxChoices * 4));
+  number(j, "min_p", r.sampling.min_p, 0, 1);
   number(j, "presence_penalty", r.sampling.presence_penalty, -2, 2);
   number(j, "frequency_penalty", r.sampling.frequency_penalty, -2, 2);
   if (chat) {

@@ -166,6 +166,76 @@ TEST(Sampler, PresenceAndFrequencyDrawsEqualTheReference) {
   EXPECT_EQ(draws, 3 * 3 * 2 * 2 * 2 * 4 * 4);
 }
 
+// min_p keeps the ids of at least min_p times the best one's probability (at the temperature),
+// before top-p; with top-k the shorter prefix. A device draws no such row yet: device_draw asks
+// for the host.
+TEST(Sampler, MinPKeepsTokensNearTheBest) {
+  SamplingParams p;
+  p.temperature = 1.0f;
+  p.min_p = 0.5f;  // weights relative to the best (3.0): ids 1, 3: 1; 2: e^-1 = 0.37; the rest less
+  auto pr = Sampler(p).probabilities(kLogits, {});
+  EXPECT_NEAR(pr[1], 0.5, 1e-12);
+  EXPECT_NEAR(pr[3], 0.5, 1e-12);
+  for (int i : {0, 2, 4, 5}) EXPECT_EQ(pr[size_t(i)], 0.0) << i;
+  p.min_p = 0.3f;  // id 2 joins
+  pr = Sampler(p).probabilities(kLogits, {});
+  const double z = 2 + std::exp(-1.0);
+  EXPECT_NEAR(pr[2], std::exp(-1.0) / z, 1e-12);
+  EXPECT_EQ(pr[0], 0.0);
+  p.temperature = 2.0f;  // at T 2 id 2 weighs e^-0.5 = 0.61, id 0 e^-1 = 0.37: both kept at 0.3
+  pr = Sampler(p).probabilities(kLogits, {});
+  EXPECT_GT(pr[0], 0.0);
+  EXPECT_EQ(pr[4], 0.0);
+  p.top_k = 2;  // the shorter prefix: top-k's
+  pr = Sampler(p).probabilities(kLogits, {});
+  EXPECT_NEAR(pr[1] + pr[3], 1.0, 1e-12);
+  p.top_k = 0;
+  p.min_p = 1.0f;  // only the ties of the best: every draw is 1 or 3
+  Sampler one(p);
+  for (int i = 0; i < 50; ++i) {
+    const int t = one.sample(kLogits, {});
+    EXPECT_TRUE(t == 1 || t == 3) << t;
+  }
+  EXPECT_EQ(Sampler(p).device_draw(0.5).mode, backend::RowDraw::kHost);
+  p.temperature = 0.0f;
+  EXPECT_EQ(Sampler(p).device_draw(0.5).mode, backend::RowDraw::kArgmax);
+  for (float bad : {-0.1f, 1.5f, NAN}) {
+    SamplingParams q;
+    q.min_p = bad;
+    EXPECT_THROW(Sampler{q}, Error) << bad;
+  }
+}
+
+// The Sampler with min_p equals the reference draw token for token, over temperatures, top-k,
+// top-p, and flat, peaked and tied logits.
+TEST(Sampler, MinPDrawsEqualTheReference) {
+  std::mt19937 rng(12);
+  int draws = 0;
+  for (int V : {7, 1000, 20000})
+    for (int shape = 0; shape < 3; ++shape) {
+      std::vector<float> l(static_cast<size_t>(V));
+      std::normal_distribution<float> nd(0.0f, shape == 1 ? 1.0f : 3.0f);
+      for (float& x : l) x = nd(rng);
+      if (shape == 1) l[size_t(V / 2)] = 6.0f;
+      if (shape == 2)
+        for (float& x : l) x = std::round(x);
+      for (float T : {0.5f, 1.0f, 1.6f})
+        for (int k : {0, 3, 200})
+          for (float top_p : {1.0f, 0.8f})
+            for (float mp : {0.01f, 0.1f, 0.5f, 1.0f}) {
+              SamplingParams p{T, k, top_p, 1.0f, uint64_t(300 + draws)};
+              p.min_p = mp;
+              Sampler s(p);
+              std::mt19937_64 ref_rng(p.seed);
+              for (int d = 0; d < 3; ++d, ++draws)
+                ASSERT_EQ(s.sample(l, {}), reference_sample(p, ref_rng, l, {}))
+                    << "V " << V << " shape " << shape << " T " << T << " k " << k << " top_p " << top_p << " min_p "
+                    << mp;
+            }
+    }
+  EXPECT_EQ(draws, 3 * 3 * 3 * 3 * 2 * 4 * 3);
+}
+
 TEST(Sampler, SameSeedSameTokensAndFrequenciesFollowProbabilities) {
   SamplingParams p;
   p.temperature = 1.0f;

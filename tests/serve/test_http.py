@@ -772,6 +772,17 @@ class TestLogprobsAndChoices(ServerTest):
         again = self.post(self.C, dict(body, frequency_penalty=F, presence_penalty=P))["choices"][0]
         self.assertEqual(again["text"], pen["text"])
 
+    def test_min_p_one_is_greedy(self):
+        """min_p 1 keeps only the best token (and its exact ties): at any temperature and seed the
+        output is the greedy one; a min_p above 1 is a 400."""
+        body = {"prompt": "The capital of France is", "max_tokens": 16, "ignore_eos": True}
+        greedy = self.post(self.C, dict(body, temperature=0))["choices"][0]["text"]
+        for seed in (1, 2):
+            got = self.post(self.C, dict(body, temperature=1.5, min_p=1.0, seed=seed))["choices"][0]["text"]
+            self.assertEqual(got, greedy)
+        status, _ = MAIN.post_json(self.C, dict(body, min_p=1.5))
+        self.assertEqual(status, 400)
+
     def test_unseeded_sampled_requests_differ(self):
         body = {"prompt": "The", "max_tokens": 24, "temperature": 2.0, "ignore_eos": True}
         a = self.post(self.C, body)["choices"][0]["text"]

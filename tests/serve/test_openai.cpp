@@ -55,13 +55,15 @@ TEST(OpenAiRequest, LogprobsEchoAndNParse) {
 }
 
 // OpenAI's presence / frequency penalties reach the sampling parameters, in [-2, 2]; the
-// repetition penalty (an extension) beside them.
+// repetition penalty and min_p (extensions) beside them.
 TEST(OpenAiRequest, PenaltiesParse) {
   auto c = parse_completion_request(
       R"({"prompt": "hi", "presence_penalty": 0.6, "frequency_penalty": -1.5, "repetition_penalty": 1.2})", false);
   EXPECT_FLOAT_EQ(c.sampling.presence_penalty, 0.6f);
   EXPECT_FLOAT_EQ(c.sampling.frequency_penalty, -1.5f);
   EXPECT_FLOAT_EQ(c.sampling.repetition_penalty, 1.2f);
+  EXPECT_FLOAT_EQ(parse_completion_request(R"({"prompt": "hi", "min_p": 0.05})", false).sampling.min_p, 0.05f);
+  EXPECT_EQ(status_of(R"({"prompt": "hi", "min_p": 1.5})", false), 400);
   auto z = parse_completion_request(R"({"prompt": "hi", "presence_penalty": null})", false);
   EXPECT_EQ(z.sampling.presence_penalty, 0.0f);
   EXPECT_EQ(z.sampling.frequency_penalty, 0.0f);

@@ -308,8 +308,8 @@ __global__ void __launch_bounds__(kSampleThreads) sample_rows_k(const float* __r
     }
     __syncthreads();
   }
-  if (d.mode == RowDraw::kSkip || d.mode == RowDraw::kHost) {
-    if (tid == 0) out[row] = d.mode == RowDraw::kSkip ? kDrawSkipped : kDrawHost;
+  if (d.mode == RowDraw::kSkip || d.mode == RowDraw::kHost || (d.mode == RowDraw::kSample && d.min_p > 0.0f)) {
+    if (tid == 0) out[row] = d.mode == RowDraw::kSkip ? kDrawSkipped : kDrawHost;  // (min_p: not here yet)
     return;
   }
   const float* x = logits + int64_t(row) * V;
