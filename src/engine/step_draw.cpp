@@ -25,7 +25,12 @@ void PenaltyIds::begin_step() {
 }
 
 PenaltyIds::Entry& PenaltyIds::update(Entry& r, std::span<const int> history, int vocab, bool force_reset) {
+  // The same history again in this step (row() then generated() for one sampler): nothing new.
+  if (!force_reset && r.step == step_ && r.vocab == vocab && history.data() == r.seen_data &&
+      history.size() == r.seen.size())
+    return r;
   r.step = step_;
+  r.seen_data = history.data();
   const bool extends = !force_reset && r.vocab == vocab && r.seen.size() <= history.size() &&
                        std::equal(r.seen.begin(), r.seen.end(), history.begin());
   if (!extends) {
@@ -37,11 +42,11 @@ PenaltyIds::Entry& PenaltyIds::update(Entry& r, std::span<const int> history, in
     ++r.epoch;
     if (r.gen_from >= 0) {
       if (r.vocab != vocab) {
-        r.gen_count.assign(size_t(std::max(vocab, 0)), 0);
+        r.gen_pos.assign(size_t(std::max(vocab, 0)), 0);
       } else {
-        for (int32_t t : r.gen_ids) r.gen_count[size_t(t)] = 0;
+        for (size_t j = 0; j < r.gen_pairs.size(); j += 2) r.gen_pos[size_t(r.gen_pairs[j])] = 0;
       }
-      r.gen_ids.clear();
+      r.gen_pairs.clear();
     }
     r.vocab = vocab;
   }
@@ -51,7 +56,15 @@ PenaltyIds::Entry& PenaltyIds::update(Entry& r, std::span<const int> history, in
     uint64_t& w = r.bits[size_t(t) / 64];
     const uint64_t bit = uint64_t(1) << (t % 64);
     if (!(w & bit)) w |= bit, r.distinct.push_back(t);
-    if (r.gen_from >= 0 && i >= size_t(r.gen_from) && r.gen_count[size_t(t)]++ == 0) r.gen_ids.push_back(t);
+    if (r.gen_from >= 0 && i >= size_t(r.gen_from)) {
+      int32_t& at = r.gen_pos[size_t(t)];
+      if (at == 0) {
+        r.gen_pairs.push_back(t), r.gen_pairs.push_back(1);
+        at = int32_t(r.gen_pairs.size() / 2);
+      } else {
+        ++r.gen_pairs[2 * size_t(at - 1) + 1];
+      }
+    }
   }
   r.seen.insert(r.seen.end(), history.begin() + std::ptrdiff_t(r.seen.size()), history.end());
   return r;
@@ -115,13 +128,10 @@ std::span<const int32_t> PenaltyIds::generated(const void* key, std::span<const 
   const bool start = r.gen_from != prompt_tokens;  // counting starts (or from another point): from scratch
   if (start) {
     r.gen_from = prompt_tokens;
-    r.gen_count.assign(size_t(std::max(vocab, 0)), 0);
-    r.gen_ids.clear();
+    r.gen_pos.assign(size_t(std::max(vocab, 0)), 0);
+    r.gen_pairs.clear();
   }
-  update(r, history, vocab, start);
-  scratch_.clear();
-  for (int32_t t : r.gen_ids) scratch_.push_back(t), scratch_.push_back(int32_t(r.gen_count[size_t(t)]));
-  return scratch_;
+  return update(r, history, vocab, start).gen_pairs;
 }
 
 void StepDrawer::run(model::Model& m, std::span<const model::SeqStep> steps, kv::KvCache& cache,
@@ -139,6 +149,14 @@ void StepDrawer::run(model::Model& m, std::span<const model::SeqStep> steps, kv:
     j.u = j.sampler->next_u();
     backend::RowDraw& d = draws_[size_t(j.row)];
     d = j.sampler->device_draw(j.u);
+    // The generated ids' counts (presence / frequency penalties; first: a sampler's first counting
+    // step takes its history from scratch, before row() sends anything to its slot).
+    if (j.sampler->counts_generated()) {
+      const std::span<const int32_t> c = penalty_ids_.generated(j.sampler, j.history, j.sampler->prompt_tokens(), V);
+      d.cnt_off = static_cast<int32_t>(hist_.size());
+      hist_.insert(hist_.end(), c.begin(), c.end());
+      d.cnt_len = static_cast<int32_t>(c.size() / 2);
+    }
     if (d.penalty != 1.0f) {  // the history's distinct ids (the penalty acts once per id), or those new to its slot
       const PenaltyIds::Row p = penalty_ids_.row(j.sampler, j.history, V, slots);
       d.hist_off = static_cast<int32_t>(hist_.size());
@@ -146,12 +164,6 @@ void StepDrawer::run(model::Model& m, std::span<const model::SeqStep> steps, kv:
       d.hist_len = static_cast<int32_t>(p.ids.size());
       d.pen_slot = p.slot;
       d.pen_reset = p.reset ? 1 : 0;
-    }
-    if (j.sampler->counts_generated()) {  // the generated ids' counts (presence / frequency penalties)
-      const std::span<const int32_t> c = penalty_ids_.generated(j.sampler, j.history, j.sampler->prompt_tokens(), V);
-      d.cnt_off = static_cast<int32_t>(hist_.size());
-      hist_.insert(hist_.end(), c.begin(), c.end());
-      d.cnt_len = static_cast<int32_t>(c.size() / 2);
     }
     j.token = -1;
     j.error.clear();

@@ -49,7 +49,7 @@ class PenaltyIds {
   };
 
   // Starts a step: keys not used since the last begin_step are dropped (finished requests), and
-  // their slots freed.
+  // their slots freed. Within a step a history is not changed between the calls that pass it.
   void begin_step();
   // The distinct ids in [0, vocab) of `history`, for the sampler `key`; valid until the next call.
   std::span<const int32_t> distinct(const void* key, std::span<const int> history, int vocab);
@@ -67,6 +67,7 @@ class PenaltyIds {
  private:
   struct Entry {
     std::vector<int> seen;          // the history this row was computed from
+    const int* seen_data = nullptr;  // where the caller's copy of it was in this step
     std::vector<int32_t> distinct;  // its distinct ids in order
     std::vector<uint64_t> bits;     // [vocab / 64] the ids in `distinct`
     int vocab = 0;
@@ -78,14 +79,14 @@ class PenaltyIds {
     uint64_t epoch = 0;           // + 1 whenever the history is taken from scratch
     uint64_t pending_epoch = 0;   // ... when row() ran (commit skips an entry reset since)
     int gen_from = -1;            // counting history[gen_from, end) (-1: not counting)
-    std::vector<uint32_t> gen_count;  // [vocab] when counting
-    std::vector<int32_t> gen_ids;     // the counted ids in order
+    std::vector<int32_t> gen_pairs;   // (id, count) of the counted ids, in first-occurrence order
+    std::vector<int32_t> gen_pos;     // [vocab] when counting: 1 + the id's pair, or 0
   };
   Entry& update(Entry& r, std::span<const int> history, int vocab, bool force_reset = false);
 
   std::unordered_map<const void*, Entry> rows_;
   std::vector<char> slot_used_;   // [slot] taken by a key
-  std::vector<int32_t> scratch_;  // a second row of one key in a step; generated()'s pairs
+  std::vector<int32_t> scratch_;  // a second row of one key in a step
   std::vector<Entry*> pending_;   // the entries row() gave a slot to in this step
   uint64_t step_ = 0;
 };
