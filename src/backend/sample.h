@@ -52,9 +52,7 @@ struct RowDraw {
   // step's id list, each id once.
   int32_t cnt_off = 0;
   int32_t cnt_len = 0;
-  // min_p (reference_draw; 0 = off). No device kernel draws such rows yet: engine::Sampler asks
-  // for kHost when it is set.
-  float min_p = 0.0f;
+  float min_p = 0.0f;  // min_p (reference_draw; 0 = off)
 };
 static_assert(sizeof(RowDraw) == 64, "RowDraw is copied to devices as it is");
 

@@ -217,8 +217,7 @@ backend::RowDraw Sampler::device_draw(double u) const {
   if (p_.temperature == 0.0f) {
     d.mode = backend::RowDraw::kArgmax;
   } else {
-    // min_p: no device kernel has it yet (backend/sample.h), so such a row is drawn on the host.
-    d.mode = p_.min_p > 0.0f ? backend::RowDraw::kHost : backend::RowDraw::kSample;
+    d.mode = backend::RowDraw::kSample;
     d.min_p = p_.min_p;
     d.temperature = p_.temperature;
     d.top_k = p_.top_k;

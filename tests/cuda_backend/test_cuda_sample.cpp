@@ -328,6 +328,54 @@ TEST(CudaSample, PresenceAndFrequencyEqualTheReference) {
   }
 }
 
+// min_p: rows of every kind over vocabularies from 7 to the Qwen size, with top-k and top-p beside
+// it, each token equal to the reference draw with the same min_p (a prefix of the order: the ids
+// of weight >= min_p); kDrawHost only where the plain draw allows it (a flat row of a large
+// vocabulary).
+TEST(CudaSample, MinPEqualsTheReference) {
+  SKIP_WITHOUT_GPU();
+  auto gpu = backend::make_cuda_backend({backend::WeightDtype::kF32, 0});
+  std::mt19937_64 rng(41);
+  std::uniform_real_distribution<double> uni(0.0, 1.0);
+  const std::vector<float> mps = {0.01f, 0.05f, 0.2f, 0.5f, 1.0f};
+  for (int V : {7, 1000, 32000, 151936}) {
+    SCOPED_TRACE("V " + std::to_string(V));
+    const int rows = 30;
+    const auto l = logits_rows(rows, V, 700 + V);
+    auto dl = gpu->alloc(l.size());
+    gpu->from_host(l.data(), dl->data(), l.size());
+    int checked = 0;
+    for (int round = 0; round < 4; ++round) {
+      std::vector<RowDraw> d(rows);
+      for (int r = 0; r < rows; ++r) {
+        RowDraw& q = d[size_t(r)];
+        q.mode = RowDraw::kSample;
+        q.min_p = mps[size_t(r + round) % mps.size()];
+        q.temperature = 0.4f + 0.4f * float((r + round) % 3);
+        q.top_k = (r + round) % 4 == 1 ? 5 : 0;
+        q.top_p = (r + round) % 3 == 2 ? 0.9f : 1.0f;
+        q.u = uni(rng);
+      }
+      std::vector<int32_t> got(rows, 12345);
+      gpu->sample_rows(dl->data(), rows, V, d.data(), nullptr, 0, got.data());
+      for (int r = 0; r < rows; ++r) {
+        const RowDraw& q = d[size_t(r)];
+        SCOPED_TRACE("round " + std::to_string(round) + " row " + std::to_string(r) + " kind " + std::to_string(r % 6) +
+                     " min_p " + std::to_string(q.min_p));
+        const float* x = l.data() + size_t(r) * V;
+        if (got[size_t(r)] == backend::kDrawHost) {
+          const bool degenerate = std::all_of(x, x + V, [](float v) { return std::isinf(v); });
+          EXPECT_TRUE(degenerate || (V > 8192 && r % 6 != 0 && r % 6 != 4)) << "left to the host";
+          continue;
+        }
+        ASSERT_EQ(got[size_t(r)], backend::reference_draw(x, V, q.temperature, q.top_k, q.top_p, q.u, q.min_p));
+        ++checked;
+      }
+    }
+    EXPECT_GT(checked, 60);
+  }
+}
+
 // A NaN fails a sampled row (kDrawNaN) and only that row; argmax skips NaN as argmax_rows does.
 TEST(CudaSample, NaNFailsOnlyItsRow) {
   SKIP_WITHOUT_GPU();
@@ -362,7 +410,8 @@ TEST(CudaSample, EngineStepDrawsOnTheDevice) {
   auto cache = kv::make_method_cache({}, m.cache_shape(16), 4096, false, be->page_store_factory());
   const std::vector<engine::SamplingParams> ps = {
       {}, {0.8f, 0, 0.9f, 1.0f, 5}, {1.0f, 40, 1.0f, 1.0f, 6}, {0.7f, 0, 0.95f, 1.2f, 7}, {1.0f, 0, 1.0f, 1.0f, 8},
-      {0.0f, 0, 1.0f, 1.3f, 9}, {0.7f, 0, 0.95f, 1.2f, 10, 0.4f, 0.6f}, {0.0f, 0, 1.0f, 1.0f, 11, 1.0f, 0.5f}};
+      {0.0f, 0, 1.0f, 1.3f, 9}, {0.7f, 0, 0.95f, 1.2f, 10, 0.4f, 0.6f}, {0.0f, 0, 1.0f, 1.0f, 11, 1.0f, 0.5f},
+      {1.0f, 0, 0.9f, 1.0f, 12, 0.0f, 0.0f, 0.05f}};
   const int S = int(ps.size()), V = c.vocab_size;
   std::vector<engine::Sampler> samplers(ps.begin(), ps.end());
   std::vector<std::vector<int>> hist(static_cast<size_t>(S));
@@ -401,7 +450,7 @@ TEST(CudaSample, EngineStepDrawsOnTheDevice) {
       } else if (p.temperature == 0.0f) {
         want = int(std::max_element(row.begin(), row.end()) - row.begin());
       } else {
-        want = backend::reference_draw(row.data(), V, p.temperature, p.top_k, p.top_p, j.u);
+        want = backend::reference_draw(row.data(), V, p.temperature, p.top_k, p.top_p, j.u, p.min_p);
       }
       ASSERT_EQ(j.token, want) << "sequence " << j.row << " step " << step;
     }

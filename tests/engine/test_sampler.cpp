@@ -167,8 +167,7 @@ TEST(Sampler, PresenceAndFrequencyDrawsEqualTheReference) {
 }
 
 // min_p keeps the ids of at least min_p times the best one's probability (at the temperature),
-// before top-p; with top-k the shorter prefix. A device draws no such row yet: device_draw asks
-// for the host.
+// before top-p; with top-k the shorter prefix; a backend draws it (device_draw carries it).
 TEST(Sampler, MinPKeepsTokensNearTheBest) {
   SamplingParams p;
   p.temperature = 1.0f;
@@ -196,7 +195,8 @@ TEST(Sampler, MinPKeepsTokensNearTheBest) {
     const int t = one.sample(kLogits, {});
     EXPECT_TRUE(t == 1 || t == 3) << t;
   }
-  EXPECT_EQ(Sampler(p).device_draw(0.5).mode, backend::RowDraw::kHost);
+  EXPECT_EQ(Sampler(p).device_draw(0.5).mode, backend::RowDraw::kSample);
+  EXPECT_EQ(Sampler(p).device_draw(0.5).min_p, 1.0f);
   p.temperature = 0.0f;
   EXPECT_EQ(Sampler(p).device_draw(0.5).mode, backend::RowDraw::kArgmax);
   for (float bad : {-0.1f, 1.5f, NAN}) {

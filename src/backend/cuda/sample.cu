@@ -14,7 +14,9 @@
 //      exact weight of every bucket before the window (summed in a fixed order). If the point
 //      is not inside the window, the next window (twice as wide) lies towards it.
 // The presence and frequency penalties (backend/sample.h) are applied once, into a copy of the row
-// (adj) that the passes then read. A repetition penalty is applied as each logit is read: the row's distinct
+// (adj) that the passes then read. min_p keeps the ids of weight >= min_p, a prefix of the order
+// counted in the weights pass and taken as top_k's is (the shorter of the two). A repetition
+// penalty is applied as each logit is read: the row's distinct
 // history ids are a bitmap in shared memory, built from the call's list or copied from the row's
 // penalty slot (a bitmap in global memory, kept from call to call; the call's list updates it
 // first). A window of more than kCand ids (a row so flat that
@@ -308,8 +310,8 @@ __global__ void __launch_bounds__(kSampleThreads) sample_rows_k(const float* __r
     }
     __syncthreads();
   }
-  if (d.mode == RowDraw::kSkip || d.mode == RowDraw::kHost || (d.mode == RowDraw::kSample && d.min_p > 0.0f)) {
-    if (tid == 0) out[row] = d.mode == RowDraw::kSkip ? kDrawSkipped : kDrawHost;  // (min_p: not here yet)
+  if (d.mode == RowDraw::kSkip || d.mode == RowDraw::kHost) {
+    if (tid == 0) out[row] = d.mode == RowDraw::kSkip ? kDrawSkipped : kDrawHost;
     return;
   }
   const float* x = logits + int64_t(row) * V;
@@ -396,15 +398,19 @@ __global__ void __launch_bounds__(kSampleThreads) sample_rows_k(const float* __r
   for (int b = tid; b < kBuckets; b += kSampleThreads) s.cum_cnt[b] = 0, s.cum_mass[b] = 0.0f;
   __syncthreads();
   double local = 0;
+  const double min_p = d.min_p;
+  int above_min_p = 0;  // ids of weight >= min_p (min_p > 0): a prefix of the order, as top_k's
   for (int i = tid; i < V; i += kSampleThreads) {
     const float v = load(r, i);
     const double w = weight_of(v, m, r.inv_t);
     local += w;
+    above_min_p += w >= min_p;
     const int b = bucket_of(v, m, r.inv_t);
     atomicAdd(&s.cum_cnt[b], 1);
     if (b < kBuckets - 1) atomicAdd(&s.cum_mass[b], float(w));
   }
   const double total = block_sum(local, s);
+  const int n_min_p = min_p > 0.0 ? max(1, int(block_sum(double(above_min_p), s))) : V;
   {  // counts and masses -> running counts and masses
     int c[kPer], c_sum = 0;
     float ms[kPer], m_sum = 0;
@@ -422,7 +428,7 @@ __global__ void __launch_bounds__(kSampleThreads) sample_rows_k(const float* __r
   }
 
   // 3. The points of the draw.
-  const int keep = d.top_k > 0 && d.top_k < V ? d.top_k : V;
+  const int keep = min(d.top_k > 0 && d.top_k < V ? d.top_k : V, n_min_p);
   double kept_total = total;
   if (keep < V) {  // the weight through rank keep - 1
     const Point k = at_rank(r, keep - 1, s);
