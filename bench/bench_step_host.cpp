@@ -3,8 +3,9 @@
 // the cache's tables (KvCache::make_batch), the rows' placement (KvCache::place), the CUDA
 // decode plan (kernels::cuda::plan_decode, host code), and the penalty bookkeeping of the
 // engine's step (engine::PenaltyIds: the repetition penalty's ids with penalty slots and as
-// whole lists, the presence / frequency penalties' counts), each row's history growing by one
-// token a step as in serving.
+// whole lists, the presence / frequency penalties' counts; each with the histories compared with
+// the ones kept, and as the scheduler runs them, on its promise that they only grow), each row's
+// history growing by one token a step as in serving.
 //
 //   bench_step_host [--steps N] [--history N]
 //
@@ -52,7 +53,8 @@ int main(int argc, char** argv) {
               "heads; penalties: %d-id histories, vocabulary %d)\n\n",
               steps, kSms, kKvHeads, history, kVocab);
   std::printf("| batch × context | make_batch | place | plan_decode | penalty ids, slots | penalty ids, whole "
-              "lists (ids sent) | generated counts (pairs sent) |\n|---|---|---|---|---|---|---|\n");
+              "lists (ids sent) | generated counts (pairs sent) | counts + ids (slots), appending |\n"
+              "|---|---|---|---|---|---|---|---|\n");
   for (auto [B, C] : std::vector<std::pair<int, int>>{{1, 102400}, {8, 32768}, {64, 32768}, {128, 8192}}) {
     auto cache = kv::make_method_cache(method, shape, int64_t(B) * (C + steps + 256));
     std::vector<float> k(size_t(64) * 64, 0.1f), v(k);
@@ -65,14 +67,14 @@ int main(int argc, char** argv) {
     std::vector<std::vector<int>> hist(static_cast<size_t>(B));
     for (int b = 0; b < B; ++b)
       for (int j = 0; j < history; ++j) hist[size_t(b)].push_back(int((int64_t(j) * 7919 + b * 31) % kVocab));
-    engine::PenaltyIds slots_ids, whole_ids, counts;
+    engine::PenaltyIds slots_ids, whole_ids, counts, sched;
     kv::KvBatch batch;
     backend::RowPlacement rows;
     std::vector<int> lens(static_cast<size_t>(B));
-    double t_batch = 0, t_place = 0, t_plan = 0, t_slots = 0, t_whole = 0, t_counts = 0;
+    double t_batch = 0, t_place = 0, t_plan = 0, t_slots = 0, t_whole = 0, t_counts = 0, t_sched = 0;
     int64_t sent_whole = 0, sent_pairs = 0;
     for (int s = -1; s < steps; ++s) {  // step -1: the requests' first (ids, counts taken whole), not timed
-      if (s == 0) t_batch = t_place = t_plan = t_slots = t_whole = t_counts = 0, sent_whole = sent_pairs = 0;
+      if (s == 0) t_batch = t_place = t_plan = t_slots = t_whole = t_counts = t_sched = 0, sent_whole = sent_pairs = 0;
       for (int b = 0; b < B; ++b) {
         cache->reserve(seqs[size_t(b)], 1);
         lens[size_t(b)] = cache->length(seqs[size_t(b)]) + 1;
@@ -93,7 +95,7 @@ int main(int argc, char** argv) {
       t_plan += us_since(t0);
       if (plan.num_chunks <= 0) std::fprintf(stderr, "no plan\n");
       // Penalties: every row penalized, its history one token longer than the step before.
-      slots_ids.begin_step(), whole_ids.begin_step(), counts.begin_step();
+      slots_ids.begin_step(), whole_ids.begin_step(), counts.begin_step(), sched.begin_step();
       t0 = Clock::now();
       for (int b = 0; b < B; ++b) (void)slots_ids.row(&hist[size_t(b)], hist[size_t(b)], kVocab, 4096);
       slots_ids.commit();
@@ -105,14 +107,21 @@ int main(int argc, char** argv) {
       for (int b = 0; b < B; ++b)
         sent_pairs += int64_t(counts.generated(&hist[size_t(b)], hist[size_t(b)], history * 3 / 4, kVocab).size() / 2);
       t_counts += us_since(t0);
+      t0 = Clock::now();  // the engine's step for a sampler with both: counts, then ids (slots), appends
+      for (int b = 0; b < B; ++b) {
+        (void)sched.generated(&hist[size_t(b)], hist[size_t(b)], history * 3 / 4, kVocab, uint64_t(b + 1), true);
+        (void)sched.row(&hist[size_t(b)], hist[size_t(b)], kVocab, 4096, uint64_t(b + 1), true);
+      }
+      sched.commit();
+      t_sched += us_since(t0);
       for (int b = 0; b < B; ++b) {
         cache->commit(seqs[size_t(b)], 1);
         hist[size_t(b)].push_back(int((int64_t(s + 1) * 104729 + b) % kVocab));
       }
     }
-    std::printf("| %d × %d | %.1f µs | %.1f µs | %.1f µs | %.1f µs | %.1f µs (%lld) | %.1f µs (%lld) |\n", B, C,
-                t_batch / steps, t_place / steps, t_plan / steps, t_slots / steps, t_whole / steps,
-                (long long)(sent_whole / steps), t_counts / steps, (long long)(sent_pairs / steps));
+    std::printf("| %d × %d | %.1f µs | %.1f µs | %.1f µs | %.1f µs | %.1f µs (%lld) | %.1f µs (%lld) | %.1f µs |\n", B,
+                C, t_batch / steps, t_place / steps, t_plan / steps, t_slots / steps, t_whole / steps,
+                (long long)(sent_whole / steps), t_counts / steps, (long long)(sent_pairs / steps), t_sched / steps);
     std::fflush(stdout);
   }
   return 0;

@@ -129,6 +129,7 @@ std::vector<Result> Generator::run(std::span<const Request> reqs, const OnText& 
         jobs[k].sampler = &L.sampler;
         jobs[k].history = L.history;
         jobs[k].row = static_cast<int>(rows[k]);
+        jobs[k].appends = true;  // a request's history only grows
       }
       drawer.run(m_, steps, cache_, jobs);
       for (const SampleJob& j : jobs)

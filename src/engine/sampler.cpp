@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <numeric>
 
@@ -29,6 +30,8 @@ void SamplingParams::validate() const {
 Sampler::Sampler(const SamplingParams& p, int prompt_tokens)
     : p_(p), prompt_tokens_(std::max(prompt_tokens, 0)), rng_(p.seed) {
   p_.validate();
+  static std::atomic<uint64_t> next_serial{1};
+  serial_ = next_serial.fetch_add(1, std::memory_order_relaxed);
 }
 
 // The passes over the whole vocabulary run in fixed chunks of kChunk ids on the CPU pool

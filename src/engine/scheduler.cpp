@@ -376,6 +376,7 @@ bool Scheduler::step() {
       job_of_[r] = static_cast<int>(jobs_.size());
       const int last = first_row[r] + (steps[r].all_logits ? plan[r].n : 1) - 1;
       jobs_.push_back({&s.sampler, {}, s.history, -1, {}, last});
+      jobs_.back().appends = true;  // a request's history only grows
     }
   }
   const auto t0 = Clock::now();

@@ -24,15 +24,19 @@ void PenaltyIds::begin_step() {
   ++step_;
 }
 
-PenaltyIds::Entry& PenaltyIds::update(Entry& r, std::span<const int> history, int vocab, bool force_reset) {
+PenaltyIds::Entry& PenaltyIds::update(Entry& r, std::span<const int> history, int vocab, bool force_reset,
+                                      uint64_t identity, bool appends) {
+  if (identity != r.identity) force_reset = true, r.identity = identity;  // another owner at this key
   // The same history again in this step (row() then generated() for one sampler): nothing new.
   if (!force_reset && r.step == step_ && r.vocab == vocab && history.data() == r.seen_data &&
       history.size() == r.seen.size())
     return r;
   r.step = step_;
   r.seen_data = history.data();
-  const bool extends = !force_reset && r.vocab == vocab && r.seen.size() <= history.size() &&
-                       std::equal(r.seen.begin(), r.seen.end(), history.begin());
+  const bool extends =
+      !force_reset && r.vocab == vocab && r.seen.size() <= history.size() &&
+      (appends ? r.seen.empty() || history[r.seen.size() - 1] == r.seen.back()  // (the caller's promise)
+               : std::equal(r.seen.begin(), r.seen.end(), history.begin()));
   if (!extends) {
     r.seen.clear();
     r.distinct.clear();
@@ -74,9 +78,10 @@ std::span<const int32_t> PenaltyIds::distinct(const void* key, std::span<const i
   return update(rows_[key], history, vocab).distinct;
 }
 
-PenaltyIds::Row PenaltyIds::row(const void* key, std::span<const int> history, int vocab, int slots) {
+PenaltyIds::Row PenaltyIds::row(const void* key, std::span<const int> history, int vocab, int slots,
+                                uint64_t identity, bool appends) {
   Entry& r = rows_[key];
-  if (slots > 0 && r.step == step_ && r.pending != SIZE_MAX) {
+  if (slots > 0 && r.step == step_ && r.pending != SIZE_MAX && r.identity == identity) {
     // Named twice in one step: the slot stays as the first row left it; this row's ids from
     // scratch (the entry keeps the first row's history).
     std::vector<uint64_t> bits((size_t(std::max(vocab, 0)) + 63) / 64, 0);
@@ -86,7 +91,7 @@ PenaltyIds::Row PenaltyIds::row(const void* key, std::span<const int> history, i
         bits[size_t(t) / 64] |= uint64_t(1) << (t % 64), scratch_.push_back(t);
     return {scratch_, -1, false};
   }
-  update(r, history, vocab);
+  update(r, history, vocab, false, identity, appends);
   if (slots <= 0) return {r.distinct, -1, false};
   r.pending_epoch = r.epoch;
   if (r.slot >= slots) {  // fewer slots than when it was taken (another backend)
@@ -122,7 +127,7 @@ void PenaltyIds::commit() {
 }
 
 std::span<const int32_t> PenaltyIds::generated(const void* key, std::span<const int> history, int prompt_tokens,
-                                               int vocab) {
+                                               int vocab, uint64_t identity, bool appends) {
   Entry& r = rows_[key];
   prompt_tokens = std::max(prompt_tokens, 0);
   const bool start = r.gen_from != prompt_tokens;  // counting starts (or from another point): from scratch
@@ -131,7 +136,7 @@ std::span<const int32_t> PenaltyIds::generated(const void* key, std::span<const 
     r.gen_pos.assign(size_t(std::max(vocab, 0)), 0);
     r.gen_pairs.clear();
   }
-  return update(r, history, vocab, start).gen_pairs;
+  return update(r, history, vocab, start, identity, appends).gen_pairs;
 }
 
 void StepDrawer::run(model::Model& m, std::span<const model::SeqStep> steps, kv::KvCache& cache,
@@ -152,13 +157,14 @@ void StepDrawer::run(model::Model& m, std::span<const model::SeqStep> steps, kv:
     // The generated ids' counts (presence / frequency penalties; first: a sampler's first counting
     // step takes its history from scratch, before row() sends anything to its slot).
     if (j.sampler->counts_generated()) {
-      const std::span<const int32_t> c = penalty_ids_.generated(j.sampler, j.history, j.sampler->prompt_tokens(), V);
+      const std::span<const int32_t> c =
+          penalty_ids_.generated(j.sampler, j.history, j.sampler->prompt_tokens(), V, j.sampler->serial(), j.appends);
       d.cnt_off = static_cast<int32_t>(hist_.size());
       hist_.insert(hist_.end(), c.begin(), c.end());
       d.cnt_len = static_cast<int32_t>(c.size() / 2);
     }
     if (d.penalty != 1.0f) {  // the history's distinct ids (the penalty acts once per id), or those new to its slot
-      const PenaltyIds::Row p = penalty_ids_.row(j.sampler, j.history, V, slots);
+      const PenaltyIds::Row p = penalty_ids_.row(j.sampler, j.history, V, slots, j.sampler->serial(), j.appends);
       d.hist_off = static_cast<int32_t>(hist_.size());
       hist_.insert(hist_.end(), p.ids.begin(), p.ids.end());
       d.hist_len = static_cast<int32_t>(p.ids.size());

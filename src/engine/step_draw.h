@@ -52,22 +52,29 @@ class PenaltyIds {
   // their slots freed. Within a step a history is not changed between the calls that pass it.
   void begin_step();
   // The distinct ids in [0, vocab) of `history`, for the sampler `key`; valid until the next call.
+  // `identity` (optional): what the key's owner is (Sampler::serial); another identity under a
+  // key is another history, taken from scratch. `appends`: the caller promises that the history
+  // extends the one last passed under this key and identity, so it is not compared (only its
+  // length and the last token seen).
   std::span<const int32_t> distinct(const void* key, std::span<const int> history, int vocab);
   // The same for a backend with `slots` penalty slots (0: the whole list, as distinct). A key
   // named twice in one step, or one that finds every slot taken, gets its whole list without a
   // slot. Valid until the next call.
-  Row row(const void* key, std::span<const int> history, int vocab, int slots);
+  Row row(const void* key, std::span<const int> history, int vocab, int slots, uint64_t identity = 0,
+          bool appends = false);
   // The step's rows reached the backend: their slots hold what row() sent.
   void commit();
   // The (id, count) pairs of the ids of history[prompt_tokens, end) in [0, vocab), each id once
   // in first-occurrence order (RowDraw::cnt_off / cnt_len); valid until the next call.
-  std::span<const int32_t> generated(const void* key, std::span<const int> history, int prompt_tokens, int vocab);
+  std::span<const int32_t> generated(const void* key, std::span<const int> history, int prompt_tokens, int vocab,
+                                     uint64_t identity = 0, bool appends = false);
   size_t keys() const { return rows_.size(); }
 
  private:
   struct Entry {
     std::vector<int> seen;          // the history this row was computed from
     const int* seen_data = nullptr;  // where the caller's copy of it was in this step
+    uint64_t identity = 0;           // its owner's (row() / generated())
     std::vector<int32_t> distinct;  // its distinct ids in order
     std::vector<uint64_t> bits;     // [vocab / 64] the ids in `distinct`
     int vocab = 0;
@@ -82,7 +89,8 @@ class PenaltyIds {
     std::vector<int32_t> gen_pairs;   // (id, count) of the counted ids, in first-occurrence order
     std::vector<int32_t> gen_pos;     // [vocab] when counting: 1 + the id's pair, or 0
   };
-  Entry& update(Entry& r, std::span<const int> history, int vocab, bool force_reset = false);
+  Entry& update(Entry& r, std::span<const int> history, int vocab, bool force_reset = false, uint64_t identity = 0,
+                bool appends = false);
 
   std::unordered_map<const void*, Entry> rows_;
   std::vector<char> slot_used_;   // [slot] taken by a key

@@ -701,6 +701,67 @@ TEST(PenaltyIds, GeneratedCountsEqualAFreshCount) {
   EXPECT_GT(counted, 10000);
 }
 
+// With `appends` (the scheduler's promise that a request's history only grows) PenaltyIds does
+// not compare a history with the one it kept, but a new owner at the same key (another request's
+// sampler at a freed sampler's address: another identity) is still taken from scratch. Histories
+// that only grow, owners replaced now and then with unrelated histories (some longer, some sharing
+// the old one's last token at the old length): the slot mirror and the counts equal fresh ones.
+TEST(PenaltyIds, AppendsTrustsTheCallerButNotANewOwner) {
+  auto fresh_ids = [](const std::vector<int>& h, int V) {
+    std::vector<int32_t> out;
+    std::vector<char> seen(size_t(V), 0);
+    for (int t : h)
+      if (t >= 0 && t < V && !seen[size_t(t)]) seen[size_t(t)] = 1, out.push_back(t);
+    std::sort(out.begin(), out.end());
+    return out;
+  };
+  auto fresh_counts = [](const std::vector<int>& h, int from, int V) {
+    std::vector<int32_t> ids, out;
+    std::vector<int> c(size_t(V), 0);
+    for (size_t i = size_t(from); i < h.size(); ++i)
+      if (h[i] >= 0 && h[i] < V && c[size_t(h[i])]++ == 0) ids.push_back(h[i]);
+    for (int32_t t : ids) out.push_back(t), out.push_back(c[size_t(t)]);
+    return out;
+  };
+  std::mt19937 rng(21);
+  constexpr int V = 300, kSlots = 8;
+  PenaltyIds ids;
+  std::vector<std::vector<uint64_t>> mirror(kSlots, std::vector<uint64_t>((V + 63) / 64, ~uint64_t(0)));
+  std::vector<std::vector<int>> hist(4);
+  std::vector<uint64_t> owner(4, 1);
+  uint64_t next_owner = 2;
+  int new_owners = 0, checked = 0;
+  for (int step = 0; step < 400; ++step) {
+    ids.begin_step();
+    for (size_t k = 0; k < hist.size(); ++k) {
+      std::vector<int>& h = hist[k];
+      if (rng() % 9 == 0) {  // another request's sampler at this address
+        owner[k] = next_owner++;
+        ++new_owners;
+        std::vector<int> other(h.size() + rng() % 20);
+        for (int& t : other) t = int(rng() % V);
+        if (!h.empty() && other.size() >= h.size()) other[h.size() - 1] = h.back();  // a sanity check passes
+        h = other;
+      } else {
+        for (unsigned i = rng() % 3; i > 0; --i) h.push_back(int(rng() % V));
+      }
+      const std::span<const int32_t> c = ids.generated(&hist[k], h, 5, V, owner[k], true);
+      ASSERT_EQ(std::vector<int32_t>(c.begin(), c.end()), fresh_counts(h, 5, V)) << "step " << step << " key " << k;
+      const PenaltyIds::Row r = ids.row(&hist[k], h, V, kSlots, owner[k], true);
+      ASSERT_GE(r.slot, 0);
+      backend::apply_penalty_slot(mirror[size_t(r.slot)].data(), V, r.reset, r.ids.data(), int(r.ids.size()));
+      std::vector<int32_t> in_slot;
+      for (int t = 0; t < V; ++t)
+        if (mirror[size_t(r.slot)][size_t(t) / 64] >> (t % 64) & 1) in_slot.push_back(t);
+      ASSERT_EQ(in_slot, fresh_ids(h, V)) << "step " << step << " key " << k;
+      ++checked;
+    }
+    ids.commit();
+  }
+  EXPECT_GT(new_owners, 100);
+  EXPECT_EQ(checked, 1600);
+}
+
 // Model::forward_sample refuses draws it cannot run before the step (nothing is committed to the
 // cache): a count that is not the output rows', penalty ids outside the list, and a penalty slot on
 // a backend without them (the CPU backend keeps none), generated-id counts outside the list.
