@@ -28,7 +28,7 @@ struct RowDraw {
   enum Mode : int32_t {
     kSkip = 0,    // no token wanted from this row (a prefill chunk that is not the last)
     kArgmax = 1,  // greedy: the argmax (ties: the lowest id; NaN never wins)
-    kSample = 2,  // the draw above, with temperature / top_k / top_p / u
+    kSample = 2,  // the draw above, with temperature / top_k / top_p / min_p / u
     kHost = 3,    // the caller draws it on the host from the row's logits
   };
   int32_t mode = kSkip;
