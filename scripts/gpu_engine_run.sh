@@ -27,11 +27,17 @@ tar -C /tmp/p -xJf .devlib.tar.xz && tar -C /tmp/p -xJf .devbin.tar.xz || exit 1
 export LD_LIBRARY_PATH=/tmp/p/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.total --format=csv,noheader
 rc=0
+# filtered_tests BINARY FILTER LOG LABEL: one test binary on a gtest filter, its verdicts and
+# failures printed, its exit status kept in rc.
+filtered_tests() {
+  timeout 300 "/tmp/p/bin/$1" --gtest_filter="$2" > "$OUT/$3" 2>&1
+  local r=$?
+  ((r)) && rc=$r
+  grep -E "^\[  (PASSED|FAILED) |^\[  FAILED|Failure|Expected|Which is" "$OUT/$3" | head -20
+  echo "$4: exit $r"
+}
 if [[ $MODE == rotation ]]; then
-  timeout 300 /tmp/p/bin/test_cuda --gtest_filter='CudaDecode.Rotate*' > "$OUT/test_rotate.log" 2>&1
-  r=$?; ((r)) && rc=$r
-  grep -E "^\[  (PASSED|FAILED) |^\[  FAILED|Failure|Expected|Which is" "$OUT/test_rotate.log" | head -20
-  echo "rotation tests: exit $r"
+  filtered_tests test_cuda 'CudaDecode.Rotate*' test_rotate.log "rotation tests"
   for M in 0 1; do
     t0=$(date +%s)
     OSCAR_CUDA_ROTATE_MMA=$M /tmp/p/bin/bench_gpu_engine --preset qwen3-8b --kv-gib 100 --ctx none --batch 128 \
@@ -43,10 +49,7 @@ if [[ $MODE == rotation ]]; then
   exit $rc
 fi
 if [[ $MODE == penalty ]]; then
-  timeout 300 /tmp/p/bin/test_cuda_backend --gtest_filter='CudaSample.*' > "$OUT/test_sample.log" 2>&1
-  r=$?; ((r)) && rc=$r
-  grep -E "^\[  (PASSED|FAILED) |^\[  FAILED|Failure|Expected|Which is" "$OUT/test_sample.log" | head -20
-  echo "sampling tests: exit $r"
+  filtered_tests test_cuda_backend 'CudaSample.*' test_sample.log "sampling tests"
   for S in 1 0; do
     for H in 1024 8192; do
       t0=$(date +%s)

@@ -98,7 +98,7 @@ class Sampler {
   std::vector<int> idx_;               // candidate ids by descending logit (a sorted prefix)
   std::vector<double> cum_;            // running sums of their weights
   std::vector<std::pair<float, int>> heap_;  // select_best: [chunk][M] heaps, then the candidates
-  std::vector<int> chunk_kept_;        // select_best: candidates per chunk
+  std::vector<int> chunk_kept_;        // select_best: candidates per chunk; min_p_count: ids per chunk
   std::vector<float> chunk_max_;       // prepare: per chunk of the vocabulary
   std::vector<char> chunk_nan_;
   std::vector<double> chunk_sum_;      // total_weight

@@ -74,10 +74,6 @@ PenaltyIds::Entry& PenaltyIds::update(Entry& r, std::span<const int> history, in
   return r;
 }
 
-std::span<const int32_t> PenaltyIds::distinct(const void* key, std::span<const int> history, int vocab) {
-  return update(rows_[key], history, vocab).distinct;
-}
-
 PenaltyIds::Row PenaltyIds::row(const void* key, std::span<const int> history, int vocab, int slots,
                                 uint64_t identity, bool appends) {
   Entry& r = rows_[key];

@@ -51,15 +51,13 @@ class PenaltyIds {
   // Starts a step: keys not used since the last begin_step are dropped (finished requests), and
   // their slots freed. Within a step a history is not changed between the calls that pass it.
   void begin_step();
-  // The distinct ids in [0, vocab) of `history`, for the sampler `key`; valid until the next call.
-  // `identity` (optional): what the key's owner is (Sampler::serial); another identity under a
-  // key is another history, taken from scratch. `appends`: the caller promises that the history
-  // extends the one last passed under this key and identity, so it is not compared (only its
-  // length and the last token seen).
-  std::span<const int32_t> distinct(const void* key, std::span<const int> history, int vocab);
-  // The same for a backend with `slots` penalty slots (0: the whole list, as distinct). A key
-  // named twice in one step, or one that finds every slot taken, gets its whole list without a
-  // slot. Valid until the next call.
+  // The distinct ids in [0, vocab) of `history`, for the sampler `key`: with `slots` = 0 (a backend
+  // without penalty slots) all of them, else those new to the key's slot. A key named twice in
+  // one step, or one that finds every slot taken, gets its whole list without a slot. Valid until
+  // the next call. `identity` (optional): what the key's owner is (Sampler::serial); another
+  // identity under a key is another history, taken from scratch. `appends`: the caller promises
+  // that the history extends the one last passed under this key and identity, so it is not
+  // compared (only its length and the last token seen).
   Row row(const void* key, std::span<const int> history, int vocab, int slots, uint64_t identity = 0,
           bool appends = false);
   // The step's rows reached the backend: their slots hold what row() sent.

@@ -63,6 +63,23 @@ std::vector<float> penalized(const float* x, int V, const std::vector<int32_t>& 
   return y;
 }
 
+// The token an argmax or sample row must yield from its logits y after every penalty (argmax
+// by the CPU backend, else the reference draw).
+int32_t expected_token(backend::Backend& cpu, const std::vector<float>& y, int V, const RowDraw& q) {
+  int32_t want = 0;
+  if (q.mode == RowDraw::kArgmax)
+    cpu.argmax_rows(y.data(), 1, V, &want);
+  else
+    want = backend::reference_draw(y.data(), V, q.temperature, q.top_k, q.top_p, q.u, q.min_p);
+  return want;
+}
+
+// A sampled flat row (logits_rows' kind 2) of a vocabulary beyond one CTA's shared memory may be
+// left to the host.
+bool flat_row_may_go_to_host(const RowDraw& q, int V, int r) {
+  return q.mode == RowDraw::kSample && V > 8192 && r % 6 == 2;
+}
+
 // Every row mode, on vocabularies from 1 to the Qwen size, over many (T, top_k, top_p, u), a
 // third of the rows with a repetition penalty on a random set of ids (the row's best among them).
 TEST(CudaSample, RowsEqualTheReferenceDraw) {
@@ -218,14 +235,8 @@ TEST(CudaSample, PenaltySlotsEqualTheWholeList) {
           continue;
         }
         const std::vector<float> y = penalized(l.data() + size_t(r) * V, V, held[size_t(r)], q.penalty);
-        int32_t want = 0;
-        if (q.mode == RowDraw::kArgmax)
-          cpu->argmax_rows(y.data(), 1, V, &want);
-        else
-          want = backend::reference_draw(y.data(), V, q.temperature, q.top_k, q.top_p, q.u);
-        if (got[size_t(r)] == backend::kDrawHost && q.mode == RowDraw::kSample && V > 8192 && r % 6 == 2)
-          continue;  // a flat row (kind 2) of a large vocabulary may go to the host
-        ASSERT_EQ(got[size_t(r)], want);
+        if (got[size_t(r)] == backend::kDrawHost && flat_row_may_go_to_host(q, V, r)) continue;
+        ASSERT_EQ(got[size_t(r)], expected_token(*cpu, y, V, q));
         checked += q.penalty != 1.0f;
       }
     }
@@ -313,14 +324,8 @@ TEST(CudaSample, PresenceAndFrequencyEqualTheReference) {
         }
         std::vector<float> y = penalized(l.data() + size_t(r) * V, V, rep_ids[size_t(r)], q.penalty);
         for (auto [t, n] : counts[size_t(r)]) y[size_t(t)] -= std::fma(q.frequency, float(n), q.presence);
-        int32_t want = 0;
-        if (q.mode == RowDraw::kArgmax)
-          cpu->argmax_rows(y.data(), 1, V, &want);
-        else
-          want = backend::reference_draw(y.data(), V, q.temperature, q.top_k, q.top_p, q.u);
-        if (got[size_t(r)] == backend::kDrawHost && q.mode == RowDraw::kSample && V > 8192 && r % 6 == 2)
-          continue;  // a flat row (kind 2) of a large vocabulary may go to the host
-        ASSERT_EQ(got[size_t(r)], want);
+        if (got[size_t(r)] == backend::kDrawHost && flat_row_may_go_to_host(q, V, r)) continue;
+        ASSERT_EQ(got[size_t(r)], expected_token(*cpu, y, V, q));
         checked += q.cnt_len > 0;
       }
     }

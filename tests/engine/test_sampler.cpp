@@ -501,19 +501,40 @@ TEST(Generator, BadRequestsThrowAndLeakNothing) {
   EXPECT_EQ(r.cache.pool().num_used(), 0);
 }
 
-// The penalty's distinct ids kept per sampler across steps (PenaltyIds) against a fresh
+// The distinct ids of h in [0, V) in first-occurrence order: what PenaltyIds must give, computed
+// from scratch.
+std::vector<int32_t> fresh_distinct(const std::vector<int>& h, int V) {
+  std::vector<int32_t> out;
+  std::vector<char> seen(size_t(V), 0);
+  for (int t : h)
+    if (t >= 0 && t < V && !seen[size_t(t)]) seen[size_t(t)] = 1, out.push_back(t);
+  return out;
+}
+
+// The (id, count) pairs of h[from, end) in [0, V), first-occurrence order, from scratch.
+std::vector<int32_t> fresh_counts(const std::vector<int>& h, int from, int V) {
+  std::vector<int32_t> ids, out;
+  std::vector<int> c(size_t(V), 0);
+  for (size_t i = size_t(from); i < h.size(); ++i)
+    if (h[i] >= 0 && h[i] < V && c[size_t(h[i])]++ == 0) ids.push_back(h[i]);
+  for (int32_t t : ids) out.push_back(t), out.push_back(c[size_t(t)]);
+  return out;
+}
+
+// The ids [0, V) set in a penalty slot's bitmap (backend::apply_penalty_slot's layout), ascending.
+std::vector<int32_t> slot_ids(const std::vector<uint64_t>& slot, int V) {
+  std::vector<int32_t> out;
+  for (int t = 0; t < V; ++t)
+    if (slot[size_t(t) / 64] >> (t % 64) & 1) out.push_back(t);
+  return out;
+}
+
+// The penalty's distinct ids kept per sampler across steps (PenaltyIds, without slots) against a fresh
 // first-occurrence dedupe of the whole history, over steps whose histories grow (the usual case),
 // are replaced by others (a new request at a reused address), shrink, stay, hold ids outside the
 // vocabulary, or come with another vocabulary size; keys unused in a step are dropped at the next.
 TEST(PenaltyIds, EqualFreshDedupeOfTheWholeHistory) {
   std::mt19937 rng(5);
-  auto fresh = [](const std::vector<int>& h, int V) {
-    std::vector<int32_t> out;
-    std::vector<char> seen(size_t(V), 0);
-    for (int t : h)
-      if (t >= 0 && t < V && !seen[size_t(t)]) seen[size_t(t)] = 1, out.push_back(t);
-    return out;
-  };
   PenaltyIds ids;
   std::vector<std::vector<int>> hist(6);
   int keys_used = 0, grew = 0, replaced = 0;
@@ -538,8 +559,8 @@ TEST(PenaltyIds, EqualFreshDedupeOfTheWholeHistory) {
       } else if (op == 8 && !h.empty()) {  // one earlier token changed, same length
         h[rng() % h.size()] = int(rng() % 300);
       }
-      const std::span<const int32_t> got = ids.distinct(&hist[k], h, V);
-      const std::vector<int32_t> want = fresh(h, V);
+      const std::span<const int32_t> got = ids.row(&hist[k], h, V, 0).ids;
+      const std::vector<int32_t> want = fresh_distinct(h, V);
       ASSERT_EQ(std::vector<int32_t>(got.begin(), got.end()), want) << "step " << step << ", key " << k;
       ++keys_used;
     }
@@ -554,13 +575,6 @@ TEST(PenaltyIds, EqualFreshDedupeOfTheWholeHistory) {
 // ids of its history, over the histories of the test above, with steps that fail before the
 // backend's update or after it (no commit), keys named twice in a step, and fewer slots than keys.
 TEST(PenaltyIds, SlotsHoldTheDistinctIdsAcrossFailedSteps) {
-  auto fresh = [](const std::vector<int>& h, int V) {
-    std::vector<int32_t> out;
-    std::vector<char> seen(size_t(V), 0);
-    for (int t : h)
-      if (t >= 0 && t < V && !seen[size_t(t)]) seen[size_t(t)] = 1, out.push_back(t);
-    return out;
-  };
   for (const int slots : {64, 3}) {
     std::mt19937 rng(uint32_t(11 + slots));
     PenaltyIds ids;
@@ -594,7 +608,7 @@ TEST(PenaltyIds, SlotsHoldTheDistinctIdsAcrossFailedSteps) {
         for (int again = 0; again < (op == 10 ? 2 : 1); ++again) {  // op 10: the key twice, the second longer
           if (again) h.push_back(int(rng() % 300)), ++twice;
           const PenaltyIds::Row r = ids.row(&hist[k], h, V, slots);
-          sent.push_back({r, std::vector<int32_t>(r.ids.begin(), r.ids.end()), fresh(h, V)});
+          sent.push_back({r, std::vector<int32_t>(r.ids.begin(), r.ids.end()), fresh_distinct(h, V)});
         }
         if (op == 11 && h.size() >= 2) {  // then its generated ids' counts for a shorter history (taken
           h.resize(h.size() - 1 - rng() % 2);  // from scratch after the row: that row is not committed)
@@ -631,12 +645,10 @@ TEST(PenaltyIds, SlotsHoldTheDistinctIdsAcrossFailedSteps) {
           continue;
         }
         ++slotted;
-        std::vector<int32_t> in_slot;
-        for (int t = 0; t < V; ++t)
-          if (mirror[size_t(s.row.slot)][size_t(t) / 64] >> (t % 64) & 1) in_slot.push_back(t);
         std::vector<int32_t> want = s.want;
         std::sort(want.begin(), want.end());
-        ASSERT_EQ(in_slot, want) << "slot " << s.row.slot << ", step " << step << " (" << slots << " slots)";
+        ASSERT_EQ(slot_ids(mirror[size_t(s.row.slot)], V), want)
+            << "slot " << s.row.slot << ", step " << step << " (" << slots << " slots)";
       }
     }
     EXPECT_GT(slotted, 1000) << slots << " slots";
@@ -657,14 +669,6 @@ TEST(PenaltyIds, SlotsHoldTheDistinctIdsAcrossFailedSteps) {
 // the same entries in between.
 TEST(PenaltyIds, GeneratedCountsEqualAFreshCount) {
   std::mt19937 rng(8);
-  auto fresh = [](const std::vector<int>& h, int from, int V) {
-    std::vector<int32_t> ids, out;
-    std::vector<int> c(size_t(V), 0);
-    for (size_t i = size_t(from); i < h.size(); ++i)
-      if (h[i] >= 0 && h[i] < V && c[size_t(h[i])]++ == 0) ids.push_back(h[i]);
-    for (int32_t t : ids) out.push_back(t), out.push_back(c[size_t(t)]);
-    return out;
-  };
   PenaltyIds ids;
   std::vector<std::vector<int>> hist(5);
   std::vector<int> prompt(5, 0);
@@ -690,7 +694,7 @@ TEST(PenaltyIds, GeneratedCountsEqualAFreshCount) {
       }
       if (rng() % 2) (void)ids.row(&hist[k], h, V, 8);
       const std::span<const int32_t> got = ids.generated(&hist[k], h, prompt[k], V);
-      const std::vector<int32_t> want = fresh(h, prompt[k], V);
+      const std::vector<int32_t> want = fresh_counts(h, prompt[k], V);
       ASSERT_EQ(std::vector<int32_t>(got.begin(), got.end()), want) << "step " << step << ", key " << k;
       ++checked;
       counted += int(want.size()) / 2;
@@ -707,22 +711,6 @@ TEST(PenaltyIds, GeneratedCountsEqualAFreshCount) {
 // that only grow, owners replaced now and then with unrelated histories (some longer, some sharing
 // the old one's last token at the old length): the slot mirror and the counts equal fresh ones.
 TEST(PenaltyIds, AppendsTrustsTheCallerButNotANewOwner) {
-  auto fresh_ids = [](const std::vector<int>& h, int V) {
-    std::vector<int32_t> out;
-    std::vector<char> seen(size_t(V), 0);
-    for (int t : h)
-      if (t >= 0 && t < V && !seen[size_t(t)]) seen[size_t(t)] = 1, out.push_back(t);
-    std::sort(out.begin(), out.end());
-    return out;
-  };
-  auto fresh_counts = [](const std::vector<int>& h, int from, int V) {
-    std::vector<int32_t> ids, out;
-    std::vector<int> c(size_t(V), 0);
-    for (size_t i = size_t(from); i < h.size(); ++i)
-      if (h[i] >= 0 && h[i] < V && c[size_t(h[i])]++ == 0) ids.push_back(h[i]);
-    for (int32_t t : ids) out.push_back(t), out.push_back(c[size_t(t)]);
-    return out;
-  };
   std::mt19937 rng(21);
   constexpr int V = 300, kSlots = 8;
   PenaltyIds ids;
@@ -750,10 +738,9 @@ TEST(PenaltyIds, AppendsTrustsTheCallerButNotANewOwner) {
       const PenaltyIds::Row r = ids.row(&hist[k], h, V, kSlots, owner[k], true);
       ASSERT_GE(r.slot, 0);
       backend::apply_penalty_slot(mirror[size_t(r.slot)].data(), V, r.reset, r.ids.data(), int(r.ids.size()));
-      std::vector<int32_t> in_slot;
-      for (int t = 0; t < V; ++t)
-        if (mirror[size_t(r.slot)][size_t(t) / 64] >> (t % 64) & 1) in_slot.push_back(t);
-      ASSERT_EQ(in_slot, fresh_ids(h, V)) << "step " << step << " key " << k;
+      std::vector<int32_t> want = fresh_distinct(h, V);
+      std::sort(want.begin(), want.end());
+      ASSERT_EQ(slot_ids(mirror[size_t(r.slot)], V), want) << "step " << step << " key " << k;
       ++checked;
     }
     ids.commit();
