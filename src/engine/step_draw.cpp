@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <bit>
 #include <cstdint>
 #include <iterator>
 
@@ -22,6 +23,35 @@ void PenaltyIds::begin_step() {
     it = rows_.erase(it);
   }
   ++step_;
+}
+
+namespace {
+// Fibonacci hashing: the top bits of id · 2^64/φ (ids that share their low bits spread too).
+size_t gen_slot(int32_t t, size_t table) {
+  return size_t((uint64_t(uint32_t(t)) * 0x9E3779B97F4A7C15ull) >> (64 - std::countr_zero(table)));
+}
+}  // namespace
+
+size_t PenaltyIds::gen_pair(Entry& r, int32_t t) {
+  if (r.gen_pos.size() < 2 * (r.gen_pairs.size() / 2 + 1)) {  // grow (and rehash) to keep it half empty at most
+    r.gen_pos.assign(std::max<size_t>(64, 2 * r.gen_pos.size()), 0);
+    for (size_t j = 0; j < r.gen_pairs.size(); j += 2) {
+      const uint64_t key = uint64_t(uint32_t(r.gen_pairs[j]) + 1) << 32;
+      size_t h = gen_slot(r.gen_pairs[j], r.gen_pos.size());
+      while (r.gen_pos[h]) h = (h + 1) & (r.gen_pos.size() - 1);
+      r.gen_pos[h] = key | j;
+    }
+  }
+  const uint64_t key = uint64_t(uint32_t(t) + 1) << 32;
+  size_t h = gen_slot(t, r.gen_pos.size());
+  for (;; h = (h + 1) & (r.gen_pos.size() - 1)) {
+    const uint64_t e = r.gen_pos[h];
+    if ((e & ~uint64_t(0xFFFFFFFFu)) == key) return size_t(uint32_t(e));
+    if (!e) break;
+  }
+  r.gen_pos[h] = key | r.gen_pairs.size();
+  r.gen_pairs.push_back(t), r.gen_pairs.push_back(0);
+  return r.gen_pairs.size() - 2;
 }
 
 PenaltyIds::Entry& PenaltyIds::update(Entry& r, std::span<const int> history, int vocab, bool force_reset,
@@ -45,11 +75,7 @@ PenaltyIds::Entry& PenaltyIds::update(Entry& r, std::span<const int> history, in
     r.slot_count = 0;
     ++r.epoch;
     if (r.gen_from >= 0) {
-      if (r.vocab != vocab) {
-        r.gen_pos.assign(size_t(std::max(vocab, 0)), 0);
-      } else {
-        for (size_t j = 0; j < r.gen_pairs.size(); j += 2) r.gen_pos[size_t(r.gen_pairs[j])] = 0;
-      }
+      r.gen_pos.clear();
       r.gen_pairs.clear();
     }
     r.vocab = vocab;
@@ -61,13 +87,7 @@ PenaltyIds::Entry& PenaltyIds::update(Entry& r, std::span<const int> history, in
     const uint64_t bit = uint64_t(1) << (t % 64);
     if (!(w & bit)) w |= bit, r.distinct.push_back(t);
     if (r.gen_from >= 0 && i >= size_t(r.gen_from)) {
-      int32_t& at = r.gen_pos[size_t(t)];
-      if (at == 0) {
-        r.gen_pairs.push_back(t), r.gen_pairs.push_back(1);
-        at = int32_t(r.gen_pairs.size() / 2);
-      } else {
-        ++r.gen_pairs[2 * size_t(at - 1) + 1];
-      }
+      ++r.gen_pairs[gen_pair(r, t) + 1];
     }
   }
   r.seen.insert(r.seen.end(), history.begin() + std::ptrdiff_t(r.seen.size()), history.end());
@@ -129,7 +149,7 @@ std::span<const int32_t> PenaltyIds::generated(const void* key, std::span<const 
   const bool start = r.gen_from != prompt_tokens;  // counting starts (or from another point): from scratch
   if (start) {
     r.gen_from = prompt_tokens;
-    r.gen_pos.assign(size_t(std::max(vocab, 0)), 0);
+    r.gen_pos.clear();
     r.gen_pairs.clear();
   }
   return update(r, history, vocab, start, identity, appends).gen_pairs;

@@ -85,8 +85,12 @@ class PenaltyIds {
     uint64_t pending_epoch = 0;   // ... when row() ran (commit skips an entry reset since)
     int gen_from = -1;            // counting history[gen_from, end) (-1: not counting)
     std::vector<int32_t> gen_pairs;   // (id, count) of the counted ids, in first-occurrence order
-    std::vector<int32_t> gen_pos;     // [vocab] when counting: 1 + the id's pair, or 0
+    // id -> its pair: an open-addressing table of (id + 1) << 32 | index into gen_pairs, 0 empty,
+    // a power of two at least twice the pairs (not a [vocab] table: 600 KB a request at 151,936 ids)
+    std::vector<uint64_t> gen_pos;
   };
+  // gen_pairs' index of id t's pair, the pair added (count 0) when t has none.
+  static size_t gen_pair(Entry& r, int32_t t);
   Entry& update(Entry& r, std::span<const int> history, int vocab, bool force_reset = false, uint64_t identity = 0,
                 bool appends = false);
 

@@ -705,6 +705,25 @@ TEST(PenaltyIds, GeneratedCountsEqualAFreshCount) {
   EXPECT_GT(counted, 10000);
 }
 
+// The counts' id index is a hash table grown as ids come: a real vocabulary, thousands of distinct
+// ids, many sharing their low bits (multiples of 1024), added a few a step: still a fresh count.
+TEST(PenaltyIds, GeneratedCountsOverAWholeVocabulary) {
+  constexpr int V = 151936, kPrompt = 7;
+  std::mt19937 rng(5);
+  PenaltyIds ids;
+  std::vector<int> h(kPrompt, 3);
+  for (int step = 0; step < 400; ++step) {
+    ids.begin_step();
+    for (unsigned i = 1 + rng() % 12; i > 0; --i)
+      h.push_back(rng() % 3 ? int(rng() % 148) * 1024 : int(rng() % unsigned(V)));
+    const std::span<const int32_t> got = ids.generated(&h, h, kPrompt, V, 1, true);
+    if (step % 37 == 0 || step == 399) {
+      ASSERT_EQ(std::vector<int32_t>(got.begin(), got.end()), fresh_counts(h, kPrompt, V)) << "step " << step;
+    }
+  }
+  EXPECT_GT(fresh_counts(h, kPrompt, V).size() / 2, 1000u);
+}
+
 // With `appends` (the scheduler's promise that a request's history only grows) PenaltyIds does
 // not compare a history with the one it kept, but a new owner at the same key (another request's
 // sampler at a freed sampler's address: another identity) is still taken from scratch. Histories
