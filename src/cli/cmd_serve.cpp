@@ -110,6 +110,8 @@ const oscar::cli::Registrar reg({"serve", "Serve a model over an OpenAI-compatib
     if (o->max_batch_tokens < 0) throw Error("serve: --max-batch-tokens must be >= 0");
     if (o->max_batch_tokens == 0)
       o->max_batch_tokens = o->device == "cuda" || o->device.rfind("cuda:", 0) == 0 ? 8192 : 512;
+    if (o->kv_memory_mb > 0 && o->max_kv_tokens > 0)
+      throw Error("--kv-memory-mb and --max-kv-tokens both give the KV budget: give one of them");
     engine::Session sess = engine::open_session({o->model, o->kv, o->calib, o->weights, o->threads, o->device});
     model::Tokenizer& tok = sess.tok;
     model::Model* m = sess.model.get();

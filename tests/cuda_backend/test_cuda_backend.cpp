@@ -673,6 +673,39 @@ TEST(CudaGraphs, DecodeStepsEqualEagerSteps) {
   }
 }
 
+// With BF16 weights a decode row's logits must not depend on the rows beside it beyond the
+// summation order: one row runs on our GEMV, several on cuBLAS, and both take the activations
+// rounded to BF16 (before 2026-12-05 the GEMV kept them in fp32, ~1e-3 of the largest logit
+// apart, enough to flip greedy and seeded tokens of a server's requests between batch 1 and
+// batch 2). The same sequence decoded alone and beside two others (other lengths, their own
+// tokens), teacher-forced, 48 steps through page boundaries: within 1e-4 of the largest logit.
+TEST(CudaBatching, ARowsLogitsDoNotDependOnItsNeighbours) {
+  SKIP_WITHOUT_GPU();
+  const model::ModelWeights w = tiny(model::Arch::kQwen3, 128, 16, 2);
+  const int V = w.cfg.vocab_size;
+  Runner alone(w, backend::make_cuda_backend({WeightDtype::kBf16, 0}), bf16_method(), 16, 4096);
+  Runner batched(w, backend::make_cuda_backend({WeightDtype::kBf16, 0}), bf16_method(), 16, 4096);
+  const auto toks = random_tokens(120, V, 31);
+  const std::vector<int32_t> prompt(toks.begin(), toks.begin() + 60);
+  const kv::SeqId a = alone.cache->create(), s = batched.cache->create();
+  (void)alone.step({a}, {prompt});
+  (void)batched.step({s}, {prompt});
+  const kv::SeqId n1 = batched.cache->create(), n2 = batched.cache->create();
+  (void)batched.step({n1}, {random_tokens(23, V, 32)});
+  (void)batched.step({n2}, {random_tokens(91, V, 33)});
+  const auto other = random_tokens(60, V, 34);
+  double worst = 0;
+  for (int t = 60; t < 108; ++t) {
+    const auto la = alone.step({a}, {{toks[t]}});
+    const auto lb = batched.step({n1, s, n2}, {{other[t - 60]}, {toks[t]}, {other[t - 59]}});
+    ASSERT_EQ(lb.size(), 3 * size_t(V));
+    const std::vector<float> row(lb.begin() + V, lb.begin() + 2 * V);
+    worst = std::max(worst, rel_err(row, la));
+  }
+  std::printf("bf16 weights, one sequence alone vs beside two others: logits %.2e of the largest apart\n", worst);
+  EXPECT_LE(worst, 1e-4);
+}
+
 // The BF16 baseline on FlashInfer's decode kernels (builds with scripts/fetch_flashinfer.sh's
 // headers), CUDA-core and tensor-core: whole decode steps of a head_dim-128 model with GQA group 4
 // (Qwen3-8B's), batch 1 and 3 over odd lengths and page boundaries, against the same engine on

@@ -55,6 +55,26 @@ os.environ.setdefault("no_proxy", "127.0.0.1,localhost")
 
 # ------------------------------------------------------------------ server processes
 
+KV_BUDGET = ("--kv-memory-mb", "--max-kv-tokens")
+
+
+def server_args(extra):
+    """--server-args for one server: without its KV budget when the test gives the server its own
+    (on a GPU every server needs a budget, or the first takes the device's memory)."""
+    args = ARGS.server_args.split()
+    if not any(a in KV_BUDGET for a in extra):
+        return args
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+        elif a in KV_BUDGET:
+            skip = True
+        elif not a.startswith(tuple(k + "=" for k in KV_BUDGET)):
+            out.append(a)
+    return out
+
+
 class Server:
     """One `oscar serve` process on a free port; stderr goes to a log file."""
 
@@ -62,7 +82,7 @@ class Server:
         self.name, self.api_key = name, api_key
         self.log_path = os.path.join(LOG_DIR, f"{name}.log")
         cmd = [ARGS.oscar, "serve", "-m", ARGS.model, "--port", "0", "-t", str(ARGS.server_threads),
-               *ARGS.server_args.split(), *extra]
+               *server_args(extra), *extra]
         if api_key:
             cmd += ["--api-key", api_key]
         self.cmd = cmd
@@ -1211,6 +1231,16 @@ class TestKvExhaustion(ServerTest):
         sys.stderr.write(f"\n[kv] preemptions={m['oscar_preemptions_total']:.0f} "
                          f"prefill_tokens={m['oscar_prefill_tokens_total']:.0f} "
                          f"(prompts {sum(len(self._body(i)['prompt']) for i in range(self.N))})\n")
+
+    def test_two_kv_budgets_are_refused(self):
+        """--kv-memory-mb and --max-kv-tokens together: an error that names both, before the model
+        loads (the budget in MiB used to win silently)."""
+        r = subprocess.run([ARGS.oscar, "serve", "-m", ARGS.model, "--port", "0", "--kv-memory-mb", "64",
+                            "--max-kv-tokens", "1024"], stdin=subprocess.DEVNULL, capture_output=True, timeout=60)
+        self.assertNotEqual(r.returncode, 0)
+        err = r.stderr.decode()
+        self.assertIn("--kv-memory-mb and --max-kv-tokens", err)
+        self.assertNotIn("listening", err)
 
     def test_request_that_never_fits(self):
         # The context is lowered to what one sequence can hold in the whole cache
