@@ -1280,15 +1280,19 @@ class TestPrefillChunking(ServerTest):
         stop_shared(cls.one)
         stop_shared(cls.split)
 
-    @unittest.expectedFailure
     def test_one_chunk_equals_chunks_of_64(self):
-        """SERVER BUG (expected failure until fixed): the forward pass is not invariant to
-        how a prompt is split into prefill chunks, so greedy outputs depend on scheduling.
+        """SERVER BUG on the CPU (expected failure there until fixed; main() marks it): the CPU
+        forward is not invariant to how a prompt is split into prefill chunks, so greedy outputs
+        depend on scheduling. The cause is the attention: a chunk reads its own keys and values in
+        fp32 and the earlier chunks' from the BF16 cache (rounding the linear layers' activations to
+        BF16 on every path, tried on 2026-12-05, only moved the flip to the other side). On the GPU
+        (`--device cuda`, H100, 2026-12-05) it passed: there the prefill attention takes every row
+        in BF16.
         Token-id prompt token_prompt(1000, 190) + [99, 28, 67, 254] (its own first 4 greedy
         tokens 's' ',' 'S' 'in'): in one chunk the next text is ',Sin', in chunks of 64 (and
         token by token, and as generated incrementally) it is 'hone,'. A sweep of 146 prompt
         truncations found 2 such flips; TestKvExhaustion fails now and then for this reason.
-        When fixed this reports an 'unexpected success': remove @expectedFailure."""
+        When fixed this reports an 'unexpected success' on the CPU: remove the marking in main()."""
         self.server = self.one
         p0, p10 = token_prompt(1000, 190), token_prompt(1010, 210)
         cases = [("token_prompt(1000, 190) + its first 4 tokens", p0 + [99, 28, 67, 254]),
@@ -1552,6 +1556,9 @@ def main():
         LOG_DIR = tmp.name
     if ARGS.watchdog > 0:
         threading.Thread(target=watchdog, args=(ARGS.watchdog,), daemon=True).start()
+    if "cuda" not in ARGS.server_args:  # a known CPU server bug (TestPrefillChunking's docstring)
+        TestPrefillChunking.test_one_chunk_equals_chunks_of_64 = unittest.expectedFailure(
+            TestPrefillChunking.test_one_chunk_equals_chunks_of_64)
     prog = unittest.main(argv=[sys.argv[0], *rest], exit=False, testRunner=TimingRunner)
     if tmp:
         tmp.cleanup()
