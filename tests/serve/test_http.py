@@ -1283,9 +1283,9 @@ class TestPrefillChunking(ServerTest):
     def test_one_chunk_equals_chunks_of_64(self):
         """SERVER BUG on the CPU (expected failure there until fixed; main() marks it): the CPU
         forward is not invariant to how a prompt is split into prefill chunks, so greedy outputs
-        depend on scheduling. The cause is the attention: a chunk reads its own keys and values in
-        fp32 and the earlier chunks' from the BF16 cache (rounding the linear layers' activations to
-        BF16 on every path, tried on 2026-12-05, only moved the flip to the other side). On the GPU
+        depend on scheduling. The likely cause is the attention: a chunk reads its own keys and values
+        in fp32 and the earlier chunks' from the BF16 cache (rounding the linear layers' activations
+        to BF16 on every path, tried on 2026-12-05, only moved the flip to the other side). On the GPU
         (`--device cuda`, H100, 2026-12-05) it passed: there the prefill attention takes every row
         in BF16.
         Token-id prompt token_prompt(1000, 190) + [99, 28, 67, 254] (its own first 4 greedy
