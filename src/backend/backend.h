@@ -175,7 +175,9 @@ class Backend {
   // q [batch][Hq][d] -> o [batch][Hq][d]
   virtual void decode_attention(const kv::PagedKvView& kv, const float* q, int num_q_heads,
                                 float sm_scale, float* o) = 0;
-  // Chunk of batch row b: q [n][Hq][d], k_new/v_new [n][Hkv][d] -> o [n][Hq][d]
+  // Chunk of batch row b: q [n][Hq][d], k_new/v_new [n][Hkv][d] -> o [n][Hq][d]. A backend may read
+  // the chunk's own rows at the precision the cache stores them (BF16; the CPU backend does with
+  // reduced-precision weights), so that a prompt's logits do not depend on its chunking.
   virtual void prefill_attention(const kv::PagedKvView& kv, int b, int cached_len,
                                  const float* q, const float* k_new, const float* v_new, int n,
                                  int num_q_heads, float sm_scale, float* o) = 0;

@@ -2,7 +2,8 @@
 // that the paged/batched Model is tested against. It emulates the BF16 cache:
 // the key/value of position j seen by the query at position p is rounded to
 // bf16 when j was cached before p's chunk (j < chunk_start[p]) and exact when j
-// is in the same chunk (the prefill kernel reads the chunk's own rows in f32).
+// is in the same chunk (the prefill kernel reads the chunk's own rows in f32 with
+// f32 weights; with reduced-precision weights own_rows_bf16 rounds them too).
 // A decode step (chunk of one token, read back from the cache) is written as
 // chunk_start[p] = p + 1.
 #pragma once
@@ -18,9 +19,10 @@ namespace oscar::model::testing {
 
 inline double bf16r(double x) { return bf16_to_f32(f32_to_bf16(static_cast<float>(x))); }
 
-// Returns logits [T][vocab] for every position.
+// Returns logits [T][vocab] for every position. own_rows_bf16: the chunk's own rows are rounded
+// to bf16 too (the CPU backend with reduced-precision weights reads them as the cache stores them).
 inline std::vector<double> ref_forward(const ModelWeights& w, const std::vector<int>& tokens,
-                                       const std::vector<int>& chunk_start) {
+                                       const std::vector<int>& chunk_start, bool own_rows_bf16 = false) {
   const ModelConfig& c = w.cfg;
   const int T = static_cast<int>(tokens.size());
   const int H = c.hidden, Hq = c.n_heads, Hkv = c.n_kv_heads, d = c.head_dim, I = c.intermediate;
@@ -79,7 +81,7 @@ inline std::vector<double> ref_forward(const ModelWeights& w, const std::vector<
         std::vector<double> s(t + 1);
         double mx = -1e300;
         for (int j = 0; j <= t; ++j) {
-          const bool cached = j < chunk_start[t];
+          const bool cached = own_rows_bf16 || j < chunk_start[t];
           double dot = 0;
           for (int i = 0; i < d; ++i) {
             const double kv = k[j][hk * d + i];
@@ -91,7 +93,7 @@ inline std::vector<double> ref_forward(const ModelWeights& w, const std::vector<
         double den = 0;
         for (int j = 0; j <= t; ++j) den += (s[j] = std::exp(s[j] - mx));
         for (int j = 0; j <= t; ++j) {
-          const bool cached = j < chunk_start[t];
+          const bool cached = own_rows_bf16 || j < chunk_start[t];
           for (int i = 0; i < d; ++i) {
             const double vv = v[j][hk * d + i];
             o[g * d + i] += s[j] / den * (cached ? bf16r(vv) : vv);

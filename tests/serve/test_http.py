@@ -1218,10 +1218,11 @@ class TestKvExhaustion(ServerTest):
             self.assertEqual(ntok, self.GEN, f"request {i}: completion_tokens")
         self.assertGreater(m["oscar_preemptions_total"], 0, "the load did not preempt: make it heavier")
         mismatched = [i for i in range(self.N) if results[i][1] != alone[i]]
-        # A preempted request recomputes its tokens as one prefill chunk, and the
-        # CPU forward is not yet invariant to how a prompt is chunked (bf16 weights;
-        # TestPrefillChunking pins it): about 1 run in 13 one output differs at a
-        # near tie. More than two differing outputs is a real failure.
+        # A preempted request recomputes its tokens as one prefill chunk. Since 2026-12-05
+        # a chunk reads its own rows in BF16 like the cached ones (TestPrefillChunking), but
+        # a chunk of 128+ rows still takes the AMX tiles where the CPU has them (activations
+        # rounded to BF16, another summation order) and a decode row the fp32 GEMV, so a
+        # near tie can still flip now and then. More than two differing outputs is a real failure.
         self.assertLessEqual(len(mismatched), 2, f"greedy outputs under preemption ({m['oscar_preemptions_total']:.0f} "
                          "preemptions) differ from the same requests alone on the main server (a preempted "
                          "request recomputes its tokens as one prefill chunk; see TestPrefillChunking): " +
@@ -1281,18 +1282,12 @@ class TestPrefillChunking(ServerTest):
         stop_shared(cls.split)
 
     def test_one_chunk_equals_chunks_of_64(self):
-        """SERVER BUG on the CPU (expected failure there until fixed; main() marks it): the CPU
-        forward is not invariant to how a prompt is split into prefill chunks, so greedy outputs
-        depend on scheduling. The likely cause is the attention: a chunk reads its own keys and values
-        in fp32 and the earlier chunks' from the BF16 cache (rounding the linear layers' activations
-        to BF16 on every path, tried on 2026-12-05, only moved the flip to the other side). On the GPU
-        (`--device cuda`, H100, 2026-12-05) it passed: there the prefill attention takes every row
-        in BF16.
-        Token-id prompt token_prompt(1000, 190) + [99, 28, 67, 254] (its own first 4 greedy
-        tokens 's' ',' 'S' 'in'): in one chunk the next text is ',Sin', in chunks of 64 (and
-        token by token, and as generated incrementally) it is 'hone,'. A sweep of 146 prompt
-        truncations found 2 such flips; TestKvExhaustion fails now and then for this reason.
-        When fixed this reports an 'unexpected success' on the CPU: remove the marking in main()."""
+        """Found on 2026-12-02 and fixed on 2026-12-05: a prompt prefilled in one chunk and in chunks
+        of 64 gave different greedy tokens on the CPU, because a chunk read its own keys and values
+        in fp32 and the earlier chunks' from the BF16 cache; the CPU backend now reads the chunk's
+        own rows in BF16 too (with reduced-precision weights, as the GPU does). Token-id prompt
+        token_prompt(1000, 190) + [99, 28, 67, 254] gave ',Sin' in one chunk and 'hone,' in chunks
+        of 64; a sweep of 146 prompt truncations had found 2 such flips."""
         self.server = self.one
         p0, p10 = token_prompt(1000, 190), token_prompt(1010, 210)
         cases = [("token_prompt(1000, 190) + its first 4 tokens", p0 + [99, 28, 67, 254]),
@@ -1556,9 +1551,6 @@ def main():
         LOG_DIR = tmp.name
     if ARGS.watchdog > 0:
         threading.Thread(target=watchdog, args=(ARGS.watchdog,), daemon=True).start()
-    if "cuda" not in ARGS.server_args:  # a known CPU server bug (TestPrefillChunking's docstring)
-        TestPrefillChunking.test_one_chunk_equals_chunks_of_64 = unittest.expectedFailure(
-            TestPrefillChunking.test_one_chunk_equals_chunks_of_64)
     prog = unittest.main(argv=[sys.argv[0], *rest], exit=False, testRunner=TimingRunner)
     if tmp:
         tmp.cleanup()

@@ -317,6 +317,20 @@ class CpuBackend : public Backend {
   void prefill_attention(const kv::PagedKvView& kv, int b, int cached_len, const float* q,
                          const float* k_new, const float* v_new, int n, int num_q_heads,
                          float sm_scale, float* o) override {
+    // Reduced-precision weights: the chunk's own rows are read as the cache stores them (BF16), as
+    // every earlier chunk's are and as the CUDA backend's BF16 prefill reads them, so a prompt's
+    // logits do not depend on how it was split into chunks. f32 weights (the exact mode): fp32.
+    if (opts_.weight_dtype != WeightDtype::kF32) {
+      const size_t rows = size_t(n) * size_t(kv.num_kv_heads) * size_t(kv.head_dim);
+      thread_local std::vector<float> own_rows;  // (a backend may serve several threads)
+      own_rows.resize(2 * rows);
+      for (size_t i = 0; i < rows; ++i) {
+        own_rows[i] = bf16_to_f32(f32_to_bf16(k_new[i]));
+        own_rows[rows + i] = bf16_to_f32(f32_to_bf16(v_new[i]));
+      }
+      k_new = own_rows.data();
+      v_new = own_rows.data() + rows;
+    }
     if (!kernel_supports_head_dim(kv.head_dim))
       return prefill_attention_generic(kv, b, cached_len, q, k_new, v_new, n, num_q_heads,
                                        sm_scale, o);
