@@ -39,13 +39,6 @@ bool Backend::silu_mul_linear_add(const float* gu, int n, int inter, const Prepa
   return linear_add(w, act, n, y, tmp, rows_ss);
 }
 
-bool Backend::ffn_add(float* x, const PreparedWeight& norm, float eps, const PreparedWeight& w_gate_up,
-                      const PreparedWeight& w_down, int n, float* h, float* gu, float* act, float* tmp,
-                      const double* x_ss, double* rows_ss) {
-  rms_norm_linear(x, norm, eps, w_gate_up, n, h, gu, x_ss);
-  return silu_mul_linear_add(gu, n, int(w_down.cols), w_down, act, x, tmp, rows_ss);
-}
-
 void Backend::qkv_heads(const float* qkv, int n, int Hq, int Hkv, int d, const PreparedWeight* q_norm,
                         const PreparedWeight* k_norm, float eps, const float* cos, const float* sin, float* q,
                         float* k, float* v) {

@@ -121,14 +121,6 @@ class Backend {
   // the FFN's activation and down projection (tmp and rows_ss as linear_add's).
   virtual bool silu_mul_linear_add(const float* gu, int n, int inter, const PreparedWeight& w, float* act,
                                    float* y, float* tmp, double* rows_ss);
-  // A layer's FFN added to its residual x [n][hidden]: h = RMSNorm(x) with norm, gu = h
-  // W_gate_up^T, act = SiLU(g) * u, x += act W_down^T (h, gu, act written; tmp as
-  // linear_add's). x_ss: x's rows' sums of squares (rms_norm_linear's rows_ss) or null;
-  // rows_ss and the result: the new x's, as linear_add's (it may be x_ss's buffer). The
-  // default: rms_norm_linear, then silu_mul_linear_add.
-  virtual bool ffn_add(float* x, const PreparedWeight& norm, float eps, const PreparedWeight& w_gate_up,
-                       const PreparedWeight& w_down, int n, float* h, float* gu, float* act, float* tmp,
-                       const double* x_ss, double* rows_ss);
   // The attention inputs from the fused projection's rows qkv [n][(Hq + 2 Hkv) d]:
   // q [n][Hq d], k, v [n][Hkv d]; q and k RMS-normed per head with q_norm / k_norm
   // when given (Qwen3; both or neither), then RoPE on q and k (tables as rope()).

@@ -58,9 +58,10 @@ void layer_attention_inputs(backend::Backend& be, const ModelConfig& c, const Pr
 
 bool layer_attention_output_and_ffn(backend::Backend& be, const ModelConfig& c, const PreparedLayer& L,
                                     int T, const LayerActivations& a) {
+  const int I = c.intermediate;
   const bool ss = be.linear_add(*L.wo, a.attn, T, a.x, a.tmp, a.ss);
-  return be.ffn_add(a.x, *L.ffn_norm, c.rms_eps, *L.w_gate_up, *L.w_down, T, a.h, a.gu, a.act, a.tmp,
-                    ss ? a.ss : nullptr, a.ss);
+  be.rms_norm_linear(a.x, *L.ffn_norm, c.rms_eps, *L.w_gate_up, T, a.h, a.gu, ss ? a.ss : nullptr);
+  return be.silu_mul_linear_add(a.gu, T, I, *L.w_down, a.act, a.x, a.tmp, a.ss);
 }
 
 }  // namespace oscar::model

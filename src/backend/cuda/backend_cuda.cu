@@ -423,7 +423,6 @@ class CudaBackend final : public Backend {
     if (const char* g = std::getenv("OSCAR_CUDA_GEMV_MMA_ROWS")) gemv_mma_rows_ = std::atoi(g);
     if (const char* g = std::getenv("OSCAR_CUDA_BLAS_BETA")) blas_beta_ = std::string(g) != "0";
     if (const char* g = std::getenv("OSCAR_CUDA_FUSE_NORM")) fuse_norm_ = std::string(g) != "0";
-    if (const char* g = std::getenv("OSCAR_CUDA_FUSE_SWIGLU")) fuse_swiglu_ = std::string(g) != "0";
     if (const char* g = std::getenv("OSCAR_CUDA_PREFILL_WARPS")) prefill_warps_ = std::atoi(g) == 8 ? 8 : 4;
     if (const char* g = std::getenv("OSCAR_CUDA_BF16_DECODE")) set_bf16_decode(g);
     // Query/key rotations from this many tokens on in the tiled kernel (0: never; A/B only).
@@ -595,12 +594,12 @@ class CudaBackend final : public Backend {
   // nrm / ss: the 1-row GEMV's fused norm of x or sums of squares of y (cuda_ops::gemv_bf16;
   // the caller checked that the GEMV runs, at one row).
   void gemm(const CudaWeight& w, const float* x, int n, float* y, float beta, cuda_ops::GemvNorm nrm = {},
-            cuda_ops::GemvSumSq ss = {}, float* act = nullptr) {
+            cuda_ops::GemvSumSq ss = {}) {
     const float one = 1.0f;
     const int out = int(w.rows), in = int(w.cols);
     if (uses_gemv(w, x, n)) {
       cuda_ops::gemv_bf16(w.w.as<uint16_t>(), x, n, out, in, w.bias.as<float>(), beta, y, gemv_mma_rows_, st_, nrm,
-                          ss, act);
+                          ss);
       check_launch("gemv");
       return;
     }
@@ -680,24 +679,6 @@ class CudaBackend final : public Backend {
     check_launch("rms_norm");
     gemm_from_xb(w, n, y, 0.0f);
   }
-  // At one row on the GEMVs the SwiGLU is the gate / up product's epilogue (each warp takes a
-  // gate row and its up row), and with x_ss the norm is inside that product too: the FFN is
-  // two launches. Elsewhere (or OSCAR_CUDA_FUSE_SWIGLU=0) the default's three or four.
-  bool ffn_add(float* x, const PreparedWeight& norm, float eps, const PreparedWeight& w_gate_up,
-               const PreparedWeight& w_down, int n, float* h, float* gu, float* act, float* tmp, const double* x_ss,
-               double* rows_ss) override {
-    const CudaWeight &wg = cw(w_gate_up), &wd = cw(w_down);
-    if (n == 1 && fuse_swiglu_ && uses_gemv(wg, x, n) && uses_gemv(wd, act, n) && wg.rows == 2 * wd.cols &&
-        cw(norm).cols == wg.cols) {
-      cuda_ops::GemvNorm nrm;
-      if (x_ss) nrm = {x_ss, cw(norm).w.as<float>(), eps, h};
-      else rms_norm(x, norm, n, int(wg.cols), eps, h);
-      gemm(wg, x_ss ? x : h, n, gu, 0.0f, nrm, {}, act);
-      return linear_add(w_down, act, n, x, tmp, rows_ss);
-    }
-    return Backend::ffn_add(x, norm, eps, w_gate_up, w_down, n, h, gu, act, tmp, x_ss, rows_ss);
-  }
-
   // Likewise the activation writes the down projection's BF16 input.
   bool silu_mul_linear_add(const float* gu, int n, int inter, const PreparedWeight& pw, float* act, float* y,
                            float* tmp, double* rows_ss) override {
@@ -1164,7 +1145,6 @@ class CudaBackend final : public Backend {
   int gemv_mma_rows_ = 2;
   bool blas_beta_ = true;  // residual adds through cuBLAS's beta = 1 (OSCAR_CUDA_BLAS_BETA=0: tmp + add kernel)
   bool fuse_norm_ = true;  // 1-row steps: the norms inside the GEMVs (OSCAR_CUDA_FUSE_NORM=0: norm kernels)
-  bool fuse_swiglu_ = true;  // 1-row steps: SwiGLU in the gate / up GEMV (OSCAR_CUDA_FUSE_SWIGLU=0: its kernel)
   DevMem ss_scratch_;      // cuda_ops::GemvSumSq's parts, then its ticket
   unsigned* ss_ticket() const {
     return reinterpret_cast<unsigned*>(ss_scratch_.as<double>() + cuda_ops::kGemvMaxBlocks);

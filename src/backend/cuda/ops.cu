@@ -289,18 +289,12 @@ __device__ __forceinline__ float4 bf16_round4(float4 v) {
 // norm launch and no row sum before the weight stream; warp 0 of block 0 also writes the
 // normed row to nrm.h. SS (one row): the sum of squares of y's rows after the epilogue
 // (fp64), per block, then by the last block to finish, in a fixed order (deterministic).
-// GLU (one row, R = 2, beta = 0): W is [gate; up] (out = 2 inter) and a warp takes rows j
-// and inter + j, so its epilogue has both halves of the SwiGLU: act[j] = SiLU(g) u as
-// silu_mul_k computes it (y gets g and u too).
-template <int N, int R, bool NORM, bool SS, bool GLU>
+template <int N, int R, bool NORM, bool SS>
 __global__ void __launch_bounds__(256) gemv_bf16_k(const uint16_t* __restrict__ W, const float* __restrict__ x,
                                                    int out, int in, const float* __restrict__ bias, float beta,
-                                                   float* __restrict__ y, GemvNorm nrm, GemvSumSq ss,
-                                                   float* __restrict__ act) {
+                                                   float* __restrict__ y, GemvNorm nrm, GemvSumSq ss) {
   constexpr int U = 4;
-  static_assert(!(NORM || SS || GLU) || N == 1, "the fused norm, sums of squares and SwiGLU are for one row");
-  static_assert(!GLU || R == 2, "a SwiGLU warp takes one gate and one up row");
-  const int half = out / 2;  // GLU: inter
+  static_assert(!(NORM || SS) || N == 1, "the fused norm and the sums of squares are for one row");
   kernels::cuda::detail::pdl_launch_dependents();
   // The weights do not depend on earlier launches: the first loads are issued before
   // the wait, so a step's weight stream starts while the kernels before it finish.
@@ -309,9 +303,8 @@ __global__ void __launch_bounds__(256) gemv_bf16_k(const uint16_t* __restrict__ 
   double my_ss = 0.0;
   const int lane = threadIdx.x % 32;
   const int warps = int(gridDim.x * blockDim.x / 32);
-  // o0: the warp's first row (GLU: its gate row; the up row is half + o0).
-  const int first_o0 = int((blockIdx.x * blockDim.x + threadIdx.x) / 32) * (GLU ? 1 : R);
-  for (int o0 = first_o0; o0 < (GLU ? half : out); o0 += warps * (GLU ? 1 : R)) {
+  const int first_o0 = int((blockIdx.x * blockDim.x + threadIdx.x) / 32) * R;
+  for (int o0 = first_o0; o0 < out; o0 += warps * R) {
     float acc[N][R];
 #pragma unroll
     for (int t = 0; t < N; ++t)
@@ -319,8 +312,7 @@ __global__ void __launch_bounds__(256) gemv_bf16_k(const uint16_t* __restrict__ 
       for (int r = 0; r < R; ++r) acc[t][r] = 0.0f;
     const uint4* wr[R];
 #pragma unroll
-    for (int r = 0; r < R; ++r)
-      wr[r] = reinterpret_cast<const uint4*>(W + int64_t(GLU ? o0 + r * half : min(o0 + r, out - 1)) * in);
+    for (int r = 0; r < R; ++r) wr[r] = reinterpret_cast<const uint4*>(W + int64_t(min(o0 + r, out - 1)) * in);
     // NORM: the one warp that writes the normed row (warp 0 of block 0, its first rows).
     float* const h = NORM && nrm.h && o0 == first_o0 && blockIdx.x == 0 && threadIdx.x < 32 ? nrm.h : nullptr;
     const int chunks = in / 8;  // 8 weights each
@@ -379,28 +371,19 @@ __global__ void __launch_bounds__(256) gemv_bf16_k(const uint16_t* __restrict__ 
       for (int r = 0; r < R; ++r)
 #pragma unroll
         for (int s = 16; s > 0; s >>= 1) acc[t][r] += __shfl_xor_sync(0xffffffffu, acc[t][r], s);
-    if constexpr (GLU) {
-      if (lane == 0) {
-        float g = acc[0][0], u = acc[0][1];
-        if (bias) g += bias[o0], u += bias[half + o0];
-        y[o0] = g, y[half + o0] = u;
-        act[o0] = g / (1.0f + expf(-g)) * u;
-      }
-    } else {
-      // Lane t * R + r writes (t, o0 + r).
+    // Lane t * R + r writes (t, o0 + r).
 #pragma unroll
-      for (int t = 0; t < N; ++t)
+    for (int t = 0; t < N; ++t)
 #pragma unroll
-        for (int r = 0; r < R; ++r)
-          if (lane == (t * R + r) % 32 && o0 + r < out) {
-            float v = acc[t][r];
-            if (bias) v += bias[o0 + r];
-            float* yp = y + int64_t(t) * out + o0 + r;
-            v = beta != 0.0f ? v + beta * *yp : v;
-            *yp = v;
-            if constexpr (SS) my_ss += double(v) * v;
-          }
-    }
+      for (int r = 0; r < R; ++r)
+        if (lane == (t * R + r) % 32 && o0 + r < out) {
+          float v = acc[t][r];
+          if (bias) v += bias[o0 + r];
+          float* yp = y + int64_t(t) * out + o0 + r;
+          v = beta != 0.0f ? v + beta * *yp : v;
+          *yp = v;
+          if constexpr (SS) my_ss += double(v) * v;
+        }
   }
   if constexpr (SS) {
     if (!waited) pdl_wait();  // (a block with no rows still takes part)
@@ -434,14 +417,14 @@ __global__ void __launch_bounds__(256) gemv_bf16_k(const uint16_t* __restrict__ 
   }
 }
 
-template <int N, bool NORM = false, bool SS = false, bool GLU = false>
+template <int N, bool NORM = false, bool SS = false>
 void launch_gemv(const uint16_t* W, const float* x, int out, int in, const float* bias, float beta, float* y,
-                 cudaStream_t st, GemvNorm nrm = {}, GemvSumSq ss = {}, float* act = nullptr) {
+                 cudaStream_t st, GemvNorm nrm = {}, GemvSumSq ss = {}) {
   constexpr int R = N >= 4 ? 4 : 2;
   const int warps = (out + R - 1) / R;
   // Up to 8 resident blocks of 256 threads per SM on 132 SMs; more warps than rows idle.
   const int blocks = std::min((warps + 7) / 8, kGemvMaxBlocks);
-  launch(gemv_bf16_k<N, R, NORM, SS, GLU>, blocks, 256, st, W, x, out, in, bias, beta, y, nrm, ss, act);
+  launch(gemv_bf16_k<N, R, NORM, SS>, blocks, 256, st, W, x, out, in, bias, beta, y, nrm, ss);
 }
 
 // gemv_mma: the same product for 2-8 activation rows on the tensor cores (mma.sync
@@ -751,18 +734,15 @@ void add(float* x, const float* y, int64_t n, cudaStream_t st) {
 }
 
 void gemv_bf16(const uint16_t* W, const float* x, int n, int out, int in, const float* bias, float beta, float* y,
-               int mma_from, cudaStream_t st, GemvNorm nrm, GemvSumSq ss, float* act) {
-  // (The caller checks: one row; the norm or the sums of squares; SwiGLU: no sums, an even out.)
-  if ((nrm.ss || ss.out || act) && (n != 1 || (nrm.ss && ss.out) || (act && (ss.out || out % 2)))) return;
-  if (n >= 1 && !nrm.ss && !ss.out && !act && n <= kGemvMaxRows && n >= mma_from && in % 32 == 0 && out > 0) {
+               int mma_from, cudaStream_t st, GemvNorm nrm, GemvSumSq ss) {
+  if ((nrm.ss || ss.out) && (n != 1 || (nrm.ss && ss.out))) return;  // (the caller checks: one row, one of them)
+  if (n >= 1 && !nrm.ss && !ss.out && n <= kGemvMaxRows && n >= mma_from && in % 32 == 0 && out > 0) {
     const int blocks = (out + 16 * kGemvMmaTiles - 1) / (16 * kGemvMmaTiles);
     return launch(gemv_mma_k<kGemvMmaTiles, kGemvMmaChunks>, blocks, 32 * kGemvMmaWarps, st, W, x, n, out, in,
                   bias, beta, y);
   }
   switch (n) {
     case 1:
-      if (act && nrm.ss) return launch_gemv<1, true, false, true>(W, x, out, in, bias, 0.0f, y, st, nrm, ss, act);
-      if (act) return launch_gemv<1, false, false, true>(W, x, out, in, bias, 0.0f, y, st, nrm, ss, act);
       if (nrm.ss) return launch_gemv<1, true, false>(W, x, out, in, bias, beta, y, st, nrm, ss);
       if (ss.out) return launch_gemv<1, false, true>(W, x, out, in, bias, beta, y, st, nrm, ss);
       return launch_gemv<1>(W, x, out, in, bias, beta, y, st);

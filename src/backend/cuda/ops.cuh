@@ -27,7 +27,7 @@ bool pdl();
 
 inline constexpr int kGemvMaxRows = 8;
 inline constexpr int kGemvMaxBlocks = 132 * 8;  // the CUDA-core kernel's grid at most
-// One row only (n = 1, the CUDA-core kernel), one of (or neither):
+// One row only (n = 1, the CUDA-core kernel), one of:
 // GemvNorm: x is a residual row and the product takes RMSNorm(x) with weight w [in]
 // (as rms_norm), the sum of squares of x (fp64) read from ss on the device, written by the
 // kernel that wrote x (GemvSumSq); the normed row also goes to h when non-null.
@@ -45,12 +45,10 @@ struct GemvSumSq {
   double* part = nullptr;
   unsigned* ticket = nullptr;
 };
-// act (one row, beta 0, out even, with or without GemvNorm): W is [gate; up] and the
-// product's epilogue also writes act[j] = SiLU(y[j]) * y[out/2 + j] (as silu_mul).
 // From `mma_from` rows on (and `in` a multiple of 32) it runs on the tensor cores
 // (mma.sync); below, the CUDA-core kernel.
 void gemv_bf16(const uint16_t* W, const float* x, int n, int out, int in, const float* bias, float beta, float* y,
-               int mma_from, cudaStream_t st, GemvNorm nrm = {}, GemvSumSq ss = {}, float* act = nullptr);
+               int mma_from, cudaStream_t st, GemvNorm nrm = {}, GemvSumSq ss = {});
 // y[i] = bf16(x[i])
 void cast_bf16(const float* x, __nv_bfloat16* y, int64_t n, cudaStream_t st);
 // y[r][c] += b[c]
