@@ -21,22 +21,21 @@ WeightDtype weight_dtype_from_string(const std::string& s) {
   throw Error("weight dtype '" + s + "': expected f32, bf16 or q8");
 }
 
-bool Backend::linear_add(const PreparedWeight& w, const float* x, int n, float* y, float* tmp, double*) {
+void Backend::linear_add(const PreparedWeight& w, const float* x, int n, float* y, float* tmp) {
   linear(w, x, n, tmp);
   add(y, tmp, size_t(n) * size_t(w.rows));
-  return false;
 }
 
 void Backend::rms_norm_linear(const float* x, const PreparedWeight& norm, float eps, const PreparedWeight& w,
-                              int n, float* h, float* y, const double*) {
+                              int n, float* h, float* y) {
   rms_norm(x, norm, n, int(w.cols), eps, h);
   linear(w, h, n, y);
 }
 
-bool Backend::silu_mul_linear_add(const float* gu, int n, int inter, const PreparedWeight& w, float* act,
-                                  float* y, float* tmp, double* rows_ss) {
+void Backend::silu_mul_linear_add(const float* gu, int n, int inter, const PreparedWeight& w, float* act,
+                                  float* y, float* tmp) {
   silu_mul(gu, n, inter, act);
-  return linear_add(w, act, n, y, tmp, rows_ss);
+  linear_add(w, act, n, y, tmp);
 }
 
 void Backend::qkv_heads(const float* qkv, int n, int Hq, int Hkv, int d, const PreparedWeight* q_norm,

@@ -107,20 +107,16 @@ class Backend {
   // overrides them to save launches and memory passes, within the tolerances
   // its tests state.
   // y += x W^T (+ b): the residual add of o_proj and down_proj. tmp [n][out] is
-  // scratch the default uses (y, x, tmp distinct). rows_ss (n doubles of this backend's
-  // memory, or null): a backend may also write the sums of squares of y's rows as they are
-  // after the add, and returns whether it did, so that the RMSNorm that reads y next
-  // (rms_norm_linear) need not sum them again. The default writes none.
-  virtual bool linear_add(const PreparedWeight& w, const float* x, int n, float* y, float* tmp, double* rows_ss);
+  // scratch the default uses (y, x, tmp distinct).
+  virtual void linear_add(const PreparedWeight& w, const float* x, int n, float* y, float* tmp);
   // h = RMSNorm(x) with norm (dim = w's input width), then y = h W^T (+ b): a layer's
   // norm and the projection after it (h is written: the dense forward's hooks see it).
-  // rows_ss: x's rows' sums of squares as linear_add wrote them (x unchanged since), or null.
   virtual void rms_norm_linear(const float* x, const PreparedWeight& norm, float eps, const PreparedWeight& w,
-                               int n, float* h, float* y, const double* rows_ss);
+                               int n, float* h, float* y);
   // act = SiLU(g) * u from gu [n][2 inter] (gate columns, then up), then y += act W^T:
-  // the FFN's activation and down projection (tmp and rows_ss as linear_add's).
-  virtual bool silu_mul_linear_add(const float* gu, int n, int inter, const PreparedWeight& w, float* act,
-                                   float* y, float* tmp, double* rows_ss);
+  // the FFN's activation and down projection (tmp as linear_add's).
+  virtual void silu_mul_linear_add(const float* gu, int n, int inter, const PreparedWeight& w, float* act,
+                                   float* y, float* tmp);
   // The attention inputs from the fused projection's rows qkv [n][(Hq + 2 Hkv) d]:
   // q [n][Hq d], k, v [n][Hkv d]; q and k RMS-normed per head with q_norm / k_norm
   // when given (Qwen3; both or neither), then RoPE on q and k (tables as rope()).

@@ -263,18 +263,18 @@ int Model::run(std::span<const SeqStep> steps, kv::KvCache& cache) {
     be_.stage_rope(cos.data(), sin.data(), T, d);
     cache.store().stage_rows(rows_);  // the writes in the graphs are device work only
     be_.embed(*embd_, tokens.data(), T, x);
-    auto inputs = [&](int l, bool x_ss) {
-      layer_attention_inputs(be_, c, layers_[l], T, a, cos.data(), sin.data(), x_ss);
+    auto inputs = [&](int l) {
+      layer_attention_inputs(be_, c, layers_[l], T, a, cos.data(), sin.data());
       cache.rotate_queries_keys(l, a.q, Hq, a.k, T);
       cache.write_rows(l, rows_, a.k, a.v);
     };
-    graph_runs_ += be_.run_graph(key(0), [&] { inputs(0, false); });
+    graph_runs_ += be_.run_graph(key(0), [&] { inputs(0); });
     for (int l = 0; l < c.n_layers; ++l) {
       be_.decode_attention(dec_batch.layer(l), a.q, Hq, sm_scale, a.attn);
       graph_runs_ += be_.run_graph(key(l + 1), [&] {
-        const bool x_ss = layer_attention_output_and_ffn(be_, c, layers_[l], T, a);
+        layer_attention_output_and_ffn(be_, c, layers_[l], T, a);
         if (l + 1 < c.n_layers) {
-          inputs(l + 1, x_ss);
+          inputs(l + 1);
         } else {
           be_.rms_norm(x, *out_norm_, T, H, c.rms_eps, x);
           be_.linear(*lm_head_, x, T, logits_->data());
@@ -286,7 +286,6 @@ int Model::run(std::span<const SeqStep> steps, kv::KvCache& cache) {
   }
 
   be_.embed(*embd_, tokens.data(), T, x);
-  bool x_ss = false;  // a.ss holds x's sums of squares (the backend's choice; as in the graphs above)
   for (int l = 0; l < c.n_layers; ++l) {
     run_layer(be_, c, layers_[l], T, a, cos.data(), sin.data(), [&](float* q, float* k, float* v, float* attn) {
       cache.rotate_queries_keys(l, q, Hq, k, T);
@@ -302,7 +301,7 @@ int Model::run(std::span<const SeqStep> steps, kv::KvCache& cache) {
         }
       }
       return true;
-    }, &x_ss);
+    });
   }
   for (int s = 0; s < S; ++s) cache.commit(steps[s].seq, len[s]);
 

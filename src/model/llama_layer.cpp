@@ -43,25 +43,24 @@ void ActivationBuffers::ensure(backend::Backend& be, const ModelConfig& c, int T
   tmp_ = be.alloc(n * H);
   gu_ = be.alloc(n * 2 * I);
   act_ = be.alloc(n * I);
-  ss_ = be.alloc(2 * n);  // n doubles
   a_ = {x_->data(), h_->data(), qkv_->data(), q_->data(), k_->data(), v_->data(),
-        attn_->data(), tmp_->data(), gu_->data(), act_->data(), reinterpret_cast<double*>(ss_->data())};
+        attn_->data(), tmp_->data(), gu_->data(), act_->data()};
   tokens_ = T;
 }
 
 void layer_attention_inputs(backend::Backend& be, const ModelConfig& c, const PreparedLayer& L, int T,
-                            const LayerActivations& a, const float* cos, const float* sin, bool x_ss) {
-  be.rms_norm_linear(a.x, *L.attn_norm, c.rms_eps, *L.wqkv, T, a.h, a.qkv, x_ss ? a.ss : nullptr);
+                            const LayerActivations& a, const float* cos, const float* sin) {
+  be.rms_norm_linear(a.x, *L.attn_norm, c.rms_eps, *L.wqkv, T, a.h, a.qkv);
   be.qkv_heads(a.qkv, T, c.n_heads, c.n_kv_heads, c.head_dim, c.qk_norm ? L.q_norm.get() : nullptr,
                c.qk_norm ? L.k_norm.get() : nullptr, c.rms_eps, cos, sin, a.q, a.k, a.v);
 }
 
-bool layer_attention_output_and_ffn(backend::Backend& be, const ModelConfig& c, const PreparedLayer& L,
+void layer_attention_output_and_ffn(backend::Backend& be, const ModelConfig& c, const PreparedLayer& L,
                                     int T, const LayerActivations& a) {
   const int I = c.intermediate;
-  const bool ss = be.linear_add(*L.wo, a.attn, T, a.x, a.tmp, a.ss);
-  be.rms_norm_linear(a.x, *L.ffn_norm, c.rms_eps, *L.w_gate_up, T, a.h, a.gu, ss ? a.ss : nullptr);
-  return be.silu_mul_linear_add(a.gu, T, I, *L.w_down, a.act, a.x, a.tmp, a.ss);
+  be.linear_add(*L.wo, a.attn, T, a.x, a.tmp);
+  be.rms_norm_linear(a.x, *L.ffn_norm, c.rms_eps, *L.w_gate_up, T, a.h, a.gu);
+  be.silu_mul_linear_add(a.gu, T, I, *L.w_down, a.act, a.x, a.tmp);
 }
 
 }  // namespace oscar::model

@@ -40,7 +40,6 @@ PreparedLayer prepare_layer(backend::Backend& be, const ModelConfig& c, const La
 struct LayerActivations {
   float *x = nullptr, *h = nullptr, *qkv = nullptr, *q = nullptr, *k = nullptr, *v = nullptr,
         *attn = nullptr, *tmp = nullptr, *gu = nullptr, *act = nullptr;
-  double* ss = nullptr;  // [T]: x's rows' sums of squares, where the backend wrote them (Backend::linear_add)
 };
 
 // Owns LayerActivations for up to `tokens` rows; grows on demand.
@@ -52,34 +51,27 @@ class ActivationBuffers {
   int tokens() const { return tokens_; }
 
  private:
-  backend::BufferPtr x_, h_, qkv_, q_, k_, v_, attn_, tmp_, gu_, act_, ss_;
+  backend::BufferPtr x_, h_, qkv_, q_, k_, v_, attn_, tmp_, gu_, act_;
   LayerActivations a_;
   int tokens_ = 0;
 };
 
 // The first half of a layer: x -> q, k, v after QK-norm and RoPE (cos / sin: host
-// tables [T][d/2] of the T rows' positions, kernels/cpu/rope.h). x_ss: a.ss holds x's rows'
-// sums of squares (what the second half of the layer before returned).
+// tables [T][d/2] of the T rows' positions, kernels/cpu/rope.h).
 void layer_attention_inputs(backend::Backend& be, const ModelConfig& c, const PreparedLayer& L, int T,
-                            const LayerActivations& a, const float* cos, const float* sin, bool x_ss = false);
-// The second half: x += attn W_o, then the SwiGLU FFN on RMSNorm(x) added to x. Returns
-// whether a.ss holds the new x's rows' sums of squares (the backend's choice).
-bool layer_attention_output_and_ffn(backend::Backend& be, const ModelConfig& c, const PreparedLayer& L,
+                            const LayerActivations& a, const float* cos, const float* sin);
+// The second half: x += attn W_o, then the SwiGLU FFN on RMSNorm(x) added to x.
+void layer_attention_output_and_ffn(backend::Backend& be, const ModelConfig& c, const PreparedLayer& L,
                                     int T, const LayerActivations& a);
 
 // One layer, the attention given: attend(q, k, v, attn) -> false stops after the attention
-// (the second half is not run; a hook that needs no later layers). x_ss (optional): in,
-// whether a.ss holds x's sums of squares; out, whether it does after the layer. Leave it
-// null where anything but these layers may change x in between (the dense forward's hooks).
+// (the second half is not run; a hook that needs no later layers).
 template <class Attend>
 bool run_layer(backend::Backend& be, const ModelConfig& c, const PreparedLayer& L, int T,
-               const LayerActivations& a, const float* cos, const float* sin, Attend&& attend,
-               bool* x_ss = nullptr) {
-  layer_attention_inputs(be, c, L, T, a, cos, sin, x_ss && *x_ss);
-  if (x_ss) *x_ss = false;
+               const LayerActivations& a, const float* cos, const float* sin, Attend&& attend) {
+  layer_attention_inputs(be, c, L, T, a, cos, sin);
   if (!attend(a.q, a.k, a.v, a.attn)) return false;
-  const bool ss = layer_attention_output_and_ffn(be, c, L, T, a);
-  if (x_ss) *x_ss = ss;
+  layer_attention_output_and_ffn(be, c, L, T, a);
   return true;
 }
 

@@ -413,16 +413,12 @@ class CudaBackend final : public Backend {
     // graph is recorded (as PyTorch does for the same reason).
     blas_ws_ = DevMem(size_t(32) << 20);
     check_blas(cublasSetWorkspace(blas_, blas_ws_.p, blas_ws_.bytes), "workspace");
-    // The 1-row GEMV's sums of squares: per-block parts and the last-block ticket (zero).
-    ss_scratch_ = DevMem(size_t(cuda_ops::kGemvMaxBlocks) * sizeof(double) + 16);
-    check(cudaMemset(ss_scratch_.p, 0, ss_scratch_.bytes), "sums-of-squares scratch");
     if (opts_.weight_dtype == WeightDtype::kQ8) opts_.weight_dtype = WeightDtype::kBf16;
     if (const char* g = std::getenv("OSCAR_CUDA_GRAPHS")) graphs_ = std::string(g) != "0";
     if (const char* g = std::getenv("OSCAR_CUDA_PENALTY_SLOTS")) pen_slots_on_ = std::string(g) != "0";
     if (const char* g = std::getenv("OSCAR_CUDA_GEMV_ROWS")) set_gemv_rows(std::atoi(g));
     if (const char* g = std::getenv("OSCAR_CUDA_GEMV_MMA_ROWS")) gemv_mma_rows_ = std::atoi(g);
     if (const char* g = std::getenv("OSCAR_CUDA_BLAS_BETA")) blas_beta_ = std::string(g) != "0";
-    if (const char* g = std::getenv("OSCAR_CUDA_FUSE_NORM")) fuse_norm_ = std::string(g) != "0";
     if (const char* g = std::getenv("OSCAR_CUDA_PREFILL_WARPS")) prefill_warps_ = std::atoi(g) == 8 ? 8 : 4;
     if (const char* g = std::getenv("OSCAR_CUDA_BF16_DECODE")) set_bf16_decode(g);
     // Query/key rotations from this many tokens on in the tiled kernel (0: never; A/B only).
@@ -591,15 +587,11 @@ class CudaBackend final : public Backend {
   // y = beta y + x W^T (+ b). bf16 weights: the activations rounded to bf16, fp32 accumulation
   // and output; up to gemv_rows_ rows our GEMV (bias and beta in its epilogue), beyond cuBLAS.
   // f32 weights: SGEMM.
-  // nrm / ss: the 1-row GEMV's fused norm of x or sums of squares of y (cuda_ops::gemv_bf16;
-  // the caller checked that the GEMV runs, at one row).
-  void gemm(const CudaWeight& w, const float* x, int n, float* y, float beta, cuda_ops::GemvNorm nrm = {},
-            cuda_ops::GemvSumSq ss = {}) {
+  void gemm(const CudaWeight& w, const float* x, int n, float* y, float beta) {
     const float one = 1.0f;
     const int out = int(w.rows), in = int(w.cols);
     if (uses_gemv(w, x, n)) {
-      cuda_ops::gemv_bf16(w.w.as<uint16_t>(), x, n, out, in, w.bias.as<float>(), beta, y, gemv_mma_rows_, st_, nrm,
-                          ss);
+      cuda_ops::gemv_bf16(w.w.as<uint16_t>(), x, n, out, in, w.bias.as<float>(), beta, y, gemv_mma_rows_, st_);
       check_launch("gemv");
       return;
     }
@@ -647,56 +639,38 @@ class CudaBackend final : public Backend {
 
   // y += x W^T (+ b): our GEMV adds in its epilogue. Through cuBLAS the product goes
   // accumulates into y (beta = 1), or with OSCAR_CUDA_BLAS_BETA=0 goes to tmp and a kernel adds it.
-  // At one row on the GEMV (with rows_ss, unless OSCAR_CUDA_FUSE_NORM=0) the GEMV also sums y's
-  // squares for the norm after it (rms_norm_linear): a batch-1 step launches no norm kernel
-  // but the first layer's and the last one.
-  bool linear_add(const PreparedWeight& pw, const float* x, int n, float* y, float* tmp, double* rows_ss) override {
-    if (n <= 0) return false;
-    const CudaWeight& w = cw(pw);
-    if (rows_ss && fuse_norm_ && n == 1 && uses_gemv(w, x, n)) {
-      gemm(w, x, n, y, 1.0f, {}, {rows_ss, ss_scratch_.as<double>(), ss_ticket()});
-      return true;
-    }
-    if (blas_beta_ || uses_gemv(w, x, n)) {
-      gemm(w, x, n, y, 1.0f);
-      return false;
-    }
-    return Backend::linear_add(pw, x, n, y, tmp, nullptr);
+  void linear_add(const PreparedWeight& pw, const float* x, int n, float* y, float* tmp) override {
+    if (n <= 0) return;
+    if (blas_beta_ || uses_gemv(cw(pw), x, n)) return gemm(cw(pw), x, n, y, 1.0f);
+    Backend::linear_add(pw, x, n, y, tmp);
   }
 
-  // The norm writes the product's BF16 input itself on the cuBLAS path (one launch less); at one
-  // row on the GEMV with x's sums of squares given, the GEMV norms x as it reads it.
+  // The norm writes the product's BF16 input itself on the cuBLAS path (one launch less).
   void rms_norm_linear(const float* x, const PreparedWeight& norm, float eps, const PreparedWeight& pw, int n,
-                       float* h, float* y, const double* rows_ss) override {
+                       float* h, float* y) override {
     const CudaWeight& w = cw(pw);
     if (n <= 0) return;
+    if (!blas_bf16(w, h, n)) return Backend::rms_norm_linear(x, norm, eps, pw, n, h, y);
     if (cw(norm).cols != w.cols) throw Error("rms_norm: weight does not match the row size");
-    if (rows_ss && n == 1 && uses_gemv(w, x, n))
-      return gemm(w, x, n, y, 0.0f, {rows_ss, cw(norm).w.as<float>(), eps, h});
-    if (!blas_bf16(w, h, n)) return Backend::rms_norm_linear(x, norm, eps, pw, n, h, y, nullptr);
     grow(xb_, size_t(n) * w.cols * 2);
     cuda_ops::rms_norm(x, cw(norm).w.as<float>(), n, int(w.cols), eps, h, xb_.as<__nv_bfloat16>(), st_);
     check_launch("rms_norm");
     gemm_from_xb(w, n, y, 0.0f);
   }
   // Likewise the activation writes the down projection's BF16 input.
-  bool silu_mul_linear_add(const float* gu, int n, int inter, const PreparedWeight& pw, float* act, float* y,
-                           float* tmp, double* rows_ss) override {
+  void silu_mul_linear_add(const float* gu, int n, int inter, const PreparedWeight& pw, float* act, float* y,
+                           float* tmp) override {
     const CudaWeight& w = cw(pw);
-    if (n <= 0) return false;
-    if (!blas_bf16(w, act, n)) return Backend::silu_mul_linear_add(gu, n, inter, pw, act, y, tmp, rows_ss);
+    if (n <= 0) return;
+    if (!blas_bf16(w, act, n)) return Backend::silu_mul_linear_add(gu, n, inter, pw, act, y, tmp);
     if (w.cols != inter) throw Error("silu_mul_linear_add: weight does not match the FFN width");
     grow(xb_, size_t(n) * inter * 2);
     cuda_ops::silu_mul(gu, n, inter, act, xb_.as<__nv_bfloat16>(), st_);
     check_launch("silu_mul");
-    if (blas_beta_) {
-      gemm_from_xb(w, n, y, 1.0f);
-      return false;
-    }
+    if (blas_beta_) return gemm_from_xb(w, n, y, 1.0f);
     gemm_from_xb(w, n, tmp, 0.0f);
     cuda_ops::add(y, tmp, int64_t(n) * w.rows, st_);
     check_launch("add");
-    return false;
   }
 
   void qkv_heads(const float* qkv, int n, int Hq, int Hkv, int d, const PreparedWeight* qn,
@@ -1144,11 +1118,6 @@ class CudaBackend final : public Backend {
   // the CUDA cores (gemv_bf16_k); env OSCAR_CUDA_GEMV_MMA_ROWS.
   int gemv_mma_rows_ = 2;
   bool blas_beta_ = true;  // residual adds through cuBLAS's beta = 1 (OSCAR_CUDA_BLAS_BETA=0: tmp + add kernel)
-  bool fuse_norm_ = true;  // 1-row steps: the norms inside the GEMVs (OSCAR_CUDA_FUSE_NORM=0: norm kernels)
-  DevMem ss_scratch_;      // cuda_ops::GemvSumSq's parts, then its ticket
-  unsigned* ss_ticket() const {
-    return reinterpret_cast<unsigned*>(ss_scratch_.as<double>() + cuda_ops::kGemvMaxBlocks);
-  }
   bool graphs_ = true, capturing_ = false;  // OSCAR_CUDA_GRAPHS=0: eager steps
   std::unordered_map<uint64_t, cudaGraphExec_t> graphs_map_;
   std::unordered_map<uint64_t, int> graph_failures_;

@@ -284,27 +284,18 @@ __device__ __forceinline__ float4 bf16_round4(float4 v) {
 // gemv_bf16: each warp takes R consecutive rows of W and all N activation rows; per
 // step a lane loads 8 weights (16 bytes) of each of its R rows and the 8 matching x of
 // each activation row, U steps in flight. Rows of W are split over the grid, not K.
-// NORM (one row): x is a residual row whose RMSNorm the product takes on the fly,
-// x_k / rms * w_k with the sum of squares from the kernel that wrote x (SS below), so no
-// norm launch and no row sum before the weight stream; warp 0 of block 0 also writes the
-// normed row to nrm.h. SS (one row): the sum of squares of y's rows after the epilogue
-// (fp64), per block, then by the last block to finish, in a fixed order (deterministic).
-template <int N, int R, bool NORM, bool SS>
+template <int N, int R>
 __global__ void __launch_bounds__(256) gemv_bf16_k(const uint16_t* __restrict__ W, const float* __restrict__ x,
                                                    int out, int in, const float* __restrict__ bias, float beta,
-                                                   float* __restrict__ y, GemvNorm nrm, GemvSumSq ss) {
+                                                   float* __restrict__ y) {
   constexpr int U = 4;
-  static_assert(!(NORM || SS) || N == 1, "the fused norm and the sums of squares are for one row");
   kernels::cuda::detail::pdl_launch_dependents();
   // The weights do not depend on earlier launches: the first loads are issued before
   // the wait, so a step's weight stream starts while the kernels before it finish.
   bool waited = false;
-  float inv = 1.0f;  // NORM: 1 / rms(x), read once the launch before has completed
-  double my_ss = 0.0;
   const int lane = threadIdx.x % 32;
   const int warps = int(gridDim.x * blockDim.x / 32);
-  const int first_o0 = int((blockIdx.x * blockDim.x + threadIdx.x) / 32) * R;
-  for (int o0 = first_o0; o0 < out; o0 += warps * R) {
+  for (int o0 = int((blockIdx.x * blockDim.x + threadIdx.x) / 32) * R; o0 < out; o0 += warps * R) {
     float acc[N][R];
 #pragma unroll
     for (int t = 0; t < N; ++t)
@@ -313,8 +304,6 @@ __global__ void __launch_bounds__(256) gemv_bf16_k(const uint16_t* __restrict__ 
     const uint4* wr[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) wr[r] = reinterpret_cast<const uint4*>(W + int64_t(min(o0 + r, out - 1)) * in);
-    // NORM: the one warp that writes the normed row (warp 0 of block 0, its first rows).
-    float* const h = NORM && nrm.h && o0 == first_o0 && blockIdx.x == 0 && threadIdx.x < 32 ? nrm.h : nullptr;
     const int chunks = in / 8;  // 8 weights each
     for (int c0 = lane; c0 < chunks; c0 += 32 * U) {
       uint4 wv[U][R];
@@ -323,30 +312,17 @@ __global__ void __launch_bounds__(256) gemv_bf16_k(const uint16_t* __restrict__ 
 #pragma unroll
         for (int r = 0; r < R; ++r)
           if (c0 + 32 * u < chunks) wv[u][r] = __ldcs(wr[r] + c0 + 32 * u);  // streamed once: no L2 keep
-      if (!waited) {
-        pdl_wait(), waited = true;
-        // As rms_norm_k: the fp64 sum over the row's width, then 1 / sqrt in fp64.
-        if constexpr (NORM) inv = static_cast<float>(1.0 / sqrt(*nrm.ss / in + nrm.eps));
-      }
+      if (!waited) pdl_wait(), waited = true;
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int c = c0 + 32 * u;
         if (c >= chunks) break;
 #pragma unroll
         for (int t = 0; t < N; ++t) {
-          float4 xa = __ldg(reinterpret_cast<const float4*>(x + int64_t(t) * in) + 2 * c);
-          float4 xb = __ldg(reinterpret_cast<const float4*>(x + int64_t(t) * in) + 2 * c + 1);
-          if constexpr (NORM) {  // x * inv * w in rms_norm_k's order
-            const float4 ga = __ldg(reinterpret_cast<const float4*>(nrm.w) + 2 * c);
-            const float4 gb = __ldg(reinterpret_cast<const float4*>(nrm.w) + 2 * c + 1);
-            xa = make_float4(xa.x * inv * ga.x, xa.y * inv * ga.y, xa.z * inv * ga.z, xa.w * inv * ga.w);
-            xb = make_float4(xb.x * inv * gb.x, xb.y * inv * gb.y, xb.z * inv * gb.z, xb.w * inv * gb.w);
-            if (h) reinterpret_cast<float4*>(h)[2 * c] = xa, reinterpret_cast<float4*>(h)[2 * c + 1] = xb;
-          }
           // x rounded to BF16 as the cuBLAS and tensor-core paths take it, so a row's products are
           // the same whatever the batch (only their summation order differs).
-          xa = bf16_round4(xa);
-          xb = bf16_round4(xb);
+          const float4 xa = bf16_round4(__ldg(reinterpret_cast<const float4*>(x + int64_t(t) * in) + 2 * c));
+          const float4 xb = bf16_round4(__ldg(reinterpret_cast<const float4*>(x + int64_t(t) * in) + 2 * c + 1));
 #pragma unroll
           for (int r = 0; r < R; ++r) {
             const uint4 w = wv[u][r];
@@ -380,51 +356,19 @@ __global__ void __launch_bounds__(256) gemv_bf16_k(const uint16_t* __restrict__ 
           float v = acc[t][r];
           if (bias) v += bias[o0 + r];
           float* yp = y + int64_t(t) * out + o0 + r;
-          v = beta != 0.0f ? v + beta * *yp : v;
-          *yp = v;
-          if constexpr (SS) my_ss += double(v) * v;
+          *yp = beta != 0.0f ? v + beta * *yp : v;
         }
-  }
-  if constexpr (SS) {
-    if (!waited) pdl_wait();  // (a block with no rows still takes part)
-    __shared__ double red[8];
-    __shared__ bool last;
-    for (int s = 16; s > 0; s >>= 1) my_ss += __shfl_xor_sync(0xffffffffu, my_ss, s);
-    if (lane == 0) red[threadIdx.x / 32] = my_ss;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      double b = 0.0;
-      for (int w = 0; w < int(blockDim.x / 32); ++w) b += red[w];
-      ss.part[blockIdx.x] = b;
-      __threadfence();
-      last = atomicAdd(ss.ticket, 1u) == gridDim.x - 1;
-    }
-    __syncthreads();
-    if (last) {  // every other block's part is written and visible
-      __threadfence();
-      double b = 0.0;
-      for (int i = int(threadIdx.x); i < int(gridDim.x); i += int(blockDim.x)) b += __ldcg(ss.part + i);
-      for (int s = 16; s > 0; s >>= 1) b += __shfl_xor_sync(0xffffffffu, b, s);
-      if (lane == 0) red[threadIdx.x / 32] = b;
-      __syncthreads();
-      if (threadIdx.x == 0) {
-        double total = 0.0;
-        for (int w = 0; w < int(blockDim.x / 32); ++w) total += red[w];
-        *ss.out = total;
-        *ss.ticket = 0u;  // for the next launch (stream-ordered after this one)
-      }
-    }
   }
 }
 
-template <int N, bool NORM = false, bool SS = false>
+template <int N>
 void launch_gemv(const uint16_t* W, const float* x, int out, int in, const float* bias, float beta, float* y,
-                 cudaStream_t st, GemvNorm nrm = {}, GemvSumSq ss = {}) {
+                 cudaStream_t st) {
   constexpr int R = N >= 4 ? 4 : 2;
   const int warps = (out + R - 1) / R;
   // Up to 8 resident blocks of 256 threads per SM on 132 SMs; more warps than rows idle.
-  const int blocks = std::min((warps + 7) / 8, kGemvMaxBlocks);
-  launch(gemv_bf16_k<N, R, NORM, SS>, blocks, 256, st, W, x, out, in, bias, beta, y, nrm, ss);
+  const int blocks = std::min((warps + 7) / 8, 132 * 8);
+  launch(gemv_bf16_k<N, R>, blocks, 256, st, W, x, out, in, bias, beta, y);
 }
 
 // gemv_mma: the same product for 2-8 activation rows on the tensor cores (mma.sync
@@ -734,18 +678,14 @@ void add(float* x, const float* y, int64_t n, cudaStream_t st) {
 }
 
 void gemv_bf16(const uint16_t* W, const float* x, int n, int out, int in, const float* bias, float beta, float* y,
-               int mma_from, cudaStream_t st, GemvNorm nrm, GemvSumSq ss) {
-  if ((nrm.ss || ss.out) && (n != 1 || (nrm.ss && ss.out))) return;  // (the caller checks: one row, one of them)
-  if (n >= 1 && !nrm.ss && !ss.out && n <= kGemvMaxRows && n >= mma_from && in % 32 == 0 && out > 0) {
+               int mma_from, cudaStream_t st) {
+  if (n >= 1 && n <= kGemvMaxRows && n >= mma_from && in % 32 == 0 && out > 0) {
     const int blocks = (out + 16 * kGemvMmaTiles - 1) / (16 * kGemvMmaTiles);
     return launch(gemv_mma_k<kGemvMmaTiles, kGemvMmaChunks>, blocks, 32 * kGemvMmaWarps, st, W, x, n, out, in,
                   bias, beta, y);
   }
   switch (n) {
-    case 1:
-      if (nrm.ss) return launch_gemv<1, true, false>(W, x, out, in, bias, beta, y, st, nrm, ss);
-      if (ss.out) return launch_gemv<1, false, true>(W, x, out, in, bias, beta, y, st, nrm, ss);
-      return launch_gemv<1>(W, x, out, in, bias, beta, y, st);
+    case 1: return launch_gemv<1>(W, x, out, in, bias, beta, y, st);
     case 2: return launch_gemv<2>(W, x, out, in, bias, beta, y, st);
     case 3: return launch_gemv<3>(W, x, out, in, bias, beta, y, st);
     case 4: return launch_gemv<4>(W, x, out, in, bias, beta, y, st);

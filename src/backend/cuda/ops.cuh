@@ -26,29 +26,10 @@ void set_pdl(bool on);
 bool pdl();
 
 inline constexpr int kGemvMaxRows = 8;
-inline constexpr int kGemvMaxBlocks = 132 * 8;  // the CUDA-core kernel's grid at most
-// One row only (n = 1, the CUDA-core kernel), one of:
-// GemvNorm: x is a residual row and the product takes RMSNorm(x) with weight w [in]
-// (as rms_norm), the sum of squares of x (fp64) read from ss on the device, written by the
-// kernel that wrote x (GemvSumSq); the normed row also goes to h when non-null.
-struct GemvNorm {
-  const double* ss = nullptr;
-  const float* w = nullptr;
-  float eps = 0.0f;
-  float* h = nullptr;
-};
-// GemvSumSq: the sum of squares of the output row (after bias and beta) to *out, in fp64
-// and a fixed order; part (kGemvMaxBlocks doubles) and ticket (one unsigned, zero before
-// the first launch, left zero after each) are the backend's scratch, one launch at a time.
-struct GemvSumSq {
-  double* out = nullptr;
-  double* part = nullptr;
-  unsigned* ticket = nullptr;
-};
 // From `mma_from` rows on (and `in` a multiple of 32) it runs on the tensor cores
 // (mma.sync); below, the CUDA-core kernel.
 void gemv_bf16(const uint16_t* W, const float* x, int n, int out, int in, const float* bias, float beta, float* y,
-               int mma_from, cudaStream_t st, GemvNorm nrm = {}, GemvSumSq ss = {});
+               int mma_from, cudaStream_t st);
 // y[i] = bf16(x[i])
 void cast_bf16(const float* x, __nv_bfloat16* y, int64_t n, cudaStream_t st);
 // y[r][c] += b[c]
