@@ -223,6 +223,20 @@ def short(obj, n=400):
     return r if len(r) <= n else r[:n] + f"... ({len(r)} characters)"
 
 
+def batch_variant():
+    """Whether the servers run on the CUDA backend (--device cuda in --server-args). Its logits depend,
+    in their last digits, on what else is in the step (the 1-row GEMV and cuBLAS add in different
+    orders, and so do the split-KV plans of different batches) and on prefill against decode, as in vLLM
+    and SGLang outside their batch-invariant modes: a greedy or seeded text can part from the same
+    request's text alone at a near tie. The CPU backend is batch-invariant."""
+    a = ARGS.server_args.split()
+    return "--device=cuda" in a or any(x == "--device" and y == "cuda" for x, y in zip(a, a[1:]))
+
+
+def common_prefix(a, b):
+    return next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
 def describe_diff(what, got, want):
     """Where two texts part: the offset and a little context of each."""
     k = next((j for j, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
@@ -271,6 +285,21 @@ def openai_client(server):
 
 
 class ServerTest(unittest.TestCase):
+    def assert_same_text(self, got, want, what, others=()):
+        """A request's text beside others equals its text alone. Batch-variant servers (the CUDA
+        backend, batch_variant()) may part at a near tie: there the text must share its start with its
+        own reference, and a longer start than with any other request's reference (what a mix-up of
+        rows or requests would break)."""
+        if got == want:
+            return
+        msg = describe_diff(what, got, want)
+        if not batch_variant():
+            self.fail("output differs from the output alone: " + msg)
+        k = common_prefix(got, want)
+        rival = max((common_prefix(got, o) for o in others if o != want), default=0)
+        self.assertTrue(k > 0 and k > rival, f"parted from its own reference at char {k}, shares {rival} with "
+                                            f"another request's: {msg}")
+
     """Prints the server log tail when a test fails or errors."""
     server = None
 
@@ -598,7 +627,8 @@ class TestLogprobsAndChoices(ServerTest):
         """What lm-evaluation-harness asks (echo, max_tokens 0, logprobs 1): a greedy continuation,
         scored as part of the prompt, gets the log probabilities it was generated with (within
         2e-2: generated, it read its context back from the BF16 cache one token a step; scored, in
-        one prefill chunk)."""
+        one prefill chunk; 5e-2 on a batch-variant server, whose prefill and decode also sum in other
+        orders: 0.029 apart on an H100, 2026-12-05)."""
         prompt = token_prompt(71, 24)
         gen = self.post(self.C, {"prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": True,
                                  "logprobs": 1, "return_tokens_as_token_ids": True})
@@ -615,7 +645,7 @@ class TestLogprobsAndChoices(ServerTest):
         self.assertIsNone(s_lp["token_logprobs"][0])
         self.assertIsNone(s_lp["top_logprobs"][0])
         for i, (a, b) in enumerate(zip(s_lp["token_logprobs"][len(prompt):], g["token_logprobs"])):
-            self.assertAlmostEqual(a, b, delta=2e-2, msg=f"generated token {i}")
+            self.assertAlmostEqual(a, b, delta=5e-2 if batch_variant() else 2e-2, msg=f"generated token {i}")
         self.assertTrue(all(v <= 0 for v in s_lp["token_logprobs"][1:]))
         # echo and generation in one request: the prompt's entries, then the generated ones
         both = self.post(self.C, {"prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": True,
@@ -666,7 +696,8 @@ class TestLogprobsAndChoices(ServerTest):
         obj = self.post(self.C, dict(body, n=3))
         self.assertEqual([c["index"] for c in obj["choices"]], [0, 1, 2])
         singles = [self.post(self.C, dict(body, seed=11 + i))["choices"][0]["text"] for i in range(3)]
-        self.assertEqual([c["text"] for c in obj["choices"]], singles)
+        for i, c in enumerate(obj["choices"]):
+            self.assert_same_text(c["text"], singles[i], f"choice {i}", singles)
         self.assertGreater(len(set(singles)), 1, "three draws at temperature 1 should not all agree")
         self.assertEqual(obj["usage"]["completion_tokens"], 30)
         # streamed: the chunks of each index make the same texts
@@ -678,7 +709,8 @@ class TestLogprobsAndChoices(ServerTest):
             for c in e["choices"]:
                 texts[c["index"]] += c.get("text") or ""
                 finishes[c["index"]] += c.get("finish_reason") is not None
-        self.assertEqual(texts, singles)
+        for i in range(3):
+            self.assert_same_text(texts[i], singles[i], f"streamed choice {i}", singles)
         self.assertEqual(finishes, [1, 1, 1])
         self.assertEqual(stream_usage(events)["completion_tokens"], 30)
         # chat, n = 2, greedy: two equal choices
@@ -700,7 +732,9 @@ class TestLogprobsAndChoices(ServerTest):
                 one = self.post(self.C, dict(body, prompt=p, seed=2 + j))
                 want.append(one["choices"][0]["text"])
             prompt_tokens += one["usage"]["prompt_tokens"]
-        self.assertEqual([c["text"] for c in obj["choices"]], want)
+        self.assertEqual(len(obj["choices"]), len(want))
+        for i, c in enumerate(obj["choices"]):
+            self.assert_same_text(c["text"], want[i], f"choice {i}", want)
         self.assertEqual(obj["usage"]["prompt_tokens"], prompt_tokens)
         self.assertEqual(obj["usage"]["completion_tokens"], 24)
         # echo gives each choice its own prompt
@@ -864,9 +898,7 @@ class TestConcurrency(ServerTest):
             status, text, done = results[i]
             self.assertEqual(status, 200, f"request {i}: {short(text)}")
             self.assertTrue(done, f"request {i}: no [DONE]")
-            if text != alone[i]:
-                self.fail("batched output differs from the output alone: " +
-                          describe_diff(f"request {i} ({self.PROMPTS[i]!r})", text, alone[i]))
+            self.assert_same_text(text, alone[i], f"request {i} ({self.PROMPTS[i]!r})", alone)
         self.assertGreaterEqual(peak["running"], 2, "the 8 requests never ran together")
         self.assert_idle(MAIN)
 
@@ -1391,7 +1423,7 @@ class TestShutdown(ServerTest):
                 self.assertTrue(done, f"stream {i}: no [DONE]")
                 self.assertEqual(stream_finish(events), ["length"], f"stream {i}")
                 self.assertEqual((stream_usage(events) or {}).get("completion_tokens"), self.GEN, f"stream {i}")
-                self.assertEqual(stream_text(events), self.ref[i], f"stream {i}: output differs from the reference")
+                self.assert_same_text(stream_text(events), self.ref[i], f"stream {i}", self.ref)
             self.assertIn(h, (503, "refused"), "/health during shutdown")
             self.assertGreater(unfinished, 0, "every stream had ended before the signal: the drain was not tested")
             self.assertTrue(saw_503, "never saw /health 503 while the streams drained")

@@ -584,9 +584,9 @@ class CudaBackend final : public Backend {
     check_launch("embed");
   }
 
-  // y = beta y + x W^T (+ b). bf16 weights: the activations rounded to bf16, fp32 accumulation
-  // and output; up to gemv_rows_ rows our GEMV (bias and beta in its epilogue), beyond cuBLAS.
-  // f32 weights: SGEMM.
+  // y = beta y + x W^T (+ b). bf16 weights: up to gemv_rows_ rows our GEMV (fp32
+  // activations as they are, bias and beta in its epilogue), beyond cuBLAS with the
+  // activations rounded to bf16 (fp32 accumulation and output); f32 weights: SGEMM.
   void gemm(const CudaWeight& w, const float* x, int n, float* y, float beta) {
     const float one = 1.0f;
     const int out = int(w.rows), in = int(w.cols);

@@ -3,9 +3,10 @@
 // caches in device memory (backend/page_store.h) driven by the CUDA cache-write
 // and decode kernels (kernels/cuda).
 //
-//   linear          BF16 weights x activations rounded to BF16, fp32 accumulation
-//                   and output: one row our GEMV (bias / residual in its epilogue),
-//                   more rows cuBLAS (weights f32: SGEMM, no TF32)
+//   linear          one row: our GEMV (BF16 weights, fp32 activations and
+//                   accumulation, bias / residual in its epilogue); more rows:
+//                   cuBLAS, BF16 weights x activations rounded to BF16, fp32
+//                   accumulation and output (weights f32: SGEMM, no TF32)
 //   norms, RoPE,    small fp32 kernels (ops.cu)
 //   SwiGLU, embed
 //   decode          kernels/cuda/decode_attention (one plan per step, shared
@@ -42,11 +43,11 @@ struct CudaBackendOptions {
 std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions& opts = {});
 
 // Linear layers of at most `rows` (0..8) activation rows use our GEMV (bf16 weights,
-// activations rounded to bf16) instead of cuBLAS; default 1, env OSCAR_CUDA_GEMV_ROWS. For A/B runs.
+// fp32 activations) instead of cuBLAS; default 1, env OSCAR_CUDA_GEMV_ROWS. For A/B runs.
 void set_cuda_gemv_rows(Backend& be, int rows);
 int cuda_gemv_rows(Backend& be);
-// From this many rows on (default 2) that GEMV runs on the tensor cores, below on the CUDA
-// cores; env OSCAR_CUDA_GEMV_MMA_ROWS.
+// From this many rows on (default 2) that GEMV runs on the tensor cores (x rounded to
+// BF16), below on the CUDA cores (x in fp32); env OSCAR_CUDA_GEMV_MMA_ROWS.
 inline constexpr int kCudaGemvNever = 9;  // a min_rows the tensor-core GEMV never reaches
 void set_cuda_gemv_mma_min_rows(Backend& be, int rows);
 int cuda_gemv_mma_min_rows(Backend& be);

@@ -276,11 +276,6 @@ __global__ void argmax_final_k(const float* pv, const int* pi, int chunks, int32
   if (threadIdx.x == 0) out[blockIdx.x] = bi < 0 ? 0 : bi;
 }
 
-__device__ __forceinline__ float4 bf16_round4(float4 v) {
-  return make_float4(__bfloat162float(__float2bfloat16_rn(v.x)), __bfloat162float(__float2bfloat16_rn(v.y)),
-                     __bfloat162float(__float2bfloat16_rn(v.z)), __bfloat162float(__float2bfloat16_rn(v.w)));
-}
-
 // gemv_bf16: each warp takes R consecutive rows of W and all N activation rows; per
 // step a lane loads 8 weights (16 bytes) of each of its R rows and the 8 matching x of
 // each activation row, U steps in flight. Rows of W are split over the grid, not K.
@@ -319,10 +314,10 @@ __global__ void __launch_bounds__(256) gemv_bf16_k(const uint16_t* __restrict__ 
         if (c >= chunks) break;
 #pragma unroll
         for (int t = 0; t < N; ++t) {
-          // x rounded to BF16 as the cuBLAS and tensor-core paths take it, so a row's products are
-          // the same whatever the batch (only their summation order differs).
-          const float4 xa = bf16_round4(__ldg(reinterpret_cast<const float4*>(x + int64_t(t) * in) + 2 * c));
-          const float4 xb = bf16_round4(__ldg(reinterpret_cast<const float4*>(x + int64_t(t) * in) + 2 * c + 1));
+          // x in fp32 as it is (rounding it to BF16 as cuBLAS takes it cost 4 % of the kernel's time and
+          // did not make a row's logits independent of its batch: docs/history.md).
+          const float4 xa = __ldg(reinterpret_cast<const float4*>(x + int64_t(t) * in) + 2 * c);
+          const float4 xb = __ldg(reinterpret_cast<const float4*>(x + int64_t(t) * in) + 2 * c + 1);
 #pragma unroll
           for (int r = 0; r < R; ++r) {
             const uint4 w = wv[u][r];

@@ -16,9 +16,8 @@ namespace oscar::backend::cuda_ops {
 
 // Small-batch linear layer, memory-bound: y[t][o] = sum_i x[t][i] W[o][i] (+ beta y[t][o])
 // (+ b[o]) for t < n <= kGemvMaxRows, W [out][in] bf16 (in a multiple of 8, 16-byte
-// aligned), x fp32 rounded to BF16 (as the cuBLAS path takes it: a row's products do not depend
-// on the batch), fp32 accumulation. Below gemv_mma_min_rows() rows: CUDA cores, one warp per R
-// rows of W; from it on: tensor cores.
+// aligned), x fp32, fp32 accumulation. Below gemv_mma_min_rows() rows: CUDA cores, x not
+// rounded, one warp per R rows of W; from it on: tensor cores, x rounded to BF16.
 // Programmatic dependent launch for every kernel below (sm_90; the default off): a
 // kernel may be scheduled while the one before it runs, and waits for it before it
 // touches memory that one could have written or read (only weights are read earlier).
@@ -27,7 +26,7 @@ bool pdl();
 
 inline constexpr int kGemvMaxRows = 8;
 // From `mma_from` rows on (and `in` a multiple of 32) it runs on the tensor cores
-// (mma.sync); below, the CUDA-core kernel.
+// (mma.sync; x rounded to BF16 as on the cuBLAS path); below, the fp32 CUDA-core kernel.
 void gemv_bf16(const uint16_t* W, const float* x, int n, int out, int in, const float* bias, float beta, float* y,
                int mma_from, cudaStream_t st);
 // y[i] = bf16(x[i])
