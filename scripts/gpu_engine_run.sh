@@ -13,7 +13,8 @@
 #   on and off (OSCAR_CUDA_PENALTY_SLOTS), after the sampling tests (docs/gpu-engine.md, Sampling).
 # http: the HTTP server's end-to-end tests (tests/serve/test_http.py) against `oscar serve --device cuda`
 #   (each server 32768 tokens of KV, as on the CPU: several run at once on the one GPU), with OSCAR_MODEL (the default model's GGUF) and the openai client's wheels in .devwheels/
-#   (WHEELS=1 bash scripts/gpu_engine_pack.sh fetches them here).
+#   (WHEELS=1 bash scripts/gpu_engine_pack.sh fetches them here). HTTP_TESTS: test classes to run (default all);
+#   HTTP_TIMEOUT: seconds for the suite (default 580).
 # mixed: serving-like steps (decode rows beside a prefill chunk) on Qwen2.5-1.5B shapes, with the
 #   calibration $CALIB if given (else a data-free Hadamard one), BF16 vs 2-bit.
 # Environment: OSCAR_MODEL (the default model's GGUF, for the real-model test),
@@ -69,7 +70,7 @@ if [[ $MODE == http ]]; then
     || { tail -5 "$OUT/http-pip.log"; exit 1; }
   t0=$(date +%s)
   PYTHONPATH=/tmp/pyo timeout ${HTTP_TIMEOUT:-580} python3 tests/serve/test_http.py --oscar /tmp/p/bin/oscar --model "$OSCAR_MODEL" \
-    --server-args "--device cuda --max-kv-tokens 32768" --log-dir "$OUT/http-logs" > "$OUT/http.log" 2>&1
+    --server-args "--device cuda --max-kv-tokens 32768" --log-dir "$OUT/http-logs" ${HTTP_TESTS:-} > "$OUT/http.log" 2>&1
   rc=$?
   grep -E "^(FAIL|ERROR)|^Ran |^OK|^FAILED" "$OUT/http.log" | head -30
   echo "HTTP tests on the GPU server: exit $rc after $(( $(date +%s) - t0 )) s"
