@@ -285,6 +285,14 @@ def openai_client(server):
 
 
 class ServerTest(unittest.TestCase):
+    def assert_same_sampled_text(self, got, want, what):
+        """A seeded sampled request's text beside others equals its text alone, on a batch-invariant
+        server. On a batch-variant one (the CUDA backend) a draw at temperature ~1 changes with the
+        slightest move of the logits (the texts parted at their second character on an H100), so
+        there is nothing to compare."""
+        if not batch_variant():
+            self.assertEqual(got, want, what)
+
     def assert_same_text(self, got, want, what, others=()):
         """A request's text beside others equals its text alone. Batch-variant servers (the CUDA
         backend, batch_variant()) may part at a near tie: there the text must share its start with its
@@ -652,10 +660,13 @@ class TestLogprobsAndChoices(ServerTest):
                                   "logprobs": 1, "echo": True, "return_tokens_as_token_ids": True})
         b_lp = both["choices"][0]["logprobs"]
         self.assertEqual(b_lp["tokens"], s_lp["tokens"])
+        # (the same rows, but in products of other row counts: equal on the CPU, not on the GPU, where
+        # the first generated token came from a 24-row LM head here and a 1-row one alone: 0.016 apart)
+        same = 5e-2 if batch_variant() else 1e-4
         for a, b in zip(b_lp["token_logprobs"][len(prompt):], g["token_logprobs"]):
-            self.assertAlmostEqual(a, b, delta=1e-4)
+            self.assertAlmostEqual(a, b, delta=same)
         for a, b in zip(b_lp["token_logprobs"][1:len(prompt)], s_lp["token_logprobs"][1:len(prompt)]):
-            self.assertAlmostEqual(a, b, delta=1e-4)
+            self.assertAlmostEqual(a, b, delta=same)
 
     def test_chat_logprobs(self):
         obj = self.post(self.CH, {"messages": [{"role": "user", "content": "Name a colour."}], "max_tokens": 6,
@@ -697,7 +708,7 @@ class TestLogprobsAndChoices(ServerTest):
         self.assertEqual([c["index"] for c in obj["choices"]], [0, 1, 2])
         singles = [self.post(self.C, dict(body, seed=11 + i))["choices"][0]["text"] for i in range(3)]
         for i, c in enumerate(obj["choices"]):
-            self.assert_same_text(c["text"], singles[i], f"choice {i}", singles)
+            self.assert_same_sampled_text(c["text"], singles[i], f"choice {i}")
         self.assertGreater(len(set(singles)), 1, "three draws at temperature 1 should not all agree")
         self.assertEqual(obj["usage"]["completion_tokens"], 30)
         # streamed: the chunks of each index make the same texts
@@ -710,7 +721,7 @@ class TestLogprobsAndChoices(ServerTest):
                 texts[c["index"]] += c.get("text") or ""
                 finishes[c["index"]] += c.get("finish_reason") is not None
         for i in range(3):
-            self.assert_same_text(texts[i], singles[i], f"streamed choice {i}", singles)
+            self.assert_same_sampled_text(texts[i], singles[i], f"streamed choice {i}")
         self.assertEqual(finishes, [1, 1, 1])
         self.assertEqual(stream_usage(events)["completion_tokens"], 30)
         # chat, n = 2, greedy: two equal choices
@@ -734,7 +745,7 @@ class TestLogprobsAndChoices(ServerTest):
             prompt_tokens += one["usage"]["prompt_tokens"]
         self.assertEqual(len(obj["choices"]), len(want))
         for i, c in enumerate(obj["choices"]):
-            self.assert_same_text(c["text"], want[i], f"choice {i}", want)
+            self.assert_same_sampled_text(c["text"], want[i], f"choice {i}")
         self.assertEqual(obj["usage"]["prompt_tokens"], prompt_tokens)
         self.assertEqual(obj["usage"]["completion_tokens"], 24)
         # echo gives each choice its own prompt
