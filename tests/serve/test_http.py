@@ -285,6 +285,9 @@ def openai_client(server):
 
 
 class ServerTest(unittest.TestCase):
+    """Prints the server log tail when a test fails or errors."""
+    server = None
+
     def assert_same_sampled_text(self, got, want, what):
         """A seeded sampled request's text beside others equals its text alone, on a batch-invariant
         server. On a batch-variant one (the CUDA backend) a draw at temperature ~1 changes with the
@@ -307,9 +310,6 @@ class ServerTest(unittest.TestCase):
         rival = max((common_prefix(got, o) for o in others if o != want), default=0)
         self.assertTrue(k > 0 and k > rival, f"parted from its own reference at char {k}, shares {rival} with "
                                             f"another request's: {msg}")
-
-    """Prints the server log tail when a test fails or errors."""
-    server = None
 
     def run(self, result=None):
         result = result or self.defaultTestResult()
