@@ -69,6 +69,7 @@ if [[ $MODE == http ]]; then
   python3 -m pip install -q --no-index --find-links .devwheels --target /tmp/pyo openai > "$OUT/http-pip.log" 2>&1 \
     || { tail -5 "$OUT/http-pip.log"; exit 1; }
   t0=$(date +%s)
+  # shellcheck disable=SC2086  # HTTP_TESTS: class names, split on purpose
   PYTHONPATH=/tmp/pyo timeout ${HTTP_TIMEOUT:-580} python3 tests/serve/test_http.py --oscar /tmp/p/bin/oscar --model "$OSCAR_MODEL" \
     --server-args "--device cuda --max-kv-tokens 32768" --log-dir "$OUT/http-logs" ${HTTP_TESTS:-} > "$OUT/http.log" 2>&1
   rc=$?
