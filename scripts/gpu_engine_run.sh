@@ -4,7 +4,7 @@
 # runs the CUDA kernels' and engine's tests against the CPU references and the end-to-end
 # benchmark, and leaves the logs and the JSON in $OUT (docs/gpu-engine.md).
 #
-#   bash scripts/gpu_engine_run.sh [tests|bench|all|profile|rotation|penalty|http|mixed]     (default all)
+#   bash scripts/gpu_engine_run.sh [tests|bench|all|profile|rotation|penalty|http|heads|mixed]     (default all)
 # profile: one decode step per configuration under Nsight Compute (per-kernel GPU
 # times, $OUT/profile.csv; summarize with python3 scripts/profile_step.py).
 # rotation: the tensor-core (3xTF32) query/key rotation's test, then the prefill A/B with it
@@ -15,6 +15,9 @@
 #   (each server 32768 tokens of KV, as on the CPU: several run at once on the one GPU), with OSCAR_MODEL (the default model's GGUF) and the openai client's wheels in .devwheels/
 #   (WHEELS=1 bash scripts/gpu_engine_pack.sh fetches them here). HTTP_TESTS: test classes to run (default all);
 #   HTTP_TIMEOUT: seconds for the suite (default 580).
+# heads: the one-launch attention inputs (qkv_heads_into_cache) against the three launches: the
+#   CUDA backend's tests, then decode steps with OSCAR_CUDA_FUSE_HEADS=1 and 0, two rounds, Qwen3-8B
+#   and Qwen2.5-1.5B shapes, BF16 vs 2-bit (docs/gpu-engine.md, Rerun).
 # mixed: serving-like steps (decode rows beside a prefill chunk) on Qwen2.5-1.5B shapes, with the
 #   calibration $CALIB if given (else a data-free Hadamard one), BF16 vs 2-bit.
 # Environment: OSCAR_MODEL (the default model's GGUF, for the real-model test),
@@ -75,6 +78,30 @@ if [[ $MODE == http ]]; then
   rc=$?
   grep -E "^(FAIL|ERROR)|^Ran |^OK|^FAILED" "$OUT/http.log" | head -30
   echo "HTTP tests on the GPU server: exit $rc after $(( $(date +%s) - t0 )) s"
+  exit $rc
+fi
+if [[ $MODE == heads ]]; then
+  t0=$(date +%s)
+  timeout 240 /tmp/p/bin/test_cuda_backend --gtest_filter="${GTEST_FILTER:-*}" > "$OUT/test_cuda_backend.log" 2>&1
+  r=$?; ((r)) && rc=$r
+  grep -E "^\[  (PASSED|FAILED) |^\[  FAILED|Failure|Expected|Which is|one launch|vs CPU" "$OUT/test_cuda_backend.log" | head -30
+  echo "test_cuda_backend: exit $r after $(( $(date +%s) - t0 )) s"
+  T0=$(date +%s)
+  for round in 1 2; do
+    for P in qwen3-8b qwen25-1.5b; do
+      for F in 1 0; do
+        # the second round only while the call has time left (a call runs at most 600 s)
+        (( round == 2 && $(date +%s) - T0 > ${HEADS_BUDGET:-330} )) && continue
+        t0=$(date +%s)
+        OSCAR_CUDA_FUSE_HEADS=$F /tmp/p/bin/bench_gpu_engine --preset $P --kv-gib 40 --ctx none --batch 1,8 \
+          --batch-ctx 32768 --long-ctx 100000 --steps 10 --graphs on --prefill 0 --methods bf16,int2 \
+          --json "$OUT/heads-$P-fuse$F-r$round.json" 2> "$OUT/heads-$P-fuse$F-r$round.err" | grep "^batch" \
+          | sed "s/^/$P fuse=$F r$round /"
+        r=${PIPESTATUS[0]}; ((r)) && { rc=$r; tail -5 "$OUT/heads-$P-fuse$F-r$round.err"; }
+        echo "$P, OSCAR_CUDA_FUSE_HEADS=$F, round $round: exit $r after $(( $(date +%s) - t0 )) s"
+      done
+    done
+  done
   exit $rc
 fi
 if [[ $MODE == mixed ]]; then

@@ -54,6 +54,19 @@ void Backend::qkv_heads(const float* qkv, int n, int Hq, int Hkv, int d, const P
   rope(k, n, Hkv, d, cos, sin);
 }
 
+void Backend::qkv_heads_into_cache(const float* qkv, int n, int Hq, int Hkv, int d, const PreparedWeight* q_norm,
+                                   const PreparedWeight* k_norm, float eps, const float* cos, const float* sin,
+                                   float* q, float* k, float* v, PageStore& store, int layer,
+                                   const RowPlacement& rows) {
+  if (rows.size() != n)
+    throw Error("qkv_heads_into_cache: " + std::to_string(rows.size()) + " rows placed for a step of " +
+                std::to_string(n));
+  qkv_heads(qkv, n, Hq, Hkv, d, q_norm, k_norm, eps, cos, sin, q, k, v);
+  if (n == 0) return;
+  store.transform_queries_keys(layer, q, Hq, k, n);
+  store.write_bf16(layer, rows, k, v);
+}
+
 void Backend::argmax_rows(const float* x, int rows, int cols, int32_t* out) {
   std::vector<float> h(size_t(rows) * size_t(cols));
   to_host(x, h.data(), h.size());

@@ -123,6 +123,15 @@ class Backend {
   virtual void qkv_heads(const float* qkv, int n, int Hq, int Hkv, int d, const PreparedWeight* q_norm,
                          const PreparedWeight* k_norm, float eps, const float* host_cos,
                          const float* host_sin, float* q, float* k, float* v);
+  // A step's attention inputs into its cache: qkv_heads, then the store's transform of q and k
+  // (PageStore::transform_queries_keys of `layer`) and the BF16 write of the k / v rows where
+  // `rows` places them (PageStore::write_bf16; rows.size() == n). q, k, v are left as the three
+  // calls leave them. The CUDA backend does the three in one launch for a step of few rows on a
+  // store of its own.
+  virtual void qkv_heads_into_cache(const float* qkv, int n, int Hq, int Hkv, int d, const PreparedWeight* q_norm,
+                                    const PreparedWeight* k_norm, float eps, const float* host_cos,
+                                    const float* host_sin, float* q, float* k, float* v, PageStore& store,
+                                    int layer, const RowPlacement& rows);
   // host_out[r] = argmax of row r of x [rows][cols] (ties: the lowest index; NaN never
   // wins; a row of NaN gives 0): greedy decoding without reading the logits back.
   virtual void argmax_rows(const float* x, int rows, int cols, int32_t* host_out);

@@ -264,9 +264,7 @@ int Model::run(std::span<const SeqStep> steps, kv::KvCache& cache) {
     cache.store().stage_rows(rows_);  // the writes in the graphs are device work only
     be_.embed(*embd_, tokens.data(), T, x);
     auto inputs = [&](int l) {
-      layer_attention_inputs(be_, c, layers_[l], T, a, cos.data(), sin.data());
-      cache.rotate_queries_keys(l, a.q, Hq, a.k, T);
-      cache.write_rows(l, rows_, a.k, a.v);
+      layer_attention_inputs_into_cache(be_, c, layers_[l], T, a, cos.data(), sin.data(), cache.store(), l, rows_);
     };
     graph_runs_ += be_.run_graph(key(0), [&] { inputs(0); });
     for (int l = 0; l < c.n_layers; ++l) {
@@ -287,21 +285,18 @@ int Model::run(std::span<const SeqStep> steps, kv::KvCache& cache) {
 
   be_.embed(*embd_, tokens.data(), T, x);
   for (int l = 0; l < c.n_layers; ++l) {
-    run_layer(be_, c, layers_[l], T, a, cos.data(), sin.data(), [&](float* q, float* k, float* v, float* attn) {
-      cache.rotate_queries_keys(l, q, Hq, k, T);
-      cache.write_rows(l, rows_, k, v);
-      if (Bd > 0) be_.decode_attention(dec_batch.layer(l), q, Hq, sm_scale, attn);
-      if (!pre_seqs.empty()) {
-        const kv::PagedKvView pv = pre_batch.layer(l);
-        for (size_t b = 0; b < pre_seqs.size(); ++b) {
-          const int s = pre_step[b];
-          be_.prefill_attention(pv, static_cast<int>(b), pos0[s], q + int64_t(off[s]) * Dq,
-                                k + int64_t(off[s]) * Dkv, v + int64_t(off[s]) * Dkv, len[s], Hq, sm_scale,
-                                attn + int64_t(off[s]) * Dq);
-        }
+    layer_attention_inputs_into_cache(be_, c, layers_[l], T, a, cos.data(), sin.data(), cache.store(), l, rows_);
+    if (Bd > 0) be_.decode_attention(dec_batch.layer(l), a.q, Hq, sm_scale, a.attn);
+    if (!pre_seqs.empty()) {
+      const kv::PagedKvView pv = pre_batch.layer(l);
+      for (size_t b = 0; b < pre_seqs.size(); ++b) {
+        const int s = pre_step[b];
+        be_.prefill_attention(pv, static_cast<int>(b), pos0[s], a.q + int64_t(off[s]) * Dq,
+                              a.k + int64_t(off[s]) * Dkv, a.v + int64_t(off[s]) * Dkv, len[s], Hq, sm_scale,
+                              a.attn + int64_t(off[s]) * Dq);
       }
-      return true;
-    });
+    }
+    layer_attention_output_and_ffn(be_, c, layers_[l], T, a);
   }
   for (int s = 0; s < S; ++s) cache.commit(steps[s].seq, len[s]);
 

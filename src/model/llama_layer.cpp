@@ -55,6 +55,15 @@ void layer_attention_inputs(backend::Backend& be, const ModelConfig& c, const Pr
                c.qk_norm ? L.k_norm.get() : nullptr, c.rms_eps, cos, sin, a.q, a.k, a.v);
 }
 
+void layer_attention_inputs_into_cache(backend::Backend& be, const ModelConfig& c, const PreparedLayer& L, int T,
+                                       const LayerActivations& a, const float* cos, const float* sin,
+                                       backend::PageStore& store, int layer, const backend::RowPlacement& rows) {
+  be.rms_norm_linear(a.x, *L.attn_norm, c.rms_eps, *L.wqkv, T, a.h, a.qkv);
+  be.qkv_heads_into_cache(a.qkv, T, c.n_heads, c.n_kv_heads, c.head_dim, c.qk_norm ? L.q_norm.get() : nullptr,
+                          c.qk_norm ? L.k_norm.get() : nullptr, c.rms_eps, cos, sin, a.q, a.k, a.v, store, layer,
+                          rows);
+}
+
 void layer_attention_output_and_ffn(backend::Backend& be, const ModelConfig& c, const PreparedLayer& L,
                                     int T, const LayerActivations& a) {
   const int I = c.intermediate;

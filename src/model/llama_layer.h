@@ -60,6 +60,12 @@ class ActivationBuffers {
 // tables [T][d/2] of the T rows' positions, kernels/cpu/rope.h).
 void layer_attention_inputs(backend::Backend& be, const ModelConfig& c, const PreparedLayer& L, int T,
                             const LayerActivations& a, const float* cos, const float* sin);
+// The same for a step into its cache: q, k, v, then q and k transformed by the store of
+// `layer` and the k / v rows written where `rows` places them (Backend::qkv_heads_into_cache;
+// one launch on the GPU): what a step over a KV cache runs before its attention.
+void layer_attention_inputs_into_cache(backend::Backend& be, const ModelConfig& c, const PreparedLayer& L, int T,
+                                       const LayerActivations& a, const float* cos, const float* sin,
+                                       backend::PageStore& store, int layer, const backend::RowPlacement& rows);
 // The second half: x += attn W_o, then the SwiGLU FFN on RMSNorm(x) added to x.
 void layer_attention_output_and_ffn(backend::Backend& be, const ModelConfig& c, const PreparedLayer& L,
                                     int T, const LayerActivations& a);

@@ -25,6 +25,7 @@
 #include "backend/cpu/backend_cpu.h"
 #include "backend/cuda/backend_cuda.h"
 #include "core/error.h"
+#include "core/half.h"
 #include "eval/calibrate_model.h"
 #include "kernels/cpu/rope.h"
 #include "kv/quant_methods.h"
@@ -319,6 +320,159 @@ TEST(CudaBackendOps, EveryOpMatchesTheCpuBackend) {
       EXPECT_THROW(gpu->embed(*eg, &bad, 1, hg->data()), Error);
     }
   }
+}
+
+// Backend::qkv_heads_into_cache (a step's q, k, v, the store's transform and the BF16 write of
+// the new rows): the CUDA backend's one launch against its three launches (the same arithmetic:
+// expected equal to the last fp32 bit, checked to 1e-6; BF16 cache rows to one BF16 step,
+// 8e-3) and against the CPU backend with a host store (the specification: 1e-5; cache rows 8e-3).
+// Head sizes 64 / 128 / 256, QK-norm on and off, one and five rows, a layer with a transform
+// (query and key matrices that differ, a key mean; one matrix per layer and one per KV head)
+// and an identity layer, and a store without transforms (the BF16 cache). The outputs and the
+// pools start as NaN, so a row not written fails; the call counter shows the one launch ran.
+TEST(CudaFusedHeads, OneLaunchEqualsTheThreeAndTheCpu) {
+  SKIP_WITHOUT_GPU();
+  auto cpu = backend::make_cpu_backend({WeightDtype::kF32, 1});
+  auto gpu = backend::make_cuda_backend({WeightDtype::kF32, 0});
+  Dev c{*cpu}, g{*gpu};
+  const int Hq = 8, Hkv = 2, ps = 16, layers = 2;
+  for (const int hd : {64, 128, 256}) {
+    for (const int r_heads : {1, Hkv}) {
+      for (const bool quant : {true, false}) {
+        if (!quant && r_heads != 1) continue;  // no transform: r_heads means nothing
+        backend::PageStoreSpec spec;
+        spec.n_layers = layers;
+        spec.num_kv_heads = Hkv;
+        spec.head_dim = hd;
+        spec.page_size = ps;
+        spec.bf16_pages = 4;
+        spec.group_size = 32;  // (no quantized pool; a group size the kernels take)
+        std::vector<backend::LayerQuant> lq(layers);
+        for (int l = 0; l < layers; ++l) {
+          lq[l].k_clip.assign(Hkv, 1.0f);
+          lq[l].v_clip.assign(Hkv, 1.0f);
+        }
+        lq[0].identity = false;  // layer 1 stays identity
+        lq[0].xf.d = hd;
+        lq[0].xf.n = r_heads;
+        lq[0].xf.key = randn(size_t(r_heads) * hd * hd, 30 + hd + r_heads, 0.1f);
+        lq[0].xf.query = randn(size_t(r_heads) * hd * hd, 31 + hd + r_heads, 0.1f);
+        lq[0].xf.mean = randn(size_t(Hkv) * hd, 32 + hd, 0.5f);
+        auto fused = gpu->page_store_factory()(spec);
+        auto three = gpu->page_store_factory()(spec);
+        auto host = backend::make_host_page_store(spec);
+        if (quant) {
+          fused->set_quant(lq);
+          three->set_quant(lq);
+          host->set_quant(lq);
+        }
+        // NaN pools: every row the test reads must have been written.
+        const size_t pool = size_t(spec.bf16_pages) * Hkv * ps * hd;
+        const std::vector<uint16_t> nan16(pool, 0x7fc0);
+        for (int l = 0; l < layers; ++l)
+          for (backend::PageStore* st : {fused.get(), three.get(), host.get()}) {
+            const kv::Bf16PagePool p = st->bf16_pool(l);
+            if (st == host.get()) {
+              std::copy(nan16.begin(), nan16.end(), p.k);
+              std::copy(nan16.begin(), nan16.end(), p.v);
+            } else {
+              ASSERT_EQ(cudaMemcpy(p.k, nan16.data(), pool * 2, cudaMemcpyHostToDevice), cudaSuccess);
+              ASSERT_EQ(cudaMemcpy(p.v, nan16.data(), pool * 2, cudaMemcpyHostToDevice), cudaSuccess);
+            }
+          }
+        auto pool_rows = [&](backend::PageStore& st, int l, const backend::RowPlacement& rows, bool v) {
+          const kv::Bf16PagePool p = st.bf16_pool(l);
+          std::vector<uint16_t> all(pool);
+          if (&st == host.get())
+            std::copy(v ? p.v : p.k, (v ? p.v : p.k) + pool, all.begin());
+          else
+            EXPECT_EQ(cudaMemcpy(all.data(), v ? p.v : p.k, pool * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+          std::vector<float> out;
+          for (int i = 0; i < rows.size(); ++i)
+            for (int h = 0; h < Hkv; ++h)
+              for (int e = 0; e < hd; ++e)
+                out.push_back(bf16_to_f32(all[((size_t(rows.pages[i]) * Hkv + h) * ps + rows.slots[i]) * hd + e]));
+          return out;
+        };
+        for (const int n : {1, 5}) {
+          for (const bool norm : {false, true}) {
+            for (int l = 0; l < layers; ++l) {
+              SCOPED_TRACE("head_dim " + std::to_string(hd) + ", r_heads " + std::to_string(r_heads) +
+                           (quant ? ", transforms" : ", no transform") + ", rows " + std::to_string(n) +
+                           (norm ? ", QK-norm" : "") + ", layer " + std::to_string(l));
+              backend::RowPlacement rows;
+              for (int i = 0; i < n; ++i) {  // scattered slots over pages 1..3
+                rows.pages.push_back(1 + (i * 2 + l) % 3);
+                rows.slots.push_back((i * 5 + 3 * l + n) % ps);
+              }
+              std::vector<float> cs(size_t(n) * hd / 2), sn(size_t(n) * hd / 2);
+              std::vector<int> pos(n);
+              for (int i = 0; i < n; ++i) pos[i] = 100 * i + 7;
+              model::ModelConfig mc;
+              mc.head_dim = hd;
+              kernels::cpu::rope_tables(model::rope_inv_freq(mc), pos.data(), n, cs.data(), sn.data());
+              const int Dq = Hq * hd, Dkv = Hkv * hd;
+              const auto qkv = randn(size_t(n) * (Dq + 2 * Dkv), 40 + n + hd + l, 2.0f);
+              auto qn = tensor({hd}, 41, 0.3f), kn = tensor({hd}, 42, 0.3f);
+              auto qnc = cpu->prepare_vector(qn), knc = cpu->prepare_vector(kn);
+              auto qng = gpu->prepare_vector(qn), kng = gpu->prepare_vector(kn);
+              const std::vector<float> nan(size_t(n) * Dq, NAN);
+              struct Out {
+                backend::BufferPtr q, k, v;
+              };
+              auto run = [&](backend::Backend& be, Dev& dv, backend::PageStore& st, const backend::PreparedWeight* wq,
+                             const backend::PreparedWeight* wk) {
+                auto in = dv.put(qkv);
+                Out o{dv.put(nan), dv.put(std::vector<float>(nan.begin(), nan.begin() + size_t(n) * Dkv)),
+                      dv.put(std::vector<float>(nan.begin(), nan.begin() + size_t(n) * Dkv))};
+                be.qkv_heads_into_cache(in->data(), n, Hq, Hkv, hd, norm ? wq : nullptr, norm ? wk : nullptr, 1e-6f,
+                                        cs.data(), sn.data(), o.q->data(), o.k->data(), o.v->data(), st, l, rows);
+                return o;
+              };
+              const int64_t calls0 = backend::cuda_fused_heads_calls(*gpu);
+              backend::set_cuda_fuse_heads(*gpu, true);
+              const Out of = run(*gpu, g, *fused, qng.get(), kng.get());
+              EXPECT_EQ(backend::cuda_fused_heads_calls(*gpu), calls0 + 1) << "the one launch did not run";
+              backend::set_cuda_fuse_heads(*gpu, false);
+              const Out ot = run(*gpu, g, *three, qng.get(), kng.get());
+              backend::set_cuda_fuse_heads(*gpu, true);
+              EXPECT_EQ(backend::cuda_fused_heads_calls(*gpu), calls0 + 1) << "three launches expected";
+              const Out oc = run(*cpu, c, *host, qnc.get(), knc.get());
+              const auto qf = g.get(*of.q, size_t(n) * Dq), kf = g.get(*of.k, size_t(n) * Dkv),
+                         vf = g.get(*of.v, size_t(n) * Dkv);
+              EXPECT_LE(rel_err(qf, g.get(*ot.q, size_t(n) * Dq)), 1e-6) << "q, one launch vs three";
+              EXPECT_LE(rel_err(kf, g.get(*ot.k, size_t(n) * Dkv)), 1e-6) << "k, one launch vs three";
+              EXPECT_EQ(vf, g.get(*ot.v, size_t(n) * Dkv)) << "v, one launch vs three";
+              EXPECT_LE(rel_err(qf, c.get(*oc.q, size_t(n) * Dq)), 1e-5) << "q vs CPU";
+              EXPECT_LE(rel_err(kf, c.get(*oc.k, size_t(n) * Dkv)), 1e-5) << "k vs CPU";
+              EXPECT_EQ(vf, c.get(*oc.v, size_t(n) * Dkv)) << "v vs CPU";
+              for (const bool v : {false, true}) {
+                const auto rf = pool_rows(*fused, l, rows, v);
+                EXPECT_LE(rel_err(rf, pool_rows(*three, l, rows, v)), 8e-3) << (v ? "V" : "K") << " rows, one vs three";
+                EXPECT_LE(rel_err(rf, pool_rows(*host, l, rows, v)), 8e-3) << (v ? "V" : "K") << " rows vs CPU";
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  // A placement that does not cover the step is refused.
+  backend::PageStoreSpec spec;
+  spec.n_layers = 1;
+  spec.num_kv_heads = Hkv;
+  spec.head_dim = 64;
+  spec.page_size = ps;
+  spec.bf16_pages = 2;
+  auto st = gpu->page_store_factory()(spec);
+  backend::RowPlacement one;
+  one.pages = {0};
+  one.slots = {0};
+  auto buf = gpu->alloc(size_t(2) * (Hq + 2 * Hkv) * 64);
+  std::vector<float> cs(64), sn(64);
+  EXPECT_THROW(gpu->qkv_heads_into_cache(buf->data(), 2, Hq, Hkv, 64, nullptr, nullptr, 1e-6f, cs.data(), sn.data(),
+                                         buf->data(), buf->data(), buf->data(), *st, 0, one),
+               Error);
 }
 
 model::ModelWeights tiny(model::Arch arch, int head_dim, int heads, int kv_heads) {

@@ -196,6 +196,36 @@ class CudaPageStore final : public PageStore {
           "write_bf16_tokens");
   }
 
+  // What CudaBackend::qkv_heads_into_cache's one launch needs of a layer: its transform (null
+  // matrices where it has none), its BF16 pools and the placement of `rows` on the device
+  // (uploaded, and the queued demotions run, as write_bf16 does first).
+  struct StepTarget {
+    const float* Rq = nullptr;
+    const float* Rk = nullptr;
+    const float* k_mean = nullptr;
+    int r_heads = 1;
+    kv::Bf16PagePool pool;
+    const int32_t* pages = nullptr;
+    const int32_t* slots = nullptr;
+  };
+  StepTarget step_target(int layer, const RowPlacement& rows) {
+    flush();
+    upload_rows(rows);
+    StepTarget t;
+    if (!q_.empty() && !q_.at(layer).identity) {
+      const Layer& L = q_[layer];
+      t.Rq = L.query.as<float>();
+      t.Rk = L.key.as<float>();
+      t.k_mean = L.mean.as<float>();
+      t.r_heads = L.n == 1 ? 1 : spec_.num_kv_heads;
+    }
+    t.pool = bf16_pool(layer);
+    t.pages = rows_dev_.as<int32_t>();
+    t.slots = rows_dev_.as<int32_t>() + rows.size();
+    return t;
+  }
+  cudaStream_t stream() const { return st_; }
+
   kv::MidCenter mid_center(int l) const override {
     kv::MidCenter c;
     if (q_.empty() || q_.at(l).center.empty()) return c;
@@ -416,6 +446,7 @@ class CudaBackend final : public Backend {
     if (opts_.weight_dtype == WeightDtype::kQ8) opts_.weight_dtype = WeightDtype::kBf16;
     if (const char* g = std::getenv("OSCAR_CUDA_GRAPHS")) graphs_ = std::string(g) != "0";
     if (const char* g = std::getenv("OSCAR_CUDA_PENALTY_SLOTS")) pen_slots_on_ = std::string(g) != "0";
+    if (const char* g = std::getenv("OSCAR_CUDA_FUSE_HEADS")) fuse_heads_ = std::string(g) != "0";
     if (const char* g = std::getenv("OSCAR_CUDA_GEMV_ROWS")) set_gemv_rows(std::atoi(g));
     if (const char* g = std::getenv("OSCAR_CUDA_GEMV_MMA_ROWS")) gemv_mma_rows_ = std::atoi(g);
     if (const char* g = std::getenv("OSCAR_CUDA_BLAS_BETA")) blas_beta_ = std::string(g) != "0";
@@ -685,6 +716,59 @@ class CudaBackend final : public Backend {
                         kn ? cw(*kn).w.as<float>() : nullptr, eps, tab, tab + size_t(n) * d / 2, q, k, v, st_);
     check_launch("qkv_heads");
   }
+
+  // One launch instead of three (qkv_heads, the store's transform, its BF16 write) for a step
+  // of few rows on a store of this backend (cuda_ops::qkv_heads_cache: the same arithmetic);
+  // otherwise, or with OSCAR_CUDA_FUSE_HEADS=0, the three.
+  void qkv_heads_into_cache(const float* qkv, int n, int Hq, int Hkv, int d, const PreparedWeight* qn,
+                            const PreparedWeight* kn, float eps, const float* cos, const float* sin, float* q,
+                            float* k, float* v, PageStore& store, int layer, const RowPlacement& rows) override {
+    auto* cs = dynamic_cast<CudaPageStore*>(&store);
+    if (!fuse_heads_ || !cs || cs->stream() != st_ || n <= 0 || n > cuda_ops::kQkvHeadsCacheMaxRows ||
+        (d != 64 && d != 128 && d != 256) || rows.size() != n)
+      return Backend::qkv_heads_into_cache(qkv, n, Hq, Hkv, d, qn, kn, eps, cos, sin, q, k, v, store, layer, rows);
+    if (!qn != !kn) throw Error("qkv_heads: q_norm and k_norm come together");
+    if (qn && (qn->cols != d || kn->cols != d))
+      throw Error("qkv_heads: norm weights do not match head_dim " + std::to_string(d));
+    const PageStoreSpec& sp = cs->spec();
+    if (Hkv != sp.num_kv_heads || d != sp.head_dim || Hq % Hkv != 0)
+      throw Error("qkv_heads_into_cache: " + std::to_string(Hq) + " query / " + std::to_string(Hkv) +
+                  " KV heads of " + std::to_string(d) + " channels for a cache of " + std::to_string(sp.num_kv_heads) +
+                  " KV heads of " + std::to_string(sp.head_dim));
+    if (layer < 0 || layer >= sp.n_layers)
+      throw Error("qkv_heads_into_cache: layer " + std::to_string(layer) + " outside the cache's " +
+                  std::to_string(sp.n_layers));
+    const float* tab = rope_tables(cos, sin, n, d);
+    const CudaPageStore::StepTarget t = cs->step_target(layer, rows);
+    cuda_ops::QkvHeadsCache a;
+    a.qkv = qkv;
+    a.n = n;
+    a.Hq = Hq;
+    a.Hkv = Hkv;
+    a.qn = qn ? cw(*qn).w.as<float>() : nullptr;
+    a.kn = kn ? cw(*kn).w.as<float>() : nullptr;
+    a.eps = eps;
+    a.cos = tab;
+    a.sin = tab + size_t(n) * d / 2;
+    a.q = q;
+    a.k = k;
+    a.v = v;
+    a.Rq = t.Rq;
+    a.Rk = t.Rk;
+    a.k_mean = t.k_mean;
+    a.r_heads = t.r_heads;
+    a.cache_k = t.pool.k;
+    a.cache_v = t.pool.v;
+    a.pages = t.pages;
+    a.slots = t.slots;
+    a.page_size = sp.page_size;
+    cuda_ops::qkv_heads_cache(a, d, st_);
+    check_launch("qkv_heads_into_cache");
+    ++fused_heads_calls_;
+  }
+  void set_fuse_heads(bool on) { fuse_heads_ = on; }
+  bool fuse_heads() const { return fuse_heads_; }
+  int64_t fused_heads_calls() const { return fused_heads_calls_; }
 
   void argmax_rows(const float* x, int rows, int cols, int32_t* out) override {
     no_capture(st_, "argmax_rows");
@@ -1123,6 +1207,8 @@ class CudaBackend final : public Backend {
   std::unordered_map<uint64_t, int> graph_failures_;
   std::shared_ptr<std::atomic<uint64_t>> stores_freed_ = std::make_shared<std::atomic<uint64_t>>(0);
   uint64_t stores_freed_seen_ = 0;
+  bool fuse_heads_ = true;      // qkv_heads_into_cache in one launch (OSCAR_CUDA_FUSE_HEADS)
+  int64_t fused_heads_calls_ = 0;  // ... launches of it (tests)
   bool fused_prefill_ = true;  // BF16 prefill through the fused kernel (else the GEMM path)
   int prefill_warps_ = 4;      // its CTA: 4 or 8 warps of 16 query rows
   DevMem argmax_;
@@ -1171,6 +1257,9 @@ CudaBackend& as_cuda(Backend& be) {
 }  // namespace
 
 void set_cuda_gemv_rows(Backend& be, int rows) { as_cuda(be).set_gemv_rows(rows); }
+void set_cuda_fuse_heads(Backend& be, bool on) { as_cuda(be).set_fuse_heads(on); }
+bool cuda_fuse_heads(Backend& be) { return as_cuda(be).fuse_heads(); }
+int64_t cuda_fused_heads_calls(Backend& be) { return as_cuda(be).fused_heads_calls(); }
 int cuda_gemv_rows(Backend& be) { return as_cuda(be).gemv_rows(); }
 void set_cuda_gemv_mma_min_rows(Backend& be, int rows) { as_cuda(be).set_gemv_mma_rows(rows); }
 int cuda_gemv_mma_min_rows(Backend& be) { return as_cuda(be).gemv_mma_rows(); }

@@ -52,6 +52,14 @@ inline constexpr int kCudaGemvNever = 9;  // a min_rows the tensor-core GEMV nev
 void set_cuda_gemv_mma_min_rows(Backend& be, int rows);
 int cuda_gemv_mma_min_rows(Backend& be);
 
+// A step's attention inputs into the cache (Backend::qkv_heads_into_cache: the head split with
+// QK-norm and RoPE, the key / query transform, the BF16 write of the new rows) in one launch for
+// steps of up to 64 rows, the default, or as three (off; env OSCAR_CUDA_FUSE_HEADS=0). For A/B
+// runs and the test that compares the two.
+void set_cuda_fuse_heads(Backend& be, bool on);
+bool cuda_fuse_heads(Backend& be);
+int64_t cuda_fused_heads_calls(Backend& be);  // the one-launch calls so far
+
 // The BF16 cache's decode attention on our kernel ("ours", the default) or on FlashInfer's
 // CUDA-core ("flashinfer") or tensor-core ("flashinfer-tc") decode: the comparison baseline of
 // docs/gpu-engine.md, in builds configured with OSCAR_FLASHINFER_INCLUDE (else this throws);

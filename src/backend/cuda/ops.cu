@@ -224,6 +224,115 @@ __global__ void __launch_bounds__(256) qkv_heads_warp_k(const float* qkv, int n,
   }
 }
 
+// Backend::qkv_heads_into_cache for a step of few rows (qkv_heads_cache below): the head split,
+// QK-norm and RoPE of qkv_heads_warp_k, the query / key transform of kernels/cuda rotate_kernel
+// and the BF16 write of the store's write_bf16 in one launch (three before). One block of 256
+// threads per (token, query head) and per (token, KV head). Warp 0 splits, norms and ropes the
+// head's pairs with qkv_heads_warp_k's arithmetic; where the layer has a transform, the row (a
+// key less the key mean) goes through shared memory into rotate_kernel's product, with the same
+// FMA order, so the results are those of the three launches. The block of KV head h also copies
+// value head h. Keys and values go to their f32 outputs and, rounded to BF16, into their cache
+// slots. The slice of the matrix a thread multiplies by is loaded before the wait for the QKV
+// product (it is a constant), so the product starts with it in registers (at d <= 128).
+template <int P>
+__global__ void __launch_bounds__(256) qkv_heads_cache_k(const QkvHeadsCache a) {
+  constexpr int D = 64 * P, h2 = D / 2;
+  constexpr int kCols = D / 4, kParts = 256 / kCols, kJ = D / kParts;
+  constexpr bool kPrefetch = D <= 128;  // kJ float4 registers: 16 at d = 128, 64 at d = 256
+  __shared__ float x[D];
+  __shared__ float4 part[kParts][kCols];
+  const int heads = a.Hq + a.Hkv;
+  const int t = int(blockIdx.x / heads), g = int(blockIdx.x % heads);
+  const bool is_q = g < a.Hq;
+  const int h = is_q ? g : g - a.Hq;  // query head, or KV head
+  const float* R = is_q ? a.Rq : a.Rk;
+  if (R) R += int64_t(h / ((is_q ? a.Hq : a.Hkv) / a.r_heads)) * D * D;
+  const float4* R4 = reinterpret_cast<const float4*>(R);
+  const int cg = threadIdx.x % kCols, p = threadIdx.x / kCols;
+  float4 rp[kPrefetch ? kJ : 1];
+  if constexpr (kPrefetch)
+    if (R)
+#pragma unroll
+      for (int jj = 0; jj < kJ; ++jj) rp[jj] = __ldg(R4 + (p * kJ + jj) * kCols + cg);
+  pdl_enter();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int Dq = a.Hq * D, Dkv = a.Hkv * D;
+  const float* row = a.qkv + int64_t(t) * (Dq + 2 * Dkv);
+  const int64_t slot = (int64_t(a.pages[t]) * a.Hkv + h) * a.page_size + a.slots[t];  // KV blocks only
+  if (!is_q && warp == 1) {  // the value head: copied, and rounded into the cache
+    for (int c = lane; c < D; c += 32) {
+      const float v = row[Dq + Dkv + int64_t(h) * D + c];
+      a.v[(int64_t(t) * a.Hkv + h) * D + c] = v;
+      a.cache_v[slot * D + c] = f32_to_bf16(v);
+    }
+  }
+  if (warp == 0) {
+    const int c0 = lane * P;
+    const float* src = row + (is_q ? int64_t(h) * D : Dq + int64_t(h) * D) + c0;
+    float av[P], bv[P];
+#pragma unroll
+    for (int j = 0; j < P; ++j) av[j] = src[j], bv[j] = src[j + h2];
+    const float* w = is_q ? a.qn : a.kn;
+    if (w) {
+      double ss = 0.0;
+#pragma unroll
+      for (int j = 0; j < P; ++j) ss += double(av[j]) * av[j] + double(bv[j]) * bv[j];
+      for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+      const float inv = static_cast<float>(1.0 / sqrt(ss / D + a.eps));
+#pragma unroll
+      for (int j = 0; j < P; ++j) av[j] = av[j] * inv * w[c0 + j], bv[j] = bv[j] * inv * w[c0 + j + h2];
+    }
+    const float* cr = a.cos + int64_t(t) * h2 + c0;
+    const float* sr = a.sin + int64_t(t) * h2 + c0;
+    float* out = is_q ? a.q + (int64_t(t) * a.Hq + h) * D : a.k + (int64_t(t) * a.Hkv + h) * D;
+    const float* mean = !is_q && a.k_mean ? a.k_mean + int64_t(h) * D : nullptr;
+#pragma unroll
+    for (int j = 0; j < P; ++j) {
+      const float cs = cr[j], sn = sr[j];
+      const float lo = av[j] * cs - bv[j] * sn, hi = bv[j] * cs + av[j] * sn;
+      if (R) {  // into the product (rotate_kernel's x: the key less its mean)
+        x[c0 + j] = mean ? lo - mean[c0 + j] : lo;
+        x[c0 + j + h2] = mean ? hi - mean[c0 + j + h2] : hi;
+      } else {
+        out[c0 + j] = lo;
+        out[c0 + j + h2] = hi;
+        if (!is_q) {
+          a.cache_k[slot * D + c0 + j] = f32_to_bf16(lo);
+          a.cache_k[slot * D + c0 + j + h2] = f32_to_bf16(hi);
+        }
+      }
+    }
+  }
+  if (!R) return;  // block-uniform
+  __syncthreads();
+  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 16
+  for (int jj = 0; jj < kJ; ++jj) {
+    const int kk = p * kJ + jj;
+    float4 r;
+    if constexpr (kPrefetch)
+      r = rp[jj];
+    else
+      r = __ldg(R4 + kk * kCols + cg);
+    const float xk = x[kk];
+    acc.x = fmaf(xk, r.x, acc.x);
+    acc.y = fmaf(xk, r.y, acc.y);
+    acc.z = fmaf(xk, r.z, acc.z);
+    acc.w = fmaf(xk, r.w, acc.w);
+  }
+  part[p][cg] = acc;
+  __syncthreads();
+  const float* pf = reinterpret_cast<const float*>(&part[0][0]);
+  float* out = is_q ? a.q + (int64_t(t) * a.Hq + h) * D : a.k + (int64_t(t) * a.Hkv + h) * D;
+  for (int c = threadIdx.x; c < D; c += blockDim.x) {
+    float sum = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kParts; ++k) sum += pf[k * D + c];
+    out[c] = sum;
+    if (!is_q) a.cache_k[slot * D + c] = f32_to_bf16(sum);
+  }
+}
+
 // Argmax of each row in two kernels: blocks of kArgChunk columns each find their best
 // (value, index), then one block per row reduces those. One block per row alone (a rolled
 // loop of 600 loads per thread) took 150 us for 151,936 columns on the H200.
@@ -718,6 +827,13 @@ void qkv_heads(const float* qkv, int n, int Hq, int Hkv, int d, const float* qn,
   const int threads = (d / 2 + 31) / 32 * 32;
   launch(qkv_heads_k, dim3(unsigned(n), unsigned(Hq + 2 * Hkv)), threads, st, qkv, Hq, Hkv, d, qn, kn, eps, cos,
          sin, q, k, v);
+}
+void qkv_heads_cache(const QkvHeadsCache& a, int d, cudaStream_t st) {
+  if (a.n <= 0) return;
+  const unsigned blocks = unsigned(int64_t(a.n) * (a.Hq + a.Hkv));
+  if (d == 64) return launch(qkv_heads_cache_k<1>, blocks, 256, st, a);
+  if (d == 128) return launch(qkv_heads_cache_k<2>, blocks, 256, st, a);
+  if (d == 256) return launch(qkv_heads_cache_k<4>, blocks, 256, st, a);
 }
 void embed(const void* emb, bool bf16, const int32_t* tokens, int n, int hidden, float* x,
            cudaStream_t st) {

@@ -48,6 +48,35 @@ void add(float* x, const float* y, int64_t n, cudaStream_t st);
 // [n][d/2] on the device) and v (copied). d even, d/2 <= 1024.
 void qkv_heads(const float* qkv, int n, int Hq, int Hkv, int d, const float* qn, const float* kn, float eps,
                const float* cos, const float* sin, float* q, float* k, float* v, cudaStream_t st);
+// Backend::qkv_heads_into_cache for a step of few rows (the CUDA backend takes it up to
+// kQkvHeadsCacheMaxRows) at d = 64, 128 or 256, in one launch: q, k, v as qkv_heads; where the
+// layer has a transform (Rq and Rk [r_heads][d][d], set together) q = q Rq and
+// k = (k - k_mean) Rk as kernels::cuda::rotate_queries_keys computes them; then row t's k and v,
+// rounded to BF16, into slot slots[t] of page pages[t] of the layer's BF16 pools cache_k /
+// cache_v (rows [page][Hkv][page_size][d]), as write_bf16_tokens does.
+inline constexpr int kQkvHeadsCacheMaxRows = 64;
+struct QkvHeadsCache {
+  const float* qkv = nullptr;
+  int n = 0, Hq = 0, Hkv = 0;
+  const float* qn = nullptr;  // QK-norm weights [d], both or neither
+  const float* kn = nullptr;
+  float eps = 0.0f;
+  const float* cos = nullptr;  // [n][d/2] on the device
+  const float* sin = nullptr;
+  float* q = nullptr;  // [n][Hq][d]
+  float* k = nullptr;  // [n][Hkv][d]
+  float* v = nullptr;
+  const float* Rq = nullptr;
+  const float* Rk = nullptr;
+  const float* k_mean = nullptr;  // [Hkv][d] or null
+  int r_heads = 1;                // 1 or Hkv
+  uint16_t* cache_k = nullptr;
+  uint16_t* cache_v = nullptr;
+  const int32_t* pages = nullptr;  // [n] device
+  const int32_t* slots = nullptr;
+  int page_size = 0;
+};
+void qkv_heads_cache(const QkvHeadsCache& a, int d, cudaStream_t st);
 // out[r] = argmax of row r of x [rows][cols] (ties: lowest index; NaN skipped; all NaN: 0)
 size_t argmax_scratch_bytes(int rows, int cols);  // device scratch argmax_rows needs
 void argmax_rows(const float* x, int rows, int cols, void* scratch, int32_t* out, cudaStream_t st);
