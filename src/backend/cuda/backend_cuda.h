@@ -18,7 +18,9 @@
 //                   f32 weights: two GEMMs around a causal softmax (exact mode)
 //   KV pages        cudaMalloc'd pools; rows written by write_bf16_tokens,
 //                   pages demoted by demote_pages, keys/queries transformed
-//                   by rotate_queries (+ the key centering)
+//                   by rotate_queries (+ the key centering); a decode step's
+//                   heads, transforms and row writes in one launch
+//                   (qkv_heads_into_cache)
 //
 // Supported caches: bf16 and the 2-bit per-token methods (oscar, int2-hadamard,
 // int2-naive), with one clip ratio per layer or per KV head (up to 128 heads);
