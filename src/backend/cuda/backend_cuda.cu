@@ -447,7 +447,6 @@ class CudaBackend final : public Backend {
     if (const char* g = std::getenv("OSCAR_CUDA_GRAPHS")) graphs_ = std::string(g) != "0";
     if (const char* g = std::getenv("OSCAR_CUDA_PENALTY_SLOTS")) pen_slots_on_ = std::string(g) != "0";
     if (const char* g = std::getenv("OSCAR_CUDA_FUSE_HEADS")) fuse_heads_ = std::string(g) != "0";
-    if (const char* g = std::getenv("OSCAR_CUDA_FUSE_NORM")) fuse_norm_ = std::string(g) != "0";
     if (const char* g = std::getenv("OSCAR_CUDA_GEMV_ROWS")) set_gemv_rows(std::atoi(g));
     if (const char* g = std::getenv("OSCAR_CUDA_GEMV_MMA_ROWS")) gemv_mma_rows_ = std::atoi(g);
     if (const char* g = std::getenv("OSCAR_CUDA_BLAS_BETA")) blas_beta_ = std::string(g) != "0";
@@ -682,14 +681,6 @@ class CudaBackend final : public Backend {
                        float* h, float* y) override {
     const CudaWeight& w = cw(pw);
     if (n <= 0) return;
-    // One row on the CUDA-core GEMV: the norm inside it (OSCAR_CUDA_FUSE_NORM=0: a launch of its own).
-    if (fuse_norm_ && n == 1 && uses_gemv(w, x, n) && n < gemv_mma_rows_ && cw(norm).cols == w.cols &&
-        reinterpret_cast<uintptr_t>(cw(norm).w.p) % 16 == 0) {
-      cuda_ops::rms_norm_gemv(w.w.as<uint16_t>(), x, cw(norm).w.as<float>(), eps, int(w.rows), int(w.cols),
-                              w.bias.as<float>(), h, y, st_);
-      check_launch("rms_norm_gemv");
-      return;
-    }
     if (!blas_bf16(w, h, n)) return Backend::rms_norm_linear(x, norm, eps, pw, n, h, y);
     if (cw(norm).cols != w.cols) throw Error("rms_norm: weight does not match the row size");
     grow(xb_, size_t(n) * w.cols * 2);
@@ -1217,7 +1208,6 @@ class CudaBackend final : public Backend {
   std::shared_ptr<std::atomic<uint64_t>> stores_freed_ = std::make_shared<std::atomic<uint64_t>>(0);
   uint64_t stores_freed_seen_ = 0;
   bool fuse_heads_ = true;      // qkv_heads_into_cache in one launch (OSCAR_CUDA_FUSE_HEADS)
-  bool fuse_norm_ = true;       // a one-row rms_norm_linear in one launch (OSCAR_CUDA_FUSE_NORM)
   int64_t fused_heads_calls_ = 0;  // ... launches of it (tests)
   bool fused_prefill_ = true;  // BF16 prefill through the fused kernel (else the GEMM path)
   int prefill_warps_ = 4;      // its CTA: 4 or 8 warps of 16 query rows

@@ -388,18 +388,10 @@ __global__ void argmax_final_k(const float* pv, const int* pi, int chunks, int32
 // gemv_bf16: each warp takes R consecutive rows of W and all N activation rows; per
 // step a lane loads 8 weights (16 bytes) of each of its R rows and the 8 matching x of
 // each activation row, U steps in flight. Rows of W are split over the grid, not K.
-//
-// kNorm (rms_norm_gemv): x is the residual and the product is RMSNorm(x) W^T = (x ⊙ g) W^T / rms(x):
-// each warp multiplies x by the norm weight g as it loads it and sums x² over the same loads (a
-// lane's part in fp32, the warp's sum of the parts in fp64), so it has its rows' 1 / rms at the end,
-// where it scales them: no norm launch before the GEMV. The warps also write the norm's output
-// h = x / rms(x) ⊙ g, a slice each. Its registers are held to the plain kernel's 64 (four blocks per
-// SM; at 80 it kept three).
-template <int N, int R, bool kNorm = false>
-__global__ void __launch_bounds__(256, kNorm ? 4 : 1) gemv_bf16_k(const uint16_t* __restrict__ W, const float* __restrict__ x,
+template <int N, int R>
+__global__ void __launch_bounds__(256) gemv_bf16_k(const uint16_t* __restrict__ W, const float* __restrict__ x,
                                                    int out, int in, const float* __restrict__ bias, float beta,
-                                                   float* __restrict__ y, const float* __restrict__ g = nullptr,
-                                                   float eps = 0.0f, float* __restrict__ h = nullptr) {
+                                                   float* __restrict__ y) {
   constexpr int U = 4;
   kernels::cuda::detail::pdl_launch_dependents();
   // The weights do not depend on earlier launches: the first loads are issued before
@@ -409,13 +401,10 @@ __global__ void __launch_bounds__(256, kNorm ? 4 : 1) gemv_bf16_k(const uint16_t
   const int warps = int(gridDim.x * blockDim.x / 32);
   for (int o0 = int((blockIdx.x * blockDim.x + threadIdx.x) / 32) * R; o0 < out; o0 += warps * R) {
     float acc[N][R];
-    float ss[N];  // a lane's sum of squares (in/256 of them at most); the warp adds them in fp64
 #pragma unroll
-    for (int t = 0; t < N; ++t) {
-      ss[t] = 0.0f;
+    for (int t = 0; t < N; ++t)
 #pragma unroll
       for (int r = 0; r < R; ++r) acc[t][r] = 0.0f;
-    }
     const uint4* wr[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) wr[r] = reinterpret_cast<const uint4*>(W + int64_t(min(o0 + r, out - 1)) * in);
@@ -436,18 +425,8 @@ __global__ void __launch_bounds__(256, kNorm ? 4 : 1) gemv_bf16_k(const uint16_t
         for (int t = 0; t < N; ++t) {
           // x in fp32 as it is (rounding it to BF16 as cuBLAS takes it cost 4 % of the kernel's time and
           // did not make a row's logits independent of its batch: docs/history.md).
-          float4 xa = __ldg(reinterpret_cast<const float4*>(x + int64_t(t) * in) + 2 * c);
-          float4 xb = __ldg(reinterpret_cast<const float4*>(x + int64_t(t) * in) + 2 * c + 1);
-          if constexpr (kNorm) {
-            const float4 ga = __ldg(reinterpret_cast<const float4*>(g) + 2 * c);
-            const float4 gb = __ldg(reinterpret_cast<const float4*>(g) + 2 * c + 1);
-            ss[t] = fmaf(xa.x, xa.x, ss[t]), ss[t] = fmaf(xa.y, xa.y, ss[t]);
-            ss[t] = fmaf(xa.z, xa.z, ss[t]), ss[t] = fmaf(xa.w, xa.w, ss[t]);
-            ss[t] = fmaf(xb.x, xb.x, ss[t]), ss[t] = fmaf(xb.y, xb.y, ss[t]);
-            ss[t] = fmaf(xb.z, xb.z, ss[t]), ss[t] = fmaf(xb.w, xb.w, ss[t]);
-            xa.x *= ga.x, xa.y *= ga.y, xa.z *= ga.z, xa.w *= ga.w;
-            xb.x *= gb.x, xb.y *= gb.y, xb.z *= gb.z, xb.w *= gb.w;
-          }
+          const float4 xa = __ldg(reinterpret_cast<const float4*>(x + int64_t(t) * in) + 2 * c);
+          const float4 xb = __ldg(reinterpret_cast<const float4*>(x + int64_t(t) * in) + 2 * c + 1);
 #pragma unroll
           for (int r = 0; r < R; ++r) {
             const uint4 w = wv[u][r];
@@ -472,23 +451,6 @@ __global__ void __launch_bounds__(256, kNorm ? 4 : 1) gemv_bf16_k(const uint16_t
       for (int r = 0; r < R; ++r)
 #pragma unroll
         for (int s = 16; s > 0; s >>= 1) acc[t][r] += __shfl_xor_sync(0xffffffffu, acc[t][r], s);
-    float inv[N];
-#pragma unroll
-    for (int t = 0; t < N; ++t) inv[t] = 1.0f;
-    if constexpr (kNorm) {
-      // Every lane gets its rows' 1 / rms (rms_norm_k's rounding); the warp of row group
-      // o0 / R writes its slice of h.
-      const int groups = (out + R - 1) / R, per = (in + groups - 1) / groups, e0 = (o0 / R) * per;
-#pragma unroll
-      for (int t = 0; t < N; ++t) {
-        double sum = ss[t];
-#pragma unroll
-        for (int s = 16; s > 0; s >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, s);
-        inv[t] = static_cast<float>(1.0 / sqrt(sum / in + eps));
-        for (int e = e0 + lane; e < min(in, e0 + per); e += 32)
-          h[int64_t(t) * in + e] = x[int64_t(t) * in + e] * inv[t] * g[e];
-      }
-    }
     // Lane t * R + r writes (t, o0 + r).
 #pragma unroll
     for (int t = 0; t < N; ++t)
@@ -496,7 +458,6 @@ __global__ void __launch_bounds__(256, kNorm ? 4 : 1) gemv_bf16_k(const uint16_t
       for (int r = 0; r < R; ++r)
         if (lane == (t * R + r) % 32 && o0 + r < out) {
           float v = acc[t][r];
-          if constexpr (kNorm) v *= inv[t];
           if (bias) v += bias[o0 + r];
           float* yp = y + int64_t(t) * out + o0 + r;
           *yp = beta != 0.0f ? v + beta * *yp : v;
@@ -504,14 +465,14 @@ __global__ void __launch_bounds__(256, kNorm ? 4 : 1) gemv_bf16_k(const uint16_t
   }
 }
 
-template <int N, bool kNorm = false>
+template <int N>
 void launch_gemv(const uint16_t* W, const float* x, int out, int in, const float* bias, float beta, float* y,
-                 cudaStream_t st, const float* g = nullptr, float eps = 0.0f, float* h = nullptr) {
+                 cudaStream_t st) {
   constexpr int R = N >= 4 ? 4 : 2;
   const int warps = (out + R - 1) / R;
   // Up to 8 resident blocks of 256 threads per SM on 132 SMs; more warps than rows idle.
   const int blocks = std::min((warps + 7) / 8, 132 * 8);
-  launch(gemv_bf16_k<N, R, kNorm>, blocks, 256, st, W, x, out, in, bias, beta, y, g, eps, h);
+  launch(gemv_bf16_k<N, R>, blocks, 256, st, W, x, out, in, bias, beta, y);
 }
 
 // gemv_mma: the same product for 2-8 activation rows on the tensor cores (mma.sync
@@ -838,11 +799,6 @@ void gemv_bf16(const uint16_t* W, const float* x, int n, int out, int in, const 
     case 8: return launch_gemv<8>(W, x, out, in, bias, beta, y, st);
     default: return;
   }
-}
-
-void rms_norm_gemv(const uint16_t* W, const float* x, const float* g, float eps, int out, int in, const float* bias,
-                   float* h, float* y, cudaStream_t st) {
-  launch_gemv<1, true>(W, x, out, in, bias, 0.0f, y, st, g, eps, h);
 }
 
 size_t argmax_scratch_bytes(int rows, int cols) {

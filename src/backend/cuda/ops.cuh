@@ -29,11 +29,6 @@ inline constexpr int kGemvMaxRows = 8;
 // (mma.sync; x rounded to BF16 as on the cuBLAS path); below, the fp32 CUDA-core kernel.
 void gemv_bf16(const uint16_t* W, const float* x, int n, int out, int in, const float* bias, float beta, float* y,
                int mma_from, cudaStream_t st);
-// One row: h = RMSNorm(x) with weight g (as rms_norm), y = h W^T (+ bias) in one launch (the
-// CUDA-core gemv_bf16 taking x ⊙ g and scaling its sums by 1 / rms(x) at the end; the same
-// conditions on W and x as gemv_bf16).
-void rms_norm_gemv(const uint16_t* W, const float* x, const float* g, float eps, int out, int in, const float* bias,
-                   float* h, float* y, cudaStream_t st);
 // y[i] = bf16(x[i])
 void cast_bf16(const float* x, __nv_bfloat16* y, int64_t n, cudaStream_t st);
 // y[r][c] += b[c]
