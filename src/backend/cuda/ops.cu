@@ -226,14 +226,15 @@ __global__ void __launch_bounds__(256) qkv_heads_warp_k(const float* qkv, int n,
 
 // Backend::qkv_heads_into_cache for a step of few rows (qkv_heads_cache below): the head split,
 // QK-norm and RoPE of qkv_heads_warp_k, the query / key transform of kernels/cuda rotate_kernel
-// and the BF16 write of the store's write_bf16 in one launch (three before). One block of 256
-// threads per (token, query head) and per (token, KV head). Warp 0 splits, norms and ropes the
-// head's pairs with qkv_heads_warp_k's arithmetic; where the layer has a transform, the row (a
-// key less the key mean) goes through shared memory into rotate_kernel's product, with the same
-// FMA order, so the results are those of the three launches. The block of KV head h also copies
-// value head h. Keys and values go to their f32 outputs and, rounded to BF16, into their cache
-// slots. The slice of the matrix a thread multiplies by is loaded before the wait for the QKV
-// product (it is a constant), so the product starts with it in registers (at d <= 128).
+// and the BF16 write of the store's write_bf16 in one launch (three before), for a layer with a
+// transform (qkv_heads_copy_k below: one without). One block of 256 threads per (token, query
+// head) and per (token, KV head). Warp 0 splits, norms and ropes the head's pairs with
+// qkv_heads_warp_k's arithmetic; the row (a key less the key mean) goes through shared memory
+// into rotate_kernel's product, with the same FMA order, so the results are those of the three
+// launches. The block of KV head h also copies value head h. Keys and values go to their f32
+// outputs and, rounded to BF16, into their cache slots. The slice of the matrix a thread multiplies
+// by is loaded before the wait for the QKV product (it is a constant), so the product starts with
+// it in registers (at d <= 128).
 template <int P>
 __global__ void __launch_bounds__(256) qkv_heads_cache_k(const QkvHeadsCache a) {
   constexpr int D = 64 * P, h2 = D / 2;
@@ -245,15 +246,13 @@ __global__ void __launch_bounds__(256) qkv_heads_cache_k(const QkvHeadsCache a) 
   const int t = int(blockIdx.x / heads), g = int(blockIdx.x % heads);
   const bool is_q = g < a.Hq;
   const int h = is_q ? g : g - a.Hq;  // query head, or KV head
-  const float* R = is_q ? a.Rq : a.Rk;
-  if (R) R += int64_t(h / ((is_q ? a.Hq : a.Hkv) / a.r_heads)) * D * D;
+  const float* R = (is_q ? a.Rq : a.Rk) + int64_t(h / ((is_q ? a.Hq : a.Hkv) / a.r_heads)) * D * D;
   const float4* R4 = reinterpret_cast<const float4*>(R);
   const int cg = threadIdx.x % kCols, p = threadIdx.x / kCols;
   float4 rp[kPrefetch ? kJ : 1];
   if constexpr (kPrefetch)
-    if (R)
 #pragma unroll
-      for (int jj = 0; jj < kJ; ++jj) rp[jj] = __ldg(R4 + (p * kJ + jj) * kCols + cg);
+    for (int jj = 0; jj < kJ; ++jj) rp[jj] = __ldg(R4 + (p * kJ + jj) * kCols + cg);
   pdl_enter();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int Dq = a.Hq * D, Dkv = a.Hkv * D;
@@ -284,26 +283,15 @@ __global__ void __launch_bounds__(256) qkv_heads_cache_k(const QkvHeadsCache a) 
     }
     const float* cr = a.cos + int64_t(t) * h2 + c0;
     const float* sr = a.sin + int64_t(t) * h2 + c0;
-    float* out = is_q ? a.q + (int64_t(t) * a.Hq + h) * D : a.k + (int64_t(t) * a.Hkv + h) * D;
     const float* mean = !is_q && a.k_mean ? a.k_mean + int64_t(h) * D : nullptr;
 #pragma unroll
-    for (int j = 0; j < P; ++j) {
+    for (int j = 0; j < P; ++j) {  // into the product (rotate_kernel's x: the key less its mean)
       const float cs = cr[j], sn = sr[j];
       const float lo = av[j] * cs - bv[j] * sn, hi = bv[j] * cs + av[j] * sn;
-      if (R) {  // into the product (rotate_kernel's x: the key less its mean)
-        x[c0 + j] = mean ? lo - mean[c0 + j] : lo;
-        x[c0 + j + h2] = mean ? hi - mean[c0 + j + h2] : hi;
-      } else {
-        out[c0 + j] = lo;
-        out[c0 + j + h2] = hi;
-        if (!is_q) {
-          a.cache_k[slot * D + c0 + j] = f32_to_bf16(lo);
-          a.cache_k[slot * D + c0 + j + h2] = f32_to_bf16(hi);
-        }
-      }
+      x[c0 + j] = mean ? lo - mean[c0 + j] : lo;
+      x[c0 + j + h2] = mean ? hi - mean[c0 + j + h2] : hi;
     }
   }
-  if (!R) return;  // block-uniform
   __syncthreads();
   float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll 16
@@ -330,6 +318,59 @@ __global__ void __launch_bounds__(256) qkv_heads_cache_k(const QkvHeadsCache a) 
     for (int k = 0; k < kParts; ++k) sum += pf[k * D + c];
     out[c] = sum;
     if (!is_q) a.cache_k[slot * D + c] = f32_to_bf16(sum);
+  }
+}
+
+// The same for a layer without a transform (the BF16 cache, identity layers): nothing goes through
+// shared memory, so one warp per (token, query head) and per (token, KV head), eight to a block,
+// as qkv_heads_warp_k; a KV head's warp also copies its value head.
+template <int P>
+__global__ void __launch_bounds__(256) qkv_heads_copy_k(const QkvHeadsCache a) {
+  constexpr int D = 64 * P, h2 = D / 2;
+  pdl_enter();
+  const int heads = a.Hq + a.Hkv, lane = threadIdx.x & 31;
+  const int64_t item = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;  // warp-uniform
+  if (item >= int64_t(a.n) * heads) return;
+  const int t = int(item / heads), g = int(item % heads);
+  const bool is_q = g < a.Hq;
+  const int h = is_q ? g : g - a.Hq;
+  const int Dq = a.Hq * D, Dkv = a.Hkv * D;
+  const float* row = a.qkv + int64_t(t) * (Dq + 2 * Dkv);
+  const int64_t slot = (int64_t(a.pages[t]) * a.Hkv + h) * a.page_size + a.slots[t];
+  const int c0 = lane * P;
+  const float* src = row + (is_q ? int64_t(h) * D : Dq + int64_t(h) * D) + c0;
+  float av[P], bv[P];
+#pragma unroll
+  for (int j = 0; j < P; ++j) av[j] = src[j], bv[j] = src[j + h2];
+  const float* w = is_q ? a.qn : a.kn;
+  if (w) {
+    double ss = 0.0;
+#pragma unroll
+    for (int j = 0; j < P; ++j) ss += double(av[j]) * av[j] + double(bv[j]) * bv[j];
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    const float inv = static_cast<float>(1.0 / sqrt(ss / D + a.eps));
+#pragma unroll
+    for (int j = 0; j < P; ++j) av[j] = av[j] * inv * w[c0 + j], bv[j] = bv[j] * inv * w[c0 + j + h2];
+  }
+  const float* cr = a.cos + int64_t(t) * h2 + c0;
+  const float* sr = a.sin + int64_t(t) * h2 + c0;
+  float* out = is_q ? a.q + (int64_t(t) * a.Hq + h) * D : a.k + (int64_t(t) * a.Hkv + h) * D;
+#pragma unroll
+  for (int j = 0; j < P; ++j) {
+    const float cs = cr[j], sn = sr[j];
+    const float lo = av[j] * cs - bv[j] * sn, hi = bv[j] * cs + av[j] * sn;
+    out[c0 + j] = lo;
+    out[c0 + j + h2] = hi;
+    if (!is_q) {
+      a.cache_k[slot * D + c0 + j] = f32_to_bf16(lo);
+      a.cache_k[slot * D + c0 + j + h2] = f32_to_bf16(hi);
+    }
+  }
+  if (is_q) return;
+  for (int c = lane; c < D; c += 32) {  // the value head
+    const float v = row[Dq + Dkv + int64_t(h) * D + c];
+    a.v[(int64_t(t) * a.Hkv + h) * D + c] = v;
+    a.cache_v[slot * D + c] = f32_to_bf16(v);
   }
 }
 
@@ -830,6 +871,13 @@ void qkv_heads(const float* qkv, int n, int Hq, int Hkv, int d, const float* qn,
 }
 void qkv_heads_cache(const QkvHeadsCache& a, int d, cudaStream_t st) {
   if (a.n <= 0) return;
+  if (!a.Rq) {  // no transform: a warp per head
+    const unsigned blocks = unsigned((int64_t(a.n) * (a.Hq + a.Hkv) + 7) / 8);
+    if (d == 64) return launch(qkv_heads_copy_k<1>, blocks, 256, st, a);
+    if (d == 128) return launch(qkv_heads_copy_k<2>, blocks, 256, st, a);
+    if (d == 256) return launch(qkv_heads_copy_k<4>, blocks, 256, st, a);
+    return;
+  }
   const unsigned blocks = unsigned(int64_t(a.n) * (a.Hq + a.Hkv));
   if (d == 64) return launch(qkv_heads_cache_k<1>, blocks, 256, st, a);
   if (d == 128) return launch(qkv_heads_cache_k<2>, blocks, 256, st, a);
