@@ -61,6 +61,9 @@ void Backend::qkv_heads_into_cache(const float* qkv, int n, int Hq, int Hkv, int
   if (rows.size() != n)
     throw Error("qkv_heads_into_cache: " + std::to_string(rows.size()) + " rows placed for a step of " +
                 std::to_string(n));
+  if (layer < 0 || layer >= store.spec().n_layers)
+    throw Error("qkv_heads_into_cache: layer " + std::to_string(layer) + " outside the cache's " +
+                std::to_string(store.spec().n_layers));
   qkv_heads(qkv, n, Hq, Hkv, d, q_norm, k_norm, eps, cos, sin, q, k, v);
   if (n == 0) return;
   store.transform_queries_keys(layer, q, Hq, k, n);

@@ -309,6 +309,80 @@ TEST(Forward, BadInputsThrow) {
   EXPECT_THROW(Model(w, *f.be), oscar::Error);
 }
 
+// Backend::qkv_heads_into_cache (what a step runs before its attention; one launch on the GPU,
+// tests/cuda_backend): the CPU backend's composition equals qkv_heads, the store's query / key
+// transform and its BF16 write called one by one, and a placement that does not cover the step or
+// a layer outside the cache is refused before anything is written.
+TEST(Forward, QkvHeadsIntoCacheEqualsItsThreeSteps) {
+  auto be = backend::make_cpu_backend({backend::WeightDtype::kF32, 1});
+  const int n = 3, Hq = 4, Hkv = 2, d = 64, ps = 16;
+  backend::PageStoreSpec spec;
+  spec.n_layers = 2;
+  spec.num_kv_heads = Hkv;
+  spec.head_dim = d;
+  spec.page_size = ps;
+  spec.bf16_pages = 2;
+  spec.group_size = 32;
+  std::vector<backend::LayerQuant> lq(2);
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (auto& q : lq) {
+    q.k_clip.assign(Hkv, 1.0f);
+    q.v_clip.assign(Hkv, 1.0f);
+    q.identity = false;
+    q.xf.d = d;
+    q.xf.key.resize(size_t(d) * d);
+    q.xf.query.resize(size_t(d) * d);
+    q.xf.mean.resize(size_t(Hkv) * d);
+    for (float* v : {q.xf.key.data(), q.xf.query.data()})
+      for (int i = 0; i < d * d; ++i) v[i] = 0.1f * nd(rng);
+    for (float& v : q.xf.mean) v = nd(rng);
+  }
+  auto one = backend::make_host_page_store(spec), three = backend::make_host_page_store(spec);
+  one->set_quant(lq);
+  three->set_quant(lq);
+  backend::RowPlacement rows;
+  rows.pages = {1, 0, 1};
+  rows.slots = {5, 9, 0};
+  std::vector<float> qkv(size_t(n) * (Hq + 2 * Hkv) * d), cs(size_t(n) * d / 2), sn(size_t(n) * d / 2);
+  for (float& v : qkv) v = nd(rng);
+  for (size_t i = 0; i < cs.size(); ++i) cs[i] = std::cos(0.1f * float(i)), sn[i] = std::sin(0.1f * float(i));
+  std::vector<float> q1(size_t(n) * Hq * d), k1(size_t(n) * Hkv * d), v1(k1.size());
+  std::vector<float> q3(q1.size()), k3(k1.size()), v3(k1.size());
+  be->qkv_heads_into_cache(qkv.data(), n, Hq, Hkv, d, nullptr, nullptr, 1e-6f, cs.data(), sn.data(), q1.data(),
+                           k1.data(), v1.data(), *one, 1, rows);
+  be->qkv_heads(qkv.data(), n, Hq, Hkv, d, nullptr, nullptr, 1e-6f, cs.data(), sn.data(), q3.data(), k3.data(),
+                v3.data());
+  three->transform_queries_keys(1, q3.data(), Hq, k3.data(), n);
+  three->write_bf16(1, rows, k3.data(), v3.data());
+  EXPECT_EQ(q1, q3);
+  EXPECT_EQ(k1, k3);
+  EXPECT_EQ(v1, v3);
+  const kv::Bf16PagePool a = one->bf16_pool(1), b = three->bf16_pool(1);
+  for (int i = 0; i < n; ++i)
+    for (int h = 0; h < Hkv; ++h) {
+      const size_t row = ((size_t(rows.pages[i]) * Hkv + h) * ps + rows.slots[i]) * d;
+      EXPECT_TRUE(std::equal(a.k + row, a.k + row + d, b.k + row)) << "K row " << i << ", head " << h;
+      EXPECT_TRUE(std::equal(a.v + row, a.v + row + d, b.v + row)) << "V row " << i << ", head " << h;
+    }
+  // The rotation really ran: the stored keys are not the roped keys before it.
+  std::vector<float> q0(q1.size()), k0(k1.size()), v0(k1.size());
+  be->qkv_heads(qkv.data(), n, Hq, Hkv, d, nullptr, nullptr, 1e-6f, cs.data(), sn.data(), q0.data(), k0.data(),
+                v0.data());
+  EXPECT_NE(k0, k1);
+  backend::RowPlacement two = rows;
+  two.pages.pop_back();
+  two.slots.pop_back();
+  const std::vector<float> before = q1;
+  EXPECT_THROW(be->qkv_heads_into_cache(qkv.data(), n, Hq, Hkv, d, nullptr, nullptr, 1e-6f, cs.data(), sn.data(),
+                                        q1.data(), k1.data(), v1.data(), *one, 1, two),
+               oscar::Error);
+  EXPECT_THROW(be->qkv_heads_into_cache(qkv.data(), n, Hq, Hkv, d, nullptr, nullptr, 1e-6f, cs.data(), sn.data(),
+                                        q1.data(), k1.data(), v1.data(), *one, 2, rows),
+               oscar::Error);
+  EXPECT_EQ(q1, before);
+}
+
 TEST(Rope, Llama3ScalingMatchesHuggingFace) {
   // Llama-3.1 scaling (factor 8, low 1, high 4, original 8192), theta 500000,
   // head_dim 128: the highest frequencies are untouched, the lowest divided by 8.
