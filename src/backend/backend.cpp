@@ -54,16 +54,20 @@ void Backend::qkv_heads(const float* qkv, int n, int Hq, int Hkv, int d, const P
   rope(k, n, Hkv, d, cos, sin);
 }
 
-void Backend::qkv_heads_into_cache(const float* qkv, int n, int Hq, int Hkv, int d, const PreparedWeight* q_norm,
-                                   const PreparedWeight* k_norm, float eps, const float* cos, const float* sin,
-                                   float* q, float* k, float* v, PageStore& store, int layer,
-                                   const RowPlacement& rows) {
+void Backend::check_into_cache(int n, const PageStore& store, int layer, const RowPlacement& rows) {
   if (rows.size() != n)
     throw Error("qkv_heads_into_cache: " + std::to_string(rows.size()) + " rows placed for a step of " +
                 std::to_string(n));
   if (layer < 0 || layer >= store.spec().n_layers)
     throw Error("qkv_heads_into_cache: layer " + std::to_string(layer) + " outside the cache's " +
                 std::to_string(store.spec().n_layers));
+}
+
+void Backend::qkv_heads_into_cache(const float* qkv, int n, int Hq, int Hkv, int d, const PreparedWeight* q_norm,
+                                   const PreparedWeight* k_norm, float eps, const float* cos, const float* sin,
+                                   float* q, float* k, float* v, PageStore& store, int layer,
+                                   const RowPlacement& rows) {
+  check_into_cache(n, store, layer, rows);
   qkv_heads(qkv, n, Hq, Hkv, d, q_norm, k_norm, eps, cos, sin, q, k, v);
   if (n == 0) return;
   store.transform_queries_keys(layer, q, Hq, k, n);

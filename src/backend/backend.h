@@ -190,6 +190,11 @@ class Backend {
   virtual void prefill_attention(const kv::PagedKvView& kv, int b, int cached_len,
                                  const float* q, const float* k_new, const float* v_new, int n,
                                  int num_q_heads, float sm_scale, float* o) = 0;
+
+ protected:
+  // qkv_heads_into_cache's refusals (oscar::Error): a placement of other than n rows, a layer
+  // outside the store. Overrides check the same before they write anything.
+  static void check_into_cache(int n, const PageStore& store, int layer, const RowPlacement& rows);
 };
 
 }  // namespace oscar::backend

@@ -704,12 +704,17 @@ class CudaBackend final : public Backend {
     check_launch("add");
   }
 
-  void qkv_heads(const float* qkv, int n, int Hq, int Hkv, int d, const PreparedWeight* qn,
-                 const PreparedWeight* kn, float eps, const float* cos, const float* sin, float* q, float* k,
-                 float* v) override {
+  // qkv_heads' refusals: one QK-norm weight without the other, weights of another head size.
+  static void check_qk_norms(const PreparedWeight* qn, const PreparedWeight* kn, int d) {
     if (!qn != !kn) throw Error("qkv_heads: q_norm and k_norm come together");
     if ((qn && (qn->cols != d || kn->cols != d)) || d % 2 || d / 2 > 1024)
       throw Error("qkv_heads: norm weights do not match head_dim " + std::to_string(d));
+  }
+
+  void qkv_heads(const float* qkv, int n, int Hq, int Hkv, int d, const PreparedWeight* qn,
+                 const PreparedWeight* kn, float eps, const float* cos, const float* sin, float* q, float* k,
+                 float* v) override {
+    check_qk_norms(qn, kn, d);
     if (n <= 0) return;
     const float* tab = rope_tables(cos, sin, n, d);
     cuda_ops::qkv_heads(qkv, n, Hq, Hkv, d, qn ? cw(*qn).w.as<float>() : nullptr,
@@ -725,19 +730,15 @@ class CudaBackend final : public Backend {
                             float* k, float* v, PageStore& store, int layer, const RowPlacement& rows) override {
     auto* cs = dynamic_cast<CudaPageStore*>(&store);
     if (!fuse_heads_ || !cs || cs->stream() != st_ || n <= 0 || n > cuda_ops::kQkvHeadsCacheMaxRows ||
-        (d != 64 && d != 128 && d != 256) || rows.size() != n)
+        (d != 64 && d != 128 && d != 256))
       return Backend::qkv_heads_into_cache(qkv, n, Hq, Hkv, d, qn, kn, eps, cos, sin, q, k, v, store, layer, rows);
-    if (!qn != !kn) throw Error("qkv_heads: q_norm and k_norm come together");
-    if (qn && (qn->cols != d || kn->cols != d))
-      throw Error("qkv_heads: norm weights do not match head_dim " + std::to_string(d));
+    check_into_cache(n, store, layer, rows);
+    check_qk_norms(qn, kn, d);
     const PageStoreSpec& sp = cs->spec();
     if (Hkv != sp.num_kv_heads || d != sp.head_dim || Hq % Hkv != 0)
       throw Error("qkv_heads_into_cache: " + std::to_string(Hq) + " query / " + std::to_string(Hkv) +
                   " KV heads of " + std::to_string(d) + " channels for a cache of " + std::to_string(sp.num_kv_heads) +
                   " KV heads of " + std::to_string(sp.head_dim));
-    if (layer < 0 || layer >= sp.n_layers)
-      throw Error("qkv_heads_into_cache: layer " + std::to_string(layer) + " outside the cache's " +
-                  std::to_string(sp.n_layers));
     const float* tab = rope_tables(cos, sin, n, d);
     const CudaPageStore::StepTarget t = cs->step_target(layer, rows);
     cuda_ops::QkvHeadsCache a;

@@ -8,6 +8,7 @@
 #include "kernels/cuda/bf16x4.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/rotate_row.cuh"
 
 namespace oscar::backend::cuda_ops {
 
@@ -176,8 +177,36 @@ __global__ void qkv_heads_k(const float* qkv, int Hq, int Hkv, int d, const floa
   dst[c + h] = b * cs + a * sn;
 }
 
-// The same for d = 64 P (64, 128, 256): one warp per (token, head), lane l holding the pairs
-// (c, c + d/2) for c = P l .. P l + P - 1, the norm's sum in fp64 over shuffles only. Blocks of
+// One head of d = 64 P channels (64, 128, 256) by one warp: lane l takes the rotate-half pairs
+// (c, c + d/2) for c = P l .. P l + P - 1 of the head's row `src`, RMS-norms them with w when it is
+// set (the sum in fp64 over shuffles only: every lane must call this), then applies RoPE with the
+// token's tables cs / sn [d/2]. lo[j], hi[j]: channels P l + j and P l + j + d/2.
+template <int P>
+__device__ __forceinline__ void head_pairs(const float* src, const float* w, float eps, const float* cs,
+                                           const float* sn, int lane, float (&lo)[P], float (&hi)[P]) {
+  constexpr int d = 64 * P, h = d / 2;
+  const int c0 = lane * P;
+  float a[P], b[P];
+#pragma unroll
+  for (int j = 0; j < P; ++j) a[j] = src[c0 + j], b[j] = src[c0 + j + h];
+  if (w) {
+    double ss = 0.0;
+#pragma unroll
+    for (int j = 0; j < P; ++j) ss += double(a[j]) * a[j] + double(b[j]) * b[j];
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    const float inv = static_cast<float>(1.0 / sqrt(ss / d + eps));
+#pragma unroll
+    for (int j = 0; j < P; ++j) a[j] = a[j] * inv * w[c0 + j], b[j] = b[j] * inv * w[c0 + j + h];
+  }
+#pragma unroll
+  for (int j = 0; j < P; ++j) {
+    const float c = cs[c0 + j], s = sn[c0 + j];
+    lo[j] = a[j] * c - b[j] * s;
+    hi[j] = b[j] * c + a[j] * s;
+  }
+}
+
+// The same for d = 64 P (64, 128, 256): one warp per (token, head) (head_pairs). Blocks of
 // 8 warps: the kernel above, a block of d/2 threads per (token, head) with two barriers, took
 // 0.47 ms for an 8192-token chunk of Qwen3-8B (48 heads; Nsight Compute, H200), ~5x the time
 // its 400 MB of traffic need.
@@ -192,130 +221,90 @@ __global__ void __launch_bounds__(256) qkv_heads_warp_k(const float* qkv, int n,
   if (item >= int64_t(n) * heads) return;
   const int t = int(item / heads), g = int(item % heads), c0 = lane * P;
   const int Dq = Hq * d, Dkv = Hkv * d;
-  const float* src = qkv + int64_t(t) * (Dq + 2 * Dkv) + int64_t(g) * d + c0;
-  float a[P], b[P];
-#pragma unroll
-  for (int j = 0; j < P; ++j) a[j] = src[j], b[j] = src[j + h];
+  const float* src = qkv + int64_t(t) * (Dq + 2 * Dkv) + int64_t(g) * d;
   if (g >= Hq + Hkv) {  // a value head: copied
     float* dst = v + int64_t(t) * Dkv + int64_t(g - Hq - Hkv) * d + c0;
 #pragma unroll
-    for (int j = 0; j < P; ++j) dst[j] = a[j], dst[j + h] = b[j];
+    for (int j = 0; j < P; ++j) dst[j] = src[c0 + j], dst[j + h] = src[c0 + j + h];
     return;
   }
   const bool is_q = g < Hq;
-  const float* w = is_q ? qn : kn;
-  if (w) {
-    double ss = 0.0;
-#pragma unroll
-    for (int j = 0; j < P; ++j) ss += double(a[j]) * a[j] + double(b[j]) * b[j];
-    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    const float inv = static_cast<float>(1.0 / sqrt(ss / d + eps));
-#pragma unroll
-    for (int j = 0; j < P; ++j) a[j] = a[j] * inv * w[c0 + j], b[j] = b[j] * inv * w[c0 + j + h];
-  }
-  const float* cr = cos + int64_t(t) * h + c0;
-  const float* sr = sin + int64_t(t) * h + c0;
+  float lo[P], hi[P];
+  head_pairs<P>(src, is_q ? qn : kn, eps, cos + int64_t(t) * h, sin + int64_t(t) * h, lane, lo, hi);
   float* dst = (is_q ? q + int64_t(t) * Dq + int64_t(g) * d : k + int64_t(t) * Dkv + int64_t(g - Hq) * d) + c0;
 #pragma unroll
-  for (int j = 0; j < P; ++j) {
-    const float cs = cr[j], sn = sr[j];
-    dst[j] = a[j] * cs - b[j] * sn;
-    dst[j + h] = b[j] * cs + a[j] * sn;
+  for (int j = 0; j < P; ++j) dst[j] = lo[j], dst[j + h] = hi[j];
+}
+
+// A step's value head h of token t by one warp (qkv_heads_cache_k / qkv_heads_copy_k): copied to
+// the f32 output and, rounded to BF16, into its cache row `slot`.
+template <int D>
+__device__ __forceinline__ void value_head(const QkvHeadsCache& a, const float* row, int t, int h, int64_t slot,
+                                           int lane) {
+  const float* src = row + int64_t(a.Hq + a.Hkv + h) * D;
+  for (int c = lane; c < D; c += 32) {
+    const float v = src[c];
+    a.v[(int64_t(t) * a.Hkv + h) * D + c] = v;
+    a.cache_v[slot * D + c] = f32_to_bf16(v);
   }
 }
 
-// Backend::qkv_heads_into_cache for a step of few rows (qkv_heads_cache below): the head split,
-// QK-norm and RoPE of qkv_heads_warp_k, the query / key transform of kernels/cuda rotate_kernel
-// and the BF16 write of the store's write_bf16 in one launch (three before), for a layer with a
-// transform (qkv_heads_copy_k below: one without). One block of 256 threads per (token, query
-// head) and per (token, KV head). Warp 0 splits, norms and ropes the head's pairs with
-// qkv_heads_warp_k's arithmetic; the row (a key less the key mean) goes through shared memory
-// into rotate_kernel's product, with the same FMA order, so the results are those of the three
-// launches. The block of KV head h also copies value head h. Keys and values go to their f32
+// Backend::qkv_heads_into_cache for a step of few rows (qkv_heads_cache below), for a layer with a
+// transform (qkv_heads_copy_k below: one without): in one launch what three did, the head split,
+// QK-norm and RoPE of qkv_heads_warp_k (head_pairs), the query / key transform of kernels/cuda
+// rotate_kernel (the same RowRotation product) and the BF16 write of the store's write_bf16. One
+// block of 256 threads per (token, query head) and per (token, KV head): warp 0 makes the head's
+// row (a key less the key mean) in shared memory, which the block multiplies by the head's
+// matrix; the block of KV head h also copies value head h (warp 1). Keys and values go to their f32
 // outputs and, rounded to BF16, into their cache slots. The slice of the matrix a thread multiplies
 // by is loaded before the wait for the QKV product (it is a constant), so the product starts with
 // it in registers (at d <= 128).
 template <int P>
 __global__ void __launch_bounds__(256) qkv_heads_cache_k(const QkvHeadsCache a) {
   constexpr int D = 64 * P, h2 = D / 2;
-  constexpr int kCols = D / 4, kParts = 256 / kCols, kJ = D / kParts;
+  using Rot = kernels::cuda::detail::RowRotation<D>;
   constexpr bool kPrefetch = D <= 128;  // kJ float4 registers: 16 at d = 128, 64 at d = 256
   __shared__ float x[D];
-  __shared__ float4 part[kParts][kCols];
+  __shared__ float4 part[Rot::kParts][Rot::kCols];
   const int heads = a.Hq + a.Hkv;
   const int t = int(blockIdx.x / heads), g = int(blockIdx.x % heads);
   const bool is_q = g < a.Hq;
   const int h = is_q ? g : g - a.Hq;  // query head, or KV head
   const float* R = (is_q ? a.Rq : a.Rk) + int64_t(h / ((is_q ? a.Hq : a.Hkv) / a.r_heads)) * D * D;
   const float4* R4 = reinterpret_cast<const float4*>(R);
-  const int cg = threadIdx.x % kCols, p = threadIdx.x / kCols;
-  float4 rp[kPrefetch ? kJ : 1];
+  const Rot rot;
+  float4 rp[kPrefetch ? Rot::kJ : 1];
   if constexpr (kPrefetch)
 #pragma unroll
-    for (int jj = 0; jj < kJ; ++jj) rp[jj] = __ldg(R4 + (p * kJ + jj) * kCols + cg);
+    for (int jj = 0; jj < Rot::kJ; ++jj) rp[jj] = __ldg(rot.r_at(R4, jj));
   pdl_enter();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int Dq = a.Hq * D, Dkv = a.Hkv * D;
-  const float* row = a.qkv + int64_t(t) * (Dq + 2 * Dkv);
-  const int64_t slot = (int64_t(a.pages[t]) * a.Hkv + h) * a.page_size + a.slots[t];  // KV blocks only
-  if (!is_q && warp == 1) {  // the value head: copied, and rounded into the cache
-    for (int c = lane; c < D; c += 32) {
-      const float v = row[Dq + Dkv + int64_t(h) * D + c];
-      a.v[(int64_t(t) * a.Hkv + h) * D + c] = v;
-      a.cache_v[slot * D + c] = f32_to_bf16(v);
-    }
-  }
+  const float* row = a.qkv + int64_t(t) * (a.Hq + 2 * a.Hkv) * D;
+  const int64_t slot = is_q ? 0 : (int64_t(a.pages[t]) * a.Hkv + h) * a.page_size + a.slots[t];
+  if (!is_q && warp == 1) value_head<D>(a, row, t, h, slot, lane);
   if (warp == 0) {
-    const int c0 = lane * P;
-    const float* src = row + (is_q ? int64_t(h) * D : Dq + int64_t(h) * D) + c0;
-    float av[P], bv[P];
-#pragma unroll
-    for (int j = 0; j < P; ++j) av[j] = src[j], bv[j] = src[j + h2];
-    const float* w = is_q ? a.qn : a.kn;
-    if (w) {
-      double ss = 0.0;
-#pragma unroll
-      for (int j = 0; j < P; ++j) ss += double(av[j]) * av[j] + double(bv[j]) * bv[j];
-      for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-      const float inv = static_cast<float>(1.0 / sqrt(ss / D + a.eps));
-#pragma unroll
-      for (int j = 0; j < P; ++j) av[j] = av[j] * inv * w[c0 + j], bv[j] = bv[j] * inv * w[c0 + j + h2];
-    }
-    const float* cr = a.cos + int64_t(t) * h2 + c0;
-    const float* sr = a.sin + int64_t(t) * h2 + c0;
+    float lo[P], hi[P];
+    head_pairs<P>(row + int64_t(g) * D, is_q ? a.qn : a.kn, a.eps, a.cos + int64_t(t) * h2, a.sin + int64_t(t) * h2,
+                  lane, lo, hi);
     const float* mean = !is_q && a.k_mean ? a.k_mean + int64_t(h) * D : nullptr;
 #pragma unroll
-    for (int j = 0; j < P; ++j) {  // into the product (rotate_kernel's x: the key less its mean)
-      const float cs = cr[j], sn = sr[j];
-      const float lo = av[j] * cs - bv[j] * sn, hi = bv[j] * cs + av[j] * sn;
-      x[c0 + j] = mean ? lo - mean[c0 + j] : lo;
-      x[c0 + j + h2] = mean ? hi - mean[c0 + j + h2] : hi;
+    for (int j = 0; j < P; ++j) {  // rotate_kernel's x: the key less its mean
+      const int c = lane * P + j;
+      x[c] = mean ? lo[j] - mean[c] : lo[j];
+      x[c + h2] = mean ? hi[j] - mean[c + h2] : hi[j];
     }
   }
   __syncthreads();
-  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll 16
-  for (int jj = 0; jj < kJ; ++jj) {
-    const int kk = p * kJ + jj;
-    float4 r;
+  part[rot.p][rot.cg] = rot.partial(x, [&](int jj) {
     if constexpr (kPrefetch)
-      r = rp[jj];
+      return rp[jj];
     else
-      r = __ldg(R4 + kk * kCols + cg);
-    const float xk = x[kk];
-    acc.x = fmaf(xk, r.x, acc.x);
-    acc.y = fmaf(xk, r.y, acc.y);
-    acc.z = fmaf(xk, r.z, acc.z);
-    acc.w = fmaf(xk, r.w, acc.w);
-  }
-  part[p][cg] = acc;
+      return __ldg(rot.r_at(R4, jj));
+  });
   __syncthreads();
-  const float* pf = reinterpret_cast<const float*>(&part[0][0]);
   float* out = is_q ? a.q + (int64_t(t) * a.Hq + h) * D : a.k + (int64_t(t) * a.Hkv + h) * D;
   for (int c = threadIdx.x; c < D; c += blockDim.x) {
-    float sum = 0.0f;
-#pragma unroll
-    for (int k = 0; k < kParts; ++k) sum += pf[k * D + c];
+    const float sum = Rot::column(part, c);
     out[c] = sum;
     if (!is_q) a.cache_k[slot * D + c] = f32_to_bf16(sum);
   }
@@ -334,44 +323,23 @@ __global__ void __launch_bounds__(256) qkv_heads_copy_k(const QkvHeadsCache a) {
   const int t = int(item / heads), g = int(item % heads);
   const bool is_q = g < a.Hq;
   const int h = is_q ? g : g - a.Hq;
-  const int Dq = a.Hq * D, Dkv = a.Hkv * D;
-  const float* row = a.qkv + int64_t(t) * (Dq + 2 * Dkv);
-  const int64_t slot = (int64_t(a.pages[t]) * a.Hkv + h) * a.page_size + a.slots[t];
-  const int c0 = lane * P;
-  const float* src = row + (is_q ? int64_t(h) * D : Dq + int64_t(h) * D) + c0;
-  float av[P], bv[P];
-#pragma unroll
-  for (int j = 0; j < P; ++j) av[j] = src[j], bv[j] = src[j + h2];
-  const float* w = is_q ? a.qn : a.kn;
-  if (w) {
-    double ss = 0.0;
-#pragma unroll
-    for (int j = 0; j < P; ++j) ss += double(av[j]) * av[j] + double(bv[j]) * bv[j];
-    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    const float inv = static_cast<float>(1.0 / sqrt(ss / D + a.eps));
-#pragma unroll
-    for (int j = 0; j < P; ++j) av[j] = av[j] * inv * w[c0 + j], bv[j] = bv[j] * inv * w[c0 + j + h2];
-  }
-  const float* cr = a.cos + int64_t(t) * h2 + c0;
-  const float* sr = a.sin + int64_t(t) * h2 + c0;
+  const float* row = a.qkv + int64_t(t) * (a.Hq + 2 * a.Hkv) * D;
+  float lo[P], hi[P];
+  head_pairs<P>(row + int64_t(g) * D, is_q ? a.qn : a.kn, a.eps, a.cos + int64_t(t) * h2, a.sin + int64_t(t) * h2,
+                lane, lo, hi);
   float* out = is_q ? a.q + (int64_t(t) * a.Hq + h) * D : a.k + (int64_t(t) * a.Hkv + h) * D;
+  const int64_t slot = is_q ? 0 : (int64_t(a.pages[t]) * a.Hkv + h) * a.page_size + a.slots[t];
 #pragma unroll
   for (int j = 0; j < P; ++j) {
-    const float cs = cr[j], sn = sr[j];
-    const float lo = av[j] * cs - bv[j] * sn, hi = bv[j] * cs + av[j] * sn;
-    out[c0 + j] = lo;
-    out[c0 + j + h2] = hi;
+    const int c = lane * P + j;
+    out[c] = lo[j];
+    out[c + h2] = hi[j];
     if (!is_q) {
-      a.cache_k[slot * D + c0 + j] = f32_to_bf16(lo);
-      a.cache_k[slot * D + c0 + j + h2] = f32_to_bf16(hi);
+      a.cache_k[slot * D + c] = f32_to_bf16(lo[j]);
+      a.cache_k[slot * D + c + h2] = f32_to_bf16(hi[j]);
     }
   }
-  if (is_q) return;
-  for (int c = lane; c < D; c += 32) {  // the value head
-    const float v = row[Dq + Dkv + int64_t(h) * D + c];
-    a.v[(int64_t(t) * a.Hkv + h) * D + c] = v;
-    a.cache_v[slot * D + c] = f32_to_bf16(v);
-  }
+  if (!is_q) value_head<D>(a, row, t, h, slot, lane);
 }
 
 // Argmax of each row in two kernels: blocks of kArgChunk columns each find their best

@@ -9,6 +9,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/rotate_row.cuh"
 
 namespace oscar::kernels::cuda {
 
@@ -33,11 +34,9 @@ struct RotJob {
 // instead of two, and the key centering inside it): blocks [0, a.rows) take job a.
 template <int D>
 __global__ void __launch_bounds__(256) rotate_kernel(const RotJob a, const RotJob b) {
-  constexpr int kCols = D / 4;       // column groups of 4
-  constexpr int kParts = 256 / kCols;  // slices of the inputs
-  constexpr int kJ = D / kParts;     // inputs per slice
+  using Rot = detail::RowRotation<D>;
   __shared__ float x[D];
-  __shared__ float4 part[kParts][kCols];
+  __shared__ float4 part[Rot::kParts][Rot::kCols];
   detail::pdl_launch_dependents();  // launched as a programmatic dependent: wait for q
   detail::pdl_wait();
   // The job's fields one by one (a reference to either parameter would put both in local memory).
@@ -52,27 +51,10 @@ __global__ void __launch_bounds__(256) rotate_kernel(const RotJob a, const RotJo
   for (int i = threadIdx.x; i < D; i += blockDim.x)
     x[i] = mean ? in[row * D + i] - mean[int64_t(head) * D + i] : in[row * D + i];
   __syncthreads();  // in == out allowed: every x is read before anyone writes
-  const int cg = threadIdx.x % kCols, p = threadIdx.x / kCols;
-  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll 16
-  for (int jj = 0; jj < kJ; ++jj) {
-    const int k = p * kJ + jj;
-    const float4 r = __ldg(R4 + k * kCols + cg);
-    const float xk = x[k];
-    acc.x = fmaf(xk, r.x, acc.x);
-    acc.y = fmaf(xk, r.y, acc.y);
-    acc.z = fmaf(xk, r.z, acc.z);
-    acc.w = fmaf(xk, r.w, acc.w);
-  }
-  part[p][cg] = acc;
+  const Rot rot;
+  part[rot.p][rot.cg] = rot.partial(x, [&](int jj) { return __ldg(rot.r_at(R4, jj)); });
   __syncthreads();
-  const float* pf = reinterpret_cast<const float*>(&part[0][0]);
-  for (int c = threadIdx.x; c < D; c += blockDim.x) {
-    float sum = 0.0f;
-#pragma unroll
-    for (int k = 0; k < kParts; ++k) sum += pf[k * D + c];
-    out[row * D + c] = sum;
-  }
+  for (int c = threadIdx.x; c < D; c += blockDim.x) out[row * D + c] = Rot::column(part, c);
 }
 
 // The job of a block of the tiled kernels (blocks [0, a_blocks) take a's heads, the rest b's):
