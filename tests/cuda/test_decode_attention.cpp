@@ -126,10 +126,9 @@ Result run_case(const Case& c, uint32_t seed, bool bf16_kernel = false, int vari
                               lse_ref[call].data());
   }
 
-  DecodePlan plan =
-      plan_decode(batch, regions_of(cache, c.host_pages), c.hkv, num_sms(), c.tiles_per_chunk, 0, -1.0f, c.fuse);
-  DecodeWorkspace ws = alloc_decode_workspace(std::max(plan.num_chunks, 1), batch, hq, c.d,
-                                              c.center_pairs > 0 ? plan.num_mid_pages : 0);
+  DecodePlan plan = plan_decode(batch, regions_of(cache, c.host_pages), c.hkv, num_sms(), c.tiles_per_chunk, 0,
+                                -1.0f, c.fuse, c.center_pairs > 0 ? center_max_chunk_tiles(c.page) : 0);
+  DecodeWorkspace ws = alloc_decode_workspace(std::max(plan.num_chunks, 1), batch, hq, c.d);
   std::vector<DeviceBuffer<float>> d_q, d_o, d_lse;
   for (int call = 0; call < calls; ++call) {
     d_q.emplace_back(q[call]);
@@ -205,14 +204,16 @@ TEST(CudaDecode, MixedRegionsDefaultShape) {
 // The fused window + merge kernel (v27) on the same shapes, forced where the
 // planner would not choose it: every head dim, GQA and loop variant, forced
 // chunking (many middle chunks to merge), plain launches, repeated calls.
-// Page centering: every middle page's logits shift by q̃·δ (kernels/paged_kv.h); the GPU's
-// middle loop adds each page's shift (page_bias_kernel), the CPU reference adds δ to the rows
-// (shifts of a few logits: a GPU path that dropped them, or took a neighbouring page's, would
-// fail). Every loop the centred dispatch takes (the int8 ring with group copies, the fp16 ring,
-// the register-prefetch loop), the planner's chunks and forced ones (steps and chunks that
-// cross pages: pages of 16 and 32 tokens), fused windows, GQA 1 to 6. A workspace without
-// room for the shifts, or a view without its angle table, is refused. The angle rows either one
-// per page-table slot or through MidCenter::angle_start (rows out of order, NaN rows between).
+// Page centering: every middle page's logits shift by q̃·δ (kernels/paged_kv.h); each GPU middle
+// CTA makes its pages' shifts from the query's coefficients (stage_page_bias) and adds them in
+// its loop, the CPU reference adds δ to the rows (shifts of a few logits: a GPU path that dropped
+// them, or took a neighbouring page's, would fail). Every loop the centred dispatch takes (the
+// int8 ring with group copies, the fp16 ring, the register-prefetch loop), the planner's chunks
+// and forced ones (steps and chunks that cross pages: pages of 16 and 32 tokens), fused windows,
+// GQA 1 to 6, and chunks at the bound of the pages a CTA stages (240 pages of 16 tokens). A plan
+// whose chunks may pass that bound, a workspace without the coefficient rows, or a view without
+// its angle table, is refused. The angle rows either one per page-table slot or through
+// MidCenter::angle_start (rows out of order, NaN rows between).
 TEST(CudaDecode, PageCenteredMiddle) {
   if (!test::have_gpu()) GTEST_SKIP() << "no GPU";
   for (int d : {64, 128})
@@ -246,17 +247,26 @@ TEST(CudaDecode, PageCenteredMiddle) {
   DeviceBuffer<float> q(8 * 128), o(8 * 128);
   DecodeParams p = params_for(cache, q.ptr, 8, 0.1f, o.ptr, nullptr);
   const DecodePlan plan = plan_decode(1, regions_of(cache), 2, num_sms());
-  DecodeWorkspace ws = alloc_decode_workspace(64, 1, 8, 128, plan.num_mid_pages);
+  DecodeWorkspace ws = alloc_decode_workspace(64, 1, 8, 128);
   EXPECT_EQ(check_decode(p, plan, ws), "");
-  DecodeWorkspace small = alloc_decode_workspace(64, 1, 8, 128, plan.num_mid_pages - 1);
-  EXPECT_NE(check_decode(p, plan, small).find("max_mid_pages"), std::string::npos);
-  DecodeWorkspace none = alloc_decode_workspace(64, 1, 8, 128);
-  EXPECT_NE(check_decode(p, plan, none).find("max_mid_pages"), std::string::npos);
+  // One chunk of the whole middle (1000 tokens in pages of 64: 16 pages, within the bound) is
+  // accepted; a middle of 16,400 tokens in one chunk (257+ pages) is not, unless the plan is
+  // cut at center_max_chunk_tiles.
+  EXPECT_EQ(check_decode(p, plan_decode(1, regions_of(cache), 2, num_sms(), 1 << 16), ws), "");
+  HostCache longer({{64, 16400, 300}}, 2, 128, 64, 128, 5);
+  longer.add_center(4, 9);
+  DecodeParams pl = params_for(longer, q.ptr, 8, 0.1f, o.ptr, nullptr);
+  EXPECT_NE(check_decode(pl, plan_decode(1, regions_of(longer), 2, num_sms(), 1 << 16), ws).find("max_mid_chunk_tiles"),
+            std::string::npos);
+  const DecodePlan cut = plan_decode(1, regions_of(longer), 2, num_sms(), 1 << 16, 0, -1.0f, -1, center_max_chunk_tiles(64));
+  EXPECT_LE(cut.max_mid_chunk_tiles, center_max_chunk_tiles(64));
+  EXPECT_EQ(check_decode(pl, cut, ws), "");
+  DecodeWorkspace none = ws;
+  none.center_coef = nullptr;
+  EXPECT_NE(check_decode(p, plan, none).find("coefficient rows"), std::string::npos);
   p.kv.center.angles = nullptr;
   EXPECT_NE(check_decode(p, plan, ws).find("angle table"), std::string::npos);
   free_decode_workspace(ws);
-  free_decode_workspace(small);
-  free_decode_workspace(none);
 }
 
 TEST(CudaDecode, FusedWindowsAndMerge) {

@@ -28,6 +28,7 @@ struct Shape {
   int page_size = 16;
   int hkv = 1, num_sms = 132, tiles_per_chunk = 0, ctas_per_sm = 0, fuse_windows = -1;
   float rank_skew = -1.0f;
+  int max_mid_chunk_tiles = 0;
 
   HostRegions regions() const {
     static const int32_t kNone =
@@ -45,14 +46,15 @@ struct Shape {
   }
   DecodePlan plan() const {
     return plan_decode(batch, regions(), hkv, num_sms, tiles_per_chunk, ctas_per_sm, rank_skew,
-                       fuse_windows);
+                       fuse_windows, max_mid_chunk_tiles);
   }
   std::string describe() const {
     std::string s = "batch " + std::to_string(batch) + " page " + std::to_string(page_size) +
                     " hkv " + std::to_string(hkv) + " sms " + std::to_string(num_sms) +
                     " tiles_per_chunk " + std::to_string(tiles_per_chunk) + " ctas_per_sm " +
                     std::to_string(ctas_per_sm) + " rank_skew " + std::to_string(rank_skew) +
-                    " fuse " + std::to_string(fuse_windows) +
+                    " fuse " + std::to_string(fuse_windows) + " max_mid_chunk_tiles " +
+                    std::to_string(max_mid_chunk_tiles) +
                     (mid_indices.empty() ? "" : " host pages") + "; (sink, middle, recent):";
     for (int b = 0; b < batch && b < 16; ++b)
       s += " (" + std::to_string(len[0][b]) + ", " + std::to_string(len[1][b]) + ", " +
@@ -118,6 +120,9 @@ Shape random_shape(std::mt19937& rng) {
   const float skews[] = {-1.0f, -1.0f, -1.0f, 0.0f, 0.05f, 0.2f, 0.4f};
   s.rank_skew = skews[u(0, 6)];
   s.fuse_windows = u(-1, 1);
+  // Page centering's bound on middle chunks, or a small one that cuts often.
+  const int cap = u(0, 3);
+  s.max_mid_chunk_tiles = cap == 0 ? center_max_chunk_tiles(s.page_size) : cap == 1 ? 16 * u(1, 8) : 0;
   make_tables(s, rng, u(0, 1) == 1);
   return s;
 }
@@ -274,7 +279,10 @@ std::string check_plan(const Shape& s, const DecodePlan& p) {
       if (sizes.empty()) continue;
       const int full = sizes[0];
       const int unit = s.tiles_per_chunk > 0 ? 1 : k == 1 ? kWarps * kRingTiles : kWarps;
-      if (s.tiles_per_chunk > 0 && sizes.size() > 1 && full != s.tiles_per_chunk)
+      const int forced = k == 1 && s.max_mid_chunk_tiles > 0 && s.tiles_per_chunk > 0
+                             ? std::min(s.tiles_per_chunk, s.max_mid_chunk_tiles)
+                             : s.tiles_per_chunk;
+      if (s.tiles_per_chunk > 0 && sizes.size() > 1 && full != forced)
         return "a chunk of sequence " + std::to_string(b) + " is not of the forced size";
       if (sizes.size() > 1 && full % unit)
         return "chunks of sequence " + std::to_string(b) + " are not whole steps";
@@ -283,6 +291,13 @@ std::string check_plan(const Shape& s, const DecodePlan& p) {
           return "the chunks of sequence " + std::to_string(b) + " region " + std::to_string(k) +
                  " are not equal with a shorter last one";
     }
+  // --- the longest middle chunk, and the bound on it (equal splits)
+  int longest = 0;
+  for (int id = 0; id < n; ++id)
+    if (chunk(id)[1] == 1) longest = std::max(longest, chunk(id)[3] - chunk(id)[2]);
+  if (p.max_mid_chunk_tiles != longest) return "max_mid_chunk_tiles is not the longest middle chunk";
+  if (s.max_mid_chunk_tiles > 0 && equal_split && longest > s.max_mid_chunk_tiles)
+    return "a middle chunk of " + std::to_string(longest) + " tiles, above max_mid_chunk_tiles";
   // --- first pages: the page of each middle warp's first tile group
   if (s.mid_indices.empty()) {
     if (!p.first_pages.empty()) return "first_pages without the host page table";
@@ -302,6 +317,24 @@ std::string check_plan(const Shape& s, const DecodePlan& p) {
     }
   }
   return "";
+}
+
+// Page centering's bound: a chunk of center_max_chunk_tiles(page) tiles spans at most
+// kCenterMaxPages pages wherever it starts, in whole steps of the INT2 loops; chunk_pages_bound
+// is the most pages a chunk spans (counted here for every start within a page).
+TEST(DecodePlan, CenterChunkBoundFitsTheStagedPages) {
+  for (int tpp : {1, 2, 3, 4, 8, 16, 64, 256}) {
+    for (int tiles = 1; tiles <= 3 * tpp + 5; ++tiles) {
+      int most = 0;
+      for (int t0 = 0; t0 < tpp; ++t0) most = std::max(most, (t0 + tiles - 1) / tpp - t0 / tpp + 1);
+      EXPECT_EQ(chunk_pages_bound(tiles, tpp), most) << tiles << " tiles, " << tpp << " a page";
+    }
+    const int cap = center_max_chunk_tiles(tpp * kTileTokens);
+    EXPECT_GT(cap, 0);
+    EXPECT_EQ(cap % (kWarps * kRingTiles), 0);
+    EXPECT_LE(chunk_pages_bound(cap, tpp), kCenterMaxPages) << tpp;
+    EXPECT_GT(chunk_pages_bound(cap + tpp * kWarps * kRingTiles + tpp, tpp), kCenterMaxPages - 1) << tpp;
+  }
 }
 
 TEST(DecodePlan, RandomShapesCoverEveryTokenOnceAndKeepTheKernelsPromises) {

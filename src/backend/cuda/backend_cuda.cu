@@ -958,10 +958,12 @@ class CudaBackend final : public Backend {
       hr.indptr[0] = dec.sink_indptr.data();
       hr.indptr[1] = dec.mid_indptr.data();
       hr.indptr[2] = dec.recent_indptr.data();
-      // Page centering needs nothing of the plan: the middle loop adds each page's shift.
+      // Page centering: a middle CTA stages the shifts of its chunk's pages, so chunks are kept
+      // within the pages it has room for (no bound at the shapes measured; 128 x 32K would be).
       plan_centered_ = dec.centers && dec.mid_angles && !dec.mid_angles->empty();
-      plan_ = kernels::cuda::plan_decode(dec.batch(), hr, dec.base.num_kv_heads, num_sms_, decode_tiles_,
-                                         decode_ctas_per_sm_);
+      plan_ = kernels::cuda::plan_decode(
+          dec.batch(), hr, dec.base.num_kv_heads, num_sms_, decode_tiles_, decode_ctas_per_sm_, -1.0f, -1,
+          plan_centered_ ? kernels::cuda::center_max_chunk_tiles(dec.base.page_size) : 0);
       have_plan_ = true;
       plan_uploaded_ = false;
       fi_planned_ = false;
@@ -974,8 +976,7 @@ class CudaBackend final : public Backend {
     if (!have_plan_ || view.batch != dec_.batch)
       throw Error("cuda backend: decode attention without begin_step tables for this batch");
     if (!plan_uploaded_) {
-      ensure_decode_ws(plan_.num_chunks, view.batch, num_q_heads, view.head_dim,
-                       plan_centered_ ? plan_.num_mid_pages : 0);
+      ensure_decode_ws(plan_.num_chunks, view.batch, num_q_heads, view.head_dim);
       check(kernels::cuda::upload_plan(plan_, ws_, st_), "upload_plan");
       plan_uploaded_ = true;
     }
@@ -1172,18 +1173,12 @@ class CudaBackend final : public Backend {
     m.ensure(n);
   }
 
-  void ensure_decode_ws(int chunks, int batch, int hq, int d, int mid_pages) {
-    if (ws_.capacity >= chunks && ws_.max_batch >= batch && ws_.max_q_heads >= hq &&
-        ws_.head_dim == d && ws_.max_mid_pages >= mid_pages)
-      return;
+  void ensure_decode_ws(int chunks, int batch, int hq, int d) {
+    if (ws_.capacity >= chunks && ws_.max_batch >= batch && ws_.max_q_heads >= hq && ws_.head_dim == d) return;
     check(cudaStreamSynchronize(st_), "workspace");
     free_decode_ws();
-    // Page-centering shifts: room for twice the pages seen, as for the chunks.
-    const int pages = mid_pages > 0 ? std::max(mid_pages, 2 * ws_pages_hint_) : ws_pages_hint_;
-    ws_ = kernels::cuda::alloc_decode_workspace(std::max(chunks, 2 * ws_cap_hint_), std::max(batch, 8),
-                                                hq, d, pages);
+    ws_ = kernels::cuda::alloc_decode_workspace(std::max(chunks, 2 * ws_cap_hint_), std::max(batch, 8), hq, d);
     ws_cap_hint_ = std::max(chunks, ws_cap_hint_);
-    ws_pages_hint_ = std::max(mid_pages, ws_pages_hint_);
   }
   void free_decode_ws() {
     if (ws_.capacity) kernels::cuda::free_decode_workspace(ws_);
@@ -1226,7 +1221,6 @@ class CudaBackend final : public Backend {
   bool have_plan_ = false, plan_uploaded_ = false;
   kernels::cuda::DecodeWorkspace ws_{};
   int ws_cap_hint_ = 0;
-  int ws_pages_hint_ = 0;    // the most middle pages a page-centred step has had
   bool plan_centered_ = false;  // this step's view has page centres (begin_step)
   int decode_tiles_ = 0, decode_ctas_per_sm_ = 0;  // plan_decode's knobs (0: its defaults)
   bool bf16_flashinfer_ = false;  // BF16 decode on FlashInfer's kernel (set_bf16_decode)

@@ -14,6 +14,10 @@ namespace oscar::kernels::cuda::decode_impl {
 // Query heads per KV head: the N dimension (8) of m16n8k16.
 inline constexpr int kMaxGqa = 8;
 
+// Page centering: the length of a coefficient row (center_coef_kernel: the (A_s, B_s) pairs, C,
+// zeros) for S RoPE pairs: >= 2S + 1 floats, an odd number of float4s; <= 2S + 8.
+__host__ __device__ constexpr int coef_row_floats(int S) { return 4 * (((2 * S + 4) / 4) | 1); }
+
 // ---------------------------------------------------------------------------
 // Division by the run-time tiles-per-page without an integer divide
 // (multiply-high by a magic number; exact for 0 <= n < 2^31).
@@ -55,12 +59,13 @@ struct KernelArgs {
   const uint32_t* write_done;
   uint32_t write_epoch;
   int write_flags;
-  // Page centering (kCenter middle instances): the log2-domain shift of every middle page's
-  // logits, [mid page][Hq], indexed by page-table slot (offset c2.x + page of
-  // the chunk's tile); written by page_bias_kernel (decode_center.cu) before the launch.
-  // (Last: the other fields keep their parameter offsets, so the other instances' code is
-  // unchanged by it.)
-  const float* page_bias;
+  // Page centering (kCenter middle instances): each query's coefficient rows, [batch][Hq][ld]
+  // with ld = coef_row_floats(kv.center.pairs), written by center_coef_kernel
+  // (decode_center.cu) before the launch; each CTA turns them into its pages' shifts
+  // (stage_page_bias). (Last: the other fields keep their parameter offsets, so the other
+  // instances' code is unchanged by them.)
+  const float* center_coef;
+  int center_ld;
 };
 
 }  // namespace oscar::kernels::cuda::decode_impl

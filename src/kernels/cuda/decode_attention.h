@@ -12,6 +12,9 @@
 //   (params.write / params.demote: the step's new rows and page demotions,
 //    done inside the same launch sequence, in the middle launch's tail)
 //
+// Page centering (a view with kv.center.pairs > 0) needs a plan whose middle chunks each span
+// at most kCenterMaxPages pages: plan_decode(..., max_mid_chunk_tiles =
+// center_max_chunk_tiles(page_size)); check_decode refuses others.
 // The host plan (HostRegions, DecodePlan, plan_decode) is in decode_plan.h,
 // plain C++. The implementation's files: docs/kernels-cuda.md, "Files".
 //
@@ -98,9 +101,6 @@ struct DecodeWorkspace {
   int32_t* first_pages = nullptr;    // [capacity][4]: DecodePlan::first_pages in launch order
   float* center_coef = nullptr;      // [max_batch][max_q_heads][head_dim + 8]: page centering's
                                      // per-query coefficients (A_s, B_s, C, zero padding)
-  int max_mid_pages = 0;             // middle pages page_bias holds (0: no page centering)
-  float* page_bias = nullptr;        // [max_mid_pages][max_q_heads]: each middle page's log2 shift
-                                     // (page centering; DecodePlan::num_mid_pages of them per step)
   uint32_t* step_sync = nullptr;     // [max_batch][max_q_heads][2][head_dim / 32], zeroed once:
                                      // the step write's per-block flags (DecodeParams::write, v42);
                                      // nullptr: the window tiles wait for the write launch's
@@ -108,10 +108,7 @@ struct DecodeWorkspace {
 };
 
 // cudaMalloc/cudaFree helpers for a workspace (throw oscar::Error on failure).
-// max_mid_pages: the most middle pages (DecodePlan::num_mid_pages) a page-centred step may
-// have; 0 = none (check_decode refuses page centering with such a workspace).
-DecodeWorkspace alloc_decode_workspace(int capacity, int max_batch, int max_q_heads, int head_dim,
-                                       int max_mid_pages = 0);
+DecodeWorkspace alloc_decode_workspace(int capacity, int max_batch, int max_q_heads, int head_dim);
 void free_decode_workspace(DecodeWorkspace& ws);
 
 // Copies the plan's tables into the workspace (async on `stream`, from

@@ -101,7 +101,7 @@ cudaError_t launch_quant(dim3 grid, const KernelArgs& a, int variant, bool group
 // with whole-group copies where the default would take it, the fp16 ring for head_dim 128 /
 // group 128 otherwise (variant 1: the register-prefetch loop), the register-prefetch loop for
 // the other shapes. (The benchmark-only variants 3 and 4 map to these.)
-// pdl: a programmatic dependent of page_bias_kernel (the kCenter instances wait first).
+// pdl: a programmatic dependent of center_coef_kernel (the kCenter instances wait first).
 template <int D, int G>
 cudaError_t launch_quant_centered(dim3 grid, const KernelArgs& a, int variant, bool groups, bool pdl,
                                   cudaStream_t stream) {
@@ -174,14 +174,14 @@ cudaError_t launch(const DecodeParams& p, const DecodePlan& plan, const DecodeWo
   bool launched = false;
   const bool pdl = p.pdl != 0;
   const bool centered = p.kv.center.pairs > 0 && nq > 0;
-  a.page_bias = centered ? ws.page_bias : nullptr;
+  a.center_coef = centered ? ws.center_coef : nullptr;
+  a.center_ld = centered ? coef_row_floats(p.kv.center.pairs) : 0;
   OSCAR_DISPATCH_HEAD_DIM(p.kv.head_dim, D, {
     if (centered) {
-      // Page centering: every middle page's shift, before the middle launch (plain launches,
-      // in stream order), which adds them in its loop.
-      OSCAR_CUDA_RETURN_IF_ERROR(launch_page_centering<D>(p.kv, p.q, p.num_q_heads, a.gqa, plan.num_mid_pages,
-                                                          plan.max_seq_mid_pages, a.sm_scale_log2, ws.center_coef,
-                                                          ws.page_bias, pdl, stream));
+      // Page centering: each query's coefficients, before the middle launch, whose CTAs
+      // make their pages' shifts from them and add those in the loop.
+      OSCAR_CUDA_RETURN_IF_ERROR(
+          launch_center_coef<D>(p.kv, p.q, p.num_q_heads, a.gqa, ws.center_coef, pdl, stream));
     }
     if (nq > 0) {
       OSCAR_DISPATCH_GROUP(p.kv.group_size, D, G, {
@@ -290,10 +290,12 @@ std::string check_decode(const DecodeParams& p, const DecodePlan& plan, const De
   if (kv.center.pairs > 0 && plan.num_quant_chunks > 0) {
     if (kv.center.pairs > kv.head_dim / 2 || !kv.center.u || !kv.center.w || !kv.center.angles)
       return who + "page centering without its vectors or angle table (or more pairs than head_dim / 2)";
-    if (!ws.center_coef || !ws.page_bias || plan.num_mid_pages > ws.max_mid_pages)
-      return who + "page centering: the workspace holds the shifts of " + std::to_string(ws.max_mid_pages) +
-             " middle pages, the plan has " + std::to_string(plan.num_mid_pages) +
-             " (alloc_decode_workspace's max_mid_pages)";
+    if (!ws.center_coef) return who + "page centering without the workspace's coefficient rows";
+    const int tpp = kv.page_size / kTileTokens;
+    if (chunk_pages_bound(plan.max_mid_chunk_tiles, tpp) > kCenterMaxPages)
+      return who + "page centering: a middle chunk of the plan has " + std::to_string(plan.max_mid_chunk_tiles) +
+             " tiles, which may span more than the " + std::to_string(kCenterMaxPages) +
+             " pages whose shifts a CTA stages (plan_decode's max_mid_chunk_tiles: center_max_chunk_tiles)";
     if (p.demote.n > 0)
       return who + "step demotions (DecodeParams::demote) do not take page centres; demote with "
                    "demote_pages(..., key_offset) instead";

@@ -17,7 +17,7 @@ struct KernelArgs;  // decode_args.cuh
 // decode_split_kernel.cuh; instances: decode_split_d64.cu, _d128.cu, _d256.cu.
 // One split launch (middle or window chunks, or fused windows) of grid
 // (KV heads, chunks), with its dynamic shared memory.
-// kCenter: page centering folded into the middle loop (KernelArgs::page_bias).
+// kCenter: page centering folded into the middle loop (KernelArgs::center_coef).
 template <int D, int G, bool kQuant, int kVariant, bool kFused = false, bool kGroup = false, bool kCenter = false>
 cudaError_t launch_split(dim3 grid, bool pdl, cudaStream_t stream, const KernelArgs& a);
 
@@ -28,15 +28,13 @@ cudaError_t launch_merge(dim3 grid, bool pdl, cudaStream_t stream, const int32_t
                          const float* partial_o, const float* partial_lse, int num_q_heads,
                          float* o, float* lse);
 
-// decode_center.cu: page centering's per-query coefficients, then the log2 shift of every
-// middle page's logits (page_bias [mid page][Hq], indexed by page-table slot), before the
-// middle launch, whose kCenter instances add them; num_mid_pages = kv.mid.indptr[batch],
-// max_seq_mid_pages: the most of one sequence (DecodePlan). pdl: both launch as programmatic
-// dependents (the first waits for the query before reading it).
+// decode_center.cu: page centering's per-query coefficients (KernelArgs::center_coef,
+// [batch][Hq][coef_row_floats(S)]), before the middle launch, whose kCenter instances turn them
+// into their pages' shifts. pdl: a programmatic dependent (it waits for the query before
+// reading it).
 template <int D>
-cudaError_t launch_page_centering(const kv::PagedKvView& kv, const float* q, int num_q_heads,
-                                  int gqa, int num_mid_pages, int max_seq_mid_pages, float sm_scale_log2,
-                                  float* center_coef, float* page_bias, bool pdl, cudaStream_t stream);
+cudaError_t launch_center_coef(const kv::PagedKvView& kv, const float* q, int num_q_heads, int gqa,
+                               float* center_coef, bool pdl, cudaStream_t stream);
 
 #if defined(OSCAR_DECODE_TRACE)
 // Each .cu with traced kernels is a device module with its own copy of the

@@ -17,7 +17,8 @@ namespace oscar::kernels::cuda {
 using namespace decode_impl;
 
 DecodePlan plan_decode(int batch, const HostRegions& regions, int num_kv_heads, int num_sms,
-                       int tiles_per_chunk, int ctas_per_sm, float rank_skew, int fuse_windows) {
+                       int tiles_per_chunk, int ctas_per_sm, float rank_skew, int fuse_windows,
+                       int max_mid_chunk_tiles) {
   if (batch < 0) throw Error("plan_decode: batch < 0");
   for (int k = 0; k < 3; ++k)
     if (!regions.len[k] || !regions.indptr[k])
@@ -27,9 +28,6 @@ DecodePlan plan_decode(int batch, const HostRegions& regions, int num_kv_heads, 
   const int32_t* recent_len = regions.len[2];
   DecodePlan plan;
   plan.batch = batch;
-  plan.num_mid_pages = regions.indptr[1][batch];
-  for (int b = 0; b < batch; ++b)
-    plan.max_seq_mid_pages = std::max(plan.max_seq_mid_pages, regions.indptr[1][b + 1] - regions.indptr[1][b]);
   plan.regions.resize(size_t(batch) * 6);
   for (int b = 0; b < batch; ++b)
     for (int k = 0; k < 3; ++k) {
@@ -127,6 +125,7 @@ DecodePlan plan_decode(int batch, const HostRegions& regions, int num_kv_heads, 
     for (int b = 0; b < batch; ++b) {
       const int nt = ceil_div(mid_len[b], kTileTokens);
       mid_per[b] = chunk_size(1, nt, plan.tiles_per_chunk_quant);
+      if (max_mid_chunk_tiles > 0) mid_per[b] = std::min(mid_per[b], max_mid_chunk_tiles);
       if (nt > 0) count[b] = ceil_div(nt, mid_per[b]);
       max_count = std::max(max_count, count[b]);
       bptr[b + 1] = bptr[b] + (count[b] > 0 ? count[b] + 1 : 0);
@@ -235,7 +234,10 @@ DecodePlan plan_decode(int batch, const HostRegions& regions, int num_kv_heads, 
   // The automatic split's middle chunks are whole steps (16 tiles) long, so
   // they start at multiples of 4 tiles; forced chunk sizes may not (v34).
   plan.mid_groups_aligned = true;
-  for (int32_t id : quant_ids) plan.mid_groups_aligned &= plan.chunks[4 * size_t(id) + 2] % kRingTiles == 0;
+  for (int32_t id : quant_ids) {
+    plan.mid_groups_aligned &= plan.chunks[4 * size_t(id) + 2] % kRingTiles == 0;
+    plan.max_mid_chunk_tiles = std::max(plan.max_mid_chunk_tiles, plan.chunks[4 * size_t(id) + 3] - plan.chunks[4 * size_t(id) + 2]);
+  }
   // v44: each middle warp's first group page, from the host page table.
   if (regions.mid_indices) {
     if (regions.page_size <= 0 || regions.page_size % kTileTokens != 0)

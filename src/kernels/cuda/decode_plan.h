@@ -31,6 +31,9 @@ inline constexpr int kBf16TileCost = 7;
 inline constexpr int kFuseMaxChunks = 32;
 // ... and covers at most this many window tiles per (sequence, KV head).
 inline constexpr int kFuseMaxWindowTiles = 64;
+// Page centering: a middle CTA stages the shifts of its chunk's pages in shared memory, for at
+// most this many pages (DecodePlan::max_mid_chunk_tiles, center_max_chunk_tiles).
+inline constexpr int kCenterMaxPages = 256;
 
 inline int ceil_div(int64_t a, int64_t b) {
   return static_cast<int>((a + b - 1) / b);
@@ -78,9 +81,7 @@ struct DecodePlan {
   int batch = 0;
   int num_chunks = 0;
   int num_quant_chunks = 0;            // order[0 .. num_quant_chunks) are middle chunks
-  int num_mid_pages = 0;               // the middle's page-table length, indptr[1][batch]
-                                       // (page centering's shifts: one per page and q head)
-  int max_seq_mid_pages = 0;           // the most middle pages of one sequence
+  int max_mid_chunk_tiles = 0;         // the longest middle chunk (tiles; page centering's bound)
   int tiles_per_chunk_bf16 = 0;
   int tiles_per_chunk_quant = 0;
   std::vector<int32_t> chunks;         // [num_chunks][4]
@@ -115,9 +116,21 @@ struct DecodePlan {
 // rank_skew: the middle chunks' weight lost per dispatch round (v26; < 0:
 // the default, which is 0: equal chunks). fuse_windows: -1 the planner's
 // choice (DecodePlan::fused_windows), 1 wherever the fused kernel can run
-// (tests), 0 never.
+// (tests), 0 never. max_mid_chunk_tiles > 0: no middle chunk longer than that (with rank_skew 0;
+// page centering's bound, center_max_chunk_tiles).
 DecodePlan plan_decode(int batch, const HostRegions& regions, int num_kv_heads, int num_sms,
                        int tiles_per_chunk = 0, int ctas_per_sm = 0, float rank_skew = -1.0f,
-                       int fuse_windows = -1);
+                       int fuse_windows = -1, int max_mid_chunk_tiles = 0);
+
+// The pages a middle chunk of `tiles` tiles may span (its start anywhere) at tiles_per_page.
+inline int chunk_pages_bound(int tiles, int tiles_per_page) {
+  return tiles <= 0 ? 0 : (tiles - 1 + tiles_per_page - 1) / tiles_per_page + 1;
+}
+// The longest middle chunk whose pages' shifts a page-centred CTA can stage (kCenterMaxPages),
+// in whole steps of the INT2 loops (16 tiles), at page_size (a multiple of 16).
+inline int center_max_chunk_tiles(int page_size) {
+  const int tpp = page_size / kTileTokens > 0 ? page_size / kTileTokens : 1, step = decode_impl::kWarps * 4;
+  return (decode_impl::kCenterMaxPages - 2) * tpp / step * step;
+}
 
 }  // namespace oscar::kernels::cuda

@@ -102,21 +102,83 @@ __device__ __forceinline__ void fused_merge(const KernelArgs& a, int b, int h, i
   }
 }
 
-// Page centering (kCenter): the logit shifts (log2 domain, page_bias_kernel) of tiles t .. t + N - 1
-// (clamped to tlast) of a middle chunk whose page table starts at page_off, for the lane's head
-// columns: NH = 2 (columns 2r, 2r + 1: the fp16 loops) or 1 (head r: the int8 loop). Columns
-// past the KV head's group read 0.
+// Page centering (kCenter): the log2-domain logit shifts of the pages of a middle chunk, staged
+// once per CTA in shared memory (no launch of their own before the middle's). Page p of the
+// sequence's middle (p0 <= p < p0 + np; np <= kCenterMaxPages, check_decode) gets, for query
+// head j of KV head h's group,
+//   s_pb[(p % kCenterMaxPages) * kMaxGqa + j] = (sum_k coef[j][k] * angles[row(p)][k] - coef[j][2S]) * scale_log2,
+// coef being center_coef_kernel's rows ((A_s, B_s) pairs, C) and angles the page's (cos, sin)
+// pairs (kv::MidCenter::angle_row). The group's coefficient rows (contiguous: its heads are
+// consecutive) go to shared memory first; then warp w takes pages p0 + w, + kWarps, ... (the
+// next page's angles loaded before this one's sums), lane l the terms k = l, l + 32, ... of all
+// kMaxGqa sums at once, which one transposing reduction (9 shuffles, not 5 per head) leaves
+// with lane 4j. Called by every thread, after the wait for the coefficients and with the CTA's
+// first copies in flight; the caller syncs before the loop reads s_pb.
+template <int D>
+__device__ __forceinline__ void stage_page_bias(const KernelArgs& a, int b, int h, int mid_off, int p0, int np,
+                                                float* s_pb, float* s_cf) {
+  const int S2 = 2 * a.kv.center.pairs, ld = a.center_ld, n4 = a.gqa * ld / 4;  // ld % 4 == 0
+  const float4* cf = reinterpret_cast<const float4*>(a.center_coef + (int64_t(b) * a.num_q_heads + h * a.gqa) * ld);
+  for (int i = threadIdx.x; i < kMaxGqa * ld / 4; i += kThreads)  // rows past the group: zeros
+    reinterpret_cast<float4*>(s_cf)[i] = i < n4 ? __ldcg(cf + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);  // (the previous launch's)
+  __syncthreads();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const kv::MidCenter& c = a.kv.center;
+  const float* ang0 = c.angles + ((c.angle_start ? int64_t(__ldg(c.angle_start + b)) : int64_t(mid_off)) + p0) * S2;
+  constexpr int KI = D / 32;  // 2S <= D terms: at most KI per lane
+  auto load = [&](int p, float (&x)[KI]) {
+#pragma unroll
+    for (int i = 0; i < KI; ++i) x[i] = p < np && lane + 32 * i < S2 ? __ldg(ang0 + int64_t(p) * S2 + lane + 32 * i) : 0.0f;
+  };
+  float x[KI];
+  load(warp, x);
+  for (int p = warp; p < np; p += kWarps) {
+    float xn[KI];
+    load(p + kWarps, xn);
+    float v[kMaxGqa];
+#pragma unroll
+    for (int j = 0; j < kMaxGqa; ++j) {
+      v[j] = 0.0f;
+#pragma unroll
+      for (int i = 0; i < KI; ++i)
+        if (lane + 32 * i < S2) v[j] = fmaf(s_cf[j * ld + lane + 32 * i], x[i], v[j]);
+    }
+    // Transposing reduction: at each step a lane keeps half its sums and adds its partner's
+    // share of them; then lanes 4j .. 4j + 3 hold head j's four partial sums.
+    const bool b16 = lane & 16, b8 = lane & 8, b4 = lane & 4;
+    float w[4], y[2];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      w[i] = (b16 ? v[4 + i] : v[i]) + __shfl_xor_sync(0xffffffffu, b16 ? v[i] : v[4 + i], 16);
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+      y[i] = (b8 ? w[2 + i] : w[i]) + __shfl_xor_sync(0xffffffffu, b8 ? w[i] : w[2 + i], 8);
+    float z = (b4 ? y[1] : y[0]) + __shfl_xor_sync(0xffffffffu, b4 ? y[0] : y[1], 4);
+    z += __shfl_xor_sync(0xffffffffu, z, 2);
+    z += __shfl_xor_sync(0xffffffffu, z, 1);
+    const int j = lane >> 2;
+    if ((lane & 3) == 0 && j < a.gqa)
+      s_pb[((p0 + p) % kCenterMaxPages) * kMaxGqa + j] = (z - s_cf[j * ld + S2]) * a.sm_scale_log2;
+#pragma unroll
+    for (int i = 0; i < KI; ++i) x[i] = xn[i];
+  }
+}
+
+// The staged shifts of tiles t .. t + N - 1 (clamped to tlast) for the lane's head columns:
+// NH = 2 (columns 2r, 2r + 1: the fp16 loops) or 1 (head r: the int8 loop). Columns past the KV
+// head's group read 0. (Rows by page modulo kCenterMaxPages: the chunk's pages are that many
+// consecutive ones at most, and no register holds the first.)
 template <int N, int NH>
-__device__ __forceinline__ void load_page_bias(const KernelArgs& a, int page_off, int h, int t, int tlast, int r,
+__device__ __forceinline__ void load_page_bias(const KernelArgs& a, const float* s_pb, int t, int tlast, int r,
                                                float (&pb)[N][NH]) {
-  const float* base = a.page_bias + h * a.gqa;
+  static_assert((kCenterMaxPages & (kCenterMaxPages - 1)) == 0, "a power of two: the modulo is a mask");
 #pragma unroll
   for (int u = 0; u < N; ++u) {
-    const int64_t row = int64_t(page_off + int(a.tiles_per_page.div(uint32_t(min(t + u, tlast))))) * a.num_q_heads;
+    const int row = (int(a.tiles_per_page.div(uint32_t(min(t + u, tlast)))) % kCenterMaxPages) * kMaxGqa;
 #pragma unroll
     for (int e = 0; e < NH; ++e) {
       const int hd = NH == 2 ? 2 * r + e : r;
-      pb[u][e] = hd < a.gqa ? __ldg(base + row + hd) : 0.0f;
+      pb[u][e] = hd < a.gqa ? s_pb[row + hd] : 0.0f;
     }
   }
 }
@@ -130,7 +192,8 @@ __device__ __forceinline__ void load_page_bias(const KernelArgs& a, int page_off
 // with int8 tensor cores for K (v10, head_dim 128, group 128, GQA <= 4);
 // 3 = the ring with int8 tensor cores for K and V (v13: the default where
 // it applies). kCenter (middle only, variants 0, 1 and 3): page centering, each
-// middle page's logits shifted by its a.page_bias entry inside the loop.
+// middle page's logits shifted inside the loop by its shift, which the CTA computes first
+// (stage_page_bias).
 template <int D, int G, bool kQuant, int kVariant = 0, bool kFused = false, bool kGroup = false,
           bool kCenter = false>
 __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? OSCAR_INT8K_MIN_BLOCKS
@@ -146,10 +209,13 @@ __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? O
   float(*s_o)[kMaxGqa][D] = reinterpret_cast<float(*)[kMaxGqa][D]>(smem);
   __shared__ float s_m[kWarps][kMaxGqa];
   __shared__ float s_l[kWarps][kMaxGqa];
+  // Page centering: the chunk's page shifts, and the coefficient rows they are made from.
+  [[maybe_unused]] __shared__ float s_pb[kCenter ? kCenterMaxPages * kMaxGqa : 1];
+  [[maybe_unused]] __shared__ __align__(16) float s_cf[kCenter ? kMaxGqa * coef_row_floats(D / 2) : 4];
 
   OSCAR_TRACE_BEGIN;
-  // Page centering: launched as a programmatic dependent of page_bias_kernel (PDL: the CTAs are
-  // resident when the shifts are ready, no launch gap); nothing is read, and no dependent is
+  // Page centering: launched as a programmatic dependent of center_coef_kernel (PDL: the CTAs are
+  // resident when the coefficients are ready, no launch gap); nothing is read, and no dependent is
   // released, before every earlier launch is complete.
   if constexpr (kCenter) pdl_wait();
   // The next launch of the step (window chunks, then the merge) may start as
@@ -224,6 +290,11 @@ __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? O
       }
 #pragma unroll
       for (int u = 0; u < TPI; ++u) pg[u] = page_of(pages, tpp, min(t + kStep + u, tlast));
+      if constexpr (kCenter) {  // with the first tiles' loads in flight
+        const int p0 = int(tpp.div(uint32_t(t0)));
+        stage_page_bias<D>(a, b, h, c2.x, p0, int(tpp.div(uint32_t(t1 - 1))) - p0 + 1, s_pb, s_cf);
+        __syncthreads();
+      }
       for (; t < t1; t += kStep) {
         const int tn = t + kStep;
         if (tn < t1) {
@@ -237,7 +308,7 @@ __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? O
         }
         if constexpr (kCenter) {
           float pb[TPI][2];
-          load_page_bias(a, c2.x, h, t, tlast, r, pb);
+          load_page_bias(a, s_pb, t, tlast, r, pb);
           compute_quant_tiles(st, cur, Q, g, pb);
         } else {
           compute_quant_tiles(st, cur, Q, g);
@@ -295,6 +366,12 @@ __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? O
 #pragma unroll
       for (int u = 0; u < TPI; ++u) ref[u] = tile_ref<kVariant != 0>(pages, tpp, min(t + (S - 1) * kStep + u, tlast));
       }
+      // Page centering: the chunk's page shifts, while the first copies are in flight.
+      if constexpr (kCenter) {
+        const int p0 = int(tpp.div(uint32_t(t0)));
+        stage_page_bias<D>(a, b, h, c2.x, p0, int(tpp.div(uint32_t(t1 - 1))) - p0 + 1, s_pb, s_cf);
+        __syncthreads();
+      }
       // The query's conversion after the first copies are issued: it runs
       // while they are in flight instead of before them (v25).
       load_query();
@@ -303,7 +380,7 @@ __global__ void __launch_bounds__(kThreads, kVariant >= 2                    ? O
       for (int j = 0; j < ngroups; ++j, t += kStep) {
         // Page centering: this step's shifts, loaded before the refill and the wait.
         [[maybe_unused]] float pb[TPI][kVariant >= 2 ? 1 : 2];
-        if constexpr (kCenter) load_page_bias(a, c2.x, h, t, tlast, r, pb);
+        if constexpr (kCenter) load_page_bias(a, s_pb, t, tlast, r, pb);
         // Refill the stage freed one step ago with group j+S-1 (its page ids
         // were fetched one step ago), then fetch group j+S's page ids.
         if constexpr (kGroup) {
@@ -620,7 +697,9 @@ namespace decode_impl {
 template <int D, int G, bool kQuant, int kVariant, bool kFused, bool kGroup, bool kCenter>
 cudaError_t launch_split(dim3 grid, bool pdl, cudaStream_t stream, const KernelArgs& a) {
   constexpr int smem = split_smem_bytes<D, G, kQuant, kVariant, kFused>();
-  if constexpr (smem > 48 * 1024) {
+  // (Static and dynamic shared memory together past 48 KB need the raised limit too: the
+  // kCenter instances' staged page shifts are static.)
+  if constexpr (smem > 48 * 1024 || kCenter) {
     static const cudaError_t raised = [] {
       auto* k = decode_split_kernel<D, G, kQuant, kVariant, kFused, kGroup, kCenter>;
       cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);

@@ -12,16 +12,14 @@ namespace oscar::kernels::cuda {
 
 using namespace decode_impl;
 
-DecodeWorkspace alloc_decode_workspace(int capacity, int max_batch, int max_q_heads, int head_dim,
-                                       int max_mid_pages) {
-  if (capacity <= 0 || max_batch <= 0 || max_q_heads <= 0 || head_dim <= 0 || max_mid_pages < 0)
+DecodeWorkspace alloc_decode_workspace(int capacity, int max_batch, int max_q_heads, int head_dim) {
+  if (capacity <= 0 || max_batch <= 0 || max_q_heads <= 0 || head_dim <= 0)
     throw Error("alloc_decode_workspace: sizes must be positive");
   DecodeWorkspace ws;
   ws.capacity = capacity;
   ws.max_batch = max_batch;
   ws.max_q_heads = max_q_heads;
   ws.head_dim = head_dim;
-  ws.max_mid_pages = max_mid_pages;
   try {  // a failed allocation frees the earlier ones
     OSCAR_CUDA_CHECK(cudaMalloc(&ws.chunks, sizeof(int32_t) * 8 * size_t(capacity)));
     OSCAR_CUDA_CHECK(cudaMalloc(&ws.seq_chunk_ptr, sizeof(int32_t) * (size_t(max_batch) + 1)));
@@ -31,8 +29,6 @@ DecodeWorkspace alloc_decode_workspace(int capacity, int max_batch, int max_q_he
     OSCAR_CUDA_CHECK(cudaMalloc(&ws.partial_lse, sizeof(float) * size_t(capacity) * max_q_heads));
     OSCAR_CUDA_CHECK(
         cudaMalloc(&ws.center_coef, sizeof(float) * size_t(max_batch) * max_q_heads * (head_dim + 8)));
-    if (max_mid_pages > 0)
-      OSCAR_CUDA_CHECK(cudaMalloc(&ws.page_bias, sizeof(float) * size_t(max_mid_pages) * max_q_heads));
     // The write's flags (one per block: KV head, K/V, 32 channels); the heads
     // are bounded by the q heads.
     const size_t flags = size_t(max_batch) * max_q_heads * 2 * std::max(head_dim / 32, 1);
@@ -53,7 +49,6 @@ void free_decode_workspace(DecodeWorkspace& ws) {
   cudaFree(ws.partial_o);
   cudaFree(ws.partial_lse);
   cudaFree(ws.center_coef);
-  cudaFree(ws.page_bias);
   cudaFree(ws.step_sync);
   ws = DecodeWorkspace{};
 }
