@@ -337,6 +337,32 @@ TEST(DecodePlan, CenterChunkBoundFitsTheStagedPages) {
   }
 }
 
+// The cap raises a middle's chunk count and keeps its chunks equal: 32 sequences of a 2028-tile
+// middle at 8 KV heads make one 1024-tile chunk and a 1004-tile one each uncapped; with the cap at
+// pages of 64 (1008 tiles) three chunks of 688 / 688 / 652, not 1008 / 1008 / 12.
+TEST(DecodePlan, CenterCapKeepsMiddleChunksEqual) {
+  Shape s;
+  s.batch = 32;
+  s.page_size = 64;
+  s.hkv = 8;
+  for (int k = 0; k < 3; ++k) s.len[k].assign(size_t(s.batch), 0);
+  for (int b = 0; b < s.batch; ++b) s.len[0][b] = 64, s.len[1][b] = 2028 * kTileTokens, s.len[2][b] = 256;
+  std::mt19937 rng(3);
+  make_tables(s, rng, false);
+  const DecodePlan free_plan = s.plan();
+  EXPECT_EQ(free_plan.max_mid_chunk_tiles, 1024);
+  s.max_mid_chunk_tiles = center_max_chunk_tiles(s.page_size);
+  ASSERT_EQ(s.max_mid_chunk_tiles, 1008);
+  const DecodePlan p = s.plan();
+  ASSERT_EQ(check_plan(s, p), "");
+  for (int b = 0; b < s.batch; ++b) {
+    std::vector<int> sizes;
+    for (int id = p.seq_chunk_ptr[b]; id < p.seq_chunk_ptr[b + 1]; ++id)
+      if (p.chunks[4 * size_t(id) + 1] == 1) sizes.push_back(p.chunks[4 * size_t(id) + 3] - p.chunks[4 * size_t(id) + 2]);
+    ASSERT_EQ(sizes, (std::vector<int>{688, 688, 652})) << "sequence " << b;
+  }
+}
+
 TEST(DecodePlan, RandomShapesCoverEveryTokenOnceAndKeepTheKernelsPromises) {
   std::mt19937 rng(20240518);
   int fused = 0, chosen = 0, unfused = 0, with_pages = 0, unaligned = 0, chunks = 0;

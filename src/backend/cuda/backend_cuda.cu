@@ -959,7 +959,8 @@ class CudaBackend final : public Backend {
       hr.indptr[1] = dec.mid_indptr.data();
       hr.indptr[2] = dec.recent_indptr.data();
       // Page centering: a middle CTA stages the shifts of its chunk's pages, so chunks are kept
-      // within the pages it has room for (no bound at the shapes measured; 128 x 32K would be).
+      // within the pages it has room for (at pages of 64, 32K contexts and 132 SMs the cap binds at
+      // 128 sequences with 2 KV heads, 48 with 4, 32 with 8: their middles get more chunks).
       plan_centered_ = dec.centers && dec.mid_angles && !dec.mid_angles->empty();
       plan_ = kernels::cuda::plan_decode(
           dec.batch(), hr, dec.base.num_kv_heads, num_sms_, decode_tiles_, decode_ctas_per_sm_, -1.0f, -1,

@@ -236,6 +236,11 @@ __global__ void __launch_bounds__(256) qkv_heads_warp_k(const float* qkv, int n,
   for (int j = 0; j < P; ++j) dst[j] = lo[j], dst[j + h] = hi[j];
 }
 
+// The BF16 cache row of token t's KV head h (pools [page][Hkv][page_size][d], as write_bf16_tokens).
+__device__ __forceinline__ int64_t cache_row(const QkvHeadsCache& a, int t, int h) {
+  return (int64_t(a.pages[t]) * a.Hkv + h) * a.page_size + a.slots[t];
+}
+
 // A step's value head h of token t by one warp (qkv_heads_cache_k / qkv_heads_copy_k): copied to
 // the f32 output and, rounded to BF16, into its cache row `slot`.
 template <int D>
@@ -280,7 +285,7 @@ __global__ void __launch_bounds__(256) qkv_heads_cache_k(const QkvHeadsCache a) 
   pdl_enter();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const float* row = a.qkv + int64_t(t) * (a.Hq + 2 * a.Hkv) * D;
-  const int64_t slot = is_q ? 0 : (int64_t(a.pages[t]) * a.Hkv + h) * a.page_size + a.slots[t];
+  const int64_t slot = is_q ? 0 : cache_row(a, t, h);
   if (!is_q && warp == 1) value_head<D>(a, row, t, h, slot, lane);
   if (warp == 0) {
     float lo[P], hi[P];
@@ -328,7 +333,7 @@ __global__ void __launch_bounds__(256) qkv_heads_copy_k(const QkvHeadsCache a) {
   head_pairs<P>(row + int64_t(g) * D, is_q ? a.qn : a.kn, a.eps, a.cos + int64_t(t) * h2, a.sin + int64_t(t) * h2,
                 lane, lo, hi);
   float* out = is_q ? a.q + (int64_t(t) * a.Hq + h) * D : a.k + (int64_t(t) * a.Hkv + h) * D;
-  const int64_t slot = is_q ? 0 : (int64_t(a.pages[t]) * a.Hkv + h) * a.page_size + a.slots[t];
+  const int64_t slot = is_q ? 0 : cache_row(a, t, h);
 #pragma unroll
   for (int j = 0; j < P; ++j) {
     const int c = lane * P + j;

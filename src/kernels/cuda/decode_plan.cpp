@@ -72,12 +72,19 @@ DecodePlan plan_decode(int batch, const HostRegions& regions, int num_kv_heads, 
   // for 528 slots, and took 16.6 ms a step against 14.4 ms with 512 CTAs; H200, 2026-12-04).
   bool mid_round_down = false, win_round_down = false;
   // Chunk size of a region of n tiles (equal chunks), the count rounded down or up.
+  // max_mid_chunk_tiles (page centering's bound) raises a middle region's chunk count, so that
+  // its chunks stay equal (whole steps, the cap rounded down to them) instead of ending in a short
+  // remainder; forced sizes are cut to it.
+  const int mid_cap = max_mid_chunk_tiles > 0 ? std::max(qmin, max_mid_chunk_tiles / qmin * qmin) : 0;
   auto chunk_size_rounded = [&](int region, int ntiles, int per, bool down) {
     if (ntiles > 0 && tiles_per_chunk <= 0) {
       const int64_t cost = region == 1 ? 1 : kBf16TileCost;
-      const int n = down ? std::max<int>(1, static_cast<int>(int64_t(ntiles) * cost / per_cta)) : ceil_div(ntiles, per);
+      int n = down ? std::max<int>(1, static_cast<int>(int64_t(ntiles) * cost / per_cta)) : ceil_div(ntiles, per);
+      if (region == 1 && mid_cap > 0) n = std::max(n, ceil_div(ntiles, mid_cap));
       const int unit = region == 1 ? qmin : kWarps;
       per = ceil_div(ceil_div(ntiles, n), unit) * unit;
+    } else if (region == 1 && max_mid_chunk_tiles > 0) {
+      per = std::min(per, max_mid_chunk_tiles);
     }
     return per;
   };
@@ -125,7 +132,6 @@ DecodePlan plan_decode(int batch, const HostRegions& regions, int num_kv_heads, 
     for (int b = 0; b < batch; ++b) {
       const int nt = ceil_div(mid_len[b], kTileTokens);
       mid_per[b] = chunk_size(1, nt, plan.tiles_per_chunk_quant);
-      if (max_mid_chunk_tiles > 0) mid_per[b] = std::min(mid_per[b], max_mid_chunk_tiles);
       if (nt > 0) count[b] = ceil_div(nt, mid_per[b]);
       max_count = std::max(max_count, count[b]);
       bptr[b + 1] = bptr[b] + (count[b] > 0 ? count[b] + 1 : 0);

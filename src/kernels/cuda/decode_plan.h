@@ -116,8 +116,9 @@ struct DecodePlan {
 // rank_skew: the middle chunks' weight lost per dispatch round (v26; < 0:
 // the default, which is 0: equal chunks). fuse_windows: -1 the planner's
 // choice (DecodePlan::fused_windows), 1 wherever the fused kernel can run
-// (tests), 0 never. max_mid_chunk_tiles > 0: no middle chunk longer than that (with rank_skew 0;
-// page centering's bound, center_max_chunk_tiles).
+// (tests), 0 never. max_mid_chunk_tiles > 0: no middle chunk longer than that (page centering's
+// bound, center_max_chunk_tiles; with rank_skew 0, and at least 16 tiles in the automatic split): a
+// middle region gets as many more equal chunks as that takes.
 DecodePlan plan_decode(int batch, const HostRegions& regions, int num_kv_heads, int num_sms,
                        int tiles_per_chunk = 0, int ctas_per_sm = 0, float rank_skew = -1.0f,
                        int fuse_windows = -1, int max_mid_chunk_tiles = 0);
