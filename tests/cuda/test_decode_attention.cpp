@@ -977,11 +977,13 @@ TEST(CudaDecode, RejectsUnsupportedShapes) {
 // n = 3 and 64 run the per-row kernel; from 128 on the tiled one at d <= 128
 // (set_rotate_tiled_min_tokens' default) with tiles of 16 (200: a partial last tile), 32 (600) and
 // 64 tokens (2100: 8 heads x 33 tiles fill 132 SMs); 64 and 200 also with the tiled kernel from
-// 16 tokens on, and 200 with it turned off.
+// 16 tokens on, and 200 with it turned off. The fp32 kernels only (the tensor-core one, which
+// kAuto would take for 2100 tokens at d = 128, has its own test below).
 TEST(CudaDecode, RotateQueriesMatchesReference) {
   if (!test::have_gpu()) GTEST_SKIP() << "no GPU";
   const int hq = 8;
   ASSERT_EQ(rotate_tiled_min_tokens(), 128);
+  set_rotate_mma(RotateMma::kOff);
   std::mt19937 rng(42);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   for (int tiled_min : {128, 16, 0})
@@ -1021,6 +1023,7 @@ TEST(CudaDecode, RotateQueriesMatchesReference) {
     }
   }
   set_rotate_tiled_min_tokens(128);
+  set_rotate_mma(RotateMma::kAuto);
 }
 
 // The step's queries and keys in one launch (in place), the keys centred first: against the
@@ -1028,6 +1031,7 @@ TEST(CudaDecode, RotateQueriesMatchesReference) {
 TEST(CudaDecode, RotateQueriesKeysMatchesReference) {
   if (!test::have_gpu()) GTEST_SKIP() << "no GPU";
   const int hq = 8, hkv = 2;
+  set_rotate_mma(RotateMma::kOff);  // the fp32 kernels (1e-6); the tensor-core one is tested below
   std::mt19937 rng(43);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   for (int n : {3, 130, 1500})  // the per-row kernel; the tiled one (tiles of 16, the last partial; of 64)
@@ -1081,25 +1085,31 @@ TEST(CudaDecode, RotateQueriesKeysMatchesReference) {
   DeviceBuffer<float> b(std::vector<float>(64 * 64, 0.0f));
   EXPECT_EQ(rotate_queries_keys(b.ptr, 3, b.ptr, b.ptr, 2, b.ptr, nullptr, 1, 64, 2, nullptr), cudaErrorInvalidValue);
   EXPECT_EQ(rotate_queries_keys(b.ptr, 4, b.ptr, b.ptr, 2, b.ptr, nullptr, 1, 96, 1, nullptr), cudaErrorInvalidValue);
+  set_rotate_mma(RotateMma::kAuto);
 }
 
 // The tiled rotation on the tensor cores (set_rotate_mma: 3xTF32): queries and keys (centred),
-// one matrix per layer or per KV head, tiles of 64 tokens with a partial last one, in place,
-// an unaligned input; every output written (poisoned first), within 4e-6 of the fp64 reference
-// (the fp32 kernels: 1e-6; the split drops the lo x lo term, ~2^-22 of each product, and the
-// tensor cores' accumulation is not IEEE fp32: 4e-6 is that reasoning's bound, not yet checked
-// on a GPU). d = 256 stays on the per-row kernel.
+// one matrix per layer or per KV head, tiles of 128 tokens with a partial last one (130, 700,
+// 2100), blocks that take several tiles and change heads between them (9000: 710 items for a
+// wave of blocks), in place, an unaligned input (the 4-byte copies); every output written
+// (poisoned first), within 4e-6 of the fp64 reference (the fp32 kernels: 1e-6; the split drops
+// the lo x lo term, ~2^-22 of each product, and the tensor cores' accumulation is not IEEE fp32).
+// d = 256 stays on the per-row kernel.
 TEST(CudaDecode, RotateMmaMatchesReference) {
   if (!test::have_gpu()) GTEST_SKIP() << "no GPU";
   const int hq = 8, hkv = 2;
-  ASSERT_FALSE(rotate_mma());
-  set_rotate_mma(true);
+  ASSERT_EQ(rotate_mma(), RotateMma::kAuto);
+  set_rotate_mma(RotateMma::kOn);
   std::mt19937 rng(44);
   std::normal_distribution<float> nd(0.0f, 1.0f);
-  for (int n : {130, 700, 2100})
+  for (int warps : {8, 16})
+  for (int n : {130, 700, 2100, 9000})
   for (int d : {64, 128, 256})
   for (int r_heads : {1, hkv}) {
-    SCOPED_TRACE("n " + std::to_string(n) + ", d " + std::to_string(d) + ", r_heads " + std::to_string(r_heads));
+    if (warps == 16 && n == 700) continue;
+    set_rotate_mma_warps(warps);
+    SCOPED_TRACE("n " + std::to_string(n) + ", d " + std::to_string(d) + ", r_heads " + std::to_string(r_heads) +
+                 ", warps " + std::to_string(warps));
     std::vector<float> q(size_t(n) * hq * d), k(size_t(n) * hkv * d), Rq(size_t(r_heads) * d * d), Rk(Rq.size()),
         mean(size_t(hkv) * d), qref(q.size()), kref(k.size());
     for (auto& x : q) x = nd(rng);
@@ -1135,7 +1145,8 @@ TEST(CudaDecode, RotateMmaMatchesReference) {
     for (float x : qo2) ASSERT_TRUE(std::isfinite(x)) << "an output left unwritten";
     EXPECT_LE(test::rel_l2(qo2, qref), 4e-6) << "queries, out of place, unaligned input";
   }
-  set_rotate_mma(false);
+  set_rotate_mma(RotateMma::kAuto);
+  set_rotate_mma_warps(8);
 }
 
 }  // namespace

@@ -455,8 +455,15 @@ class CudaBackend final : public Backend {
     // Query/key rotations from this many tokens on in the tiled kernel (0: never; A/B only).
     if (const char* g = std::getenv("OSCAR_CUDA_ROTATE_TILED"))
       kernels::cuda::set_rotate_tiled_min_tokens(std::max(0, std::atoi(g)));
-    // The tiled rotation on the tensor cores (3xTF32; off by default until measured, A/B).
-    if (const char* g = std::getenv("OSCAR_CUDA_ROTATE_MMA")) kernels::cuda::set_rotate_mma(std::string(g) == "1");
+    // The tiled rotation on the tensor cores (3xTF32): 0 never, 1 always, auto (the default) for
+    // prefill-sized calls (A/B).
+    if (const char* g = std::getenv("OSCAR_CUDA_ROTATE_MMA")) {
+      const std::string m(g);
+      kernels::cuda::set_rotate_mma(m == "0"   ? kernels::cuda::RotateMma::kOff
+                                    : m == "1" ? kernels::cuda::RotateMma::kOn
+                                               : kernels::cuda::RotateMma::kAuto);
+    }
+    if (const char* g = std::getenv("OSCAR_CUDA_ROTATE_MMA_WARPS")) kernels::cuda::set_rotate_mma_warps(std::atoi(g));
     // The decode planner's split (A/B only): tiles per chunk forced, or CTAs per SM aimed at.
     if (const char* g = std::getenv("OSCAR_CUDA_DECODE_TILES")) decode_tiles_ = std::max(0, std::atoi(g));
     if (const char* g = std::getenv("OSCAR_CUDA_DECODE_CTAS_PER_SM")) decode_ctas_per_sm_ = std::max(0, std::atoi(g));

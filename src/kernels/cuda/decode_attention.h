@@ -161,10 +161,14 @@ cudaError_t rotate_queries_keys(float* q, int num_q_heads, const float* Rq, floa
 void set_rotate_tiled_min_tokens(int tokens);
 int rotate_tiled_min_tokens();
 // The tiled rotation's products on the tensor cores (3xTF32, fp32 accuracy) instead of fp32 FMAs,
-// at d = 64 and 128 (off by default: built on 2026-12-04 without a GPU to run it; A/B:
-// OSCAR_CUDA_ROTATE_MMA=1). Process-wide.
-void set_rotate_mma(bool on);
-bool rotate_mma();
+// at d = 64 and 128: kAuto (the default) where a call's (head, 128-token tile) items fill a wave
+// of blocks (prefill chunks), kOn for every call that takes the tiled path (tests, A/B), kOff
+// never (A/B: OSCAR_CUDA_ROTATE_MMA=0 / 1 / auto). Process-wide.
+enum class RotateMma { kOff, kAuto, kOn };
+void set_rotate_mma(RotateMma mode);
+RotateMma rotate_mma();
+// Warps per block of the tensor-core rotation, 8 (default) or 16 (A/B: OSCAR_CUDA_ROTATE_MMA_WARPS).
+void set_rotate_mma_warps(int warps);
 
 #if defined(OSCAR_DECODE_TRACE)
 // Diagnostic builds only (bench_decode --trace): buf[0] counts CTAs (zero it

@@ -74,11 +74,12 @@ struct HeadJob {
   }
 };
 
+// Head `idx` of the jobs (a's heads [0, a_heads), then b's).
 template <int D>
-__device__ __forceinline__ HeadJob head_job(const RotJob& a, const RotJob& b, int a_blocks) {
-  const bool first = int(blockIdx.x) < a_blocks;
+__device__ __forceinline__ HeadJob head_job_at(const RotJob& a, const RotJob& b, int a_heads, int idx) {
+  const bool first = idx < a_heads;
   HeadJob j;
-  j.head = first ? int(blockIdx.x) : int(blockIdx.x) - a_blocks;
+  j.head = first ? idx : idx - a_heads;
   j.in = first ? a.in : b.in;
   j.out = first ? a.out : b.out;
   const int heads = first ? a.heads : b.heads, r_heads = first ? a.r_heads : b.r_heads;
@@ -87,6 +88,12 @@ __device__ __forceinline__ HeadJob head_job(const RotJob& a, const RotJob& b, in
   j.stride = int64_t(heads) * D;
   j.R4 = reinterpret_cast<const float4*>((first ? a.R : b.R) + int64_t(j.head / (heads / r_heads)) * D * D);
   return j;
+}
+
+// The job of a block of the fp32 tiled kernel: its head is its blockIdx.x.
+template <int D>
+__device__ __forceinline__ HeadJob head_job(const RotJob& a, const RotJob& b, int a_blocks) {
+  return head_job_at<D>(a, b, a_blocks, int(blockIdx.x));
 }
 
 // Rotation of many rows (a prefill chunk, a large decode batch): one block of 256 threads
@@ -181,106 +188,184 @@ __global__ void __launch_bounds__(256) rotate_tiled_kernel(const RotJob a, const
   }
 }
 
-// The tiled rotation on the tensor cores (set_rotate_mma): the same blocks, tiles of 64 tokens
-// and staged matrix as rotate_tiled_kernel, the products as mma.sync m16n8k8 TF32 in three terms
-// (x = x_hi + x_lo with x_hi the nearest tf32, the same for R; x_lo R_hi + x_hi R_lo + x_hi R_hi,
-// the small terms first) so that the result keeps fp32 accuracy (the dropped x_lo R_lo is
-// ~2^-22 of it). Warp w owns tokens 16 (w % 4) .. +15 of the tile and the column half w / 4
-// (D / 16 tiles of 8 columns). Shared rows are padded (R: D + 8, the tile: D + 4 floats) so
-// that a warp's fragment loads hit 32 different banks. Not yet run on a GPU (2026-12-04):
-// off by default until the tests and the prefill A/B have run on the H200.
+// The tiled rotation on the tensor cores (set_rotate_mma): x R as a GEMM per head (M = the
+// tokens, N = K = D) in mma.sync m16n8k8 TF32, each product in three terms so that the result
+// keeps fp32 accuracy (x = x_hi + x_lo with x_hi the nearest tf32, the same for R;
+// x_lo R_hi + x_hi R_lo + x_hi R_hi, the small terms first; the dropped x_lo R_lo is ~2^-22 of
+// a product). Work items are (head, tile of kMmaTile tokens), head-major; each block takes a
+// contiguous range of them (one block per SM at D = 128: a wave, no tail of whole blocks), so it
+// stages a head's matrix and centre in shared memory once per head it meets (before waiting on
+// the previous launch for the first: weights do not depend on it) and streams the tiles through
+// a double buffer of cp.async copies, the next tile in flight while the current one is
+// multiplied. The 8 warps split the tile's output 2 x 4 (D = 128: 64 tokens x 32 columns each,
+// 4 x 4 MMA tiles) or 4 x 2 (D = 64: 32 x 32), so every split fragment of x feeds 4 column tiles
+// and every split fragment of R 4 (D = 128) or 2 row tiles (the first version, one 16-row tile
+// per warp, split R's fragments once per MMA tile and ran at 591 us per 8192-token chunk and layer
+// of Qwen3-8B on the H200, slower than the fp32 kernel's 537). Shared rows are padded (R: D + 8
+// floats, the tile: D + 4) so that a warp's fragment loads hit 32 different banks.
+constexpr int kMmaTile = 128;
+
 template <int D>
 constexpr size_t mma_smem_bytes() {
-  return sizeof(float) * (size_t(D) * (D + 8) + size_t(64) * (D + 4));
+  return sizeof(float) * (size_t(D) * (D + 8) + D + 2 * size_t(kMmaTile) * (D + 4));
 }
 
+// Blocks of the tensor-core kernel per SM (its shared memory allows one at D = 128, two at 64).
 template <int D>
-__global__ void __launch_bounds__(256) rotate_mma_kernel(const RotJob a, const RotJob b, int a_blocks) {
-  constexpr int kTile = 64, kRl = D + 8, kXl = D + 4;
-  constexpr int kNT = D / 16;  // 8-column tiles per warp
+constexpr int mma_blocks_per_sm() {
+  return D == 128 ? 1 : 2;
+}
+
+// x = hi + lo for the three-term product: hi the nearest tf32 (ties away from zero, what
+// cvt.rna.tf32.f32 gives, in two integer operations), lo the rest as fp32 bits (the tensor cores
+// read its top 19 bits: truncating lo costs ~2^-21 of x).
+__device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) {
+  hi = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
+  lo = __float_as_uint(x - __uint_as_float(hi));
+}
+
+// 4-byte asynchronous copy with zero fill (an input that is not 16-byte aligned).
+__device__ __forceinline__ void cp_async4_zfill(void* smem, const void* gmem, bool copy) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(gmem), "r"(copy ? 4 : 0) : "memory");
+}
+
+template <int D, bool kVec, int kWarps>
+__global__ void __launch_bounds__(32 * kWarps, 1)
+    rotate_mma_kernel(const RotJob a, const RotJob b, int a_heads, int heads, int64_t tiles) {
+  constexpr int kRl = D + 8, kXl = D + 4, kThreads = 32 * kWarps;
+  constexpr int kWN = D / 32, kWM = kWarps / kWN, kMT = kMmaTile / (16 * kWM);  // warps over columns, rows; row tiles
+  static_assert(kWN * kWM == kWarps && kMT * 16 * kWM == kMmaTile, "the warps cover the tile");
   extern __shared__ float4 smem4[];
   float* Rs = reinterpret_cast<float*>(smem4);
-  float* Xs = Rs + D * kRl;
+  float* ms = Rs + D * kRl;
+  float* Xs = ms + D;  // [2][kMmaTile][kXl]
   detail::pdl_launch_dependents();
-  detail::pdl_wait();
-  const HeadJob job = head_job<D>(a, b, a_blocks);
-  const float* in = job.in;
-  float* out = job.out;
-  const int head = job.head;
-  const int64_t tokens = job.tokens, stride = job.stride;
-  for (int i = threadIdx.x; i < D * D / 4; i += 256) {
-    const int row = (4 * i) / D, col = (4 * i) % D;
-    *reinterpret_cast<float4*>(Rs + row * kRl + col) = __ldg(job.R4 + i);
-  }
-  const float* mean = job.mean_of<D>();
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, r = lane % 4;
-  const int m0 = (warp % 4) * 16, n_base = (warp / 4) * (D / 2);
-  const int64_t tiles = (tokens + kTile - 1) / kTile;
-  for (int64_t t = blockIdx.y; t < tiles; t += gridDim.y) {
-    const int64_t t0 = t * kTile;
-    __syncthreads();  // R staged (first tile); the previous tile read by every warp
-    for (int e = threadIdx.x; e < kTile * D; e += 256) {
-      const int row = e / D, k = e % D;
-      float v = 0.0f;
-      if (t0 + row < tokens) {
-        v = in[(t0 + row) * stride + int64_t(head) * D + k];
-        if (mean) v -= mean[k];
-      }
-      Xs[row * kXl + k] = v;
+  const int64_t total = int64_t(heads) * tiles;
+  const int64_t i0 = total * blockIdx.x / gridDim.x, i1 = total * (blockIdx.x + 1) / gridDim.x;
+  if (i0 >= i1) return;
+  // The head's matrix (padded rows) and centre (zeros without one): every thread's earlier reads
+  // of them are behind a barrier before this is called.
+  auto stage = [&](const HeadJob& j) {
+    for (int i = threadIdx.x; i < D * D / 4; i += kThreads) {
+      const int row = (4 * i) / D, col = (4 * i) % D;
+      *reinterpret_cast<float4*>(Rs + row * kRl + col) = __ldg(j.R4 + i);
     }
-    __syncthreads();  // in == out allowed: the tile is in shared memory before anyone writes
-    float acc[kNT][4];
+    const float* mean = j.mean_of<D>();
+    for (int i = threadIdx.x; i < D; i += kThreads) ms[i] = mean ? mean[i] : 0.0f;
+  };
+  // Issues the copies of item `it`'s tile into buffer `buf` (rows past the job's tokens zero).
+  auto load = [&](int64_t it, int buf) {
+    const HeadJob j = head_job_at<D>(a, b, a_heads, int(it / tiles));
+    const int64_t t0 = (it % tiles) * kMmaTile;
+    float* xs = Xs + buf * kMmaTile * kXl;
+    const float* base = j.in + int64_t(j.head) * D;
+    constexpr int kW = kVec ? 4 : 1;  // floats per copy
+    for (int e = threadIdx.x; e < kMmaTile * D / kW; e += kThreads) {
+      const int row = e / (D / kW), col = (e % (D / kW)) * kW;
+      const bool ok = t0 + row < j.tokens;
+      const float* src = ok ? base + (t0 + row) * j.stride + col : base;
+      if constexpr (kVec)
+        detail::cp_async16_zfill(xs + row * kXl + col, src, ok);
+      else
+        cp_async4_zfill(xs + row * kXl + col, src, ok);
+    }
+    detail::cp_async_commit();
+  };
+  int cur = int(i0 / tiles);
+  stage(head_job_at<D>(a, b, a_heads, cur));
+  detail::pdl_wait();
+  load(i0, 0);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, r = lane % 4;
+  const int wm = warp % kWM, wn = warp / kWM;
+  for (int64_t it = i0; it < i1; ++it) {
+    const int buf = int((it - i0) & 1);
+    if (it + 1 < i1) {
+      load(it + 1, buf ^ 1);  // the buffer the last iteration read; its end barrier freed it
+      detail::cp_async_wait<1>();
+    } else {
+      detail::cp_async_wait<0>();
+    }
+    const int hh = int(it / tiles);
+    if (hh != cur) stage(head_job_at<D>(a, b, a_heads, hh)), cur = hh;
+    __syncthreads();  // the tile landed for every thread; the matrix staged
+    float acc[kMT][4][4];
 #pragma unroll
-    for (int j = 0; j < kNT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
-    const float* xa = Xs + (m0 + g) * kXl + r;
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.0f;
+    const float* xb = Xs + buf * kMmaTile * kXl + (wm * kMT * 16 + g) * kXl + r;
+    const float* rb = Rs + r * kRl + wn * 32 + g;
 #pragma unroll 2
     for (int k0 = 0; k0 < D; k0 += 8) {
-      const float af[4] = {xa[k0], xa[k0 + 8 * kXl], xa[k0 + 4], xa[k0 + 8 * kXl + 4]};
-      uint32_t ah[4], al[4];
+      const float m0 = ms[k0 + r], m1 = ms[k0 + r + 4];
+      uint32_t ah[kMT][4], al[kMT][4];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        ah[i] = detail::tf32_rna(af[i]);
-        al[i] = detail::tf32_rna(af[i] - __uint_as_float(ah[i]));
+      for (int mt = 0; mt < kMT; ++mt) {
+        const float* xp = xb + mt * 16 * kXl + k0;
+        // (x - centre) in fp32 first, as the reference takes it; then the split.
+        const float f[4] = {xp[0] - m0, xp[8 * kXl] - m0, xp[4] - m1, xp[8 * kXl + 4] - m1};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) split_tf32(f[i], ah[mt][i], al[mt][i]);
       }
-      const float* rb = Rs + (k0 + r) * kRl + n_base + g;
 #pragma unroll
-      for (int j = 0; j < kNT; ++j) {
-        const float b0 = rb[8 * j], b1 = rb[8 * j + 4 * kRl];
-        const uint32_t bh0 = detail::tf32_rna(b0), bh1 = detail::tf32_rna(b1);
-        const uint32_t bl0 = detail::tf32_rna(b0 - __uint_as_float(bh0)),
-                       bl1 = detail::tf32_rna(b1 - __uint_as_float(bh1));
-        detail::mma_tf32(acc[j], al[0], al[1], al[2], al[3], bh0, bh1);
-        detail::mma_tf32(acc[j], ah[0], ah[1], ah[2], ah[3], bl0, bl1);
-        detail::mma_tf32(acc[j], ah[0], ah[1], ah[2], ah[3], bh0, bh1);
+      for (int nt = 0; nt < 4; ++nt) {
+        uint32_t bh0, bh1, bl0, bl1;
+        split_tf32(rb[k0 * kRl + 8 * nt], bh0, bl0);
+        split_tf32(rb[(k0 + 4) * kRl + 8 * nt], bh1, bl1);
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          detail::mma_tf32(acc[mt][nt], al[mt][0], al[mt][1], al[mt][2], al[mt][3], bh0, bh1);
+          detail::mma_tf32(acc[mt][nt], ah[mt][0], ah[mt][1], ah[mt][2], ah[mt][3], bl0, bl1);
+          detail::mma_tf32(acc[mt][nt], ah[mt][0], ah[mt][1], ah[mt][2], ah[mt][3], bh0, bh1);
+        }
       }
     }
-    const int64_t tok0 = t0 + m0 + g, tok1 = tok0 + 8;
+    // The outputs: in place is allowed, the tile's inputs are all in shared memory (and no other
+    // item reads these rows of this head).
+    {
+      const HeadJob j = head_job_at<D>(a, b, a_heads, hh);
+      const int64_t t0 = (it % tiles) * kMmaTile + wm * kMT * 16 + g;
+      float* ob = j.out + int64_t(j.head) * D + wn * 32 + 2 * r;
 #pragma unroll
-    for (int j = 0; j < kNT; ++j) {
-      const int c = n_base + 8 * j + 2 * r;
-      if (tok0 < tokens)
-        *reinterpret_cast<float2*>(out + tok0 * stride + int64_t(head) * D + c) = make_float2(acc[j][0], acc[j][1]);
-      if (tok1 < tokens)
-        *reinterpret_cast<float2*>(out + tok1 * stride + int64_t(head) * D + c) = make_float2(acc[j][2], acc[j][3]);
+      for (int mt = 0; mt < kMT; ++mt) {
+        const int64_t tok0 = t0 + mt * 16, tok1 = tok0 + 8;
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) {
+          if (tok0 < j.tokens)
+            *reinterpret_cast<float2*>(ob + tok0 * j.stride + 8 * nt) = make_float2(acc[mt][nt][0], acc[mt][nt][1]);
+          if (tok1 < j.tokens)
+            *reinterpret_cast<float2*>(ob + tok1 * j.stride + 8 * nt) = make_float2(acc[mt][nt][2], acc[mt][nt][3]);
+        }
+      }
     }
+    __syncthreads();  // every warp done with this buffer and the matrix
   }
 }
 
-std::atomic<bool> g_rotate_mma{false};
+// set_rotate_mma's mode (RotateMma as an int).
+std::atomic<int> g_rotate_mma{int(RotateMma::kAuto)};
 
-// Launches one of the tiled kernels: a block per head of the jobs (a's first) times its share of
-// the tiles of `tile` tokens, two blocks per SM (the shared memory allows two at D = 128), each
-// staging its matrix once and looping over its tiles. `raised`: the kernel's record of the
-// devices whose shared-memory limit it has raised (an attribute of the device's context).
+// Raises `kernel`'s dynamic shared-memory limit to `smem` on device `dev` once. `raised`: the
+// kernel's record of the devices done (an attribute of the device's context).
 template <class Kernel>
-cudaError_t launch_head_tiles(Kernel kernel, size_t smem, int tile, std::atomic<uint32_t>& raised, const RotJob& a,
-                              const RotJob& b, int64_t tokens, int dev, int sms, cudaStream_t stream,
-                              bool programmatic) {
+cudaError_t raise_smem(Kernel kernel, size_t smem, std::atomic<uint32_t>& raised, int dev) {
   const uint32_t bit = dev < 32 ? 1u << dev : 0u;
   if (!bit || !(raised.load(std::memory_order_acquire) & bit)) {
     OSCAR_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     raised.fetch_or(bit, std::memory_order_acq_rel);
   }
+  return cudaSuccess;
+}
+
+// Launches the fp32 tiled kernel: a block per head of the jobs (a's first) times its share of
+// the tiles of `tile` tokens, two blocks per SM (the shared memory allows two at D = 128), each
+// staging its matrix once and looping over its tiles.
+template <class Kernel>
+cudaError_t launch_head_tiles(Kernel kernel, size_t smem, int tile, std::atomic<uint32_t>& raised, const RotJob& a,
+                              const RotJob& b, int64_t tokens, int dev, int sms, cudaStream_t stream,
+                              bool programmatic) {
+  OSCAR_CUDA_RETURN_IF_ERROR(raise_smem(kernel, smem, raised, dev));
   const int a_blocks = a.rows > 0 ? a.heads : 0, b_blocks = b.rows > 0 ? b.heads : 0;
   const int heads = a_blocks + b_blocks;
   const int64_t tiles = (tokens + tile - 1) / tile;
@@ -307,24 +392,52 @@ cudaError_t launch_tiled_rows(const RotJob& a, const RotJob& b, int64_t tokens, 
                            tokens, dev, sms, stream, programmatic);
 }
 
+// The tensor-core kernel: one wave of blocks (mma_blocks_per_sm per SM, fewer where there are
+// fewer items), each over a contiguous range of the (head, tile) items; 16-byte copies where
+// every input row is 16-byte aligned, else 4-byte ones.
+std::atomic<int> g_rotate_mma_warps{8};
+
+template <int D, bool kVec, int kWarps>
+cudaError_t launch_mma(const RotJob& first, const RotJob& second, int first_heads, int heads, int64_t tiles,
+                       unsigned grid, int dev, cudaStream_t stream, bool programmatic) {
+  static std::atomic<uint32_t> raised{0};
+  auto kernel = rotate_mma_kernel<D, kVec, kWarps>;
+  OSCAR_CUDA_RETURN_IF_ERROR(raise_smem(kernel, mma_smem_bytes<D>(), raised, dev));
+  OSCAR_CUDA_RETURN_IF_ERROR(detail::launch_pdl(kernel, dim3(grid), dim3(32 * kWarps), mma_smem_bytes<D>(),
+                                                programmatic, stream, first, second, first_heads, heads, tiles));
+  return cudaGetLastError();
+}
+
 template <int D>
 cudaError_t launch_mma_rows(const RotJob& a, const RotJob& b, int64_t tokens, int dev, int sms, cudaStream_t stream,
                             bool programmatic) {
-  static std::atomic<uint32_t> raised{0};
-  return launch_head_tiles(rotate_mma_kernel<D>, mma_smem_bytes<D>(), 64, raised, a, b, tokens, dev, sms, stream,
-                           programmatic);
+  const int a_heads = a.rows > 0 ? a.heads : 0, b_heads = b.rows > 0 ? b.heads : 0;
+  const RotJob& first = a_heads ? a : b;
+  const RotJob& second = a_heads ? b : a;
+  const int64_t tiles = (tokens + kMmaTile - 1) / kMmaTile, items = int64_t(a_heads + b_heads) * tiles;
+  const unsigned grid = unsigned(std::min<int64_t>(items, int64_t(sms) * mma_blocks_per_sm<D>()));
+  auto a16 = [](const RotJob& j) { return j.rows == 0 || reinterpret_cast<uintptr_t>(j.in) % 16 == 0; };
+  const int heads = a_heads + b_heads, fh = a_heads ? a_heads : b_heads;
+  const bool vec = a16(a) && a16(b), w16 = g_rotate_mma_warps.load(std::memory_order_relaxed) == 16;
+  if (vec && w16) return launch_mma<D, true, 16>(first, second, fh, heads, tiles, grid, dev, stream, programmatic);
+  if (vec) return launch_mma<D, true, 8>(first, second, fh, heads, tiles, grid, dev, stream, programmatic);
+  if (w16) return launch_mma<D, false, 16>(first, second, fh, heads, tiles, grid, dev, stream, programmatic);
+  return launch_mma<D, false, 8>(first, second, fh, heads, tiles, grid, dev, stream, programmatic);
 }
 
-// The tensor-core kernel where it is on (set_rotate_mma), else the largest tile (64, 32 or 16
-// tokens) that still gives every SM a block.
+// The tensor-core kernel where set_rotate_mma selects it (kAuto: where its items fill a wave, i.e.
+// a prefill chunk; a decode batch's few tokens per head would leave SMs idle), else the fp32
+// kernel with the largest tile (64, 32 or 16 tokens) that still gives every SM a block.
 template <int D>
 cudaError_t launch_tiled(const RotJob& a, const RotJob& b, int64_t tokens, cudaStream_t stream, bool programmatic) {
   int dev = 0, sms = 132;
   OSCAR_CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
   OSCAR_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  if (g_rotate_mma.load(std::memory_order_relaxed))
-    return launch_mma_rows<D>(a, b, tokens, dev, sms, stream, programmatic);
   const int64_t heads = (a.rows > 0 ? a.heads : 0) + (b.rows > 0 ? b.heads : 0);
+  const auto mode = RotateMma(g_rotate_mma.load(std::memory_order_relaxed));
+  if (mode == RotateMma::kOn ||
+      (mode == RotateMma::kAuto && heads * ((tokens + kMmaTile - 1) / kMmaTile) >= int64_t(sms) * mma_blocks_per_sm<D>()))
+    return launch_mma_rows<D>(a, b, tokens, dev, sms, stream, programmatic);
   if (heads * ((tokens + 63) / 64) >= sms) return launch_tiled_rows<D, 4>(a, b, tokens, dev, sms, stream, programmatic);
   if (heads * ((tokens + 31) / 32) >= sms) return launch_tiled_rows<D, 2>(a, b, tokens, dev, sms, stream, programmatic);
   return launch_tiled_rows<D, 1>(a, b, tokens, dev, sms, stream, programmatic);
@@ -367,8 +480,9 @@ cudaError_t launch_rotate(const RotJob& a, const RotJob& b, int d, cudaStream_t 
 }  // namespace
 
 void set_rotate_tiled_min_tokens(int tokens) { g_tiled_min_tokens.store(tokens, std::memory_order_relaxed); }
-void set_rotate_mma(bool on) { g_rotate_mma.store(on, std::memory_order_relaxed); }
-bool rotate_mma() { return g_rotate_mma.load(std::memory_order_relaxed); }
+void set_rotate_mma(RotateMma mode) { g_rotate_mma.store(int(mode), std::memory_order_relaxed); }
+RotateMma rotate_mma() { return RotateMma(g_rotate_mma.load(std::memory_order_relaxed)); }
+void set_rotate_mma_warps(int warps) { g_rotate_mma_warps.store(warps == 16 ? 16 : 8, std::memory_order_relaxed); }
 int rotate_tiled_min_tokens() { return g_tiled_min_tokens.load(std::memory_order_relaxed); }
 
 cudaError_t rotate_queries(const float* q, int n, int num_q_heads, int d, const float* R,
