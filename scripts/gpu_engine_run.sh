@@ -8,7 +8,7 @@
 # profile: one decode step per configuration under Nsight Compute (per-kernel GPU
 # times, $OUT/profile.csv; summarize with python3 scripts/profile_step.py).
 # rotation: the tensor-core (3xTF32) query/key rotation's test, then the prefill A/B with it
-#   off and on (OSCAR_CUDA_ROTATE_MMA; docs/gpu-engine.md, Rerun).
+#   off and on (OSCAR_CUDA_ROTATE_MMA=0 / auto, the default; docs/gpu-engine.md, Rerun).
 # penalty: the sampled step with a repetition penalty over 8192 distinct ids per row, penalty slots
 #   on and off (OSCAR_CUDA_PENALTY_SLOTS), after the sampling tests (docs/gpu-engine.md, Sampling).
 # http: the HTTP server's end-to-end tests (tests/serve/test_http.py) against `oscar serve --device cuda`
@@ -42,7 +42,7 @@ filtered_tests() {
 }
 if [[ $MODE == rotation ]]; then
   filtered_tests test_cuda 'CudaDecode.Rotate*' test_rotate.log "rotation tests"
-  for M in 0 1; do
+  for M in 0 auto; do
     t0=$(date +%s)
     OSCAR_CUDA_ROTATE_MMA=$M /tmp/p/bin/bench_gpu_engine --preset qwen3-8b --kv-gib 100 --ctx none --batch 128 \
       --batch-ctx 32768 --long-ctx 0 --steps 5 --graphs on --prefill 8192,32768 --methods bf16,int2 \

@@ -463,7 +463,6 @@ class CudaBackend final : public Backend {
                                     : m == "1" ? kernels::cuda::RotateMma::kOn
                                                : kernels::cuda::RotateMma::kAuto);
     }
-    if (const char* g = std::getenv("OSCAR_CUDA_ROTATE_MMA_WARPS")) kernels::cuda::set_rotate_mma_warps(std::atoi(g));
     // The decode planner's split (A/B only): tiles per chunk forced, or CTAs per SM aimed at.
     if (const char* g = std::getenv("OSCAR_CUDA_DECODE_TILES")) decode_tiles_ = std::max(0, std::atoi(g));
     if (const char* g = std::getenv("OSCAR_CUDA_DECODE_CTAS_PER_SM")) decode_ctas_per_sm_ = std::max(0, std::atoi(g));

@@ -167,8 +167,6 @@ int rotate_tiled_min_tokens();
 enum class RotateMma { kOff, kAuto, kOn };
 void set_rotate_mma(RotateMma mode);
 RotateMma rotate_mma();
-// Warps per block of the tensor-core rotation, 8 (default) or 16 (A/B: OSCAR_CUDA_ROTATE_MMA_WARPS).
-void set_rotate_mma_warps(int warps);
 
 #if defined(OSCAR_DECODE_TRACE)
 // Diagnostic builds only (bench_decode --trace): buf[0] counts CTAs (zero it

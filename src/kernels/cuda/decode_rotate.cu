@@ -199,10 +199,11 @@ __global__ void __launch_bounds__(256) rotate_tiled_kernel(const RotJob a, const
 // a double buffer of cp.async copies, the next tile in flight while the current one is
 // multiplied. The 8 warps split the tile's output 2 x 4 (D = 128: 64 tokens x 32 columns each,
 // 4 x 4 MMA tiles) or 4 x 2 (D = 64: 32 x 32), so every split fragment of x feeds 4 column tiles
-// and every split fragment of R 4 (D = 128) or 2 row tiles (the first version, one 16-row tile
-// per warp, split R's fragments once per MMA tile and ran at 591 us per 8192-token chunk and layer
-// of Qwen3-8B on the H200, slower than the fp32 kernel's 537). Shared rows are padded (R: D + 8
-// floats, the tile: D + 4) so that a warp's fragment loads hit 32 different banks.
+// and every split fragment of R 4 (D = 128) or 2 row tiles. Shared rows are padded (R: D + 8
+// floats, the tile: D + 4) so that a warp's fragment loads hit 32 different banks. Per 8192-token
+// chunk and layer of Qwen3-8B (H100, ncu): 223 us against the fp32 kernel's 589 (the tensor pipe
+// 45 % busy); the first version (2026-12-04: a 16-row tile per warp, R's fragments split once per
+// MMA, no copy ahead) took 591 us on the H200, against 537 for the fp32 kernel there.
 constexpr int kMmaTile = 128;
 
 template <int D>
@@ -229,6 +230,9 @@ __device__ __forceinline__ void cp_async4_zfill(void* smem, const void* gmem, bo
   const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(gmem), "r"(copy ? 4 : 0) : "memory");
 }
+
+// Warps per block (16 measured 4 % slower in kernel time: 232 against 223 us, H100).
+constexpr int kMmaWarps = 8;
 
 template <int D, bool kVec, int kWarps>
 __global__ void __launch_bounds__(32 * kWarps, 1)
@@ -392,22 +396,20 @@ cudaError_t launch_tiled_rows(const RotJob& a, const RotJob& b, int64_t tokens, 
                            tokens, dev, sms, stream, programmatic);
 }
 
-// The tensor-core kernel: one wave of blocks (mma_blocks_per_sm per SM, fewer where there are
-// fewer items), each over a contiguous range of the (head, tile) items; 16-byte copies where
-// every input row is 16-byte aligned, else 4-byte ones.
-std::atomic<int> g_rotate_mma_warps{8};
-
-template <int D, bool kVec, int kWarps>
+template <int D, bool kVec>
 cudaError_t launch_mma(const RotJob& first, const RotJob& second, int first_heads, int heads, int64_t tiles,
                        unsigned grid, int dev, cudaStream_t stream, bool programmatic) {
   static std::atomic<uint32_t> raised{0};
-  auto kernel = rotate_mma_kernel<D, kVec, kWarps>;
+  auto kernel = rotate_mma_kernel<D, kVec, kMmaWarps>;
   OSCAR_CUDA_RETURN_IF_ERROR(raise_smem(kernel, mma_smem_bytes<D>(), raised, dev));
-  OSCAR_CUDA_RETURN_IF_ERROR(detail::launch_pdl(kernel, dim3(grid), dim3(32 * kWarps), mma_smem_bytes<D>(),
+  OSCAR_CUDA_RETURN_IF_ERROR(detail::launch_pdl(kernel, dim3(grid), dim3(32 * kMmaWarps), mma_smem_bytes<D>(),
                                                 programmatic, stream, first, second, first_heads, heads, tiles));
   return cudaGetLastError();
 }
 
+// The tensor-core kernel: one wave of blocks (mma_blocks_per_sm per SM, fewer where there are
+// fewer items), each over a contiguous range of the (head, tile) items; 16-byte copies where
+// every input row is 16-byte aligned, else 4-byte ones.
 template <int D>
 cudaError_t launch_mma_rows(const RotJob& a, const RotJob& b, int64_t tokens, int dev, int sms, cudaStream_t stream,
                             bool programmatic) {
@@ -418,11 +420,8 @@ cudaError_t launch_mma_rows(const RotJob& a, const RotJob& b, int64_t tokens, in
   const unsigned grid = unsigned(std::min<int64_t>(items, int64_t(sms) * mma_blocks_per_sm<D>()));
   auto a16 = [](const RotJob& j) { return j.rows == 0 || reinterpret_cast<uintptr_t>(j.in) % 16 == 0; };
   const int heads = a_heads + b_heads, fh = a_heads ? a_heads : b_heads;
-  const bool vec = a16(a) && a16(b), w16 = g_rotate_mma_warps.load(std::memory_order_relaxed) == 16;
-  if (vec && w16) return launch_mma<D, true, 16>(first, second, fh, heads, tiles, grid, dev, stream, programmatic);
-  if (vec) return launch_mma<D, true, 8>(first, second, fh, heads, tiles, grid, dev, stream, programmatic);
-  if (w16) return launch_mma<D, false, 16>(first, second, fh, heads, tiles, grid, dev, stream, programmatic);
-  return launch_mma<D, false, 8>(first, second, fh, heads, tiles, grid, dev, stream, programmatic);
+  if (a16(a) && a16(b)) return launch_mma<D, true>(first, second, fh, heads, tiles, grid, dev, stream, programmatic);
+  return launch_mma<D, false>(first, second, fh, heads, tiles, grid, dev, stream, programmatic);
 }
 
 // The tensor-core kernel where set_rotate_mma selects it (kAuto: where its items fill a wave, i.e.
@@ -482,7 +481,6 @@ cudaError_t launch_rotate(const RotJob& a, const RotJob& b, int d, cudaStream_t 
 void set_rotate_tiled_min_tokens(int tokens) { g_tiled_min_tokens.store(tokens, std::memory_order_relaxed); }
 void set_rotate_mma(RotateMma mode) { g_rotate_mma.store(int(mode), std::memory_order_relaxed); }
 RotateMma rotate_mma() { return RotateMma(g_rotate_mma.load(std::memory_order_relaxed)); }
-void set_rotate_mma_warps(int warps) { g_rotate_mma_warps.store(warps == 16 ? 16 : 8, std::memory_order_relaxed); }
 int rotate_tiled_min_tokens() { return g_tiled_min_tokens.load(std::memory_order_relaxed); }
 
 cudaError_t rotate_queries(const float* q, int n, int num_q_heads, int d, const float* R,
