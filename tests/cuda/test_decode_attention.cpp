@@ -1093,7 +1093,8 @@ TEST(CudaDecode, RotateQueriesKeysMatchesReference) {
 // 2100), blocks that take several tiles and change heads between them (9000: 710 items for a
 // wave of blocks), in place, an unaligned input (the 4-byte copies); every output written
 // (poisoned first), within 4e-6 of the fp64 reference (the fp32 kernels: 1e-6; the split drops
-// the lo x lo term, ~2^-22 of each product, and the tensor cores' accumulation is not IEEE fp32).
+// the lo x lo term, ~2^-22 of each product, the tensor cores truncate lo to tf32, ~2^-21, and
+// their accumulation is not IEEE fp32).
 // d = 256 stays on the per-row kernel.
 TEST(CudaDecode, RotateMmaMatchesReference) {
   if (!test::have_gpu()) GTEST_SKIP() << "no GPU";
