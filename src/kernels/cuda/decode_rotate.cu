@@ -211,10 +211,18 @@ constexpr size_t mma_smem_bytes() {
   return sizeof(float) * (size_t(D) * (D + 8) + D + 2 * size_t(kMmaTile) * (D + 4));
 }
 
-// Blocks of the tensor-core kernel per SM (its shared memory allows one at D = 128, two at 64).
+// Blocks of the tensor-core kernel per SM on device `dev` (an H100 or H200's 228 KB allow one at
+// D = 128, two at 64), or 0 where one block's shared memory exceeds what a block may have (GPUs
+// with ~100 KB per block take the fp32 kernel).
 template <int D>
-constexpr int mma_blocks_per_sm() {
-  return D == 128 ? 1 : 2;
+int mma_blocks_per_sm(int dev) {
+  int optin = 0, per_sm = 0;
+  if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess)
+    return 0;
+  constexpr size_t kReserved = 1024;  // per block, kept by the runtime
+  if (size_t(optin) < mma_smem_bytes<D>()) return 0;
+  return std::max(1, int(size_t(per_sm) / (mma_smem_bytes<D>() + kReserved)));
 }
 
 // x = hi + lo for the three-term product: hi the nearest tf32 (ties away from zero, what
@@ -411,22 +419,23 @@ cudaError_t launch_mma(const RotJob& first, const RotJob& second, int first_head
 // fewer items), each over a contiguous range of the (head, tile) items; 16-byte copies where
 // every input row is 16-byte aligned, else 4-byte ones.
 template <int D>
-cudaError_t launch_mma_rows(const RotJob& a, const RotJob& b, int64_t tokens, int dev, int sms, cudaStream_t stream,
-                            bool programmatic) {
+cudaError_t launch_mma_rows(const RotJob& a, const RotJob& b, int64_t tokens, int dev, int slots,
+                            cudaStream_t stream, bool programmatic) {
   const int a_heads = a.rows > 0 ? a.heads : 0, b_heads = b.rows > 0 ? b.heads : 0;
   const RotJob& first = a_heads ? a : b;
   const RotJob& second = a_heads ? b : a;
   const int64_t tiles = (tokens + kMmaTile - 1) / kMmaTile, items = int64_t(a_heads + b_heads) * tiles;
-  const unsigned grid = unsigned(std::min<int64_t>(items, int64_t(sms) * mma_blocks_per_sm<D>()));
+  const unsigned grid = unsigned(std::min<int64_t>(items, slots));
   auto a16 = [](const RotJob& j) { return j.rows == 0 || reinterpret_cast<uintptr_t>(j.in) % 16 == 0; };
   const int heads = a_heads + b_heads, fh = a_heads ? a_heads : b_heads;
   if (a16(a) && a16(b)) return launch_mma<D, true>(first, second, fh, heads, tiles, grid, dev, stream, programmatic);
   return launch_mma<D, false>(first, second, fh, heads, tiles, grid, dev, stream, programmatic);
 }
 
-// The tensor-core kernel where set_rotate_mma selects it (kAuto: where its items fill a wave, i.e.
-// a prefill chunk; a decode batch's few tokens per head would leave SMs idle), else the fp32
-// kernel with the largest tile (64, 32 or 16 tokens) that still gives every SM a block.
+// The tensor-core kernel where set_rotate_mma selects it and its shared memory fits the device
+// (kAuto: where its items fill a wave, i.e. a prefill chunk; a decode batch's few tokens per head
+// would leave SMs idle), else the fp32 kernel with the largest tile (64, 32 or 16 tokens) that
+// still gives every SM a block.
 template <int D>
 cudaError_t launch_tiled(const RotJob& a, const RotJob& b, int64_t tokens, cudaStream_t stream, bool programmatic) {
   int dev = 0, sms = 132;
@@ -434,9 +443,12 @@ cudaError_t launch_tiled(const RotJob& a, const RotJob& b, int64_t tokens, cudaS
   OSCAR_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   const int64_t heads = (a.rows > 0 ? a.heads : 0) + (b.rows > 0 ? b.heads : 0);
   const auto mode = RotateMma(g_rotate_mma.load(std::memory_order_relaxed));
-  if (mode == RotateMma::kOn ||
-      (mode == RotateMma::kAuto && heads * ((tokens + kMmaTile - 1) / kMmaTile) >= int64_t(sms) * mma_blocks_per_sm<D>()))
-    return launch_mma_rows<D>(a, b, tokens, dev, sms, stream, programmatic);
+  if (mode != RotateMma::kOff) {
+    // A wave of the tensor-core kernel's blocks (none where its shared memory does not fit).
+    const int64_t slots = int64_t(sms) * mma_blocks_per_sm<D>(dev);
+    if (slots > 0 && (mode == RotateMma::kOn || heads * ((tokens + kMmaTile - 1) / kMmaTile) >= slots))
+      return launch_mma_rows<D>(a, b, tokens, dev, int(slots), stream, programmatic);
+  }
   if (heads * ((tokens + 63) / 64) >= sms) return launch_tiled_rows<D, 4>(a, b, tokens, dev, sms, stream, programmatic);
   if (heads * ((tokens + 31) / 32) >= sms) return launch_tiled_rows<D, 2>(a, b, tokens, dev, sms, stream, programmatic);
   return launch_tiled_rows<D, 1>(a, b, tokens, dev, sms, stream, programmatic);
