@@ -225,20 +225,6 @@ int mma_blocks_per_sm(int dev) {
   return std::max(1, int(size_t(per_sm) / (mma_smem_bytes<D>() + kReserved)));
 }
 
-// x = hi + lo for the three-term product: hi the nearest tf32 (ties away from zero, what
-// cvt.rna.tf32.f32 gives, in two integer operations), lo the rest as fp32 bits (the tensor cores
-// read its top 19 bits: truncating lo costs ~2^-21 of x).
-__device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) {
-  hi = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
-  lo = __float_as_uint(x - __uint_as_float(hi));
-}
-
-// 4-byte asynchronous copy with zero fill (an input that is not 16-byte aligned).
-__device__ __forceinline__ void cp_async4_zfill(void* smem, const void* gmem, bool copy) {
-  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(gmem), "r"(copy ? 4 : 0) : "memory");
-}
-
 // Warps per block (16 measured 4 % slower in kernel time: 232 against 223 us, H100).
 constexpr int kMmaWarps = 8;
 
@@ -280,7 +266,7 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
       if constexpr (kVec)
         detail::cp_async16_zfill(xs + row * kXl + col, src, ok);
       else
-        cp_async4_zfill(xs + row * kXl + col, src, ok);
+        detail::cp_async4_zfill(xs + row * kXl + col, src, ok);
     }
     detail::cp_async_commit();
   };
@@ -318,13 +304,13 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
         // (x - centre) in fp32 first, as the reference takes it; then the split.
         const float f[4] = {xp[0] - m0, xp[8 * kXl] - m0, xp[4] - m1, xp[8 * kXl + 4] - m1};
 #pragma unroll
-        for (int i = 0; i < 4; ++i) split_tf32(f[i], ah[mt][i], al[mt][i]);
+        for (int i = 0; i < 4; ++i) detail::split_tf32(f[i], ah[mt][i], al[mt][i]);
       }
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt) {
         uint32_t bh0, bh1, bl0, bl1;
-        split_tf32(rb[k0 * kRl + 8 * nt], bh0, bl0);
-        split_tf32(rb[(k0 + 4) * kRl + 8 * nt], bh1, bl1);
+        detail::split_tf32(rb[k0 * kRl + 8 * nt], bh0, bl0);
+        detail::split_tf32(rb[(k0 + 4) * kRl + 8 * nt], bh1, bl1);
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt) {
           detail::mma_tf32(acc[mt][nt], al[mt][0], al[mt][1], al[mt][2], al[mt][3], bh0, bh1);

@@ -43,11 +43,12 @@ __device__ __forceinline__ void mma_tf32(float (&c)[4], uint32_t a0, uint32_t a1
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
-// x rounded to tf32 (nearest, ties away): the high part of a 3xTF32 split x = hi + lo.
-__device__ __forceinline__ uint32_t tf32_rna(float x) {
-  uint32_t r;
-  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
-  return r;
+// x = hi + lo for a 3xTF32 product: hi the nearest tf32 (ties away from zero, what
+// cvt.rna.tf32.f32 gives, in two integer operations), lo the rest as fp32 bits (the tensor cores
+// read its top 19 bits: truncating lo costs ~2^-21 of x).
+__device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) {
+  hi = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
+  lo = __float_as_uint(x - __uint_as_float(hi));
 }
 
 // Integer tensor-core product, m16n8k32: A unsigned bytes (row), B signed bytes
@@ -122,6 +123,11 @@ __device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, b
   const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(copy ? 16 : 0)
                : "memory");
+}
+// 4-byte asynchronous copy with zero fill (sources that are not 16-byte aligned).
+__device__ __forceinline__ void cp_async4_zfill(void* smem, const void* gmem, bool copy) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(gmem), "r"(copy ? 4 : 0) : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
